@@ -1,0 +1,246 @@
+// gemma4_t4 v0.1.0 - Gemma 4 text inference from Hugging Face checkpoints; fast on Tesla T4, header-only
+//
+// ---- manual ----------------------------------------------------------------------------------------------
+//
+// WHAT IT IS
+//   One C++17 header that loads Google's Gemma 4 text models (E2B, E4B, any dense Gemma 4) straight from
+//   their Hugging Face directories -- the bf16 release and the QAT int4 `w4a16` (compressed-tensors
+//   pack-quantized) release -- and runs them on a CPU reference backend anywhere and (when compiled by
+//   nvcc) on NVIDIA GPUs from Turing (sm_75, Tesla T4) up.
+//
+// HOW TO USE IT (stb style)
+//   In exactly ONE translation unit:
+//       #define GEMMA4_T4_IMPLEMENTATION
+//       #include "gemma4_t4.hpp"
+//   Everywhere else just #include "gemma4_t4.hpp": the declaration part needs no CUDA headers.
+//   Compile that one unit with nvcc for the CUDA backend, or with any C++17 compiler and
+//   -DGEMMA4_T4_NO_CUDA for the CPU backend only. It needs nlohmann/json.hpp on the include path.
+//   CMake users may link `gemma4_t4::impl` instead of writing that unit.
+//
+//   Load, open a session, feed tokens, read logits:
+//       gemma4_t4::Engine engine;
+//       gemma4_t4::LoadOptions opt;                      // backend Auto: CUDA when present, else CPU
+//       if (auto st = gemma4_t4::Engine::load("/models/gemma-4-E2B-it", opt, &engine); !st) {
+//           fprintf(stderr, "%s\n", st.message.c_str()); return 1;
+//       }
+//       gemma4_t4::Session session;
+//       engine.create_session(&session);
+//       std::vector<int32_t> prompt = {2, 105, 2364, 107, 9259, 106, 107, 105, 4368, 107};
+//       std::vector<float> logits;                        // [vocab] after the call
+//       engine.forward(session, prompt.data(), prompt.size(), gemma4_t4::Logits::Last, &logits);
+//       int next = gemma4_t4::argmax(logits.data(), engine.config().vocab_size);
+//
+// CONFIGURATION MACROS
+//   GEMMA4_T4_IMPLEMENTATION   compile the implementation in this translation unit
+//   GEMMA4_T4_NO_CUDA          leave the CUDA backend out (implied when the compiler is not nvcc)
+//
+// SUPPORTED CHECKPOINTS
+//   config.json model_type `gemma4` (multimodal; text_config used, towers ignored) or `gemma4_text`;
+//   weights in one model.safetensors or sharded with model.safetensors.index.json; tensor prefixes
+//   `model.language_model.`, `model.`, `language_model.model.`; dtypes BF16, F16, F32 (F32 kept only
+//   where exact); quantization_config compressed-tensors pack-quantized int4 symmetric group 32.
+//   Refused with a message naming the reason: MoE blocks, other bit widths, asymmetric or act-order
+//   quantization, unknown layer types or RoPE types, bidirectional attention.
+//
+// GPUS
+//   CUDA: compute capability 7.5 (Turing) and newer; every kernel compiled for sm_75 uses only sm_75
+//   features and at most 64 KiB of shared memory per block.
+//
+// LIMITS
+//   Context per session: LoadOptions::max_context (default 8192), at most max_position_embeddings.
+//   Errors are returned as Status values; the library never exits, aborts or prints to stdout.
+//
+// THREAD SAFETY
+//   An Engine is immutable after load: several threads may share it as long as each Session is used by
+//   one thread at a time. Engine::load and destruction must not race with other calls on that Engine.
+//
+// HISTORY
+//   0.1.0  loader (safetensors, config, bf16/f16/f32 and w4a16 weights), CPU reference backend
+// -----------------------------------------------------------------------------------------------------------
+
+#ifndef GEMMA4_T4_HPP
+#define GEMMA4_T4_HPP
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#define GEMMA4_T4_VERSION_MAJOR 0
+#define GEMMA4_T4_VERSION_MINOR 1
+#define GEMMA4_T4_VERSION_PATCH 0
+#define GEMMA4_T4_VERSION_STRING "0.1.0"
+
+namespace gemma4_t4 {
+
+// ---- status ----------------------------------------------------------------------------------------------
+
+enum class Code {
+  Ok = 0,
+  InvalidArgument,  // the caller passed something out of range (token id, size, option)
+  NotFound,         // a file or tensor that must exist does not
+  IoError,          // open/stat/mmap failed
+  FormatError,      // a file is malformed (safetensors header, JSON, shapes)
+  Unsupported,      // well-formed but not something this library runs (MoE, 8-bit, ...)
+  OutOfMemory,      // host or device allocation failed
+  ContextOverflow,  // a session would pass its context limit
+  BackendError,     // CUDA or another backend failed
+  Cancelled,        // stopped on request
+};
+
+// The result of every fallible call. `message` says what failed and where (file, tensor, sizes).
+struct Status {
+  Code code = Code::Ok;
+  std::string message;
+
+  Status() = default;
+  Status(Code c, std::string m) : code(c), message(std::move(m)) {}
+  static Status ok() { return Status(); }
+  bool is_ok() const { return code == Code::Ok; }
+  explicit operator bool() const { return code == Code::Ok; }
+};
+
+const char* code_name(Code code);
+
+// ---- model description -----------------------------------------------------------------------------------
+
+enum class Backend { Auto, Cuda, Cpu };
+enum class LayerType { Sliding, Full };
+enum class WeightFormat { Bf16, F16, F32, W4A16 };  // how the checkpoint stores the decoder linears
+
+// One decoder layer, resolved from config.json (plain data).
+struct LayerConfig {
+  LayerType type = LayerType::Sliding;
+  int head_dim = 0;           // d: 256 sliding / 512 full on E2B
+  int num_kv_heads = 0;       // K/V heads of this layer's projections
+  int intermediate_size = 0;  // MLP width (doubled on KV-shared layers when use_double_wide_mlp)
+  bool kv_shared = false;     // reads another layer's K/V cache instead of projecting its own
+  int kv_source = 0;          // layer whose cache this layer attends over (== own index when not shared)
+  bool k_eq_v = false;        // attention_k_eq_v on this layer: V comes from k_proj, no v_proj
+  float rope_theta = 10000.f;
+  int rope_pairs = 0;         // rotated channel pairs (< d/2 for partial/proportional RoPE)
+  int rope_denominator = 0;   // inv_freq[k] = theta^(-2k / rope_denominator) / rope_factor
+  float rope_factor = 1.f;
+};
+
+struct ModelConfig {
+  std::string model_type;  // "gemma4" or "gemma4_text" as found in config.json
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int vocab_size = 0;
+  int vocab_size_per_layer_input = 0;
+  int hidden_size_per_layer_input = 0;  // PLE width D; 0 = no per-layer embeddings
+  int sliding_window = 0;
+  int num_kv_shared_layers = 0;
+  int max_position_embeddings = 0;
+  float rms_norm_eps = 1e-6f;
+  float final_logit_softcapping = 0.f;  // 0 = none
+  bool tie_word_embeddings = true;
+  int bos_token_id = 2;
+  int pad_token_id = 0;
+  std::vector<int> eos_token_ids;
+  WeightFormat weight_format = WeightFormat::Bf16;
+  int quant_group_size = 0;  // 32 for w4a16
+  std::vector<LayerConfig> layers;
+};
+
+// ---- engine and sessions ----------------------------------------------------------------------------------
+
+struct LoadOptions {
+  Backend backend = Backend::Auto;
+  int device = 0;                         // CUDA device ordinal
+  size_t max_context = 8192;              // default context of new sessions (tokens)
+  std::function<void(float)> on_progress; // called with 0..1 while loading; may be empty
+};
+
+// Which logits Engine::forward returns.
+enum class Logits {
+  None,  // only advance the cache
+  Last,  // [vocab] for the last fed token
+  All,   // [n, vocab] for every fed token
+};
+
+class Engine;
+
+// One conversation: its KV cache and position. Owned by the caller; created by Engine::create_session and
+// valid while that Engine lives. Movable, not copyable. Not thread-safe: one thread at a time.
+class Session {
+ public:
+  Session();
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  bool valid() const;
+  size_t position() const;     // tokens already in the cache
+  size_t max_context() const;  // tokens it can hold
+  void reset();                // forget the conversation, keep the memory
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+  friend class Engine;
+};
+
+class Engine {
+ public:
+  Engine();
+  ~Engine();
+  Engine(Engine&&) noexcept;
+  Engine& operator=(Engine&&) noexcept;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Loads a checkpoint directory (config.json + safetensors) into *out. On failure *out is untouched.
+  static Status load(const std::string& dir, const LoadOptions& options, Engine* out);
+
+  bool loaded() const;
+  const ModelConfig& config() const;  // only valid when loaded()
+  Backend backend() const;            // Cpu or Cuda once loaded
+
+  // A new, empty session with room for max_context tokens (0 = LoadOptions::max_context).
+  Status create_session(Session* out, size_t max_context = 0) const;
+
+  // Feeds n tokens to the session (a prompt chunk when n > 1, a decode step when n == 1), appending them
+  // to its cache. logits receives what `which` asks for: [vocab] or [n, vocab] fp32, row-major.
+  // Errors (invalid token id, context overflow) leave the session as it was.
+  Status forward(Session& session, const int32_t* tokens, size_t n, Logits which,
+                 std::vector<float>* logits) const;
+
+  // Bytes of weights a decode step reads (every decoder linear + the LM head): the bandwidth roofline.
+  double decode_bytes_per_token() const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Index of the largest value (the first one on ties); -1 when n == 0.
+int argmax(const float* values, size_t n);
+
+}  // namespace gemma4_t4
+
+#endif  // GEMMA4_T4_HPP
+
+// ---- implementation ---------------------------------------------------------------------------------------
+#ifdef GEMMA4_T4_IMPLEMENTATION
+#ifndef GEMMA4_T4_IMPLEMENTATION_DONE
+#define GEMMA4_T4_IMPLEMENTATION_DONE
+#if !defined(__CUDACC__) && !defined(GEMMA4_T4_NO_CUDA)
+#define GEMMA4_T4_NO_CUDA
+#endif
+#include "gemma4_t4/common.hpp"
+#include "gemma4_t4/safetensors.hpp"
+#include "gemma4_t4/config.hpp"
+#include "gemma4_t4/weights.hpp"
+#include "gemma4_t4/cpu_backend.hpp"
+#include "gemma4_t4/engine.hpp"
+#endif  // GEMMA4_T4_IMPLEMENTATION_DONE
+#endif  // GEMMA4_T4_IMPLEMENTATION

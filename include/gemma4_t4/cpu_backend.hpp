@@ -1,0 +1,379 @@
+// gemma4_t4 implementation part: the CPU reference backend (fp32 math).
+//
+// The complete Gemma 4 text forward, written to be read next to transformers' modeling_gemma4.py:
+//   h = embed[id] * sqrt(H)
+//   PLE (D > 0): ple[l] = (rmsnorm_D(per_layer_model_projection(h) * H^-0.5) + table[id][l] * sqrt(D)) * 2^-0.5
+//   per layer: h += post_attn_norm(attn(input_norm(h)))
+//              h += post_ff_norm(down(gelu_tanh(gate(x)) * up(x))),  x = pre_ff_norm(h)
+//              h += post_ple_norm(ple_proj(gelu_tanh(ple_gate(h)) * ple[l]))
+//              h *= layer_scalar
+//   logits = softcap(final_norm(h) @ embed^T)
+// Attention: q = rope(q_norm(q_proj x)); k = rope(k_norm(k_proj x)); v = rms(v_proj x) (no weight; v_proj
+// is k_proj on k_eq_v layers); scores q.k with scaling 1.0; causal; sliding layers see keys in
+// (pos - window, pos]; KV-shared layers attend over their source layer's keys/values.
+// Weights are read straight from the mapped checkpoint (bf16/f16/f32 rows converted on the fly, int4 rows
+// unpacked on the fly), so the CPU backend needs no copy of the model.
+//
+// KV cache per session: full layers keep every position; sliding layers keep a ring of `window` slots
+// (slot = pos % window). A forward over n tokens at position p first computes the chunk's K/V into
+// scratch, attends over cache (positions < p) + scratch (positions >= p), and commits the scratch into the
+// cache only after the last layer -- so a chunk longer than the window never overwrites keys its own
+// earlier queries still need, and a failed call leaves the session untouched.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace gemma4_t4 {
+namespace detail {
+
+// ---- threads ----
+
+// Runs fn(begin, end) over [0, n) split across hardware threads when the work is large enough.
+inline void parallel_for(size_t n, double work, const std::function<void(size_t, size_t)>& fn) {
+  unsigned hw = std::thread::hardware_concurrency();
+  unsigned T = std::max(1u, std::min(hw, 32u));
+  if (T == 1 || work < 2e5 || n < 2) {
+    fn(0, n);
+    return;
+  }
+  T = static_cast<unsigned>(std::min<size_t>(T, n));
+  std::vector<std::thread> pool;
+  pool.reserve(T - 1);
+  const size_t step = (n + T - 1) / T;
+  for (unsigned t = 1; t < T; ++t) {
+    const size_t b = t * step, e = std::min(n, b + step);
+    if (b < e) pool.emplace_back(fn, b, e);
+  }
+  fn(0, std::min(n, step));
+  for (auto& th : pool) th.join();
+}
+
+// ---- math helpers (the `_ref` building blocks the kernels are tested against) ----
+
+inline float dot_ref(const float* a, const float* b, int n) {
+  float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; ++k) s[k] += a[i + k] * b[i + k];
+  float r = 0.f;
+  for (; i < n; ++i) r += a[i] * b[i];
+  return r + ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// y[t, o] = sum_i x[t, i] * W[o, i] for t < n.   x: [n, in] fp32, y: [n, out] fp32
+inline void matmul_ref(const LinearW& w, const float* x, size_t n, float* y) {
+  parallel_for(size_t(w.out), double(w.out) * w.in * n, [&](size_t b, size_t e) {
+    std::vector<float> row(static_cast<size_t>(w.in));
+    for (size_t o = b; o < e; ++o) {
+      linear_row(w, int(o), row.data());
+      for (size_t t = 0; t < n; ++t) y[t * w.out + o] = dot_ref(row.data(), x + t * w.in, w.in);
+    }
+  });
+}
+
+// out = x * (mean(x^2) + eps)^-0.5 * w   (w == nullptr: no weight). In place allowed.
+inline void rmsnorm_ref(const float* x, const float* w, int n, float eps, float* out) {
+  double ss = 0.0;
+  for (int i = 0; i < n; ++i) ss += double(x[i]) * x[i];
+  const float r = static_cast<float>(1.0 / std::sqrt(ss / n + eps));
+  for (int i = 0; i < n; ++i) out[i] = x[i] * r * (w ? w[i] : 1.f);
+}
+
+inline float gelu_tanh_ref(float x) {
+  const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+  return 0.5f * x * (1.f + std::tanh(k * (x + 0.044715f * x * x * x)));
+}
+
+// Rotate-half RoPE over one head x[d]: channel i pairs with i + d/2; inv_freq[d/2] (zeros = identity).
+inline void rope_ref(float* x, int d, const float* inv_freq, int64_t pos) {
+  const int h = d / 2;
+  for (int i = 0; i < h; ++i) {
+    if (inv_freq[i] == 0.f) continue;
+    const float a = static_cast<float>(pos) * inv_freq[i];
+    const float c = std::cos(a), s = std::sin(a);
+    const float x1 = x[i], x2 = x[i + h];
+    x[i] = x1 * c - x2 * s;
+    x[i + h] = x2 * c + x1 * s;
+  }
+}
+
+inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
+  std::vector<float> f(size_t(lc.head_dim / 2), 0.f);
+  for (int k = 0; k < lc.rope_pairs; ++k) {
+    const float e = float(2 * k) / float(lc.rope_denominator);
+    f[k] = (1.0f / std::pow(lc.rope_theta, e)) / lc.rope_factor;
+  }
+  return f;
+}
+
+// ---- sessions ----
+
+struct CpuLayerCache {
+  int capacity = 0;          // slots: window (ring) or max context (full)
+  bool ring = false;
+  int row = 0;               // floats per position: kv_heads * head_dim
+  std::vector<float> k, v;   // [capacity, kv_heads, head_dim] fp32
+};
+
+struct CpuSession {
+  size_t pos = 0;
+  size_t max_ctx = 0;
+  std::vector<CpuLayerCache> caches;  // per layer; empty (capacity 0) for KV-shared layers
+};
+
+// ---- the model ----
+
+class CpuModel {
+ public:
+  Status init(const ModelConfig& cfg, const Weights& w) {
+    cfg_ = &cfg;
+    w_ = &w;
+    const int H = cfg.hidden_size, L = cfg.num_layers;
+    auto vec = [](const TensorInfo* t) {
+      std::vector<float> v(static_cast<size_t>(t->numel()));
+      load_floats(*t, 0, v.size(), v.data());
+      return v;
+    };
+    layers_.resize(size_t(L));
+    for (int i = 0; i < L; ++i) {
+      const LayerW& lw = w.layers[i];
+      Layer& l = layers_[i];
+      l.in_norm = vec(lw.input_layernorm);
+      l.post_attn_norm = vec(lw.post_attention_layernorm);
+      l.pre_ff_norm = vec(lw.pre_feedforward_layernorm);
+      l.post_ff_norm = vec(lw.post_feedforward_layernorm);
+      l.q_norm = vec(lw.q_norm);
+      if (lw.k_norm) l.k_norm = vec(lw.k_norm);
+      if (lw.post_per_layer_input_norm) l.post_ple_norm = vec(lw.post_per_layer_input_norm);
+      l.scalar = load_float(*lw.layer_scalar, 0);
+      l.inv_freq = rope_inv_freq(cfg.layers[i]);
+    }
+    final_norm_ = vec(w.final_norm);
+    if (w.ple_proj_norm) ple_norm_ = vec(w.ple_proj_norm);
+    (void)H;
+    return Status::ok();
+  }
+
+  void init_session(CpuSession* s, size_t max_ctx) const {
+    s->pos = 0;
+    s->max_ctx = max_ctx;
+    s->caches.assign(cfg_->layers.size(), CpuLayerCache());
+    for (size_t i = 0; i < cfg_->layers.size(); ++i) {
+      const LayerConfig& lc = cfg_->layers[i];
+      if (lc.kv_shared) continue;
+      CpuLayerCache& c = s->caches[i];
+      c.ring = lc.type == LayerType::Sliding && size_t(cfg_->sliding_window) < max_ctx;
+      c.capacity = c.ring ? cfg_->sliding_window : int(max_ctx);
+      c.row = lc.num_kv_heads * lc.head_dim;
+      c.k.assign(size_t(c.capacity) * c.row, 0.f);
+      c.v.assign(size_t(c.capacity) * c.row, 0.f);
+    }
+  }
+
+  // tokens[n] at positions s.pos.. ; logits per `which`. Validated by the caller (ids, context).
+  void forward(CpuSession& s, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const {
+    const ModelConfig& cfg = *cfg_;
+    const int H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
+    const size_t p = s.pos;
+    const float eps = cfg.rms_norm_eps;
+
+    // [n, H] fp32 residual stream
+    std::vector<float> h(n * H);
+    const float escale = static_cast<float>(std::sqrt(double(H)));
+    for (size_t t = 0; t < n; ++t) {
+      load_floats(*w_->embed, size_t(tokens[t]) * H, size_t(H), &h[t * H]);
+      for (int i = 0; i < H; ++i) h[t * H + i] *= escale;
+    }
+
+    // [n, L, D] per-layer inputs
+    std::vector<float> ple;
+    if (D > 0) {
+      const size_t LD = size_t(L) * D;
+      ple.resize(n * LD);
+      matmul_ref(w_->ple_model_proj, h.data(), n, ple.data());
+      const float pscale = static_cast<float>(1.0 / std::sqrt(double(H)));
+      const float tscale = static_cast<float>(std::sqrt(double(D)));
+      const float mix = static_cast<float>(1.0 / std::sqrt(2.0));
+      std::vector<float> tok(LD);
+      for (size_t t = 0; t < n; ++t) {
+        load_floats(*w_->ple_table, size_t(tokens[t]) * LD, LD, tok.data());
+        for (int l = 0; l < L; ++l) {
+          float* c = &ple[t * LD + size_t(l) * D];
+          for (int k = 0; k < D; ++k) c[k] *= pscale;
+          rmsnorm_ref(c, ple_norm_.data(), D, eps, c);
+          for (int k = 0; k < D; ++k) c[k] = (c[k] + tok[size_t(l) * D + k] * tscale) * mix;
+        }
+      }
+    }
+
+    std::vector<std::vector<float>> chunk_k(static_cast<size_t>(L)), chunk_v(static_cast<size_t>(L));  // [n, kvh, d] per owning layer
+    std::vector<float> x(n * H), y(n * H);
+    for (int li = 0; li < L; ++li) {
+      const LayerConfig& lc = cfg.layers[li];
+      const LayerW& lw = w_->layers[li];
+      const Layer& l = layers_[li];
+      const int d = lc.head_dim, nh = cfg.num_heads, kvh = lc.num_kv_heads;
+
+      // ---- attention ----
+      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H], l.in_norm.data(), H, eps, &x[t * H]);
+      std::vector<float> q(n * nh * d);
+      matmul_ref(lw.q, x.data(), n, q.data());
+      for (size_t t = 0; t < n; ++t)
+        for (int hh = 0; hh < nh; ++hh) {
+          float* qh = &q[(t * nh + hh) * d];
+          rmsnorm_ref(qh, l.q_norm.data(), d, eps, qh);
+          rope_ref(qh, d, l.inv_freq.data(), int64_t(p + t));
+        }
+      if (!lc.kv_shared) {
+        std::vector<float>& k = chunk_k[li];
+        std::vector<float>& v = chunk_v[li];
+        k.resize(n * kvh * d);
+        v.resize(n * kvh * d);
+        matmul_ref(lw.k, x.data(), n, k.data());
+        if (lc.k_eq_v) v = k;  // V is the raw k_proj output
+        else matmul_ref(lw.v, x.data(), n, v.data());
+        for (size_t t = 0; t < n; ++t)
+          for (int g = 0; g < kvh; ++g) {
+            float* kh = &k[(t * kvh + g) * d];
+            rmsnorm_ref(kh, l.k_norm.data(), d, eps, kh);
+            rope_ref(kh, d, l.inv_freq.data(), int64_t(p + t));
+            float* vh = &v[(t * kvh + g) * d];
+            rmsnorm_ref(vh, nullptr, d, eps, vh);
+          }
+      }
+      const int src = lc.kv_source;
+      const CpuLayerCache& cache = s.caches[size_t(src)];
+      const std::vector<float>& ck = chunk_k[size_t(src)];
+      const std::vector<float>& cv = chunk_v[size_t(src)];
+      const int row = kvh * d;
+      auto key_at = [&](size_t j, int g) -> const float* {
+        if (j >= p) return &ck[(j - p) * row + size_t(g) * d];
+        const size_t slot = cache.ring ? j % size_t(cache.capacity) : j;
+        return &cache.k[slot * row + size_t(g) * d];
+      };
+      auto val_at = [&](size_t j, int g) -> const float* {
+        if (j >= p) return &cv[(j - p) * row + size_t(g) * d];
+        const size_t slot = cache.ring ? j % size_t(cache.capacity) : j;
+        return &cache.v[slot * row + size_t(g) * d];
+      };
+      std::vector<float> att(n * nh * d);
+      const int group = nh / kvh;
+      parallel_for(n * nh, double(n) * nh * (p + n) * d, [&](size_t b, size_t e) {
+        std::vector<float> sc;
+        for (size_t idx = b; idx < e; ++idx) {
+          const size_t t = idx / nh;
+          const int hh = int(idx % nh), g = hh / group;
+          const size_t qp = p + t;
+          const size_t lo = (lc.type == LayerType::Sliding && qp + 1 > size_t(cfg.sliding_window))
+                                ? qp + 1 - size_t(cfg.sliding_window)
+                                : 0;
+          const float* qh = &q[(t * nh + hh) * d];
+          sc.resize(qp - lo + 1);
+          float mx = -INFINITY;
+          for (size_t j = lo; j <= qp; ++j) {
+            sc[j - lo] = dot_ref(qh, key_at(j, g), d);
+            mx = std::max(mx, sc[j - lo]);
+          }
+          double sum = 0.0;
+          for (float& v : sc) {
+            v = std::exp(v - mx);
+            sum += v;
+          }
+          float* out = &att[(t * nh + hh) * d];
+          std::fill(out, out + d, 0.f);
+          for (size_t j = lo; j <= qp; ++j) {
+            const float pw = static_cast<float>(sc[j - lo] / sum);
+            const float* vh = val_at(j, g);
+            for (int c = 0; c < d; ++c) out[c] += pw * vh[c];
+          }
+        }
+      });
+      matmul_ref(lw.o, att.data(), n, y.data());
+      for (size_t t = 0; t < n; ++t) {
+        rmsnorm_ref(&y[t * H], l.post_attn_norm.data(), H, eps, &y[t * H]);
+        for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
+      }
+
+      // ---- MLP ----
+      const int I = lc.intermediate_size;
+      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H], l.pre_ff_norm.data(), H, eps, &x[t * H]);
+      std::vector<float> gt(n * I), up(n * I);
+      matmul_ref(lw.gate, x.data(), n, gt.data());
+      matmul_ref(lw.up, x.data(), n, up.data());
+      for (size_t i = 0; i < gt.size(); ++i) gt[i] = gelu_tanh_ref(gt[i]) * up[i];
+      matmul_ref(lw.down, gt.data(), n, y.data());
+      for (size_t t = 0; t < n; ++t) {
+        rmsnorm_ref(&y[t * H], l.post_ff_norm.data(), H, eps, &y[t * H]);
+        for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
+      }
+
+      // ---- per-layer input ----
+      if (D > 0) {
+        std::vector<float> gd(n * D);
+        matmul_ref(lw.ple_gate, h.data(), n, gd.data());
+        for (size_t t = 0; t < n; ++t)
+          for (int k = 0; k < D; ++k)
+            gd[t * D + k] = gelu_tanh_ref(gd[t * D + k]) * ple[t * size_t(L) * D + size_t(li) * D + k];
+        matmul_ref(lw.ple_proj, gd.data(), n, y.data());
+        for (size_t t = 0; t < n; ++t) {
+          rmsnorm_ref(&y[t * H], l.post_ple_norm.data(), H, eps, &y[t * H]);
+          for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
+        }
+      }
+      for (float& v : h) v *= l.scalar;
+    }
+
+    // ---- commit the chunk's K/V ----
+    for (int li = 0; li < L; ++li) {
+      if (cfg.layers[li].kv_shared) continue;
+      CpuLayerCache& c = s.caches[size_t(li)];
+      for (size_t t = 0; t < n; ++t) {
+        if (c.ring && n - t > size_t(c.capacity)) continue;  // overwritten within this chunk anyway
+        const size_t slot = c.ring ? (p + t) % size_t(c.capacity) : p + t;
+        std::copy_n(&chunk_k[li][t * c.row], c.row, &c.k[slot * c.row]);
+        std::copy_n(&chunk_v[li][t * c.row], c.row, &c.v[slot * c.row]);
+      }
+    }
+    s.pos = p + n;
+
+    // ---- head ----
+    if (which == Logits::None || !logits) return;
+    const size_t first = which == Logits::All ? 0 : n - 1;
+    const size_t rows = n - first;
+    const int V = cfg.vocab_size;
+    std::vector<float> xn(rows * H);
+    for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
+    logits->assign(rows * size_t(V), 0.f);
+    const float cap = cfg.final_logit_softcapping;
+    float* out = logits->data();
+    parallel_for(size_t(V), double(V) * H * rows, [&](size_t b, size_t e) {
+      std::vector<float> row(static_cast<size_t>(H));
+      for (size_t o = b; o < e; ++o) {
+        load_floats(*w_->lm_head, o * H, size_t(H), row.data());
+        for (size_t r = 0; r < rows; ++r) {
+          float v = dot_ref(row.data(), &xn[r * H], H);
+          if (cap > 0.f) v = std::tanh(v / cap) * cap;
+          out[r * V + o] = v;
+        }
+      }
+    });
+  }
+
+ private:
+  struct Layer {
+    std::vector<float> in_norm, post_attn_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm, post_ple_norm;
+    std::vector<float> inv_freq;  // [d/2]
+    float scalar = 1.f;
+  };
+  const ModelConfig* cfg_ = nullptr;
+  const Weights* w_ = nullptr;
+  std::vector<Layer> layers_;
+  std::vector<float> final_norm_, ple_norm_;
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4

@@ -1,0 +1,132 @@
+// gemma4_t4 implementation part: Engine and Session (the public API over the backends).
+#pragma once
+
+#include <memory>
+#include <new>
+#include <string>
+#include <vector>
+
+namespace gemma4_t4 {
+
+struct Engine::Impl {
+  std::string dir;
+  LoadOptions options;
+  ModelConfig config;
+  detail::TensorStore store;  // owns the mappings every view below points into
+  detail::Weights weights;
+  detail::CpuModel cpu;
+  Backend backend = Backend::Cpu;
+};
+
+struct Session::Impl {
+  const Engine::Impl* owner = nullptr;
+  detail::CpuSession cpu;
+};
+
+// ---- Session ----
+
+Session::Session() = default;
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+
+bool Session::valid() const { return impl_ != nullptr; }
+size_t Session::position() const { return impl_ ? impl_->cpu.pos : 0; }
+size_t Session::max_context() const { return impl_ ? impl_->cpu.max_ctx : 0; }
+void Session::reset() {
+  if (impl_) impl_->cpu.pos = 0;  // stale cache entries are never read: attention only looks below pos
+}
+
+// ---- Engine ----
+
+Engine::Engine() = default;
+Engine::~Engine() = default;
+Engine::Engine(Engine&&) noexcept = default;
+Engine& Engine::operator=(Engine&&) noexcept = default;
+
+bool Engine::loaded() const { return impl_ != nullptr; }
+const ModelConfig& Engine::config() const { return impl_->config; }
+Backend Engine::backend() const { return impl_ ? impl_->backend : Backend::Cpu; }
+double Engine::decode_bytes_per_token() const { return impl_ ? impl_->weights.decode_bytes() : 0.0; }
+
+inline Status load_impl(const std::string& dir, const LoadOptions& options, std::unique_ptr<Engine::Impl>* out) {
+  auto impl = std::make_unique<Engine::Impl>();
+  impl->dir = dir;
+  impl->options = options;
+  if (options.max_context == 0) return detail::err(Code::InvalidArgument, "LoadOptions::max_context must be > 0");
+  if (options.on_progress) options.on_progress(0.f);
+  std::string text;
+  const std::string cfg_path = dir + "/config.json";
+  GEMMA4_T4_TRY(detail::read_text_file(cfg_path, &text));
+  GEMMA4_T4_TRY(detail::parse_config(text, cfg_path, &impl->config));
+  GEMMA4_T4_TRY(impl->store.open(dir));
+  detail::WeightBinder binder(impl->store, impl->config, dir);
+  GEMMA4_T4_TRY(binder.bind(&impl->weights));
+  if (options.backend == Backend::Cuda)
+    return detail::err(Code::Unsupported, dir, ": this build has no CUDA backend (compile the implementation with nvcc)");
+  impl->backend = Backend::Cpu;
+  GEMMA4_T4_TRY(impl->cpu.init(impl->config, impl->weights));
+  if (options.on_progress) options.on_progress(1.f);
+  *out = std::move(impl);
+  return Status::ok();
+}
+
+Status Engine::load(const std::string& dir, const LoadOptions& options, Engine* out) {
+  if (!out) return detail::err(Code::InvalidArgument, "Engine::load: out is null");
+  std::unique_ptr<Impl> impl;
+  try {
+    GEMMA4_T4_TRY(load_impl(dir, options, &impl));
+  } catch (const std::bad_alloc&) {
+    return detail::err(Code::OutOfMemory, dir, ": out of host memory while loading");
+  } catch (const std::exception& e) {
+    return detail::err(Code::BackendError, dir, ": unexpected error while loading: ", e.what());
+  }
+  out->impl_ = std::move(impl);
+  return Status::ok();
+}
+
+Status Engine::create_session(Session* out, size_t max_context) const {
+  if (!impl_) return detail::err(Code::InvalidArgument, "create_session: engine is not loaded");
+  if (!out) return detail::err(Code::InvalidArgument, "create_session: out is null");
+  const size_t ctx = max_context ? max_context : impl_->options.max_context;
+  if (ctx > size_t(impl_->config.max_position_embeddings))
+    return detail::err(Code::InvalidArgument, "create_session: max_context ", ctx, " exceeds the model's max_position_embeddings ",
+                       impl_->config.max_position_embeddings);
+  try {
+    auto s = std::make_unique<Session::Impl>();
+    s->owner = impl_.get();
+    impl_->cpu.init_session(&s->cpu, ctx);
+    out->impl_ = std::move(s);
+  } catch (const std::bad_alloc&) {
+    return detail::err(Code::OutOfMemory, "create_session: out of host memory for a ", ctx, "-token KV cache");
+  }
+  return Status::ok();
+}
+
+Status Engine::forward(Session& session, const int32_t* tokens, size_t n, Logits which,
+                       std::vector<float>* logits) const {
+  if (!impl_) return detail::err(Code::InvalidArgument, "forward: engine is not loaded");
+  if (!session.impl_ || session.impl_->owner != impl_.get())
+    return detail::err(Code::InvalidArgument, "forward: session was not created by this engine");
+  if (n == 0 || !tokens) return detail::err(Code::InvalidArgument, "forward: no tokens");
+  if (which != Logits::None && !logits) return detail::err(Code::InvalidArgument, "forward: logits output is null");
+  const ModelConfig& cfg = impl_->config;
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = tokens[i];
+    if (id < 0 || id >= cfg.vocab_size || (cfg.hidden_size_per_layer_input > 0 && id >= cfg.vocab_size_per_layer_input))
+      return detail::err(Code::InvalidArgument, "forward: token ", i, " has id ", id, ", outside the vocabulary [0, ",
+                         cfg.vocab_size, ")");
+  }
+  detail::CpuSession& s = session.impl_->cpu;
+  if (s.pos + n > s.max_ctx)
+    return detail::err(Code::ContextOverflow, "forward: ", n, " tokens at position ", s.pos, " pass the session's context of ",
+                       s.max_ctx, " tokens");
+  try {
+    impl_->cpu.forward(s, tokens, n, which, logits);
+  } catch (const std::bad_alloc&) {
+    return detail::err(Code::OutOfMemory, "forward: out of host memory for ", n, " tokens");
+  }
+  return Status::ok();
+}
+
+}  // namespace gemma4_t4
