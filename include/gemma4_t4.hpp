@@ -52,7 +52,8 @@
 //
 // THREAD SAFETY
 //   An Engine is immutable after load: several threads may share it as long as each Session is used by
-//   one thread at a time. Engine::load and destruction must not race with other calls on that Engine.
+//   one thread at a time (the CUDA backend serialises forward passes internally). Engine::load, moves and
+//   destruction must not race with other calls on that Engine.
 //
 // HISTORY
 //   0.1.0  loader (safetensors, config, bf16/f16/f32 and w4a16 weights), CPU reference backend
@@ -149,11 +150,18 @@ struct ModelConfig {
 
 // ---- engine and sessions ----------------------------------------------------------------------------------
 
+// Where the per-layer-embedding table (262144 x 8960 bf16 = 4.7 GB on E2B) lives on the CUDA backend.
+enum class PleLocation {
+  Host,    // stays in the mapped file; the rows a step needs are gathered and uploaded (default)
+  Device,  // copied to GPU memory as fp16
+};
+
 struct LoadOptions {
-  Backend backend = Backend::Auto;
-  int device = 0;                         // CUDA device ordinal
-  size_t max_context = 8192;              // default context of new sessions (tokens)
-  std::function<void(float)> on_progress; // called with 0..1 while loading; may be empty
+  Backend backend = Backend::Auto;         // Auto: CUDA when compiled in and a GPU (sm_75+) is present
+  int device = 0;                          // CUDA device ordinal
+  size_t max_context = 8192;               // default context of new sessions (tokens)
+  PleLocation ple = PleLocation::Host;
+  std::function<void(float)> on_progress;  // called with 0..1 while loading; may be empty
 };
 
 // Which logits Engine::forward returns.
@@ -164,6 +172,14 @@ enum class Logits {
 };
 
 class Engine;
+class Session;
+
+// One session's share of a batched forward pass.
+struct BatchItem {
+  Session* session = nullptr;
+  const int32_t* tokens = nullptr;
+  size_t n = 0;
+};
 
 // One conversation: its KV cache and position. Owned by the caller; created by Engine::create_session and
 // valid while that Engine lives. Movable, not copyable. Not thread-safe: one thread at a time.
@@ -213,6 +229,11 @@ class Engine {
   Status forward(Session& session, const int32_t* tokens, size_t n, Logits which,
                  std::vector<float>* logits) const;
 
+  // Several sessions in one pass (each session at most once): their tokens are processed together, as
+  // continuous batching does. logits rows are concatenated in item order: 1 row per item (Last) or n
+  // (All). On error no session has advanced.
+  Status forward_batch(const BatchItem* items, size_t count, Logits which, std::vector<float>* logits) const;
+
   // Bytes of weights a decode step reads (every decoder linear + the LM head): the bandwidth roofline.
   double decode_bytes_per_token() const;
 
@@ -240,7 +261,11 @@ int argmax(const float* values, size_t n);
 #include "gemma4_t4/safetensors.hpp"
 #include "gemma4_t4/config.hpp"
 #include "gemma4_t4/weights.hpp"
+#include "gemma4_t4/backend.hpp"
 #include "gemma4_t4/cpu_backend.hpp"
+#ifndef GEMMA4_T4_NO_CUDA
+#include "gemma4_t4/cuda_backend.hpp"
+#endif
 #include "gemma4_t4/engine.hpp"
 #endif  // GEMMA4_T4_IMPLEMENTATION_DONE
 #endif  // GEMMA4_T4_IMPLEMENTATION

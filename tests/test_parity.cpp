@@ -13,82 +13,21 @@
 #include "gemma4_t4/safetensors.hpp"
 #include "gemma4_t4/config.hpp"
 #include "gemma4_t4/weights.hpp"
+#include "reference.hpp"
 
 using namespace gemma4_t4;
 
+using namespace testref;
+
 namespace {
 
-const std::string kFixtures = GEMMA4_T4_FIXTURES;
 constexpr double kTol = 1e-4;
 
-struct Reference {
-  detail::TensorStore store;
-  std::vector<int32_t> prompt, decode_ids;
-  std::vector<float> prefill, decode;  // [T, V], [S, V]
-  int vocab = 0;
-};
-
-std::vector<int32_t> ints(const detail::TensorInfo& t) {
-  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
-  std::memcpy(v.data(), t.data, v.size() * 4);
-  return v;
-}
-
-std::vector<float> floats(const detail::TensorInfo& t) {
-  std::vector<float> v(static_cast<size_t>(t.numel()));
-  detail::load_floats(t, 0, v.size(), v.data());
-  return v;
-}
-
-void load_reference(const std::string& name, Reference* r) {
-  const std::string path = kFixtures + "/" + name + "/reference.safetensors";
-  Status st = r->store.open(path);
-  INFO(st.message);
-  REQUIRE(st);
-  auto get = [&](const char* n) {
-    const detail::TensorInfo* t = r->store.find(n);
-    INFO("reference tensor " << n);
-    REQUIRE(t != nullptr);
-    return t;
-  };
-  REQUIRE(get("prompt_ids")->dtype == detail::DType::I32);
-  r->prompt = ints(*get("prompt_ids"));
-  r->decode_ids = ints(*get("decode_ids"));
-  r->prefill = floats(*get("prefill_logits"));
-  r->decode = floats(*get("decode_logits"));
-  r->vocab = int(get("prefill_logits")->shape[1]);
-}
-
-// max |a - b| / max |b| over one row of V logits
-double row_error(const float* a, const float* b, int V) {
-  double e = 0, m = 0;
-  for (int i = 0; i < V; ++i) {
-    e = std::max(e, double(std::fabs(a[i] - b[i])));
-    m = std::max(m, double(std::fabs(b[i])));
-  }
-  return e / m;
-}
-
 void check_rows(const std::vector<float>& got, const float* ref, size_t rows, int V, const std::string& what) {
-  REQUIRE(got.size() == rows * size_t(V));
-  for (size_t r = 0; r < rows; ++r) {
-    const double e = row_error(&got[r * V], ref + r * V, V);
-    INFO(what << " row " << r << " rel err " << e);
-    CHECK(e <= kTol);
-    CHECK(argmax(&got[r * V], size_t(V)) == argmax(ref + r * V, size_t(V)));
-  }
+  testref::check_rows(got, ref, rows, V, kTol, what);
 }
 
-Engine load_engine(const std::string& name) {
-  Engine e;
-  LoadOptions opt;
-  opt.backend = Backend::Cpu;
-  opt.max_context = 64;
-  Status st = Engine::load(kFixtures + "/" + name, opt, &e);
-  INFO(st.message);
-  REQUIRE(st);
-  return e;
-}
+Engine load_engine(const std::string& name) { return testref::load_engine(name, Backend::Cpu, PleLocation::Host, 64); }
 
 void parity(const std::string& name) {
   Reference ref;
@@ -164,7 +103,7 @@ TEST_CASE("w4a16 unpacking is bit-exact against the fixture script's packing", "
   Reference ref;
   load_reference("w4a16", &ref);
   std::string text;
-  const std::string dir = kFixtures + "/w4a16";
+  const std::string dir = fixtures() + "/w4a16";
   REQUIRE(detail::read_text_file(dir + "/config.json", &text));
   ModelConfig cfg;
   REQUIRE(detail::parse_config(text, dir, &cfg));

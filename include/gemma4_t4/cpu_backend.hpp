@@ -119,9 +119,7 @@ struct CpuLayerCache {
   std::vector<float> k, v;   // [capacity, kv_heads, head_dim] fp32
 };
 
-struct CpuSession {
-  size_t pos = 0;
-  size_t max_ctx = 0;
+struct CpuSession : BackendSession {
   std::vector<CpuLayerCache> caches;  // per layer; empty (capacity 0) for KV-shared layers
 };
 
@@ -174,7 +172,7 @@ class CpuModel {
     }
   }
 
-  // tokens[n] at positions s.pos.. ; logits per `which`. Validated by the caller (ids, context).
+  // tokens[n] at positions s.pos.. ; appends logits per `which`. Validated by the caller (ids, context).
   void forward(CpuSession& s, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const {
     const ModelConfig& cfg = *cfg_;
     const int H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
@@ -347,9 +345,10 @@ class CpuModel {
     const int V = cfg.vocab_size;
     std::vector<float> xn(rows * H);
     for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
-    logits->assign(rows * size_t(V), 0.f);
+    const size_t at = logits->size();
+    logits->resize(at + rows * size_t(V));
     const float cap = cfg.final_logit_softcapping;
-    float* out = logits->data();
+    float* out = logits->data() + at;
     parallel_for(size_t(V), double(V) * H * rows, [&](size_t b, size_t e) {
       std::vector<float> row(static_cast<size_t>(H));
       for (size_t o = b; o < e; ++o) {
@@ -373,6 +372,26 @@ class CpuModel {
   const Weights* w_ = nullptr;
   std::vector<Layer> layers_;
   std::vector<float> final_norm_, ple_norm_;
+};
+
+class CpuBackend : public BackendModel {
+ public:
+  Status init(const ModelConfig& cfg, const Weights& w) { return model_.init(cfg, w); }
+  Backend kind() const override { return Backend::Cpu; }
+  Status new_session(size_t max_ctx, std::unique_ptr<BackendSession>* out) const override {
+    auto s = std::make_unique<CpuSession>();
+    model_.init_session(s.get(), max_ctx);
+    *out = std::move(s);
+    return Status::ok();
+  }
+  Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
+    for (size_t i = 0; i < count; ++i)
+      model_.forward(static_cast<CpuSession&>(*items[i].session), items[i].tokens, items[i].n, which, logits);
+    return Status::ok();
+  }
+
+ private:
+  CpuModel model_;
 };
 
 }  // namespace detail

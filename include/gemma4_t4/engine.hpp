@@ -14,13 +14,12 @@ struct Engine::Impl {
   ModelConfig config;
   detail::TensorStore store;  // owns the mappings every view below points into
   detail::Weights weights;
-  detail::CpuModel cpu;
-  Backend backend = Backend::Cpu;
+  std::unique_ptr<detail::BackendModel> backend;
 };
 
 struct Session::Impl {
   const Engine::Impl* owner = nullptr;
-  detail::CpuSession cpu;
+  std::unique_ptr<detail::BackendSession> state;
 };
 
 // ---- Session ----
@@ -31,10 +30,10 @@ Session::Session(Session&&) noexcept = default;
 Session& Session::operator=(Session&&) noexcept = default;
 
 bool Session::valid() const { return impl_ != nullptr; }
-size_t Session::position() const { return impl_ ? impl_->cpu.pos : 0; }
-size_t Session::max_context() const { return impl_ ? impl_->cpu.max_ctx : 0; }
+size_t Session::position() const { return impl_ ? impl_->state->pos : 0; }
+size_t Session::max_context() const { return impl_ ? impl_->state->max_ctx : 0; }
 void Session::reset() {
-  if (impl_) impl_->cpu.pos = 0;  // stale cache entries are never read: attention only looks below pos
+  if (impl_) impl_->state->pos = 0;  // stale cache entries are never read: attention only looks below pos
 }
 
 // ---- Engine ----
@@ -46,36 +45,55 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 
 bool Engine::loaded() const { return impl_ != nullptr; }
 const ModelConfig& Engine::config() const { return impl_->config; }
-Backend Engine::backend() const { return impl_ ? impl_->backend : Backend::Cpu; }
+Backend Engine::backend() const { return impl_ ? impl_->backend->kind() : Backend::Cpu; }
 double Engine::decode_bytes_per_token() const { return impl_ ? impl_->weights.decode_bytes() : 0.0; }
+
+namespace detail {
 
 inline Status load_impl(const std::string& dir, const LoadOptions& options, std::unique_ptr<Engine::Impl>* out) {
   auto impl = std::make_unique<Engine::Impl>();
   impl->dir = dir;
   impl->options = options;
-  if (options.max_context == 0) return detail::err(Code::InvalidArgument, "LoadOptions::max_context must be > 0");
+  if (options.max_context == 0) return err(Code::InvalidArgument, "LoadOptions::max_context must be > 0");
   if (options.on_progress) options.on_progress(0.f);
   std::string text;
   const std::string cfg_path = dir + "/config.json";
-  GEMMA4_T4_TRY(detail::read_text_file(cfg_path, &text));
-  GEMMA4_T4_TRY(detail::parse_config(text, cfg_path, &impl->config));
+  GEMMA4_T4_TRY(read_text_file(cfg_path, &text));
+  GEMMA4_T4_TRY(parse_config(text, cfg_path, &impl->config));
   GEMMA4_T4_TRY(impl->store.open(dir));
-  detail::WeightBinder binder(impl->store, impl->config, dir);
+  WeightBinder binder(impl->store, impl->config, dir);
   GEMMA4_T4_TRY(binder.bind(&impl->weights));
-  if (options.backend == Backend::Cuda)
-    return detail::err(Code::Unsupported, dir, ": this build has no CUDA backend (compile the implementation with nvcc)");
-  impl->backend = Backend::Cpu;
-  GEMMA4_T4_TRY(impl->cpu.init(impl->config, impl->weights));
+
+  Backend want = options.backend;
+#ifdef GEMMA4_T4_NO_CUDA
+  if (want == Backend::Cuda)
+    return err(Code::Unsupported, dir, ": this build has no CUDA backend (compile the implementation with nvcc)");
+  want = Backend::Cpu;
+#else
+  if (want == Backend::Auto) want = cuda_usable(options.device) ? Backend::Cuda : Backend::Cpu;
+  if (want == Backend::Cuda) {
+    auto cuda = std::make_unique<CudaBackend>();
+    GEMMA4_T4_TRY(cuda->init(impl->config, impl->weights, options, dir));
+    impl->backend = std::move(cuda);
+  }
+#endif
+  if (want == Backend::Cpu) {
+    auto cpu = std::make_unique<CpuBackend>();
+    GEMMA4_T4_TRY(cpu->init(impl->config, impl->weights));
+    impl->backend = std::move(cpu);
+  }
   if (options.on_progress) options.on_progress(1.f);
   *out = std::move(impl);
   return Status::ok();
 }
 
+}  // namespace detail
+
 Status Engine::load(const std::string& dir, const LoadOptions& options, Engine* out) {
   if (!out) return detail::err(Code::InvalidArgument, "Engine::load: out is null");
   std::unique_ptr<Impl> impl;
   try {
-    GEMMA4_T4_TRY(load_impl(dir, options, &impl));
+    GEMMA4_T4_TRY(detail::load_impl(dir, options, &impl));
   } catch (const std::bad_alloc&) {
     return detail::err(Code::OutOfMemory, dir, ": out of host memory while loading");
   } catch (const std::exception& e) {
@@ -90,12 +108,12 @@ Status Engine::create_session(Session* out, size_t max_context) const {
   if (!out) return detail::err(Code::InvalidArgument, "create_session: out is null");
   const size_t ctx = max_context ? max_context : impl_->options.max_context;
   if (ctx > size_t(impl_->config.max_position_embeddings))
-    return detail::err(Code::InvalidArgument, "create_session: max_context ", ctx, " exceeds the model's max_position_embeddings ",
-                       impl_->config.max_position_embeddings);
+    return detail::err(Code::InvalidArgument, "create_session: max_context ", ctx,
+                       " exceeds the model's max_position_embeddings ", impl_->config.max_position_embeddings);
   try {
     auto s = std::make_unique<Session::Impl>();
     s->owner = impl_.get();
-    impl_->cpu.init_session(&s->cpu, ctx);
+    GEMMA4_T4_TRY(impl_->backend->new_session(ctx, &s->state));
     out->impl_ = std::move(s);
   } catch (const std::bad_alloc&) {
     return detail::err(Code::OutOfMemory, "create_session: out of host memory for a ", ctx, "-token KV cache");
@@ -105,28 +123,46 @@ Status Engine::create_session(Session* out, size_t max_context) const {
 
 Status Engine::forward(Session& session, const int32_t* tokens, size_t n, Logits which,
                        std::vector<float>* logits) const {
+  BatchItem item;
+  item.session = &session;
+  item.tokens = tokens;
+  item.n = n;
+  return forward_batch(&item, 1, which, logits);
+}
+
+Status Engine::forward_batch(const BatchItem* items, size_t count, Logits which, std::vector<float>* logits) const {
   if (!impl_) return detail::err(Code::InvalidArgument, "forward: engine is not loaded");
-  if (!session.impl_ || session.impl_->owner != impl_.get())
-    return detail::err(Code::InvalidArgument, "forward: session was not created by this engine");
-  if (n == 0 || !tokens) return detail::err(Code::InvalidArgument, "forward: no tokens");
+  if (count == 0 || !items) return detail::err(Code::InvalidArgument, "forward: empty batch");
   if (which != Logits::None && !logits) return detail::err(Code::InvalidArgument, "forward: logits output is null");
   const ModelConfig& cfg = impl_->config;
-  for (size_t i = 0; i < n; ++i) {
-    const int32_t id = tokens[i];
-    if (id < 0 || id >= cfg.vocab_size || (cfg.hidden_size_per_layer_input > 0 && id >= cfg.vocab_size_per_layer_input))
-      return detail::err(Code::InvalidArgument, "forward: token ", i, " has id ", id, ", outside the vocabulary [0, ",
-                         cfg.vocab_size, ")");
+  std::vector<detail::ForwardItem> fwd(count);
+  for (size_t b = 0; b < count; ++b) {
+    const BatchItem& it = items[b];
+    if (!it.session || !it.session->impl_ || it.session->impl_->owner != impl_.get())
+      return detail::err(Code::InvalidArgument, "forward: item ", b, ": session was not created by this engine");
+    for (size_t c = 0; c < b; ++c)
+      if (items[c].session == it.session)
+        return detail::err(Code::InvalidArgument, "forward: items ", c, " and ", b, " are the same session");
+    if (it.n == 0 || !it.tokens) return detail::err(Code::InvalidArgument, "forward: item ", b, " has no tokens");
+    for (size_t i = 0; i < it.n; ++i) {
+      const int32_t id = it.tokens[i];
+      if (id < 0 || id >= cfg.vocab_size ||
+          (cfg.hidden_size_per_layer_input > 0 && id >= cfg.vocab_size_per_layer_input))
+        return detail::err(Code::InvalidArgument, "forward: token ", i, " has id ", id,
+                           ", outside the vocabulary [0, ", cfg.vocab_size, ")");
+    }
+    detail::BackendSession& s = *it.session->impl_->state;
+    if (s.pos + it.n > s.max_ctx)
+      return detail::err(Code::ContextOverflow, "forward: ", it.n, " tokens at position ", s.pos,
+                         " pass the session's context of ", s.max_ctx, " tokens");
+    fwd[b] = detail::ForwardItem{&s, it.tokens, it.n};
   }
-  detail::CpuSession& s = session.impl_->cpu;
-  if (s.pos + n > s.max_ctx)
-    return detail::err(Code::ContextOverflow, "forward: ", n, " tokens at position ", s.pos, " pass the session's context of ",
-                       s.max_ctx, " tokens");
+  if (logits) logits->clear();
   try {
-    impl_->cpu.forward(s, tokens, n, which, logits);
+    return impl_->backend->forward(fwd.data(), count, which, logits);
   } catch (const std::bad_alloc&) {
-    return detail::err(Code::OutOfMemory, "forward: out of host memory for ", n, " tokens");
+    return detail::err(Code::OutOfMemory, "forward: out of host memory");
   }
-  return Status::ok();
 }
 
 }  // namespace gemma4_t4

@@ -1,0 +1,594 @@
+// gemma4_t4 implementation part: the CUDA backend (compiled only by nvcc, without GEMMA4_T4_NO_CUDA).
+//
+// Load: every tensor is streamed from the mapped checkpoint through one bounded pinned staging buffer
+// (kStagingBytes) to the GPU -- bf16/f32 -> fp16 with a range check, w4a16 words copied as they are
+// (kernels/gemv.cuh documents why that is the kernel's layout) with bf16 scales -> fp16 -- and the pages
+// just read are released (madvise), so host RSS stays near the staging size whatever the model size. The
+// PLE table stays in the mapped file (rows gathered per step) unless LoadOptions::ple asks for the GPU.
+//
+// Forward: the rows of all items (prefill chunks and decode tokens alike) go through each layer together,
+// in passes of at most kMaxRows rows and kMaxSeqs sessions. Per layer:
+//   x16 = rmsnorm(h)                                  [rows, H] fp16
+//   q/k/v = x16 W^T (gemv for <= 16 rows, cuBLAS fp16 GEMM with fp32 accumulation above)
+//   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> written into the session caches at their positions
+//   att16 = attention(q16, caches)                    split over keys, merged
+//   h += norm(o_proj(att16)); MLP; PLE; h *= layer_scalar   (residual stream fp32 throughout)
+// K/V are written before attention reads them, so sliding layers keep a ring of window + kMaxRows slots:
+// a pass never overwrites a key one of its own queries still needs. Positions advance only when every
+// pass succeeded.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "../../kernels/attention.cuh"
+#include "../../kernels/elementwise.cuh"
+#include "../../kernels/gemv.cuh"
+#include "../../kernels/rmsnorm.cuh"
+#include "../../kernels/rope_kv.cuh"
+
+namespace gemma4_t4 {
+namespace detail {
+
+inline Status cuda_status(cudaError_t e, const std::string& what) {
+  return err(Code::BackendError, what, ": CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
+}
+
+#define GEMMA4_T4_CUDA_TRY(expr, what)                   \
+  do {                                                   \
+    const cudaError_t e_ = (expr);                       \
+    if (e_ != cudaSuccess) return cuda_status(e_, what); \
+  } while (0)
+
+inline bool cuda_usable(int device) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || device < 0 || device >= n) {
+    cudaGetLastError();
+    return false;
+  }
+  cudaDeviceProp p;
+  if (cudaGetDeviceProperties(&p, device) != cudaSuccess) return false;
+  return p.major * 10 + p.minor >= 75;
+}
+
+inline double mib(size_t b) { return double(b) / (1024.0 * 1024.0); }
+
+// Owns device allocations; an allocation failure is an OutOfMemory Status with the sizes asked and free.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+  ~DeviceMemory() {
+    for (void* p : ptrs_) cudaFree(p);
+  }
+  template <typename T>
+  Status alloc(size_t count, const std::string& what, T** out) {
+    const size_t bytes = std::max<size_t>(count * sizeof(T), 256);
+    void* p = nullptr;
+    const cudaError_t e = cudaMalloc(&p, bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      size_t free_b = 0, total_b = 0;
+      cudaMemGetInfo(&free_b, &total_b);
+      return err(Code::OutOfMemory, what, ": cudaMalloc of ", mib(bytes), " MiB failed (", mib(free_b), " MiB free of ",
+                 mib(total_b), " MiB on the GPU)");
+    }
+    ptrs_.push_back(p);
+    total_ += bytes;
+    *out = static_cast<T*>(p);
+    return Status::ok();
+  }
+  size_t total() const { return total_; }
+
+ private:
+  std::vector<void*> ptrs_;
+  size_t total_ = 0;
+};
+
+struct DevLinear {
+  int out = 0, in = 0;
+  half* w16 = nullptr;      // [out, in] fp16, or
+  uint32_t* wq = nullptr;   // [out, in/8] packed int4
+  half* s16 = nullptr;      // [out, in/32] fp16 scales
+};
+
+struct DevLayer {
+  DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;
+  float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;
+  float *q_norm = nullptr, *k_norm = nullptr, *post_ple = nullptr;
+  float* inv_freq = nullptr;  // [d/2]
+  float scalar = 1.f;
+};
+
+struct CudaSession : BackendSession {
+  DeviceMemory mem;
+  std::vector<half*> k, v;  // per layer ([capacity, kv_heads, d] fp16), null on KV-shared layers
+  std::vector<int> capacity;
+};
+
+class CudaBackend : public BackendModel {
+ public:
+  static constexpr int kMaxRows = 512;   // rows per pass (prefill chunk)
+  static constexpr int kMaxSeqs = 64;    // sessions per pass
+  static constexpr int kSplitBudget = 1024;  // rows x key-splits of attention scratch
+  static constexpr size_t kStagingBytes = size_t(16) << 20;
+
+  ~CudaBackend() override {
+    if (blas_) cublasDestroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+    if (staging_) cudaFreeHost(staging_);
+    if (meta_host_) cudaFreeHost(meta_host_);
+    if (tok_host_) cudaFreeHost(tok_host_);
+  }
+
+  Backend kind() const override { return Backend::Cuda; }
+
+  Status init(const ModelConfig& cfg, const Weights& w, const LoadOptions& opt, const std::string& where) {
+    cfg_ = &cfg;
+    w_ = &w;
+    opt_ = opt;
+    device_ = opt.device;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      return err(Code::BackendError, where, ": no CUDA device is available (use Backend::Cpu or Auto)");
+    }
+    if (device_ < 0 || device_ >= n) return err(Code::InvalidArgument, where, ": CUDA device ", device_, " does not exist (", n, " present)");
+    GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    cudaDeviceProp prop;
+    GEMMA4_T4_CUDA_TRY(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
+    if (prop.major * 10 + prop.minor < 75)
+      return err(Code::Unsupported, where, ": GPU '", prop.name, "' has compute capability ", prop.major, ".", prop.minor,
+                 "; gemma4_t4 needs 7.5 (Turing) or newer");
+    GEMMA4_T4_TRY(check_shapes(where));
+    GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return err(Code::BackendError, where, ": cublasCreate failed");
+    cublasSetStream(blas_, stream_);
+    GEMMA4_T4_CUDA_TRY(cudaMallocHost(&staging_, kStagingBytes), "cudaMallocHost (staging)");
+    GEMMA4_T4_TRY(upload_weights(where));
+    return alloc_workspace();
+  }
+
+  Status new_session(size_t max_ctx, std::unique_ptr<BackendSession>* out) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaSetDevice(device_);
+    auto s = std::make_unique<CudaSession>();
+    s->max_ctx = max_ctx;
+    const int L = cfg_->num_layers;
+    s->k.assign(size_t(L), nullptr);
+    s->v.assign(size_t(L), nullptr);
+    s->capacity.assign(size_t(L), 1);
+    for (int l = 0; l < L; ++l) {
+      const LayerConfig& lc = cfg_->layers[l];
+      if (lc.kv_shared) continue;
+      size_t cap = max_ctx;
+      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + kMaxRows);
+      const size_t count = cap * size_t(lc.num_kv_heads) * lc.head_dim;
+      const std::string what = "create_session: KV cache of layer " + std::to_string(l) + " (" + std::to_string(cap) + " slots)";
+      GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->k[l]));
+      GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->v[l]));
+      s->capacity[l] = int(cap);
+    }
+    *out = std::move(s);
+    return Status::ok();
+  }
+
+  Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    // Split the work into passes: <= kMaxRows rows, <= kMaxSeqs sessions, each item's tokens in order.
+    std::vector<Segment> pass;
+    int rows = 0;
+    for (size_t i = 0; i < count; ++i) {
+      size_t done = 0;
+      while (done < items[i].n) {
+        if (rows == kMaxRows || int(pass.size()) == kMaxSeqs) {
+          GEMMA4_T4_TRY(run_pass(pass, which, logits));
+          pass.clear();
+          rows = 0;
+        }
+        const size_t take = std::min(items[i].n - done, size_t(kMaxRows - rows));
+        pass.push_back(Segment{&static_cast<CudaSession&>(*items[i].session), items[i].tokens + done,
+                               items[i].session->pos + done, int(take), done + take == items[i].n});
+        rows += int(take);
+        done += take;
+      }
+    }
+    if (!pass.empty()) GEMMA4_T4_TRY(run_pass(pass, which, logits));
+    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
+    return Status::ok();
+  }
+
+  size_t weight_bytes() const { return weights_mem_.total(); }
+
+ private:
+  struct Segment {
+    CudaSession* s;
+    const int32_t* tokens;
+    size_t pos;   // position of tokens[0]
+    int n;
+    bool last;    // holds the item's final token
+  };
+
+  Status check_shapes(const std::string& where) const {
+    const ModelConfig& c = *cfg_;
+    if (c.hidden_size % 8 != 0)
+      return err(Code::Unsupported, where, ": CUDA backend needs hidden_size % 8 == 0 (got ", c.hidden_size, ")");
+    if (c.hidden_size_per_layer_input % 8 != 0)
+      return err(Code::Unsupported, where, ": CUDA backend needs hidden_size_per_layer_input % 8 == 0");
+    for (int l = 0; l < c.num_layers; ++l) {
+      const LayerConfig& lc = c.layers[l];
+      if (!kernels::attention_supported(lc.head_dim, c.num_heads / lc.num_kv_heads))
+        return err(Code::Unsupported, where, ": layer ", l, ": head_dim ", lc.head_dim, " with ", c.num_heads / lc.num_kv_heads,
+                   " query heads per KV head is not supported by the CUDA attention kernels (head dims 32..512, <= 8)");
+      if (lc.intermediate_size % 8 != 0)
+        return err(Code::Unsupported, where, ": layer ", l, ": intermediate_size % 8 != 0");
+    }
+    return Status::ok();
+  }
+
+  // ---- load ----
+
+  Status progress(size_t done_bytes) {
+    if (opt_.on_progress && total_upload_ > 0) opt_.on_progress(0.02f + 0.96f * float(double(done_bytes) / total_upload_));
+    return Status::ok();
+  }
+
+  static void release_pages(const TensorInfo& t) {
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t b = (uintptr_t(t.data) + page - 1) & ~(page - 1);
+    const uintptr_t e = (uintptr_t(t.data) + t.nbytes) & ~(page - 1);
+    if (e > b) madvise(reinterpret_cast<void*>(b), e - b, MADV_DONTNEED);
+  }
+
+  // elements [first, first + count) of a float tensor -> fp16 on the device, through the staging buffer.
+  Status upload_f16(const TensorInfo& t, size_t first, size_t count, half* dst) {
+    const size_t chunk = kStagingBytes / sizeof(uint16_t);
+    uint16_t* st = static_cast<uint16_t*>(staging_);
+    for (size_t off = 0; off < count; off += chunk) {
+      const size_t m = std::min(chunk, count - off);
+      for (size_t i = 0; i < m; ++i) {
+        const float v = load_float(t, first + off + i);
+        if (!(std::fabs(v) <= kernels::kHalfMax))
+          return err(Code::Unsupported, "tensor '", t.name, "' element ", first + off + i, " = ", v,
+                     " is outside the fp16 range (+-65504) the CUDA backend stores weights in");
+        st[i] = f32_to_f16(v);
+      }
+      GEMMA4_T4_CUDA_TRY(cudaMemcpy(dst + off, st, m * 2, cudaMemcpyHostToDevice), "upload of '" + t.name + "'");
+      uploaded_ += m * 2;
+      progress(uploaded_);
+    }
+    return Status::ok();
+  }
+
+  Status upload_raw(const TensorInfo& t, void* dst) {
+    for (size_t off = 0; off < t.nbytes; off += kStagingBytes) {
+      const size_t m = std::min(kStagingBytes, t.nbytes - off);
+      std::memcpy(staging_, t.data + off, m);
+      GEMMA4_T4_CUDA_TRY(cudaMemcpy(static_cast<uint8_t*>(dst) + off, staging_, m, cudaMemcpyHostToDevice),
+                         "upload of '" + t.name + "'");
+      uploaded_ += m;
+      progress(uploaded_);
+    }
+    return Status::ok();
+  }
+
+  Status vec_f32(const TensorInfo* t, float** out) {
+    std::vector<float> v(static_cast<size_t>(t->numel()));
+    load_floats(*t, 0, v.size(), v.data());
+    GEMMA4_T4_TRY(weights_mem_.alloc(v.size(), "weights: '" + t->name + "'", out));
+    GEMMA4_T4_CUDA_TRY(cudaMemcpy(*out, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload of '" + t->name + "'");
+    return Status::ok();
+  }
+
+  Status linear(const LinearW& w, DevLinear* d) {
+    d->out = w.out;
+    d->in = w.in;
+    if (!w.out) return Status::ok();
+    const std::string what = "weights: '" + w.name + "'";
+    if (w.quantized()) {
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(w.out) * (w.in / 8), what, &d->wq));
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(w.out) * (w.in / 32), what, &d->s16));
+      GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
+      GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
+      release_pages(*w.packed);
+      max_deq_ = std::max(max_deq_, size_t(w.out) * w.in);
+    } else {
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
+      GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
+      release_pages(*w.dense);
+    }
+    max_in_ = std::max(max_in_, w.in);
+    max_out_ = std::max(max_out_, w.out);
+    return Status::ok();
+  }
+
+  Status upload_weights(const std::string& where) {
+    (void)where;
+    const ModelConfig& c = *cfg_;
+    const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
+    total_upload_ = w_->decode_bytes() + double(c.vocab_size) * H * 2;
+    if (D > 0 && opt_.ple == PleLocation::Device) total_upload_ += double(w_->ple_table->numel()) * 2;
+    GEMMA4_T4_TRY(weights_mem_.alloc(size_t(c.vocab_size) * H, "weights: embed_tokens", &embed16_));
+    GEMMA4_T4_TRY(upload_f16(*w_->embed, 0, size_t(c.vocab_size) * H, embed16_));
+    lm16_ = embed16_;
+    if (w_->lm_head != w_->embed) {
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(c.vocab_size) * H, "weights: lm_head", &lm16_));
+      GEMMA4_T4_TRY(upload_f16(*w_->lm_head, 0, size_t(c.vocab_size) * H, lm16_));
+      release_pages(*w_->lm_head);
+    }
+    release_pages(*w_->embed);
+    GEMMA4_T4_TRY(vec_f32(w_->final_norm, &final_norm_));
+    if (D > 0) {
+      GEMMA4_T4_TRY(linear(w_->ple_model_proj, &ple_model_proj_));
+      GEMMA4_T4_TRY(vec_f32(w_->ple_proj_norm, &ple_norm_));
+      if (opt_.ple == PleLocation::Device) {
+        const size_t count = size_t(w_->ple_table->numel());
+        GEMMA4_T4_TRY(weights_mem_.alloc(count, "weights: embed_tokens_per_layer", &ple_table16_));
+        GEMMA4_T4_TRY(upload_f16(*w_->ple_table, 0, count, ple_table16_));
+        release_pages(*w_->ple_table);
+      }
+    }
+    layers_.resize(size_t(L));
+    for (int l = 0; l < L; ++l) {
+      const LayerW& lw = w_->layers[l];
+      DevLayer& d = layers_[l];
+      for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
+                      std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
+                      std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
+                      std::make_pair(&lw.ple_proj, &d.ple_proj)})
+        GEMMA4_T4_TRY(linear(*pr.first, pr.second));
+      GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
+      GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
+      GEMMA4_T4_TRY(vec_f32(lw.pre_feedforward_layernorm, &d.pre_ff));
+      GEMMA4_T4_TRY(vec_f32(lw.post_feedforward_layernorm, &d.post_ff));
+      GEMMA4_T4_TRY(vec_f32(lw.q_norm, &d.q_norm));
+      if (lw.k_norm) GEMMA4_T4_TRY(vec_f32(lw.k_norm, &d.k_norm));
+      if (lw.post_per_layer_input_norm) GEMMA4_T4_TRY(vec_f32(lw.post_per_layer_input_norm, &d.post_ple));
+      d.scalar = load_float(*lw.layer_scalar, 0);
+      const std::vector<float> f = rope_inv_freq(c.layers[l]);
+      GEMMA4_T4_TRY(weights_mem_.alloc(f.size(), "rope table", &d.inv_freq));
+      GEMMA4_T4_CUDA_TRY(cudaMemcpy(d.inv_freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "rope table");
+    }
+    return Status::ok();
+  }
+
+  // ---- workspace ----
+
+  Status alloc_workspace() {
+    const ModelConfig& c = *cfg_;
+    const int R = kMaxRows, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
+    int qw = 0, kvw = 0, dmax = 0;
+    for (const auto& lc : c.layers) {
+      qw = std::max(qw, c.num_heads * lc.head_dim);
+      kvw = std::max(kvw, lc.num_kv_heads * lc.head_dim);
+      dmax = std::max(dmax, lc.head_dim);
+    }
+    const int wide = std::max({max_out_, max_in_, qw, H, L * D});
+    DeviceMemory& m = work_mem_;
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * 4 + size_t(kMaxSeqs) * L * 3 + 16, "workspace: metadata", &meta_i32_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * L * 2, "workspace: cache table", &kv_ptrs_));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h_));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16_));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16_));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: mm A", &mmA_));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: mm B", &mmB_));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: mm C", &mmC_));
+    if (D > 0) {
+      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple_));
+      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer tokens", &tok_));
+      GEMMA4_T4_CUDA_TRY(cudaMallocHost(&tok_host_, size_t(R) * L * D * 4), "cudaMallocHost (PLE rows)");
+    }
+    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml_));
+    if (max_deq_) GEMMA4_T4_TRY(m.alloc(max_deq_, "workspace: dequantised tile", &deq16_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits_));
+    meta_bytes_ = (size_t(R) * 4 + size_t(kMaxSeqs) * L * 3 + 16) * 4 + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
+    GEMMA4_T4_CUDA_TRY(cudaMallocHost(&meta_host_, meta_bytes_), "cudaMallocHost (metadata)");
+    return Status::ok();
+  }
+
+  // ---- one pass ----
+
+  Status mm(const DevLinear& w, const half* x, int n, float* y, const char* what) const {
+    if (n <= kernels::kGemvMaxRows) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, stream_), what);
+      return Status::ok();
+    }
+    const half* W = w.w16;
+    if (!W) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, deq16_, stream_), what);
+      W = deq16_;
+    }
+    const float alpha = 1.f, beta = 0.f;
+    const cublasStatus_t st =
+        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, w.out, n, w.in, &alpha, W, CUDA_R_16F, w.in, x, CUDA_R_16F, w.in,
+                     &beta, y, CUDA_R_32F, w.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS) return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
+    return Status::ok();
+  }
+
+  Status run_pass(const std::vector<Segment>& segs, Logits which, std::vector<float>* logits) const {
+    const ModelConfig& c = *cfg_;
+    const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, nh = c.num_heads;
+    const float eps = c.rms_norm_eps;
+    // Host metadata: ids, seq, pos per row; rows that want logits; cache table per (seq, layer).
+    int32_t* mi = static_cast<int32_t*>(meta_host_);
+    int32_t *ids = mi, *seq = mi + kMaxRows, *pos = mi + 2 * kMaxRows, *sel = mi + 3 * kMaxRows;
+    int32_t* cap = mi + 4 * kMaxRows;
+    half** ptrs = reinterpret_cast<half**>(static_cast<uint8_t*>(meta_host_) + (size_t(kMaxRows) * 4 + size_t(kMaxSeqs) * L * 3 + 16) * 4);
+    int rows = 0, nsel = 0, max_pos = 0;
+    for (size_t s = 0; s < segs.size(); ++s) {
+      const Segment& g = segs[s];
+      for (int t = 0; t < g.n; ++t) {
+        ids[rows] = g.tokens[t];
+        seq[rows] = int(s);
+        pos[rows] = int(g.pos + t);
+        max_pos = std::max(max_pos, pos[rows]);
+        if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) sel[nsel++] = rows;
+        ++rows;
+      }
+      for (int l = 0; l < L; ++l) {
+        cap[s * L + l] = g.s->capacity[l];
+        ptrs[s * L + l] = g.s->k[l];
+        ptrs[size_t(kMaxSeqs) * L + s * L + l] = g.s->v[l];
+      }
+    }
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(meta_i32_, meta_host_, meta_bytes_ - size_t(kMaxSeqs) * L * 2 * sizeof(void*),
+                                       cudaMemcpyHostToDevice, stream_), "metadata upload");
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(kv_ptrs_, ptrs, size_t(kMaxSeqs) * L * 2 * sizeof(void*), cudaMemcpyHostToDevice, stream_),
+                       "metadata upload");
+    const int *d_ids = meta_i32_, *d_seq = meta_i32_ + kMaxRows, *d_pos = meta_i32_ + 2 * kMaxRows,
+              *d_sel = meta_i32_ + 3 * kMaxRows, *d_cap = meta_i32_ + 4 * kMaxRows;
+    half* const* d_k = kv_ptrs_;
+    half* const* d_v = kv_ptrs_ + size_t(kMaxSeqs) * L;
+
+    GEMMA4_T4_CUDA_TRY(kernels::launch_embed(embed16_, d_ids, rows, H, float(std::sqrt(double(H))), h_, stream_), "embed");
+    if (D > 0) {
+      const size_t LD = size_t(L) * D;
+      if (ple_table16_) {
+        GEMMA4_T4_CUDA_TRY(kernels::launch_embed(ple_table16_, d_ids, rows, int(LD), 1.f, tok_, stream_), "PLE rows");
+      } else {
+        for (int r = 0; r < rows; ++r) load_floats(*w_->ple_table, size_t(ids[r]) * LD, LD, tok_host_ + size_t(r) * LD);
+        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tok_, tok_host_, size_t(rows) * LD * 4, cudaMemcpyHostToDevice, stream_),
+                           "PLE rows upload");
+      }
+      GEMMA4_T4_CUDA_TRY(kernels::launch_to_half(h_, size_t(rows) * H, x16_, stream_), "PLE input");
+      GEMMA4_T4_TRY(mm(ple_model_proj_, x16_, rows, mmA_, "per_layer_model_projection"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_ple_combine(mmA_, tok_, ple_norm_, rows, L, D, float(1.0 / std::sqrt(double(H))),
+                                                     float(std::sqrt(double(D))), float(1.0 / std::sqrt(2.0)), eps, ple_,
+                                                     stream_), "PLE combine");
+    }
+
+    for (int l = 0; l < L; ++l) {
+      const LayerConfig& lc = c.layers[l];
+      const DevLayer& d = layers_[l];
+      const int hd = lc.head_dim, kvh = lc.num_kv_heads;
+      // attention
+      GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, nullptr, d.in_norm, rows, H, eps, x16_, stream_), "input norm");
+      GEMMA4_T4_TRY(mm(d.q, x16_, rows, mmA_, "q_proj"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmA_, nh * hd, rows, nh, hd, d.q_norm, eps, d.inv_freq, d_pos, q16_,
+                                                        kernels::KvTarget(), stream_), "q norm/rope");
+      if (!lc.kv_shared) {
+        GEMMA4_T4_TRY(mm(d.k, x16_, rows, mmB_, "k_proj"));
+        const float* vsrc = mmB_;  // k_eq_v: V is the raw k_proj output
+        if (!lc.k_eq_v) {
+          GEMMA4_T4_TRY(mm(d.v, x16_, rows, mmC_, "v_proj"));
+          vsrc = mmC_;
+        }
+        kernels::KvTarget kt;
+        kt.capacity = d_cap;
+        kt.seq = d_seq;
+        kt.layer = l;
+        kt.layers = L;
+        kt.base = d_v;  // values first: with k_eq_v they read mmB_ before nothing else touches it
+        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(vsrc, kvh * hd, rows, kvh, hd, nullptr, eps, nullptr, d_pos, nullptr,
+                                                          kt, stream_), "v norm");
+        kt.base = d_k;
+        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmB_, kvh * hd, rows, kvh, hd, d.k_norm, eps, d.inv_freq, d_pos,
+                                                          nullptr, kt, stream_), "k norm/rope");
+      }
+      kernels::AttnArgs a;
+      a.q = q16_;
+      a.kbase = d_k;
+      a.vbase = d_v;
+      a.capacity = d_cap;
+      a.seq = d_seq;
+      a.pos = d_pos;
+      a.layer = lc.kv_source;
+      a.layers = L;
+      a.rows = rows;
+      a.heads = nh;
+      a.kv_heads = kvh;
+      a.window = lc.type == LayerType::Sliding ? c.sliding_window : 0;
+      const int keys = a.window ? std::min(a.window, max_pos + 1) : max_pos + 1;
+      a.splits = std::max(1, std::min({(keys + 63) / 64, 64, kSplitBudget / rows}));
+      a.keys_per_split = ((keys + a.splits - 1) / a.splits + kernels::kAttnTile - 1) / kernels::kAttnTile * kernels::kAttnTile;
+      a.part_o = part_o_;
+      a.part_ml = part_ml_;
+      a.out = x16_;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, hd, stream_), "attention");
+      GEMMA4_T4_TRY(mm(d.o, x16_, rows, mmA_, "o_proj"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmA_, d.post_attn, rows, H, eps, 1.f, kernels::NextNorm::Norm,
+                                                       d.pre_ff, x16_, stream_), "post-attention norm");
+      // MLP
+      GEMMA4_T4_TRY(mm(d.gate, x16_, rows, mmA_, "gate_proj"));
+      GEMMA4_T4_TRY(mm(d.up, x16_, rows, mmB_, "up_proj"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(mmA_, mmB_, size_t(rows) * lc.intermediate_size, x16_, stream_), "gelu");
+      GEMMA4_T4_TRY(mm(d.down, x16_, rows, mmC_, "down_proj"));
+      if (D > 0) {
+        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, 1.f, kernels::NextNorm::Copy,
+                                                         nullptr, x16_, stream_), "post-MLP norm");
+        GEMMA4_T4_TRY(mm(d.ple_gate, x16_, rows, mmA_, "per_layer_input_gate"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(mmA_, ple_, rows, L, D, l, x16_, stream_), "PLE gate");
+        GEMMA4_T4_TRY(mm(d.ple_proj, x16_, rows, mmC_, "per_layer_projection"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ple, rows, H, eps, d.scalar, kernels::NextNorm::None,
+                                                         nullptr, nullptr, stream_), "PLE norm");
+      } else {
+        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, d.scalar, kernels::NextNorm::None,
+                                                         nullptr, nullptr, stream_), "post-MLP norm");
+      }
+    }
+
+    // LM head for the selected rows, 16 at a time.
+    const int V = c.vocab_size;
+    for (int b = 0; b < nsel; b += kernels::kGemvMaxRows) {
+      const int k = std::min(kernels::kGemvMaxRows, nsel - b);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, d_sel + b, final_norm_, k, H, eps, head16_, stream_), "final norm");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, logits_, V, stream_), "LM head");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(logits_, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
+      const size_t at = logits->size();
+      logits->resize(at + size_t(k) * V);
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
+                         "logits download");
+    }
+    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
+    return Status::ok();
+  }
+
+  const ModelConfig* cfg_ = nullptr;
+  const Weights* w_ = nullptr;
+  LoadOptions opt_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  void* staging_ = nullptr;
+  double total_upload_ = 0;
+  size_t uploaded_ = 0;
+  mutable std::mutex mu_;
+
+  DeviceMemory weights_mem_, work_mem_;
+  half *embed16_ = nullptr, *lm16_ = nullptr, *ple_table16_ = nullptr;
+  float *final_norm_ = nullptr, *ple_norm_ = nullptr;
+  DevLinear ple_model_proj_;
+  std::vector<DevLayer> layers_;
+  int max_in_ = 0, max_out_ = 0;
+  size_t max_deq_ = 0;
+
+  // workspace ([rows, ...] buffers hold kMaxRows rows)
+  int* meta_i32_ = nullptr;
+  half** kv_ptrs_ = nullptr;
+  float* h_ = nullptr;                 // [R, H] residual stream
+  half *x16_ = nullptr, *q16_ = nullptr;
+  float *mmA_ = nullptr, *mmB_ = nullptr, *mmC_ = nullptr;
+  float *ple_ = nullptr, *tok_ = nullptr;
+  float* tok_host_ = nullptr;          // pinned [R, L*D]
+  float *part_o_ = nullptr, *part_ml_ = nullptr;
+  half* deq16_ = nullptr;
+  half* head16_ = nullptr;
+  float* logits_ = nullptr;            // [16, V]
+  void* meta_host_ = nullptr;
+  size_t meta_bytes_ = 0;
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4

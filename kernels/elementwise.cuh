@@ -1,0 +1,142 @@
+// gemma4_t4 kernels: the small element-wise steps of the forward pass.
+//
+//   embed:        h[r, :] = float(E[id[r], :]) * scale                          E: [V, H] fp16, h fp32
+//   to_half:      out[i] = half(x[i]) (saturating)
+//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: [rows, I] fp32
+//   ple_combine:  ple[r, l, :] = (rmsnorm(proj[r, l, :] * pscale) * w + tok[r, l, :] * tscale) * mix
+//                 proj, tok, ple: [rows, L, D] fp32 (tok: the rows of embed_tokens_per_layer)
+//   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
+//   softcap:      x = tanh(x / cap) * cap, in place                              x: [n] fp32
+//   argmax_rows:  out[r] = argmax_i x[r, i] (first on ties)                       x: [rows, V] fp32
+// sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
+#pragma once
+
+#include "common.cuh"
+
+namespace gemma4_t4 {
+namespace kernels {
+
+__global__ void embed_kernel(const half* __restrict__ E, const int* __restrict__ ids, int H, float scale,
+                             float* __restrict__ h) {
+  const half* e = E + size_t(ids[blockIdx.x]) * H;
+  float* o = h + size_t(blockIdx.x) * H;
+  for (int c = threadIdx.x; c < H; c += blockDim.x) o[c] = __half2float(e[c]) * scale;
+}
+
+inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, float scale, float* h,
+                                cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  embed_kernel<<<rows, 256, 0, stream>>>(E, ids, H, scale, h);
+  return cudaGetLastError();
+}
+
+__global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = to_half_sat(x[i]);
+}
+
+inline cudaError_t launch_to_half(const float* x, size_t n, half* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  to_half_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n, out);
+  return cudaGetLastError();
+}
+
+__global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
+                                half* __restrict__ out) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
+}
+
+inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  gelu_mul_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(g, u, n, out);
+  return cudaGetLastError();
+}
+
+// Grid (rows, L); block 32..256 threads over D.
+__global__ void ple_combine_kernel(const float* __restrict__ proj, const float* __restrict__ tok,
+                                   const float* __restrict__ w, int L, int D, float pscale, float tscale, float mix,
+                                   float eps, float* __restrict__ ple) {
+  const size_t off = (size_t(blockIdx.x) * L + blockIdx.y) * D;
+  float ss = 0.f;
+  for (int k = threadIdx.x; k < D; k += blockDim.x) {
+    const float v = proj[off + k] * pscale;
+    ss += v * v;
+  }
+  const float r = rsqrtf(block_sum(ss) / D + eps);
+  for (int k = threadIdx.x; k < D; k += blockDim.x)
+    ple[off + k] = (proj[off + k] * pscale * r * w[k] + tok[off + k] * tscale) * mix;
+}
+
+inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const float* w, int rows, int L, int D,
+                                      float pscale, float tscale, float mix, float eps, float* ple,
+                                      cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  const int threads = D >= 256 ? 256 : (D >= 64 ? 64 : 32);
+  ple_combine_kernel<<<dim3(rows, L), threads, 0, stream>>>(proj, tok, w, L, D, pscale, tscale, mix, eps, ple);
+  return cudaGetLastError();
+}
+
+__global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L, int D,
+                                int layer, half* __restrict__ out) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= size_t(rows) * D) return;
+  const size_t r = i / D, k = i % D;
+  out[i] = to_half_sat(gelu_tanh(g[i]) * ple[(r * L + layer) * D + k]);
+}
+
+inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, int L, int D, int layer, half* out,
+                                   cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  ple_gate_kernel<<<ceil_div(size_t(rows) * D, 256), 256, 0, stream>>>(g, ple, rows, L, D, layer, out);
+  return cudaGetLastError();
+}
+
+__global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+inline cudaError_t launch_softcap(float* x, size_t n, float cap, cudaStream_t stream) {
+  if (n == 0 || cap <= 0.f) return cudaSuccess;
+  softcap_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n, cap);
+  return cudaGetLastError();
+}
+
+// One block (256 threads) per row.
+__global__ void argmax_rows_kernel(const float* __restrict__ x, int V, int* __restrict__ out) {
+  __shared__ float bv[256];
+  __shared__ int bi[256];
+  const float* xr = x + size_t(blockIdx.x) * V;
+  float best = -INFINITY;
+  int besti = V;
+  for (int i = threadIdx.x; i < V; i += blockDim.x)
+    if (xr[i] > best) {  // strictly greater: keeps the first index within a thread
+      best = xr[i];
+      besti = i;
+    }
+  bv[threadIdx.x] = best;
+  bi[threadIdx.x] = besti;
+  __syncthreads();
+  for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+    if (threadIdx.x < s) {
+      const float v = bv[threadIdx.x + s];
+      const int j = bi[threadIdx.x + s];
+      if (v > bv[threadIdx.x] || (v == bv[threadIdx.x] && j < bi[threadIdx.x])) {
+        bv[threadIdx.x] = v;
+        bi[threadIdx.x] = j;
+      }
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = bi[0] < V ? bi[0] : 0;
+}
+
+inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  argmax_rows_kernel<<<rows, 256, 0, stream>>>(x, V, out);
+  return cudaGetLastError();
+}
+
+}  // namespace kernels
+}  // namespace gemma4_t4

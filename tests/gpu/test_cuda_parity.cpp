@@ -1,0 +1,173 @@
+// CUDA backend vs the reference implementation's stored logits and vs the CPU backend (fp16 tolerances),
+// for fp16 (bf16/f32 checkpoints run as fp16) and w4a16. Run by the GPU suite (label gpu).
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../reference.hpp"
+
+using namespace gemma4_t4;
+using namespace testref;
+
+namespace {
+
+// fp16 weights and activations into the matmuls, fp32 everywhere else: ~1e-3 of the logit range.
+constexpr double kTolRef = 1e-2;
+
+const char* const kFixtureNames[] = {"mm_bf16", "flat_keqv", "w4a16"};
+
+void cuda_vs_reference(const std::string& name, PleLocation ple) {
+  Reference ref;
+  load_reference(name, &ref);
+  Engine engine = load_engine(name, Backend::Cuda, ple);
+  REQUIRE(engine.backend() == Backend::Cuda);
+  const int V = engine.config().vocab_size;
+  const size_t T = ref.prompt.size(), S = ref.decode_ids.size();
+
+  SECTION("prefill, then greedy decode equals the reference's tokens") {
+    Session s;
+    REQUIRE(engine.create_session(&s));
+    std::vector<float> logits;
+    REQUIRE(engine.forward(s, ref.prompt.data(), T, Logits::All, &logits));
+    const double e1 = check_rows(logits, ref.prefill.data(), T, V, kTolRef, name + " prefill");
+    int next = argmax(&logits[(T - 1) * V], size_t(V));
+    double e2 = 0;
+    for (size_t step = 0; step < S; ++step) {
+      INFO(name << " decode step " << step);
+      REQUIRE(next == ref.decode_ids[step]);
+      REQUIRE(engine.forward(s, &ref.decode_ids[step], 1, Logits::Last, &logits));
+      e2 = std::max(e2, check_rows(logits, &ref.decode[step * V], 1, V, kTolRef, name + " decode"));
+      next = argmax(logits.data(), size_t(V));
+    }
+    WARN(name << " (CUDA, PLE " << (ple == PleLocation::Host ? "host" : "device") << "): max rel err prefill " << e1
+              << ", decode " << e2);
+  }
+
+  SECTION("chunked prefill equals the reference") {
+    for (size_t chunk : {size_t(1), size_t(5), size_t(16)}) {
+      INFO("chunk " << chunk);
+      Session s;
+      REQUIRE(engine.create_session(&s));
+      std::vector<float> all, logits;
+      for (size_t b = 0; b < T; b += chunk) {
+        const size_t n = std::min(chunk, T - b);
+        REQUIRE(engine.forward(s, &ref.prompt[b], n, Logits::All, &logits));
+        all.insert(all.end(), logits.begin(), logits.end());
+      }
+      check_rows(all, ref.prefill.data(), T, V, kTolRef, name + " chunked prefill");
+      REQUIRE(engine.forward(s, ref.decode_ids.data(), S, Logits::All, &logits));
+      check_rows(logits, ref.decode.data(), S, V, kTolRef, name + " decode after chunks");
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("CUDA parity with the reference: bf16 multimodal layout", "[gpu][parity]") {
+  cuda_vs_reference("mm_bf16", PleLocation::Host);
+}
+TEST_CASE("CUDA parity with the reference: bf16, PLE table on the GPU", "[gpu][parity]") {
+  cuda_vs_reference("mm_bf16", PleLocation::Device);
+}
+TEST_CASE("CUDA parity with the reference: f32 sharded, attention_k_eq_v", "[gpu][parity]") {
+  cuda_vs_reference("flat_keqv", PleLocation::Host);
+}
+TEST_CASE("CUDA parity with the reference: w4a16", "[gpu][parity]") { cuda_vs_reference("w4a16", PleLocation::Host); }
+TEST_CASE("CUDA parity with the reference: w4a16, PLE table on the GPU", "[gpu][parity]") {
+  cuda_vs_reference("w4a16", PleLocation::Device);
+}
+
+TEST_CASE("CUDA batched decode: each session's greedy tokens equal running it alone", "[gpu][batch]") {
+  for (const char* name : kFixtureNames) {
+    INFO(name);
+    Reference ref;
+    load_reference(name, &ref);
+    Engine engine = load_engine(name, Backend::Cuda);
+    const int V = engine.config().vocab_size;
+    const size_t prefixes[] = {ref.prompt.size(), 13, 7, 1};
+    const int steps = 12;
+    // alone
+    std::vector<std::vector<int32_t>> alone(4);
+    for (int b = 0; b < 4; ++b) {
+      Session s;
+      REQUIRE(engine.create_session(&s));
+      std::vector<float> lg;
+      REQUIRE(engine.forward(s, ref.prompt.data(), prefixes[b], Logits::Last, &lg));
+      int32_t tok = argmax(lg.data(), size_t(V));
+      for (int i = 0; i < steps; ++i) {
+        alone[b].push_back(tok);
+        REQUIRE(engine.forward(s, &tok, 1, Logits::Last, &lg));
+        tok = argmax(lg.data(), size_t(V));
+      }
+    }
+    // together: prefills in one batched pass, then decode steps for all four at once
+    Session ss[4];
+    std::vector<BatchItem> items(4);
+    for (int b = 0; b < 4; ++b) {
+      REQUIRE(engine.create_session(&ss[b]));
+      items[b] = BatchItem{&ss[b], ref.prompt.data(), prefixes[b]};
+    }
+    std::vector<float> lg;
+    REQUIRE(engine.forward_batch(items.data(), 4, Logits::Last, &lg));
+    REQUIRE(lg.size() == 4 * size_t(V));
+    std::vector<int32_t> tok(4);
+    for (int b = 0; b < 4; ++b) tok[b] = argmax(&lg[size_t(b) * V], size_t(V));
+    for (int i = 0; i < steps; ++i) {
+      for (int b = 0; b < 4; ++b) {
+        INFO("session " << b << " step " << i);
+        CHECK(tok[b] == alone[b][size_t(i)]);
+        items[b] = BatchItem{&ss[b], &tok[b], 1};
+      }
+      REQUIRE(engine.forward_batch(items.data(), 4, Logits::Last, &lg));
+      for (int b = 0; b < 4; ++b) tok[b] = argmax(&lg[size_t(b) * V], size_t(V));
+    }
+    for (int b = 0; b < 4; ++b) CHECK(ss[b].position() == prefixes[b] + steps);
+  }
+}
+
+TEST_CASE("CUDA matches the CPU backend on a prompt longer than one pass and the sliding ring", "[gpu][cpu-vs-cuda]") {
+  for (const char* name : kFixtureNames) {
+    INFO(name);
+    Engine gpu = load_engine(name, Backend::Cuda);
+    Engine cpu = load_engine(name, Backend::Cpu);
+    const int V = gpu.config().vocab_size;
+    std::mt19937 rng(1234);
+    std::uniform_int_distribution<int> id(5, V - 1);
+    std::vector<int32_t> prompt(700);  // > 512 rows per pass, >> window + ring slack
+    for (auto& t : prompt) t = id(rng);
+    prompt[0] = 2;
+    Session sg, sc;
+    REQUIRE(gpu.create_session(&sg));
+    REQUIRE(cpu.create_session(&sc));
+    std::vector<float> lg, lc;
+    REQUIRE(gpu.forward(sg, prompt.data(), prompt.size(), Logits::Last, &lg));
+    REQUIRE(cpu.forward(sc, prompt.data(), prompt.size(), Logits::Last, &lc));
+    check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " 700-token prefill");
+    for (int i = 0; i < 8; ++i) {
+      const int32_t t = argmax(lc.data(), size_t(V));
+      REQUIRE(gpu.forward(sg, &t, 1, Logits::Last, &lg));
+      REQUIRE(cpu.forward(sc, &t, 1, Logits::Last, &lc));
+      check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " decode past the window");
+    }
+  }
+}
+
+TEST_CASE("CUDA: errors leave sessions and engine usable", "[gpu][errors]") {
+  Reference ref;
+  load_reference("mm_bf16", &ref);
+  Engine engine = load_engine("mm_bf16", Backend::Cuda, PleLocation::Host, 24);
+  Session s;
+  REQUIRE(engine.create_session(&s));
+  std::vector<float> lg;
+  const int32_t bad = engine.config().vocab_size + 3;
+  CHECK(engine.forward(s, &bad, 1, Logits::Last, &lg).code == Code::InvalidArgument);
+  REQUIRE(engine.forward(s, ref.prompt.data(), ref.prompt.size(), Logits::Last, &lg));
+  std::vector<int32_t> more(8, 9);
+  CHECK(engine.forward(s, more.data(), more.size(), Logits::Last, &lg).code == Code::ContextOverflow);
+  REQUIRE(engine.forward(s, ref.decode_ids.data(), 1, Logits::Last, &lg));
+  check_rows(lg, ref.decode.data(), 1, engine.config().vocab_size, kTolRef, "after errors");
+  BatchItem twice[2] = {{&s, ref.decode_ids.data(), 1}, {&s, ref.decode_ids.data(), 1}};
+  CHECK(engine.forward_batch(twice, 2, Logits::Last, &lg).code == Code::InvalidArgument);
+}

@@ -1,0 +1,101 @@
+// Shared by the CPU and GPU parity tests: the fixtures' reference outputs (tests/fixtures/README.md) and
+// the row comparison every parity test uses.
+#pragma once
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gemma4_t4.hpp"
+#include "gemma4_t4/common.hpp"
+#include "gemma4_t4/safetensors.hpp"
+
+namespace testref {
+
+inline const std::string& fixtures() {
+  static const std::string dir = GEMMA4_T4_FIXTURES;
+  return dir;
+}
+
+struct Reference {
+  gemma4_t4::detail::TensorStore store;
+  std::vector<int32_t> prompt, decode_ids;
+  std::vector<float> prefill, decode;  // [T, V], [S, V]
+  int vocab = 0;
+};
+
+inline std::vector<int32_t> ints(const gemma4_t4::detail::TensorInfo& t) {
+  std::vector<int32_t> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data, v.size() * 4);
+  return v;
+}
+
+inline std::vector<float> floats(const gemma4_t4::detail::TensorInfo& t) {
+  std::vector<float> v(static_cast<size_t>(t.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = gemma4_t4::detail::load_float(t, i);
+  return v;
+}
+
+inline void load_reference(const std::string& name, Reference* r) {
+  const std::string path = fixtures() + "/" + name + "/reference.safetensors";
+  gemma4_t4::Status st = r->store.open(path);
+  INFO(st.message);
+  REQUIRE(st);
+  auto get = [&](const char* n) {
+    const gemma4_t4::detail::TensorInfo* t = r->store.find(n);
+    INFO("reference tensor " << n);
+    REQUIRE(t != nullptr);
+    return t;
+  };
+  REQUIRE(get("prompt_ids")->dtype == gemma4_t4::detail::DType::I32);
+  r->prompt = ints(*get("prompt_ids"));
+  r->decode_ids = ints(*get("decode_ids"));
+  r->prefill = floats(*get("prefill_logits"));
+  r->decode = floats(*get("decode_logits"));
+  r->vocab = int(get("prefill_logits")->shape[1]);
+}
+
+// max |a - b| / max |b| over one row of V logits
+inline double row_error(const float* a, const float* b, int V) {
+  double e = 0, m = 0;
+  for (int i = 0; i < V; ++i) {
+    e = std::max(e, double(std::fabs(a[i] - b[i])));
+    m = std::max(m, double(std::fabs(b[i])));
+  }
+  return e / m;
+}
+
+// Every row within `tol` and with the same argmax. Returns the largest error seen.
+inline double check_rows(const std::vector<float>& got, const float* ref, size_t rows, int V, double tol,
+                         const std::string& what) {
+  REQUIRE(got.size() == rows * size_t(V));
+  double worst = 0;
+  for (size_t r = 0; r < rows; ++r) {
+    const double e = row_error(&got[r * V], ref + r * V, V);
+    worst = std::max(worst, e);
+    INFO(what << " row " << r << " rel err " << e);
+    CHECK(e <= tol);
+    CHECK(gemma4_t4::argmax(&got[r * V], size_t(V)) == gemma4_t4::argmax(ref + r * V, size_t(V)));
+  }
+  return worst;
+}
+
+inline gemma4_t4::Engine load_engine(const std::string& name, gemma4_t4::Backend backend,
+                                     gemma4_t4::PleLocation ple = gemma4_t4::PleLocation::Host,
+                                     size_t max_context = 1024) {
+  gemma4_t4::Engine e;
+  gemma4_t4::LoadOptions opt;
+  opt.backend = backend;
+  opt.max_context = max_context;
+  opt.ple = ple;
+  gemma4_t4::Status st = gemma4_t4::Engine::load(fixtures() + "/" + name, opt, &e);
+  INFO(st.message);
+  REQUIRE(st);
+  return e;
+}
+
+}  // namespace testref
