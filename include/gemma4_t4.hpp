@@ -103,7 +103,22 @@ struct Status {
   explicit operator bool() const { return code == Code::Ok; }
 };
 
-const char* code_name(Code code);
+inline const char* code_name(Code code) {
+  switch (code) {
+    case Code::Ok: return "ok";
+    case Code::InvalidArgument: return "invalid argument";
+    case Code::NotFound: return "not found";
+    case Code::IoError: return "I/O error";
+    case Code::FormatError: return "format error";
+    case Code::Unsupported: return "unsupported";
+    case Code::OutOfMemory: return "out of memory";
+    case Code::ContextOverflow: return "context overflow";
+    case Code::BackendError: return "backend error";
+    case Code::Cancelled: return "cancelled";
+  }
+  return "unknown";
+}
+
 
 // ---- model description -----------------------------------------------------------------------------------
 
@@ -244,7 +259,14 @@ class Engine {
 };
 
 // Index of the largest value (the first one on ties); -1 when n == 0.
-int argmax(const float* values, size_t n);
+inline int argmax(const float* values, size_t n) {
+  if (n == 0) return -1;
+  size_t best = 0;
+  for (size_t i = 1; i < n; ++i)
+    if (values[i] > values[best]) best = i;
+  return static_cast<int>(best);
+}
+
 
 }  // namespace gemma4_t4
 

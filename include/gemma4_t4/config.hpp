@@ -57,22 +57,36 @@ inline Status json_bool(const json& j, const char* key, bool def, const std::str
   return Status::ok();
 }
 
+inline Status json_string(const json& j, const char* key, const std::string& def, const std::string& where,
+                          std::string* out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) {
+    *out = def;
+    return Status::ok();
+  }
+  if (!it->is_string()) return err(Code::FormatError, where, ": '", key, "' must be a string, got ", it->dump());
+  *out = it->get<std::string>();
+  return Status::ok();
+}
+
 // compressed-tensors: only pack-quantized int4, symmetric, group 32 along the input, weights only.
 inline Status parse_quantization(const json& q, const std::string& where, ModelConfig* cfg) {
   const std::string w = where + ": quantization_config";
   if (!q.is_object()) return err(Code::FormatError, w, " is not an object");
-  const std::string method = q.value("quant_method", std::string("(none)"));
+  std::string method, top_format;
+  GEMMA4_T4_TRY(json_string(q, "quant_method", "(none)", w, &method));
   if (method != "compressed-tensors")
     return err(Code::Unsupported, w, ": quant_method '", method,
                "' is not supported (only compressed-tensors pack-quantized int4 w4a16)");
   auto groups = q.find("config_groups");
   if (groups == q.end() || !groups->is_object() || groups->empty())
     return err(Code::FormatError, w, ": config_groups missing or empty");
-  const std::string top_format = q.value("format", std::string());
+  GEMMA4_T4_TRY(json_string(q, "format", "", w, &top_format));
   for (auto it = groups->begin(); it != groups->end(); ++it) {
     const std::string g = w + ".config_groups." + it.key();
     if (!it->is_object()) return err(Code::FormatError, g, " is not an object");
-    const std::string fmt = it->value("format", top_format);
+    std::string fmt;
+    GEMMA4_T4_TRY(json_string(*it, "format", top_format, g, &fmt));
     if (fmt != "pack-quantized")
       return err(Code::Unsupported, g, ": format '", fmt, "' is not supported (only pack-quantized)");
     auto ia = it->find("input_activations");
@@ -84,23 +98,25 @@ inline Status parse_quantization(const json& q, const std::string& where, ModelC
     auto wt = it->find("weights");
     if (wt == it->end() || !wt->is_object()) return err(Code::FormatError, g, ": 'weights' missing");
     const json& ws = *wt;
-    if (ws.value("num_bits", 0) != 4)
-      return err(Code::Unsupported, g, ".weights: num_bits ", ws.value("num_bits", json()).dump(),
-                 " is not supported (only 4)");
-    if (ws.value("type", std::string()) != "int")
-      return err(Code::Unsupported, g, ".weights: type '", ws.value("type", std::string()), "' is not supported (only int)");
-    if (!ws.value("symmetric", false))
-      return err(Code::Unsupported, g, ".weights: asymmetric quantization (zero points) is not supported");
-    if (ws.value("strategy", std::string()) != "group")
-      return err(Code::Unsupported, g, ".weights: strategy '", ws.value("strategy", std::string()),
-                 "' is not supported (only group)");
-    if (ws.value("group_size", 0) != 32)
-      return err(Code::Unsupported, g, ".weights: group_size ", ws.value("group_size", json()).dump(),
-                 " is not supported (only 32)");
+    const std::string gw = g + ".weights";
+    int bits = 0, group_size = 0;
+    bool symmetric = false, dynamic = false;
+    std::string type, strategy;
+    GEMMA4_T4_TRY(json_int(ws, "num_bits", 0, 0, 64, gw, &bits));
+    GEMMA4_T4_TRY(json_int(ws, "group_size", 0, -1, 1 << 20, gw, &group_size));
+    GEMMA4_T4_TRY(json_bool(ws, "symmetric", false, gw, &symmetric));
+    GEMMA4_T4_TRY(json_bool(ws, "dynamic", false, gw, &dynamic));
+    GEMMA4_T4_TRY(json_string(ws, "type", "", gw, &type));
+    GEMMA4_T4_TRY(json_string(ws, "strategy", "", gw, &strategy));
+    if (bits != 4) return err(Code::Unsupported, gw, ": num_bits ", bits, " is not supported (only 4)");
+    if (type != "int") return err(Code::Unsupported, gw, ": type '", type, "' is not supported (only int)");
+    if (!symmetric) return err(Code::Unsupported, gw, ": asymmetric quantization (zero points) is not supported");
+    if (strategy != "group") return err(Code::Unsupported, gw, ": strategy '", strategy, "' is not supported (only group)");
+    if (group_size != 32) return err(Code::Unsupported, gw, ": group_size ", group_size, " is not supported (only 32)");
     auto ao = ws.find("actorder");
     if (ao != ws.end() && !ao->is_null() && !(ao->is_boolean() && !ao->get<bool>()))
-      return err(Code::Unsupported, g, ".weights: act-order (", ao->dump(), ") is not supported");
-    if (ws.value("dynamic", false)) return err(Code::Unsupported, g, ".weights: dynamic quantization is not supported");
+      return err(Code::Unsupported, gw, ": act-order (", ao->dump(), ") is not supported");
+    if (dynamic) return err(Code::Unsupported, gw, ": dynamic quantization is not supported");
   }
   cfg->weight_format = WeightFormat::W4A16;
   cfg->quant_group_size = 32;
@@ -116,7 +132,7 @@ struct RopeSpec {
 
 inline Status parse_rope(const json& params, const std::string& where, RopeSpec* out) {
   if (!params.is_object()) return err(Code::FormatError, where, " is not an object");
-  out->type = params.value("rope_type", std::string("default"));
+  GEMMA4_T4_TRY(json_string(params, "rope_type", "default", where, &out->type));
   if (out->type != "default" && out->type != "proportional")
     return err(Code::Unsupported, where, ": rope_type '", out->type, "' is not supported (default, proportional)");
   GEMMA4_T4_TRY(json_float(params, "rope_theta", out->theta, where, &out->theta));
@@ -133,7 +149,7 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
   if (root.is_discarded()) return err(Code::FormatError, where, ": not well-formed JSON");
   if (!root.is_object()) return err(Code::FormatError, where, ": top level is not a JSON object");
   ModelConfig cfg;
-  cfg.model_type = root.value("model_type", std::string());
+  GEMMA4_T4_TRY(json_string(root, "model_type", "", where, &cfg.model_type));
   const json* t = &root;
   std::string tw = where;
   if (cfg.model_type == "gemma4") {
@@ -142,7 +158,8 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
       return err(Code::FormatError, where, ": model_type gemma4 needs an object 'text_config'");
     t = &*tc;
     tw = where + ": text_config";
-    const std::string inner = t->value("model_type", std::string("gemma4_text"));
+    std::string inner;
+    GEMMA4_T4_TRY(json_string(*t, "model_type", "gemma4_text", tw, &inner));
     if (inner != "gemma4_text")
       return err(Code::Unsupported, tw, ": model_type '", inner, "' is not gemma4_text");
   } else if (cfg.model_type != "gemma4_text") {
@@ -167,7 +184,8 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
     if (bi != j.end() && bi->is_string() && bi->get<std::string>() == "all")
       return err(Code::Unsupported, tw, ": use_bidirectional_attention 'all' is not supported (causal text model)");
   }
-  const std::string act = j.value("hidden_activation", std::string("gelu_pytorch_tanh"));
+  std::string act;
+  GEMMA4_T4_TRY(json_string(j, "hidden_activation", "gelu_pytorch_tanh", tw, &act));
   if (act != "gelu_pytorch_tanh" && act != "gelu_tanh")
     return err(Code::Unsupported, tw, ": hidden_activation '", act, "' is not supported (gelu_pytorch_tanh)");
 
@@ -206,13 +224,15 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
   if (j.contains("eos_token_id") && !j.at("eos_token_id").is_null()) eos = &j.at("eos_token_id");
   else if (root.contains("eos_token_id") && !root.at("eos_token_id").is_null()) eos = &root.at("eos_token_id");
   if (!eos) cfg.eos_token_ids = {1};
-  else if (eos->is_number_integer()) cfg.eos_token_ids = {eos->get<int>()};
-  else if (eos->is_array()) {
-    for (const auto& e : *eos) {
-      if (!e.is_number_integer()) return err(Code::FormatError, tw, ": eos_token_id list holds a non-integer");
+  else {
+    const json one = json::array({*eos});
+    const json& list = eos->is_array() ? *eos : one;
+    for (const auto& e : list) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= (int64_t(1) << 24))
+        return err(Code::FormatError, tw, ": eos_token_id must be a token id or a list of them, got ", eos->dump());
       cfg.eos_token_ids.push_back(e.get<int>());
     }
-  } else return err(Code::FormatError, tw, ": eos_token_id must be an integer or a list");
+  }
 
   const int L = cfg.num_layers;
   if (cfg.num_kv_shared_layers >= L)

@@ -280,6 +280,14 @@ class TensorStore {
     GEMMA4_T4_TRY(f.map.open(path));
     std::vector<TensorInfo> ts;
     GEMMA4_T4_TRY(parse_safetensors(f.map.data(), f.map.size(), path, &ts));
+    if (expected) {  // every tensor the index assigns to this shard must be in it
+      std::vector<std::string> here;
+      for (const auto& t : ts) here.push_back(t.name);
+      std::sort(here.begin(), here.end());
+      for (const auto& n : *expected)
+        if (!std::binary_search(here.begin(), here.end(), n))
+          return err(Code::NotFound, path, ": tensor '", n, "' listed in the index is not in this shard");
+    }
     for (auto& t : ts) {
       t.file = &f.path;
       if (by_name_.count(t.name))
@@ -287,10 +295,6 @@ class TensorStore {
       std::string key = t.name;
       by_name_.emplace(std::move(key), std::move(t));
     }
-    if (expected)
-      for (const auto& n : *expected)
-        if (!by_name_.count(n))
-          return err(Code::NotFound, path, ": tensor '", n, "' listed in the index is not in this shard");
     return Status::ok();
   }
 
