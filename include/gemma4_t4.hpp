@@ -186,8 +186,32 @@ enum class Logits {
   All,   // [n, vocab] for every fed token
 };
 
+// How the next token is chosen. The defaults are Gemma 4's generation_config.json (temperature 1.0,
+// top_k 64, top_p 0.95). Filters keep every token whose logit is >= a threshold (ties included):
+// repetition penalty first (HF semantics: a seen token's logit is divided by the penalty when positive,
+// multiplied when negative), then temperature, then the top-k, min-p and top-p thresholds (the strictest
+// wins); the token is drawn from the kept tokens' probabilities with a counter-based RNG keyed by (seed,
+// session position), so a given seed reproduces on a given backend.
+struct SamplingOptions {
+  float temperature = 1.0f;         // <= 0: greedy (argmax, first on ties)
+  int top_k = 64;                   // <= 0: off
+  float top_p = 0.95f;              // >= 1: off
+  float min_p = 0.0f;               // <= 0: off; keep p >= min_p * p_max
+  float repetition_penalty = 1.0f;  // 1: off; applies to every token already in the session
+  uint64_t seed = 0;
+
+  static SamplingOptions greedy() {
+    SamplingOptions o;
+    o.temperature = 0.f;
+    return o;
+  }
+};
+
 class Engine;
 class Session;
+namespace detail {
+struct ForwardItem;  // the implementation's view of a BatchItem
+}
 
 // One session's share of a batched forward pass.
 struct BatchItem {
@@ -249,12 +273,20 @@ class Engine {
   // (All). On error no session has advanced.
   Status forward_batch(const BatchItem* items, size_t count, Logits which, std::vector<float>* logits) const;
 
+  // forward_batch with Logits::Last, then one token sampled per item (options[i], or greedy when options
+  // is null) from its last position -- on the GPU with the CUDA backend, so only the token ids cross PCIe.
+  // next: [count] token ids. logits (optional): the raw last-position logits, [count, vocab].
+  Status step(const BatchItem* items, size_t count, const SamplingOptions* options, int32_t* next,
+              std::vector<float>* logits = nullptr) const;
+
   // Bytes of weights a decode step reads (every decoder linear + the LM head): the bandwidth roofline.
   double decode_bytes_per_token() const;
 
   struct Impl;
 
  private:
+  Status bind_sessions(const BatchItem* items, size_t count, std::vector<detail::ForwardItem>* lowered) const;
+  void record_history(const BatchItem* items, size_t count) const;
   std::unique_ptr<Impl> impl_;
 };
 
@@ -283,6 +315,8 @@ inline int argmax(const float* values, size_t n) {
 #include "gemma4_t4/safetensors.hpp"
 #include "gemma4_t4/config.hpp"
 #include "gemma4_t4/weights.hpp"
+#include "gemma4_t4/rng.hpp"
+#include "gemma4_t4/sampler.hpp"
 #include "gemma4_t4/backend.hpp"
 #include "gemma4_t4/cpu_backend.hpp"
 #ifndef GEMMA4_T4_NO_CUDA

@@ -20,6 +20,12 @@ struct ForwardItem {
   size_t n;
 };
 
+struct SampleItem {
+  SamplingOptions options;
+  std::vector<int32_t> seen;  // sorted unique ids in the session (only filled when a penalty applies)
+  uint64_t counter = 0;       // RNG counter: the position of the token being sampled
+};
+
 class BackendModel {
  public:
   virtual ~BackendModel() = default;
@@ -28,6 +34,21 @@ class BackendModel {
   // Items were validated by the Engine (ids in range, context not exceeded, sessions distinct). Appends
   // per item 1 (Last) or n (All) rows of logits. On error no session has advanced.
   virtual Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const = 0;
+  // forward + one sampled token per item. The default runs the CPU sampler over host logits.
+  virtual Status step(const ForwardItem* items, size_t count, const SampleItem* samples, int32_t* next,
+                      std::vector<float>* logits) const {
+    std::vector<float> local;
+    std::vector<float>& lg = logits ? *logits : local;
+    GEMMA4_T4_TRY(forward(items, count, Logits::Last, &lg));
+    const size_t V = lg.size() / count;
+    std::vector<float> row(V);
+    for (size_t i = 0; i < count; ++i) {
+      std::copy_n(&lg[i * V], V, row.data());
+      next[i] = sample_ref(row.data(), int(V), samples[i].options, samples[i].seen.data(), samples[i].seen.size(),
+                           samples[i].counter);
+    }
+    return Status::ok();
+  }
 };
 
 }  // namespace detail

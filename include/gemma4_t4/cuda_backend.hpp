@@ -33,6 +33,7 @@
 #include "../../kernels/gemv.cuh"
 #include "../../kernels/rmsnorm.cuh"
 #include "../../kernels/rope_kv.cuh"
+#include "../../kernels/sample.cuh"
 
 namespace gemma4_t4 {
 namespace detail {
@@ -126,6 +127,7 @@ class CudaBackend : public BackendModel {
     if (stream_) cudaStreamDestroy(stream_);
     if (staging_) cudaFreeHost(staging_);
     if (meta_host_) cudaFreeHost(meta_host_);
+    if (seen_dev_) cudaFree(seen_dev_);
     if (tok_host_) cudaFreeHost(tok_host_);
   }
 
@@ -184,14 +186,72 @@ class CudaBackend : public BackendModel {
   Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
     std::lock_guard<std::mutex> lock(mu_);
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-    // Split the work into passes: <= kMaxRows rows, <= kMaxSeqs sessions, each item's tokens in order.
+    GEMMA4_T4_TRY(run(items, count, which, logits, nullptr));
+    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
+    return Status::ok();
+  }
+
+  Status step(const ForwardItem* items, size_t count, const SampleItem* samples, int32_t* next,
+              std::vector<float>* logits) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    const int V = cfg_->vocab_size;
+    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+      const int k = int(std::min<size_t>(kMaxSeqs, count - b0));
+      GEMMA4_T4_TRY(run(items + b0, size_t(k), Logits::Last, nullptr, samp_logits_));
+      if (logits) {
+        const size_t at = logits->size();
+        logits->resize(at + size_t(k) * V);
+        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, samp_logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
+                           "logits download");
+      }
+      size_t nseen = 0;
+      for (int i = 0; i < k; ++i) nseen += samples[b0 + i].seen.size();
+      GEMMA4_T4_TRY(ensure_seen(nseen));
+      std::vector<kernels::SampleParams> params(static_cast<size_t>(k));
+      std::vector<int32_t> seen;
+      seen.reserve(nseen);
+      for (int i = 0; i < k; ++i) {
+        const SampleItem& si = samples[b0 + i];
+        kernels::SampleParams& p = params[size_t(i)];
+        p.temperature = si.options.temperature;
+        p.top_k = si.options.top_k;
+        p.top_p = si.options.top_p;
+        p.min_p = si.options.min_p;
+        p.penalty = si.options.repetition_penalty;
+        p.seen_offset = int(seen.size());
+        p.seen_count = int(si.seen.size());
+        p.seed = si.options.seed;
+        p.counter = si.counter;
+        seen.insert(seen.end(), si.seen.begin(), si.seen.end());
+      }
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(samp_params_, params.data(), params.size() * sizeof(params[0]), cudaMemcpyHostToDevice,
+                                         stream_), "sampling parameters");
+      if (nseen)
+        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(seen_dev_, seen.data(), nseen * 4, cudaMemcpyHostToDevice, stream_), "seen ids");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_sample(samp_logits_, k, V, samp_params_, seen_dev_, samp_out_, stream_), "sampling");
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(next + b0, samp_out_, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_), "token download");
+      GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "sampling");
+    }
+    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
+    return Status::ok();
+  }
+
+  size_t weight_bytes() const { return weights_mem_.total(); }
+
+ private:
+  // Runs the items through the model (positions are advanced by the caller). Logit rows go to `logits`
+  // (host), or stay on the GPU at dev_out[i * vocab] when dev_out is set.
+  Status run(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits, float* dev_out) const {
+    // Passes of <= kMaxRows rows and <= kMaxSeqs sessions; each item's tokens in order.
     std::vector<Segment> pass;
     int rows = 0;
+    dev_row_ = 0;
     for (size_t i = 0; i < count; ++i) {
       size_t done = 0;
       while (done < items[i].n) {
         if (rows == kMaxRows || int(pass.size()) == kMaxSeqs) {
-          GEMMA4_T4_TRY(run_pass(pass, which, logits));
+          GEMMA4_T4_TRY(run_pass(pass, which, logits, dev_out));
           pass.clear();
           rows = 0;
         }
@@ -202,14 +262,24 @@ class CudaBackend : public BackendModel {
         done += take;
       }
     }
-    if (!pass.empty()) GEMMA4_T4_TRY(run_pass(pass, which, logits));
-    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
+    if (!pass.empty()) GEMMA4_T4_TRY(run_pass(pass, which, logits, dev_out));
     return Status::ok();
   }
 
-  size_t weight_bytes() const { return weights_mem_.total(); }
+  Status ensure_seen(size_t n) const {
+    if (n <= seen_cap_) return Status::ok();
+    if (seen_dev_) cudaFree(seen_dev_);
+    seen_dev_ = nullptr;
+    seen_cap_ = 0;
+    const size_t want = std::max(n, size_t(4096));
+    if (cudaMalloc(&seen_dev_, want * 4) != cudaSuccess) {
+      cudaGetLastError();
+      return err(Code::OutOfMemory, "step: cudaMalloc of ", want * 4, " bytes for the repetition-penalty ids failed");
+    }
+    seen_cap_ = want;
+    return Status::ok();
+  }
 
- private:
   struct Segment {
     CudaSession* s;
     const int32_t* tokens;
@@ -392,6 +462,9 @@ class CudaBackend : public BackendModel {
     if (max_deq_) GEMMA4_T4_TRY(m.alloc(max_deq_, "workspace: dequantised tile", &deq16_));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16_));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out_));
     meta_bytes_ = (size_t(R) * 4 + size_t(kMaxSeqs) * L * 3 + 16) * 4 + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
     GEMMA4_T4_CUDA_TRY(cudaMallocHost(&meta_host_, meta_bytes_), "cudaMallocHost (metadata)");
     return Status::ok();
@@ -417,7 +490,7 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
-  Status run_pass(const std::vector<Segment>& segs, Logits which, std::vector<float>* logits) const {
+  Status run_pass(const std::vector<Segment>& segs, Logits which, std::vector<float>* logits, float* dev_out) const {
     const ModelConfig& c = *cfg_;
     const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, nh = c.num_heads;
     const float eps = c.rms_norm_eps;
@@ -543,9 +616,14 @@ class CudaBackend : public BackendModel {
     const int V = c.vocab_size;
     for (int b = 0; b < nsel; b += kernels::kGemvMaxRows) {
       const int k = std::min(kernels::kGemvMaxRows, nsel - b);
+      float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
       GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, d_sel + b, final_norm_, k, H, eps, head16_, stream_), "final norm");
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, logits_, V, stream_), "LM head");
-      GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(logits_, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, dst, V, stream_), "LM head");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
+      if (dev_out) {
+        dev_row_ += k;
+        continue;
+      }
       const size_t at = logits->size();
       logits->resize(at + size_t(k) * V);
       GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
@@ -588,6 +666,12 @@ class CudaBackend : public BackendModel {
   float* logits_ = nullptr;            // [16, V]
   void* meta_host_ = nullptr;
   size_t meta_bytes_ = 0;
+  float* samp_logits_ = nullptr;                 // [kMaxSeqs, V]
+  kernels::SampleParams* samp_params_ = nullptr; // [kMaxSeqs]
+  int* samp_out_ = nullptr;                      // [kMaxSeqs]
+  mutable int* seen_dev_ = nullptr;              // repetition-penalty ids, grown on demand
+  mutable size_t seen_cap_ = 0;
+  mutable int dev_row_ = 0;                      // next row of dev_out in run()
 };
 
 }  // namespace detail

@@ -20,6 +20,7 @@ struct Engine::Impl {
 struct Session::Impl {
   const Engine::Impl* owner = nullptr;
   std::unique_ptr<detail::BackendSession> state;
+  std::vector<int32_t> history;  // every token fed, for the repetition penalty
 };
 
 // ---- Session ----
@@ -33,7 +34,9 @@ bool Session::valid() const { return impl_ != nullptr; }
 size_t Session::position() const { return impl_ ? impl_->state->pos : 0; }
 size_t Session::max_context() const { return impl_ ? impl_->state->max_ctx : 0; }
 void Session::reset() {
-  if (impl_) impl_->state->pos = 0;  // stale cache entries are never read: attention only looks below pos
+  if (!impl_) return;
+  impl_->state->pos = 0;  // stale cache entries are never read: attention only looks below pos
+  impl_->history.clear();
 }
 
 // ---- Engine ----
@@ -130,38 +133,100 @@ Status Engine::forward(Session& session, const int32_t* tokens, size_t n, Logits
   return forward_batch(&item, 1, which, logits);
 }
 
-Status Engine::forward_batch(const BatchItem* items, size_t count, Logits which, std::vector<float>* logits) const {
-  if (!impl_) return detail::err(Code::InvalidArgument, "forward: engine is not loaded");
-  if (count == 0 || !items) return detail::err(Code::InvalidArgument, "forward: empty batch");
-  if (which != Logits::None && !logits) return detail::err(Code::InvalidArgument, "forward: logits output is null");
-  const ModelConfig& cfg = impl_->config;
-  std::vector<detail::ForwardItem> fwd(count);
+namespace detail {
+
+// Checks a batch (engine loaded, sessions ours and distinct, ids in range, context) and lowers it.
+inline Status prepare_batch(const Engine::Impl* impl, const BatchItem* items, size_t count,
+                            std::vector<ForwardItem>* out) {
+  if (!impl) return err(Code::InvalidArgument, "forward: engine is not loaded");
+  if (count == 0 || !items) return err(Code::InvalidArgument, "forward: empty batch");
+  const ModelConfig& cfg = impl->config;
+  out->resize(count);
   for (size_t b = 0; b < count; ++b) {
     const BatchItem& it = items[b];
-    if (!it.session || !it.session->impl_ || it.session->impl_->owner != impl_.get())
-      return detail::err(Code::InvalidArgument, "forward: item ", b, ": session was not created by this engine");
+    if (!it.session || !it.session->valid()) return err(Code::InvalidArgument, "forward: item ", b, " has no session");
     for (size_t c = 0; c < b; ++c)
       if (items[c].session == it.session)
-        return detail::err(Code::InvalidArgument, "forward: items ", c, " and ", b, " are the same session");
-    if (it.n == 0 || !it.tokens) return detail::err(Code::InvalidArgument, "forward: item ", b, " has no tokens");
+        return err(Code::InvalidArgument, "forward: items ", c, " and ", b, " are the same session");
+    if (it.n == 0 || !it.tokens) return err(Code::InvalidArgument, "forward: item ", b, " has no tokens");
     for (size_t i = 0; i < it.n; ++i) {
       const int32_t id = it.tokens[i];
       if (id < 0 || id >= cfg.vocab_size ||
           (cfg.hidden_size_per_layer_input > 0 && id >= cfg.vocab_size_per_layer_input))
-        return detail::err(Code::InvalidArgument, "forward: token ", i, " has id ", id,
-                           ", outside the vocabulary [0, ", cfg.vocab_size, ")");
+        return err(Code::InvalidArgument, "forward: token ", i, " has id ", id, ", outside the vocabulary [0, ",
+                   cfg.vocab_size, ")");
     }
-    detail::BackendSession& s = *it.session->impl_->state;
-    if (s.pos + it.n > s.max_ctx)
-      return detail::err(Code::ContextOverflow, "forward: ", it.n, " tokens at position ", s.pos,
-                         " pass the session's context of ", s.max_ctx, " tokens");
-    fwd[b] = detail::ForwardItem{&s, it.tokens, it.n};
+    (*out)[b] = ForwardItem{nullptr, it.tokens, it.n};
+  }
+  return Status::ok();
+}
+
+}  // namespace detail
+
+Status Engine::forward_batch(const BatchItem* items, size_t count, Logits which, std::vector<float>* logits) const {
+  if (which != Logits::None && !logits) return detail::err(Code::InvalidArgument, "forward: logits output is null");
+  std::vector<detail::ForwardItem> fwd;
+  GEMMA4_T4_TRY(detail::prepare_batch(impl_.get(), items, count, &fwd));
+  GEMMA4_T4_TRY(bind_sessions(items, count, &fwd));
+  if (logits) logits->clear();
+  try {
+    GEMMA4_T4_TRY(impl_->backend->forward(fwd.data(), count, which, logits));
+  } catch (const std::bad_alloc&) {
+    return detail::err(Code::OutOfMemory, "forward: out of host memory");
+  }
+  record_history(items, count);
+  return Status::ok();
+}
+
+Status Engine::step(const BatchItem* items, size_t count, const SamplingOptions* options, int32_t* next,
+                    std::vector<float>* logits) const {
+  if (!next) return detail::err(Code::InvalidArgument, "step: next is null");
+  std::vector<detail::ForwardItem> fwd;
+  GEMMA4_T4_TRY(detail::prepare_batch(impl_.get(), items, count, &fwd));
+  GEMMA4_T4_TRY(bind_sessions(items, count, &fwd));
+  std::vector<detail::SampleItem> samples(count);
+  for (size_t b = 0; b < count; ++b) {
+    detail::SampleItem& si = samples[b];
+    si.options = options ? options[b] : SamplingOptions::greedy();
+    si.counter = fwd[b].session->pos + fwd[b].n;
+    if (si.options.repetition_penalty != 1.f) {
+      const auto& h = items[b].session->impl_->history;
+      si.seen.assign(h.begin(), h.end());
+      si.seen.insert(si.seen.end(), items[b].tokens, items[b].tokens + items[b].n);
+      std::sort(si.seen.begin(), si.seen.end());
+      si.seen.erase(std::unique(si.seen.begin(), si.seen.end()), si.seen.end());
+    }
   }
   if (logits) logits->clear();
   try {
-    return impl_->backend->forward(fwd.data(), count, which, logits);
+    GEMMA4_T4_TRY(impl_->backend->step(fwd.data(), count, samples.data(), next, logits));
   } catch (const std::bad_alloc&) {
-    return detail::err(Code::OutOfMemory, "forward: out of host memory");
+    return detail::err(Code::OutOfMemory, "step: out of host memory");
+  }
+  record_history(items, count);
+  return Status::ok();
+}
+
+// Sessions must belong to this engine and have room for their tokens.
+Status Engine::bind_sessions(const BatchItem* items, size_t count, std::vector<detail::ForwardItem>* lowered) const {
+  std::vector<detail::ForwardItem>& fwd = *lowered;
+  for (size_t b = 0; b < count; ++b) {
+    Session::Impl* si = items[b].session->impl_.get();
+    if (si->owner != impl_.get())
+      return detail::err(Code::InvalidArgument, "forward: item ", b, ": session was not created by this engine");
+    detail::BackendSession& s = *si->state;
+    if (s.pos + items[b].n > s.max_ctx)
+      return detail::err(Code::ContextOverflow, "forward: ", items[b].n, " tokens at position ", s.pos,
+                         " pass the session's context of ", s.max_ctx, " tokens");
+    fwd[b].session = &s;
+  }
+  return Status::ok();
+}
+
+void Engine::record_history(const BatchItem* items, size_t count) const {
+  for (size_t b = 0; b < count; ++b) {
+    auto& h = items[b].session->impl_->history;
+    h.insert(h.end(), items[b].tokens, items[b].tokens + items[b].n);
   }
 }
 
