@@ -176,6 +176,7 @@ struct LoadOptions {
   int device = 0;                          // CUDA device ordinal
   size_t max_context = 8192;               // default context of new sessions (tokens)
   PleLocation ple = PleLocation::Host;
+  bool cuda_graphs = true;                 // replay decode steps (<= 16 sessions) as CUDA graphs
   std::function<void(float)> on_progress;  // called with 0..1 while loading; may be empty
 };
 

@@ -29,7 +29,7 @@ struct AttnArgs {
   int layer = 0, layers = 0;            // table index of the layer whose cache is read (the KV source)
   int rows = 0, heads = 0, kv_heads = 0;
   int window = 0;                       // sliding window; 0 = full attention
-  int splits = 1, keys_per_split = 0;   // keys_per_split: multiple of kAttnTile
+  int splits = 1;                       // key ranges per row; each row splits its own keys evenly
   float* part_o = nullptr;              // [rows, heads, splits, D] fp32 scratch
   float* part_ml = nullptr;             // [rows, heads, splits, 2] fp32 scratch (max, sum)
   half* out = nullptr;                  // [rows, heads * D] fp16
@@ -53,8 +53,11 @@ __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnAr
   const int group = a.heads / a.kv_heads;
   const int p = a.pos[row];
   const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-  const int begin = lo + sp * a.keys_per_split;
-  const int end = min(p + 1, begin + a.keys_per_split);
+  // this row's keys split evenly (in whole tiles) over the splits: the grid does not depend on positions,
+  // so a captured CUDA graph stays valid as the sequences grow
+  const int per_split = ((p - lo + 1 + a.splits - 1) / a.splits + kAttnTile - 1) / kAttnTile * kAttnTile;
+  const int begin = lo + sp * per_split;
+  const int end = min(p + 1, begin + per_split);
   const int idx = a.seq[row] * a.layers + a.layer;
   const half* K = a.kbase[idx];
   const half* V = a.vbase[idx];

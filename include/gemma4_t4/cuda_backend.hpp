@@ -123,6 +123,9 @@ class CudaBackend : public BackendModel {
   static constexpr size_t kStagingBytes = size_t(16) << 20;
 
   ~CudaBackend() override {
+    for (auto& per_dst : graphs_)
+      for (auto& g : per_dst)
+        if (g.exec) cudaGraphExecDestroy(g.exec);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
     if (staging_) cudaFreeHost(staging_);
@@ -138,6 +141,7 @@ class CudaBackend : public BackendModel {
     w_ = &w;
     opt_ = opt;
     device_ = opt.device;
+    use_graphs_ = opt.cuda_graphs;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
       cudaGetLastError();
@@ -465,7 +469,7 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits_));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params_));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out_));
-    meta_bytes_ = (size_t(R) * 4 + size_t(kMaxSeqs) * L * 3 + 16) * 4 + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
+    meta_bytes_ = meta_int_bytes() + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
     GEMMA4_T4_CUDA_TRY(cudaMallocHost(&meta_host_, meta_bytes_), "cudaMallocHost (metadata)");
     return Status::ok();
   }
@@ -492,13 +496,12 @@ class CudaBackend : public BackendModel {
 
   Status run_pass(const std::vector<Segment>& segs, Logits which, std::vector<float>* logits, float* dev_out) const {
     const ModelConfig& c = *cfg_;
-    const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, nh = c.num_heads;
-    const float eps = c.rms_norm_eps;
+    const int L = c.num_layers, D = c.hidden_size_per_layer_input, V = c.vocab_size;
     // Host metadata: ids, seq, pos per row; rows that want logits; cache table per (seq, layer).
     int32_t* mi = static_cast<int32_t*>(meta_host_);
     int32_t *ids = mi, *seq = mi + kMaxRows, *pos = mi + 2 * kMaxRows, *sel = mi + 3 * kMaxRows;
     int32_t* cap = mi + 4 * kMaxRows;
-    half** ptrs = reinterpret_cast<half**>(static_cast<uint8_t*>(meta_host_) + (size_t(kMaxRows) * 4 + size_t(kMaxSeqs) * L * 3 + 16) * 4);
+    half** ptrs = reinterpret_cast<half**>(static_cast<uint8_t*>(meta_host_) + meta_int_bytes());
     int rows = 0, nsel = 0, max_pos = 0;
     for (size_t s = 0; s < segs.size(); ++s) {
       const Segment& g = segs[s];
@@ -516,25 +519,106 @@ class CudaBackend : public BackendModel {
         ptrs[size_t(kMaxSeqs) * L + s * L + l] = g.s->v[l];
       }
     }
-    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(meta_i32_, meta_host_, meta_bytes_ - size_t(kMaxSeqs) * L * 2 * sizeof(void*),
-                                       cudaMemcpyHostToDevice, stream_), "metadata upload");
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(meta_i32_, meta_host_, meta_int_bytes(), cudaMemcpyHostToDevice, stream_),
+                       "metadata upload");
     GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(kv_ptrs_, ptrs, size_t(kMaxSeqs) * L * 2 * sizeof(void*), cudaMemcpyHostToDevice, stream_),
                        "metadata upload");
+    if (D > 0 && !ple_table16_) {  // PLE rows from the mapped file (host), before any kernel needs them
+      const size_t LD = size_t(L) * D;
+      for (int r = 0; r < rows; ++r) load_floats(*w_->ple_table, size_t(ids[r]) * LD, LD, tok_host_ + size_t(r) * LD);
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tok_, tok_host_, size_t(rows) * LD * 4, cudaMemcpyHostToDevice, stream_),
+                         "PLE rows upload");
+    }
+    // Decode passes (one token per session, every row selected, <= 16 rows) replay a CUDA graph per batch size.
+    const bool decode = rows == int(segs.size()) && rows <= kernels::kGemvMaxRows && nsel == rows;
+    if (decode && use_graphs_) {
+      float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
+      GEMMA4_T4_TRY(replay_decode(rows, dst));
+      if (dev_out) dev_row_ += rows;
+      else GEMMA4_T4_TRY(download(rows, logits));
+    } else {
+      GEMMA4_T4_TRY(encode_layers(rows, attention_splits(rows, max_pos + 1, c.sliding_window),
+                                  attention_splits(rows, max_pos + 1, 0)));
+      for (int b = 0; b < nsel; b += kernels::kGemvMaxRows) {  // LM head for the selected rows, 16 at a time
+        const int k = std::min(kernels::kGemvMaxRows, nsel - b);
+        float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
+        GEMMA4_T4_TRY(encode_head(b, k, dst));
+        if (dev_out) dev_row_ += k;
+        else GEMMA4_T4_TRY(download(k, logits));
+      }
+    }
+    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
+    return Status::ok();
+  }
+
+  size_t meta_int_bytes() const { return (size_t(kMaxRows) * 4 + size_t(kMaxSeqs) * cfg_->num_layers * 3 + 16) * 4; }
+
+  Status download(int k, std::vector<float>* logits) const {
+    const size_t V = size_t(cfg_->vocab_size), at = logits->size();
+    logits->resize(at + size_t(k) * V);
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
+                       "logits download");
+    return Status::ok();
+  }
+
+  // Key ranges per row for a layer of this window (0 = full): enough blocks to fill the GPU at decode,
+  // bounded by the partials' scratch.
+  static int attention_splits(int rows, int max_keys, int window) {
+    const int keys = window ? std::min(window, max_keys) : max_keys;
+    return std::max(1, std::min({(keys + 63) / 64, 64, kSplitBudget / rows}));
+  }
+
+  Status replay_decode(int rows, float* dst) const {
+    Graph& g = graphs_[dst == logits_ ? 0 : 1][rows];
+    if (!g.exec) {
+      // Splits fixed for the graph's life: sized for the longest context a session may reach.
+      const int full = attention_splits(rows, int(opt_.max_context), 0);
+      const int sliding = attention_splits(rows, int(opt_.max_context), cfg_->sliding_window);
+      cudaGraph_t graph = nullptr;
+      GEMMA4_T4_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+      Status st = encode_layers(rows, sliding, full);
+      if (st) st = encode_head(0, rows, dst);
+      const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+      if (!st) {
+        if (graph) cudaGraphDestroy(graph);
+        return st;
+      }
+      GEMMA4_T4_CUDA_TRY(e, "graph capture");
+      const cudaError_t ei = cudaGraphInstantiate(&g.exec, graph, 0);
+      cudaGraphDestroy(graph);
+      GEMMA4_T4_CUDA_TRY(ei, "graph instantiate");
+    }
+    GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(g.exec, stream_), "graph launch");
+    return Status::ok();
+  }
+
+  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) into dst [k, vocab].
+  Status encode_head(int first, int k, float* dst) const {
+    const ModelConfig& c = *cfg_;
+    const int H = c.hidden_size, V = c.vocab_size;
+    const int* d_sel = meta_i32_ + 3 * kMaxRows;
+    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, d_sel + first, final_norm_, k, H, c.rms_norm_eps, head16_, stream_),
+                       "final norm");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, dst, V, stream_), "LM head");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
+    return Status::ok();
+  }
+
+  // Everything from the embedding to the last layer's residual, for `rows` rows whose metadata is on the
+  // device. Only kernel launches and cuBLAS calls: capturable.
+  Status encode_layers(int rows, int sliding_splits, int full_splits) const {
+    const ModelConfig& c = *cfg_;
+    const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, nh = c.num_heads;
+    const float eps = c.rms_norm_eps;
     const int *d_ids = meta_i32_, *d_seq = meta_i32_ + kMaxRows, *d_pos = meta_i32_ + 2 * kMaxRows,
-              *d_sel = meta_i32_ + 3 * kMaxRows, *d_cap = meta_i32_ + 4 * kMaxRows;
+              *d_cap = meta_i32_ + 4 * kMaxRows;
     half* const* d_k = kv_ptrs_;
     half* const* d_v = kv_ptrs_ + size_t(kMaxSeqs) * L;
 
     GEMMA4_T4_CUDA_TRY(kernels::launch_embed(embed16_, d_ids, rows, H, float(std::sqrt(double(H))), h_, stream_), "embed");
     if (D > 0) {
-      const size_t LD = size_t(L) * D;
-      if (ple_table16_) {
-        GEMMA4_T4_CUDA_TRY(kernels::launch_embed(ple_table16_, d_ids, rows, int(LD), 1.f, tok_, stream_), "PLE rows");
-      } else {
-        for (int r = 0; r < rows; ++r) load_floats(*w_->ple_table, size_t(ids[r]) * LD, LD, tok_host_ + size_t(r) * LD);
-        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tok_, tok_host_, size_t(rows) * LD * 4, cudaMemcpyHostToDevice, stream_),
-                           "PLE rows upload");
-      }
+      if (ple_table16_)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_embed(ple_table16_, d_ids, rows, L * D, 1.f, tok_, stream_), "PLE rows");
       GEMMA4_T4_CUDA_TRY(kernels::launch_to_half(h_, size_t(rows) * H, x16_, stream_), "PLE input");
       GEMMA4_T4_TRY(mm(ple_model_proj_, x16_, rows, mmA_, "per_layer_model_projection"));
       GEMMA4_T4_CUDA_TRY(kernels::launch_ple_combine(mmA_, tok_, ple_norm_, rows, L, D, float(1.0 / std::sqrt(double(H))),
@@ -563,7 +647,7 @@ class CudaBackend : public BackendModel {
         kt.seq = d_seq;
         kt.layer = l;
         kt.layers = L;
-        kt.base = d_v;  // values first: with k_eq_v they read mmB_ before nothing else touches it
+        kt.base = d_v;
         GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(vsrc, kvh * hd, rows, kvh, hd, nullptr, eps, nullptr, d_pos, nullptr,
                                                           kt, stream_), "v norm");
         kt.base = d_k;
@@ -583,9 +667,7 @@ class CudaBackend : public BackendModel {
       a.heads = nh;
       a.kv_heads = kvh;
       a.window = lc.type == LayerType::Sliding ? c.sliding_window : 0;
-      const int keys = a.window ? std::min(a.window, max_pos + 1) : max_pos + 1;
-      a.splits = std::max(1, std::min({(keys + 63) / 64, 64, kSplitBudget / rows}));
-      a.keys_per_split = ((keys + a.splits - 1) / a.splits + kernels::kAttnTile - 1) / kernels::kAttnTile * kernels::kAttnTile;
+      a.splits = a.window ? sliding_splits : full_splits;
       a.part_o = part_o_;
       a.part_ml = part_ml_;
       a.out = x16_;
@@ -611,27 +693,12 @@ class CudaBackend : public BackendModel {
                                                          nullptr, nullptr, stream_), "post-MLP norm");
       }
     }
-
-    // LM head for the selected rows, 16 at a time.
-    const int V = c.vocab_size;
-    for (int b = 0; b < nsel; b += kernels::kGemvMaxRows) {
-      const int k = std::min(kernels::kGemvMaxRows, nsel - b);
-      float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
-      GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, d_sel + b, final_norm_, k, H, eps, head16_, stream_), "final norm");
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, dst, V, stream_), "LM head");
-      GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
-      if (dev_out) {
-        dev_row_ += k;
-        continue;
-      }
-      const size_t at = logits->size();
-      logits->resize(at + size_t(k) * V);
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
-                         "logits download");
-    }
-    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     return Status::ok();
   }
+
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+  };
 
   const ModelConfig* cfg_ = nullptr;
   const Weights* w_ = nullptr;
@@ -672,6 +739,8 @@ class CudaBackend : public BackendModel {
   mutable int* seen_dev_ = nullptr;              // repetition-penalty ids, grown on demand
   mutable size_t seen_cap_ = 0;
   mutable int dev_row_ = 0;                      // next row of dev_out in run()
+  bool use_graphs_ = true;
+  mutable Graph graphs_[2][kernels::kGemvMaxRows + 1];  // [to host logits / to device logits][rows]
 };
 
 }  // namespace detail
