@@ -43,7 +43,7 @@ __host__ __device__ constexpr int attn_block() {
 }
 
 template <int D, int G>
-__global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a) {
+static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a) {
   constexpr int BLOCK = attn_block<D>(), WARPS = BLOCK / 32, C = D / BLOCK;
   __shared__ float qs[G][D];
   __shared__ float ps[G][kAttnTile];
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnAr
 
 // out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M). Grid (rows, heads), D threads.
 template <int D>
-__global__ void attention_merge_kernel(AttnArgs a) {
+static __global__ void attention_merge_kernel(AttnArgs a) {
   const int row = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
   const size_t base = (size_t(row) * a.heads + h) * a.splits;
   float M = -INFINITY;
@@ -186,6 +186,7 @@ inline bool attention_supported(int d, int group) {
 
 inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, cudaStream_t stream) {
   if (a.rows <= 0) return cudaSuccess;
+  if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.splits < 1) return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads;
   switch (head_dim) {
     case 32: return launch_attention_d<32>(a, group, stream);

@@ -16,7 +16,10 @@ namespace kernels {
 constexpr float kHalfMax = 65504.f;
 
 // fp32 -> fp16 with saturation: Gemma activations can pass the fp16 range; inf would poison a whole row.
-__device__ __forceinline__ half to_half_sat(float v) { return __float2half_rn(fminf(fmaxf(v, -kHalfMax), kHalfMax)); }
+// NaN stays NaN (a real fault must stay visible downstream).
+__device__ __forceinline__ half to_half_sat(float v) {
+  return __float2half_rn(v != v ? v : fminf(fmaxf(v, -kHalfMax), kHalfMax));
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

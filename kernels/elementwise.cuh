@@ -16,7 +16,7 @@
 namespace gemma4_t4 {
 namespace kernels {
 
-__global__ void embed_kernel(const half* __restrict__ E, const int* __restrict__ ids, int H, float scale,
+static __global__ void embed_kernel(const half* __restrict__ E, const int* __restrict__ ids, int H, float scale,
                              float* __restrict__ h) {
   const half* e = E + size_t(ids[blockIdx.x]) * H;
   float* o = h + size_t(blockIdx.x) * H;
@@ -30,7 +30,7 @@ inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, 
   return cudaGetLastError();
 }
 
-__global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
+static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = to_half_sat(x[i]);
 }
@@ -41,7 +41,7 @@ inline cudaError_t launch_to_half(const float* x, size_t n, half* out, cudaStrea
   return cudaGetLastError();
 }
 
-__global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
+static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
                                 half* __restrict__ out) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
@@ -54,7 +54,7 @@ inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, hal
 }
 
 // Grid (rows, L); block 32..256 threads over D.
-__global__ void ple_combine_kernel(const float* __restrict__ proj, const float* __restrict__ tok,
+static __global__ void ple_combine_kernel(const float* __restrict__ proj, const float* __restrict__ tok,
                                    const float* __restrict__ w, int L, int D, float pscale, float tscale, float mix,
                                    float eps, float* __restrict__ ple) {
   const size_t off = (size_t(blockIdx.x) * L + blockIdx.y) * D;
@@ -77,7 +77,7 @@ inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const
   return cudaGetLastError();
 }
 
-__global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L, int D,
+static __global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L, int D,
                                 int layer, half* __restrict__ out) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
@@ -92,7 +92,7 @@ inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, i
   return cudaGetLastError();
 }
 
-__global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
+static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
@@ -104,7 +104,7 @@ inline cudaError_t launch_softcap(float* x, size_t n, float cap, cudaStream_t st
 }
 
 // One block (256 threads) per row.
-__global__ void argmax_rows_kernel(const float* __restrict__ x, int V, int* __restrict__ out) {
+static __global__ void argmax_rows_kernel(const float* __restrict__ x, int V, int* __restrict__ out) {
   __shared__ float bv[256];
   __shared__ int bi[256];
   const float* xr = x + size_t(blockIdx.x) * V;

@@ -21,7 +21,7 @@ namespace kernels {
 constexpr int kGemvWarps = 8;
 
 template <int N>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+static __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_f16_kernel(const half* __restrict__ W, const half* __restrict__ x, int n, int out, int in,
                     float* __restrict__ y, int ldy) {
   const int o = blockIdx.x * kGemvWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 }
 
 template <int N>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+static __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_w4_kernel(const uint32_t* __restrict__ Wq, const half* __restrict__ S, const half* __restrict__ x, int n,
                    int out, int in, float* __restrict__ y, int ldy) {
   const int o = blockIdx.x * kGemvWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -121,7 +121,7 @@ inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* 
 }
 
 // Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per word.
-__global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const half* __restrict__ S, int out, int in,
+static __global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const half* __restrict__ S, int out, int in,
                                   half* __restrict__ out16) {
   const size_t words = size_t(out) * (in / 8);
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;

@@ -17,7 +17,7 @@ namespace kernels {
 
 enum class NextNorm { None, Norm, Copy };
 
-__global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
+static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
                                const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
   const float* xr = x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx;
   float ss = 0.f;
@@ -27,7 +27,7 @@ __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* 
   for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(xr[c] * r * w[c]);
 }
 
-__global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_post,
+static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_post,
                                      int cols, float eps, float scalar, NextNorm next, const float* __restrict__ w_next,
                                      half* __restrict__ out16) {
   float* hr = h + size_t(blockIdx.x) * cols;

@@ -25,7 +25,7 @@ struct KvTarget {
   int layers = 0;
 };
 
-__global__ void head_norm_rope_kernel(const float* __restrict__ in, int ld_in, int heads, int d,
+static __global__ void head_norm_rope_kernel(const float* __restrict__ in, int ld_in, int heads, int d,
                                       const float* __restrict__ w, float eps, const float* __restrict__ inv_freq,
                                       const int* __restrict__ pos, half* __restrict__ out, KvTarget kv) {
   const int row = blockIdx.x, hh = blockIdx.y, half_d = d / 2;

@@ -4,7 +4,7 @@
 # runs the suite under compute-sanitizer memcheck and the attention kernels under racecheck, records ptxas
 # resource usage of the sm_75 build, and writes every log under $OUT.
 #
-#   bash tools/gpu_check.sh [quick]      # quick: native build + run only
+#   bash tools/gpu_check.sh [full|quick|bench]   # quick: native build + run only; bench: benchmarks only
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -53,11 +53,14 @@ run() {  # run <name> [args]
 }
 
 fail=0
+if [ "$MODE" != bench ]; then
 build native -gencode arch=compute_90,code=sm_90 || fail=1
 [ $fail -eq 0 ] && { run native || fail=1; }
+fi
 if [ "$MODE" = full ]; then
   build turing -gencode arch=compute_75,code=compute_75 || fail=1
-  [ -x build-gpu-turing/gpu_tests ] && { CUDA_FORCE_PTX_JIT=1 run turing || fail=1; }
+  # compute_75 PTX only: the driver JIT-compiles our kernels (cuBLAS keeps its own SASS)
+  [ -x build-gpu-turing/gpu_tests ] && { run turing || fail=1; }
   # sm_75 resource usage (registers, spills, shared memory) of the shipped kernels
   nvcc $NVFLAGS -gencode arch=compute_75,code=sm_75 $INC -x cu -c src/impl.cu -o /tmp/impl75.o -Xptxas -v \
     > "$OUT/ptxas-sm75.log" 2>&1 && echo "ptxas sm_75: max smem $(grep -o '[0-9]* bytes smem' "$OUT/ptxas-sm75.log" | sort -n | tail -1), spills: $(grep -c '[1-9][0-9]* bytes spill' "$OUT/ptxas-sm75.log")"
@@ -67,5 +70,27 @@ if [ "$MODE" = full ]; then
     compute-sanitizer --tool racecheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*ttention*" \
       > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   fi
+fi
+if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
+  # Full-size synthetic E2B (tools/make_synthetic.cpp) in both real layouts, timed with bench/quick_bench in the
+  # native and the Turing-only (compute_75 PTX) builds.
+  g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp || fail=1
+  for arch in native turing; do
+    gen="-gencode arch=compute_90,code=sm_90"; [ $arch = turing ] && gen="-gencode arch=compute_75,code=compute_75"
+    nvcc $NVFLAGS $gen $INC -x cu -o /tmp/quick_bench_$arch bench/quick_bench.cpp src/impl.cu -lcublas \
+      > "$OUT/build-bench-$arch.log" 2>&1 || { echo "bench build failed ($arch)"; fail=1; } &
+  done
+  for fmt in w4a16 bf16; do
+    /tmp/make_synthetic --model e2b --format $fmt --out /tmp/e2b-$fmt > "$OUT/synthetic-$fmt.log" 2>&1 || fail=1
+  done
+  wait
+  for fmt in w4a16 bf16; do
+    for arch in native turing; do
+      echo "== E2B $fmt, $arch build" | tee -a "$OUT/bench.log"
+      /tmp/quick_bench_$arch --model /tmp/e2b-$fmt --prompt 512 --tokens 64 --batch 1,4,8,16 2>&1 | tee -a "$OUT/bench.log"
+    done
+  done
+  echo "== E2B w4a16, native, prompt 4096" | tee -a "$OUT/bench.log"
+  /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1 2>&1 | tee -a "$OUT/bench.log"
 fi
 exit $fail

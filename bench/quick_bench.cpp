@@ -1,0 +1,130 @@
+// quick_bench: load a checkpoint and time it the way a user would -- load time and peak host RSS, time to
+// first token for one prompt, and decode throughput for several concurrent sessions (greedy, EOS ignored).
+// The full benchmark (sweep, JSON/CSV, plots, projections) is bench/ work in progress; this is the probe
+// the performance notes in bench/RESULTS.md were measured with.
+//
+//   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device]
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "gemma4_t4.hpp"
+
+using namespace gemma4_t4;
+using Clock = std::chrono::steady_clock;
+
+static double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+static double peak_rss_mib() {
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  return ru.ru_maxrss / 1024.0;  // Linux: KiB
+}
+
+int main(int argc, char** argv) {
+  std::string model;
+  bool cpu = false;
+  int prompt_len = 512, tokens = 128;
+  std::vector<int> batches = {1, 4, 8};
+  LoadOptions opt;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "%s needs a value\n", a.c_str());
+        std::exit(1);
+      }
+      return argv[++i];
+    };
+    if (a == "--model") model = next();
+    else if (a == "--cpu") cpu = true;
+    else if (a == "--prompt") prompt_len = std::atoi(next().c_str());
+    else if (a == "--tokens") tokens = std::atoi(next().c_str());
+    else if (a == "--ple") opt.ple = next() == "device" ? PleLocation::Device : PleLocation::Host;
+    else if (a == "--no-graphs") opt.cuda_graphs = false;
+    else if (a == "--batch") {
+      batches.clear();
+      std::stringstream ss(next());
+      for (std::string t; std::getline(ss, t, ',');) batches.push_back(std::atoi(t.c_str()));
+    } else {
+      std::fprintf(stderr, "usage: quick_bench --model DIR [--cpu] [--prompt N] [--tokens N] [--batch 1,4,8] "
+                           "[--ple host|device] [--no-graphs]\n");
+      return a == "--help" ? 0 : 1;
+    }
+  }
+  if (model.empty() || prompt_len < 1 || tokens < 1) {
+    std::fprintf(stderr, "quick_bench: --model DIR is required\n");
+    return 1;
+  }
+  opt.backend = cpu ? Backend::Cpu : Backend::Auto;
+  opt.max_context = size_t(prompt_len + tokens + 8);
+  Engine engine;
+  const auto t0 = Clock::now();
+  Status st = Engine::load(model, opt, &engine);
+  if (!st) {
+    std::fprintf(stderr, "load failed: %s\n", st.message.c_str());
+    return 1;
+  }
+  const double load_s = seconds_since(t0);
+  const ModelConfig& c = engine.config();
+  std::printf("model %s: %d layers, hidden %d, vocab %d, %s, backend %s\n", model.c_str(), c.num_layers,
+              c.hidden_size, c.vocab_size, c.weight_format == WeightFormat::W4A16 ? "w4a16" : "fp16",
+              engine.backend() == Backend::Cuda ? "CUDA" : "CPU");
+  std::printf("load %.2f s, peak host RSS after load %.0f MiB, decode bytes/token %.3f GB\n", load_s, peak_rss_mib(),
+              engine.decode_bytes_per_token() / 1e9);
+
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int> id(5, c.vocab_size - 1);
+  std::printf("%6s %8s %12s %14s %14s\n", "batch", "prompt", "TTFT ms", "tok/s/stream", "tok/s total");
+  for (int B : batches) {
+    std::vector<Session> s(static_cast<size_t>(B));
+    std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(B));
+    for (int b = 0; b < B; ++b) {
+      if (!(st = engine.create_session(&s[b]))) {
+        std::fprintf(stderr, "%s\n", st.message.c_str());
+        return 1;
+      }
+      prompts[b].resize(size_t(prompt_len));
+      for (auto& t : prompts[b]) t = id(rng);
+      prompts[b][0] = c.bos_token_id;
+    }
+    std::vector<int32_t> next(static_cast<size_t>(B));
+    std::vector<BatchItem> items(static_cast<size_t>(B));
+    // TTFT: the first session alone (prefill + first token), then the others' prefills
+    auto tp = Clock::now();
+    items[0] = BatchItem{&s[0], prompts[0].data(), prompts[0].size()};
+    if (!(st = engine.step(items.data(), 1, nullptr, next.data()))) {
+      std::fprintf(stderr, "%s\n", st.message.c_str());
+      return 1;
+    }
+    const double ttft = seconds_since(tp) * 1e3;
+    for (int b = 1; b < B; ++b) {
+      items[0] = BatchItem{&s[b], prompts[b].data(), prompts[b].size()};
+      engine.step(items.data(), 1, nullptr, &next[b]);
+    }
+    // decode: all B sessions one token per step; warm-up steps first (graph capture)
+    std::vector<int32_t> feed(next);
+    for (int b = 0; b < B; ++b) items[b] = BatchItem{&s[b], &feed[b], 1};
+    const int warm = 3;
+    Clock::time_point td;
+    for (int i = 0; i < tokens; ++i) {
+      if (i == warm) td = Clock::now();
+      if (!(st = engine.step(items.data(), size_t(B), nullptr, next.data()))) {
+        std::fprintf(stderr, "%s\n", st.message.c_str());
+        return 1;
+      }
+      feed = next;
+    }
+    const double per_step = seconds_since(td) / (tokens - warm);
+    std::printf("%6d %8d %12.1f %14.1f %14.1f\n", B, prompt_len, ttft, 1.0 / per_step, B / per_step);
+  }
+  std::printf("peak host RSS %.0f MiB\n", peak_rss_mib());
+  return 0;
+}

@@ -1,0 +1,200 @@
+// generate_ids: load a Gemma 4 checkpoint, prefill a prompt given as token ids, greedily decode N tokens and
+// print the ids with timings. The main job until a tokenizer lands (then: examples/generate with text).
+//
+//   generate_ids [--model DIR] [--cpu] [--tokens N] [--prompt "2,17,99"] [--ignore-eos]
+//
+// Default model: the bundled tiny fixture (GEMMA4_T4_DEFAULT_MODEL, set by CMake to tests/fixtures/mm_bf16).
+// Exit status: 0 ok, 1 the library reported an error (message on stderr), 2 bad command line.
+
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gemma4_t4.hpp"
+
+#ifndef GEMMA4_T4_DEFAULT_MODEL
+#define GEMMA4_T4_DEFAULT_MODEL "tests/fixtures/mm_bf16"
+#endif
+
+namespace {
+
+const char kUsage[] =
+    "usage: generate_ids [--model DIR] [--cpu] [--tokens N] [--prompt IDS] [--ignore-eos]\n"
+    "\n"
+    "Loads a Gemma 4 checkpoint directory (config.json + *.safetensors), feeds the prompt token ids,\n"
+    "then greedily decodes N tokens (argmax) and prints them with timings.\n"
+    "\n"
+    "  --model DIR    checkpoint directory (default: %s)\n"
+    "  --cpu          use the CPU reference backend (default: CUDA when compiled in and a GPU is present)\n"
+    "  --tokens N     tokens to generate, N >= 0 (default: 16)\n"
+    "  --prompt IDS   comma-separated prompt token ids, at least one (default: 2,17,99,300,42)\n"
+    "  --ignore-eos   keep decoding after an end-of-sequence token\n"
+    "  --help         show this text\n"
+    "\n"
+    "Exit status: 0 ok, 1 the library reported an error, 2 bad command line.\n";
+
+struct Args {
+  std::string model = GEMMA4_T4_DEFAULT_MODEL;
+  bool cpu = false;
+  long tokens = 16;
+  std::vector<int32_t> prompt = {2, 17, 99, 300, 42};
+  bool ignore_eos = false;
+};
+
+bool parse_long(const char* s, long lo, long hi, long* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_ids(const std::string& text, std::vector<int32_t>* out) {
+  std::vector<int32_t> ids;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    long v = 0;
+    if (!parse_long(text.substr(start, comma - start).c_str(), 0, INT32_MAX, &v)) return false;
+    ids.push_back(static_cast<int32_t>(v));
+    start = comma + 1;
+  }
+  if (ids.empty()) return false;
+  *out = std::move(ids);
+  return true;
+}
+
+// Returns -1 to continue, else the exit status (0 for --help, 2 for a bad command line).
+int parse_args(int argc, char** argv, Args* args) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--help" || a == "-h") {
+      std::printf(kUsage, GEMMA4_T4_DEFAULT_MODEL);
+      return 0;
+    } else if (a == "--cpu") {
+      args->cpu = true;
+    } else if (a == "--ignore-eos") {
+      args->ignore_eos = true;
+    } else if (a == "--model" && has_value) {
+      args->model = argv[++i];
+    } else if (a == "--tokens" && has_value) {
+      if (!parse_long(argv[++i], 0, 1L << 20, &args->tokens)) {
+        std::fprintf(stderr, "generate_ids: --tokens wants an integer >= 0, got '%s'\n", argv[i]);
+        return 2;
+      }
+    } else if (a == "--prompt" && has_value) {
+      if (!parse_ids(argv[++i], &args->prompt)) {
+        std::fprintf(stderr, "generate_ids: --prompt wants comma-separated token ids like 2,17,99, got '%s'\n",
+                     argv[i]);
+        return 2;
+      }
+    } else {
+      const bool wants_value = a == "--model" || a == "--tokens" || a == "--prompt";
+      std::fprintf(stderr, "generate_ids: %s '%s' (--help for usage)\n",
+                   wants_value ? "missing value for" : "unknown option", a.c_str());
+      return 2;
+    }
+  }
+  return -1;
+}
+
+const char* format_name(gemma4_t4::WeightFormat f) {
+  switch (f) {
+    case gemma4_t4::WeightFormat::Bf16: return "bf16";
+    case gemma4_t4::WeightFormat::F16: return "f16";
+    case gemma4_t4::WeightFormat::F32: return "f32";
+    case gemma4_t4::WeightFormat::W4A16: return "w4a16";
+  }
+  return "?";
+}
+
+void print_ids(const char* label, const std::vector<int32_t>& ids) {
+  std::printf("%s", label);
+  if (ids.empty()) std::printf("(none)");
+  for (size_t i = 0; i < ids.size(); ++i) std::printf("%s%d", i ? "," : "", ids[i]);
+  std::printf("\n");
+}
+
+int fail(const gemma4_t4::Status& st) {
+  std::fprintf(stderr, "generate_ids: %s: %s\n", gemma4_t4::code_name(st.code), st.message.c_str());
+  return 1;
+}
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args args;
+  if (const int rc = parse_args(argc, argv, &args); rc >= 0) return rc;
+
+  gemma4_t4::LoadOptions opt;
+  opt.backend = args.cpu ? gemma4_t4::Backend::Cpu : gemma4_t4::Backend::Auto;
+  gemma4_t4::Engine engine;
+  auto t0 = std::chrono::steady_clock::now();
+  if (auto st = gemma4_t4::Engine::load(args.model, opt, &engine); !st) return fail(st);
+  const double load_ms = ms_since(t0);
+
+  const gemma4_t4::ModelConfig& cfg = engine.config();
+  int full_layers = 0, shared_layers = 0;
+  for (const auto& l : cfg.layers) {
+    full_layers += l.type == gemma4_t4::LayerType::Full;
+    shared_layers += l.kv_shared;
+  }
+  std::printf("gemma4_t4 %s, backend %s\n", GEMMA4_T4_VERSION_STRING,
+              engine.backend() == gemma4_t4::Backend::Cuda ? "cuda" : "cpu");
+  std::printf("model %s (%s): %d layers (%d full, %d kv-shared), hidden %d, %d heads, vocab %d, weights %s\n",
+              args.model.c_str(), cfg.model_type.c_str(), cfg.num_layers, full_layers, shared_layers, cfg.hidden_size,
+              cfg.num_heads, cfg.vocab_size, format_name(cfg.weight_format));
+  std::printf("load %.1f ms, decode reads %.2f MB/token\n", load_ms, engine.decode_bytes_per_token() / 1e6);
+  print_ids("prompt ", args.prompt);
+
+  gemma4_t4::Session session;
+  const size_t context = args.prompt.size() + static_cast<size_t>(args.tokens);
+  if (auto st = engine.create_session(&session, context); !st) return fail(st);
+
+  // Prefill: the whole prompt in one call, logits of its last position only.
+  std::vector<float> logits;  // [vocab] fp32
+  t0 = std::chrono::steady_clock::now();
+  gemma4_t4::Status st =
+      engine.forward(session, args.prompt.data(), args.prompt.size(), gemma4_t4::Logits::Last, &logits);
+  if (!st) return fail(st);
+  const double prefill_ms = ms_since(t0);
+
+  // Decode: the argmax of each step is fed back as the next single-token step (the last one is not fed).
+  std::vector<int32_t> out;
+  bool stopped_at_eos = false;
+  t0 = std::chrono::steady_clock::now();
+  for (long i = 0; i < args.tokens; ++i) {
+    if (i > 0) {
+      const int32_t prev = out.back();
+      if (auto st = engine.forward(session, &prev, 1, gemma4_t4::Logits::Last, &logits); !st) return fail(st);
+    }
+    const int32_t next = gemma4_t4::argmax(logits.data(), static_cast<size_t>(cfg.vocab_size));
+    out.push_back(next);
+    if (!args.ignore_eos) {
+      for (int eos : cfg.eos_token_ids) stopped_at_eos |= next == eos;
+      if (stopped_at_eos) break;
+    }
+  }
+  const double decode_ms = ms_since(t0);
+  const size_t decode_steps = out.empty() ? 0 : out.size() - 1;  // forward calls made in the loop
+
+  print_ids("output ", out);
+  if (stopped_at_eos) std::printf("(stopped at end-of-sequence token %d; --ignore-eos to go on)\n", out.back());
+  std::printf("prefill %zu tokens in %.2f ms (%.1f tok/s)\n", args.prompt.size(), prefill_ms,
+              prefill_ms > 0 ? 1e3 * static_cast<double>(args.prompt.size()) / prefill_ms : 0.0);
+  std::printf("decode %zu steps in %.2f ms (%.1f tok/s)\n", decode_steps, decode_ms,
+              decode_ms > 0 && decode_steps > 0 ? 1e3 * static_cast<double>(decode_steps) / decode_ms : 0.0);
+  return 0;
+}

@@ -1,0 +1,1081 @@
+// GPU kernel tests: every kernel in kernels/ against a host `_ref` taking the same arguments, built from the
+// CPU backend's building blocks (rmsnorm_ref, rope_ref, rope_inv_freq, gelu_tanh_ref, argmax).
+//
+// Inputs come from fixed-seed std::mt19937 streams and are never zero. Every output buffer is filled with
+// 0xFF bytes before the launch (NaN as fp16 and fp32, -1 as int), so an element the kernel forgot to write
+// fails the check, and padding the kernel must not touch is checked to still hold the poison. Tolerances:
+//   fp16 outputs                      ||got - ref|| / ||ref||       <= 2e-3
+//   fp32 outputs from fp16 inputs     max |got - ref| / max |ref|   <= 1e-3
+//   fp32 outputs from fp32 inputs     max |got - ref| / max |ref|   <= 1e-5
+//   dequantisation, saturation, embedding rows, argmax               exact
+// Every case is tagged [gpu]; tests/gpu/main.cpp skips the suite visibly where no GPU is present.
+#include <catch2/catch.hpp>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../../kernels/attention.cuh"
+#include "../../kernels/elementwise.cuh"
+#include "../../kernels/gemv.cuh"
+#include "../../kernels/rmsnorm.cuh"
+#include "../../kernels/rope_kv.cuh"
+#include "../../kernels/sample.cuh"  // resources only: sampling is tested against sampler.hpp elsewhere
+
+#include "gemma4_t4.hpp"
+#include "gemma4_t4/common.hpp"
+#include "gemma4_t4/safetensors.hpp"
+#include "gemma4_t4/config.hpp"
+#include "gemma4_t4/weights.hpp"
+#include "gemma4_t4/rng.hpp"
+#include "gemma4_t4/sampler.hpp"
+#include "gemma4_t4/backend.hpp"
+#include "gemma4_t4/cpu_backend.hpp"
+
+namespace {
+
+namespace kn = gemma4_t4::kernels;
+using gemma4_t4::detail::f16_to_f32;
+using gemma4_t4::detail::f32_to_f16;
+
+// ---- harness ----
+
+#define REQUIRE_CUDA(call)                                                                  \
+  do {                                                                                      \
+    const cudaError_t e_ = (call);                                                          \
+    INFO(#call << " -> " << cudaGetErrorName(e_) << " (" << cudaGetErrorString(e_) << ")"); \
+    REQUIRE(e_ == cudaSuccess);                                                             \
+  } while (0)
+
+constexpr uint16_t kPoison16 = 0xFFFFu;      // an fp16 NaN
+constexpr uint32_t kPoison32 = 0xFFFFFFFFu;  // an fp32 NaN, int -1
+
+constexpr double kTolF16 = 2e-3;      // fp16 outputs, relative L2
+constexpr double kTolF32Half = 1e-3;  // fp32 outputs from fp16 inputs, relative to max |ref|
+constexpr double kTolF32 = 1e-5;      // fp32 outputs from fp32 inputs, relative to max |ref|
+
+template <typename... Parts>
+std::string cat(const Parts&... parts) {
+  std::ostringstream os;
+  (os << ... << parts);
+  return os.str();
+}
+
+// Owning device array of n elements of T. Every transfer finishes before the call returns, so a kernel on
+// any stream (blocking or not, per-thread default stream or not) sees the uploaded / poisoned contents.
+template <typename T>
+class Dev {
+ public:
+  explicit Dev(size_t n) : n_(n) { REQUIRE_CUDA(cudaMalloc(reinterpret_cast<void**>(&p_), bytes())); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  ~Dev() { cudaFree(p_); }
+
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+  template <typename H>
+  void upload(const std::vector<H>& h) {
+    static_assert(sizeof(H) == sizeof(T), "host and device element sizes differ");
+    REQUIRE(h.size() == n_);
+    REQUIRE_CUDA(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+  }
+  template <typename H>
+  std::vector<H> download() const {
+    static_assert(sizeof(H) == sizeof(T), "host and device element sizes differ");
+    std::vector<H> h(n_);
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+    REQUIRE_CUDA(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+  void poison() {
+    REQUIRE_CUDA(cudaMemset(p_, 0xFF, bytes()));
+    REQUIRE_CUDA(cudaDeviceSynchronize());
+  }
+
+ private:
+  size_t bytes() const { return std::max<size_t>(n_, 1) * sizeof(T); }
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { REQUIRE_CUDA(cudaStreamCreate(&s)); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  ~Stream() { cudaStreamDestroy(s); }
+  void sync() const { REQUIRE_CUDA(cudaStreamSynchronize(s)); }
+};
+
+// Uniform in [lo, hi], never exactly zero.
+std::vector<float> rand_f32(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    x = u(rng);
+    if (x == 0.f) x = 0.5f * hi;
+  }
+  return v;
+}
+
+// The same, rounded to fp16 bits.
+std::vector<uint16_t> rand_f16(std::mt19937& rng, size_t n, float lo, float hi) {
+  std::vector<uint16_t> h(n);
+  const std::vector<float> f = rand_f32(rng, n, lo, hi);
+  for (size_t i = 0; i < n; ++i) {
+    h[i] = f32_to_f16(f[i]);
+    if ((h[i] & 0x7fffu) == 0) h[i] = f32_to_f16(0.5f * hi);
+  }
+  return h;
+}
+
+std::vector<float> widen(const std::vector<uint16_t>& h) {
+  std::vector<float> f(h.size());
+  for (size_t i = 0; i < h.size(); ++i) f[i] = f16_to_f32(h[i]);
+  return f;
+}
+
+// Host twin of to_half_sat: clamp to the fp16 range, then round to nearest even.
+uint16_t f32_to_f16_sat(float v) { return f32_to_f16(std::min(std::max(v, -kn::kHalfMax), kn::kHalfMax)); }
+
+// fp16 outputs: every element written (the poison is NaN) and ||got - ref|| / ||ref|| <= tol.
+void check_rel_l2(const std::vector<float>& got, const std::vector<double>& ref, double tol, const std::string& what) {
+  REQUIRE(got.size() == ref.size());
+  size_t unwritten = 0, first_unwritten = 0, worst = 0;
+  double num = 0, den = 0, worst_err = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (!std::isfinite(got[i])) {
+      if (unwritten++ == 0) first_unwritten = i;
+      continue;
+    }
+    const double e = double(got[i]) - ref[i];
+    num += e * e;
+    den += ref[i] * ref[i];
+    if (std::fabs(e) > worst_err) worst_err = std::fabs(e), worst = i;
+  }
+  const double rel = den > 0 ? std::sqrt(num / den) : std::sqrt(num);
+  INFO(what << ": " << unwritten << " of " << got.size() << " elements not written or not finite (first at "
+            << first_unwritten << "); ||err|| / ||ref|| = " << rel << " (tolerance " << tol << "); worst element "
+            << worst << ": got " << got[worst] << ", ref " << ref[worst]);
+  REQUIRE(unwritten == 0);
+  REQUIRE(rel <= tol);
+}
+
+// fp32 outputs: every element finite and max |got - ref| / max |ref| <= tol.
+void check_max_rel(const std::vector<float>& got, const std::vector<double>& ref, double tol, const std::string& what) {
+  REQUIRE(got.size() == ref.size());
+  size_t unwritten = 0, first_unwritten = 0, worst = 0;
+  double max_ref = 0, worst_err = -1;
+  for (size_t i = 0; i < got.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    if (!std::isfinite(got[i])) {
+      if (unwritten++ == 0) first_unwritten = i;
+      continue;
+    }
+    const double e = std::fabs(double(got[i]) - ref[i]);
+    if (e > worst_err) worst_err = e, worst = i;
+  }
+  const double rel = max_ref > 0 ? worst_err / max_ref : worst_err;
+  INFO(what << ": " << unwritten << " of " << got.size() << " elements not written or not finite (first at "
+            << first_unwritten << "); max |err| / max |ref| = " << rel << " (tolerance " << tol << "); worst element "
+            << worst << ": got " << got[worst] << ", ref " << ref[worst]);
+  REQUIRE(unwritten == 0);
+  REQUIRE(rel <= tol);
+}
+
+// ---- host references (same arguments as the launchers, host vectors for device pointers) ----
+
+// rmsnorm: out[r] = norm(x[src(r)]) * w, src(r) = row_index[r] or r.     out: [rows, cols]
+std::vector<double> rmsnorm_host_ref(const std::vector<float>& x, int ldx, const std::vector<int>* row_index,
+                                     const std::vector<float>& w, int rows, int cols, float eps) {
+  std::vector<double> out(size_t(rows) * cols);
+  std::vector<float> t(static_cast<size_t>(cols));
+  for (int r = 0; r < rows; ++r) {
+    const int src = row_index ? (*row_index)[size_t(r)] : r;
+    gemma4_t4::detail::rmsnorm_ref(&x[size_t(src) * ldx], w.data(), cols, eps, t.data());
+    for (int c = 0; c < cols; ++c) out[size_t(r) * cols + c] = t[size_t(c)];
+  }
+  return out;
+}
+
+// head_norm_rope for one (row, head): x[d] -> norm (w may be null) -> rope (inv_freq may be null).
+std::vector<float> head_norm_rope_ref(const float* x, int d, const float* w, float eps, const float* inv_freq,
+                                      int pos) {
+  std::vector<float> t(x, x + d);
+  gemma4_t4::detail::rmsnorm_ref(t.data(), w, d, eps, t.data());
+  if (inv_freq) gemma4_t4::detail::rope_ref(t.data(), d, inv_freq, pos);
+  return t;
+}
+
+// y[r, o] = sum_i x[r, i] * W[o, i] for r < n (double accumulation).    W: [out, in], x: [n, in]
+std::vector<double> gemv_ref(const std::vector<float>& W, const std::vector<float>& x, int n, int out, int in) {
+  std::vector<double> y(size_t(n) * out);
+  for (int r = 0; r < n; ++r)
+    for (int o = 0; o < out; ++o) {
+      double s = 0;
+      for (int i = 0; i < in; ++i) s += double(W[size_t(o) * in + i]) * x[size_t(r) * in + i];
+      y[size_t(r) * out + o] = s;
+    }
+  return y;
+}
+
+// w4a16 packing per gemv.cuh: q[o, i] in [-8, 7]; word j of row o holds columns 8j..8j+7, nibble k = q + 8.
+std::vector<uint32_t> pack_w4(const std::vector<int>& q, int out, int in) {
+  std::vector<uint32_t> Wq(size_t(out) * (in / 8), 0u);
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i)
+      Wq[size_t(o) * (in / 8) + i / 8] |= uint32_t(q[size_t(o) * in + i] + 8) << (4 * (i % 8));
+  return Wq;
+}
+
+// The dense weight the packed words + scales mean, in fp32 (exact: a 4-bit integer times an fp16 scale).
+std::vector<float> unpack_w4_ref(const std::vector<uint32_t>& Wq, const std::vector<uint16_t>& S, int out, int in) {
+  std::vector<float> W(size_t(out) * in);
+  for (int o = 0; o < out; ++o)
+    for (int i = 0; i < in; ++i) {
+      const uint32_t u = (Wq[size_t(o) * (in / 8) + i / 8] >> (4 * (i % 8))) & 0xFu;
+      W[size_t(o) * in + i] = float(int(u) - 8) * f16_to_f32(S[size_t(o) * (in / 32) + i / 32]);
+    }
+  return W;
+}
+
+// Host twin of AttnArgs: the K/V caches as fp16 values widened to float.
+struct AttnHost {
+  int D = 0, rows = 0, heads = 0, kv_heads = 0, window = 0, layer = 0, layers = 0;
+  std::vector<float> q;                  // [rows, heads, D]
+  std::vector<std::vector<float>> k, v;  // [seqs * layers] -> [capacity, kv_heads, D]
+  std::vector<int> capacity;             // [seqs * layers]
+  std::vector<int> seq, pos;             // [rows]
+};
+
+int attn_lo(int p, int window) { return window > 0 ? std::max(0, p - window + 1) : 0; }
+
+// out[r, h] = softmax_j(q . k_j) v_j over j in [lo, p], K/V of head h / group at slot j % capacity.
+std::vector<double> attention_ref(const AttnHost& a) {
+  const int D = a.D, group = a.heads / a.kv_heads;
+  std::vector<double> out(size_t(a.rows) * a.heads * D, 0.0);
+  std::vector<double> sc, o(static_cast<size_t>(D));
+  for (int r = 0; r < a.rows; ++r) {
+    const int idx = a.seq[size_t(r)] * a.layers + a.layer, p = a.pos[size_t(r)], lo = attn_lo(p, a.window);
+    const int cap = a.capacity[size_t(idx)];
+    for (int h = 0; h < a.heads; ++h) {
+      const int g = h / group;
+      const float* qh = &a.q[(size_t(r) * a.heads + h) * D];
+      sc.assign(size_t(p - lo + 1), 0.0);
+      double mx = -INFINITY;
+      for (int j = lo; j <= p; ++j) {
+        const float* kr = &a.k[size_t(idx)][(size_t(j % cap) * a.kv_heads + g) * D];
+        double s = 0;
+        for (int c = 0; c < D; ++c) s += double(qh[c]) * kr[c];
+        sc[size_t(j - lo)] = s;
+        mx = std::max(mx, s);
+      }
+      double sum = 0;
+      std::fill(o.begin(), o.end(), 0.0);
+      for (int j = lo; j <= p; ++j) {
+        const double e = std::exp(sc[size_t(j - lo)] - mx);
+        sum += e;
+        const float* vr = &a.v[size_t(idx)][(size_t(j % cap) * a.kv_heads + g) * D];
+        for (int c = 0; c < D; ++c) o[size_t(c)] += e * vr[c];
+      }
+      for (int c = 0; c < D; ++c) out[(size_t(r) * a.heads + h) * D + c] = o[size_t(c)] / sum;
+    }
+  }
+  return out;
+}
+
+// ---- rmsnorm.cuh ----
+
+TEST_CASE("rmsnorm: fp16 rows from fp32 rows, contiguous and gathered with a row stride", "[gpu]") {
+  std::mt19937 rng(101);
+  Stream st;
+  const float eps = 1e-6f;
+  for (int rows : {1, 3, 17})
+    for (int cols : {8, 24, 300, 1544, 2056})  // 32-, 128- and 256-thread blocks
+      for (bool gather : {false, true}) {
+        const int src_rows = gather ? rows + 5 : rows, ldx = gather ? cols + 5 : cols;
+        std::vector<float> x = rand_f32(rng, size_t(src_rows) * ldx, -3.f, 3.f);  // [src_rows, ldx] fp32
+        for (int r = 0; r < src_rows; ++r)  // rows of very different scales: the norm must remove them
+          for (int c = 0; c < ldx; ++c) x[size_t(r) * ldx + c] *= std::pow(10.f, float(r % 5 - 2));
+        const std::vector<float> w = rand_f32(rng, size_t(cols), -2.f, 2.f);  // [cols] fp32
+        std::vector<int> row_index(static_cast<size_t>(rows));                // [rows], repeats allowed
+        for (int r = 0; r < rows; ++r) row_index[size_t(r)] = (r * 7 + 3) % src_rows;
+
+        Dev<float> dx(x.size()), dw(w.size());
+        Dev<int> di(row_index.size());
+        Dev<half> dout(size_t(rows) * cols);  // [rows, cols] fp16
+        dx.upload(x);
+        dw.upload(w);
+        di.upload(row_index);
+        dout.poison();
+        REQUIRE_CUDA(kn::launch_rmsnorm(dx.get(), ldx, gather ? di.get() : nullptr, dw.get(), rows, cols, eps,
+                                        dout.get(), st.s));
+        st.sync();
+        check_rel_l2(widen(dout.download<uint16_t>()),
+                     rmsnorm_host_ref(x, ldx, gather ? &row_index : nullptr, w, rows, cols, eps), kTolF16,
+                     cat("rmsnorm rows ", rows, " cols ", cols, " gather ", gather));
+      }
+}
+
+TEST_CASE("residual_norm: h += norm(y) * w_post, scaled, then the next norm / copy / nothing", "[gpu]") {
+  std::mt19937 rng(102);
+  Stream st;
+  const float eps = 1e-6f;
+  const kn::NextNorm modes[] = {kn::NextNorm::None, kn::NextNorm::Norm, kn::NextNorm::Copy};
+  for (int rows : {1, 3, 17})
+    for (int cols : {8, 24, 300, 1544, 2056})
+      for (kn::NextNorm next : modes)
+        for (float scalar : {1.f, 0.73f}) {
+          const size_t n = size_t(rows) * cols;
+          const std::vector<float> h = rand_f32(rng, n, -4.f, 4.f);    // [rows, cols] fp32 residual
+          const std::vector<float> y = rand_f32(rng, n, -50.f, 50.f);  // [rows, cols] fp32 block output
+          const std::vector<float> w_post = rand_f32(rng, size_t(cols), -2.f, 2.f);
+          const std::vector<float> w_next = rand_f32(rng, size_t(cols), -2.f, 2.f);
+
+          // reference
+          std::vector<double> h_ref(n), o_ref(n);
+          std::vector<float> yn(static_cast<size_t>(cols)), hn(static_cast<size_t>(cols)), on(hn.size());
+          for (int r = 0; r < rows; ++r) {
+            gemma4_t4::detail::rmsnorm_ref(&y[size_t(r) * cols], w_post.data(), cols, eps, yn.data());
+            for (int c = 0; c < cols; ++c) hn[size_t(c)] = (h[size_t(r) * cols + c] + yn[size_t(c)]) * scalar;
+            if (next == kn::NextNorm::Norm)
+              gemma4_t4::detail::rmsnorm_ref(hn.data(), w_next.data(), cols, eps, on.data());
+            else
+              on = hn;
+            for (int c = 0; c < cols; ++c) {
+              h_ref[size_t(r) * cols + c] = hn[size_t(c)];
+              o_ref[size_t(r) * cols + c] = on[size_t(c)];
+            }
+          }
+
+          Dev<float> dh(n), dy(n), dwp(w_post.size()), dwn(w_next.size());
+          Dev<half> dout(n);  // [rows, cols] fp16
+          dh.upload(h);
+          dy.upload(y);
+          dwp.upload(w_post);
+          dwn.upload(w_next);
+          dout.poison();
+          // w_next is only read by NextNorm::Norm: the other modes get nullptr, as the CUDA backend passes.
+          REQUIRE_CUDA(kn::launch_residual_norm(dh.get(), dy.get(), dwp.get(), rows, cols, eps, scalar, next,
+                                                next == kn::NextNorm::Norm ? dwn.get() : nullptr, dout.get(), st.s));
+          st.sync();
+          const std::string what =
+              cat("residual_norm rows ", rows, " cols ", cols, " next ", int(next), " scalar ", scalar);
+          check_max_rel(dh.download<float>(), h_ref, kTolF32, what + " (h)");
+          const std::vector<uint16_t> out = dout.download<uint16_t>();
+          if (next == kn::NextNorm::None) {
+            INFO(what << ": NextNorm::None must leave out16 untouched");
+            REQUIRE(std::all_of(out.begin(), out.end(), [](uint16_t b) { return b == kPoison16; }));
+          } else {
+            check_rel_l2(widen(out), o_ref, kTolF16, what + " (out16)");
+          }
+        }
+}
+
+// ---- rope_kv.cuh ----
+
+std::vector<float> make_inv_freq(int d, int pairs, float theta, float factor) {
+  gemma4_t4::LayerConfig lc;
+  lc.head_dim = d;
+  lc.rope_pairs = pairs;
+  lc.rope_denominator = d;
+  lc.rope_theta = theta;
+  lc.rope_factor = factor;
+  return gemma4_t4::detail::rope_inv_freq(lc);  // [d / 2] fp32, zeros past `pairs`
+}
+
+TEST_CASE("head_norm_rope: per-head norm + RoPE into a contiguous fp16 buffer (queries)", "[gpu]") {
+  std::mt19937 rng(201);
+  Stream st;
+  const float eps = 1e-6f;
+  enum Rope { kFull, kPartial, kNone };
+  for (int d : {32, 64, 128, 256, 512})
+    for (int heads : {1, 3, 8})
+      for (int rows : {1, 3, 17})
+        for (bool weighted : {true, false})
+          for (Rope rope : {kFull, kPartial, kNone}) {
+            const int ld_in = heads * d + 3;  // an odd row stride: plain fp32 loads must not care
+            const std::vector<float> in = rand_f32(rng, size_t(rows) * ld_in, -20.f, 20.f);  // [rows, ld_in] fp32
+            const std::vector<float> w = rand_f32(rng, size_t(d), -2.f, 2.f);                // [d] fp32
+            const std::vector<float> inv_freq =  // [d / 2] fp32; partial: 1/4 of the pairs, zeros after
+                rope == kPartial ? make_inv_freq(d, d / 8, 1e6f, 8.f) : make_inv_freq(d, d / 2, 1e4f, 1.f);
+            std::vector<int> pos(static_cast<size_t>(rows));  // [rows]
+            std::uniform_int_distribution<int> upos(0, 9000);
+            for (int& p : pos) p = upos(rng);
+
+            Dev<float> din(in.size()), dw(w.size()), dinv(inv_freq.size());
+            Dev<int> dpos(pos.size());
+            Dev<half> dout(size_t(rows) * heads * d);  // [rows, heads, d] fp16
+            din.upload(in);
+            dw.upload(w);
+            dinv.upload(inv_freq);
+            dpos.upload(pos);
+            dout.poison();
+            REQUIRE_CUDA(kn::launch_head_norm_rope(din.get(), ld_in, rows, heads, d, weighted ? dw.get() : nullptr, eps,
+                                                   rope == kNone ? nullptr : dinv.get(), dpos.get(), dout.get(),
+                                                   kn::KvTarget{}, st.s));
+            st.sync();
+
+            std::vector<double> ref(size_t(rows) * heads * d);
+            for (int r = 0; r < rows; ++r)
+              for (int h = 0; h < heads; ++h) {
+                const std::vector<float> t =
+                    head_norm_rope_ref(&in[size_t(r) * ld_in + size_t(h) * d], d, weighted ? w.data() : nullptr, eps,
+                                       rope == kNone ? nullptr : inv_freq.data(), pos[size_t(r)]);
+                std::copy(t.begin(), t.end(), ref.begin() + std::ptrdiff_t((size_t(r) * heads + h) * d));
+              }
+            check_rel_l2(widen(dout.download<uint16_t>()), ref, kTolF16,
+                         cat("head_norm_rope d ", d, " heads ", heads, " rows ", rows, " weighted ", weighted, " rope ",
+                             int(rope)));
+          }
+}
+
+TEST_CASE("head_norm_rope: K/V rows into per-(sequence, layer) caches, full and ring slots", "[gpu]") {
+  std::mt19937 rng(202);
+  Stream st;
+  const float eps = 1e-6f;
+  constexpr int kSeqs = 3, kLayers = 2, kLayer = 1;
+  // Layer 1 capacities: seq 0 a full cache, seqs 1 and 2 rings that wrap inside this batch. Layer 0 is
+  // never written and must stay poisoned.
+  const std::vector<int> capacity = {32, 64, 20, 8, 12, 16};  // [seqs * layers]
+  // (sequence, first position, rows): positions within a sequence are consecutive and fewer than its
+  // capacity, so no two rows of the batch share a slot.
+  struct Run {
+    int seq, first, count;
+  };
+  const Run runs[] = {{0, 0, 6}, {1, 1003, 6}, {2, 29, 5}};
+  std::vector<int> seq, pos;  // [rows]
+  for (const Run& run : runs)
+    for (int i = 0; i < run.count; ++i) {
+      seq.push_back(run.seq);
+      pos.push_back(run.first + i);
+    }
+  std::vector<size_t> order(seq.size());  // interleave the sequences
+  for (size_t i = 0; i < order.size(); ++i) order[i] = (i * 5) % order.size();
+  {
+    std::vector<int> s2, p2;
+    for (size_t i : order) s2.push_back(seq[i]), p2.push_back(pos[i]);
+    seq = s2;
+    pos = p2;
+  }
+  const int rows = int(seq.size());  // 17
+
+  for (int d : {32, 64, 128, 256, 512})
+    for (int heads : {1, 2})
+      for (bool is_k : {true, false}) {  // K: weight + RoPE; V: neither (Gemma 4's v_norm)
+        const int ld_in = heads * d;
+        const std::vector<float> in = rand_f32(rng, size_t(rows) * ld_in, -20.f, 20.f);  // [rows, heads * d]
+        const std::vector<float> w = rand_f32(rng, size_t(d), -2.f, 2.f);
+        const std::vector<float> inv_freq = make_inv_freq(d, d / 2, 1e4f, 1.f);
+
+        std::vector<std::unique_ptr<Dev<half>>> caches;  // [seqs * layers] -> [capacity, heads, d] fp16
+        std::vector<half*> base;
+        for (int c : capacity) {
+          caches.push_back(std::make_unique<Dev<half>>(size_t(c) * heads * d));
+          caches.back()->poison();
+          base.push_back(caches.back()->get());
+        }
+        Dev<half*> dbase(base.size());
+        Dev<int> dcap(capacity.size()), dseq(seq.size()), dpos(pos.size());
+        Dev<float> din(in.size()), dw(w.size()), dinv(inv_freq.size());
+        dbase.upload(base);
+        dcap.upload(capacity);
+        dseq.upload(seq);
+        dpos.upload(pos);
+        din.upload(in);
+        dw.upload(w);
+        dinv.upload(inv_freq);
+        kn::KvTarget kv;
+        kv.base = dbase.get();
+        kv.capacity = dcap.get();
+        kv.seq = dseq.get();
+        kv.layer = kLayer;
+        kv.layers = kLayers;
+        REQUIRE_CUDA(kn::launch_head_norm_rope(din.get(), ld_in, rows, heads, d, is_k ? dw.get() : nullptr, eps,
+                                               is_k ? dinv.get() : nullptr, dpos.get(), nullptr, kv, st.s));
+        st.sync();
+
+        const std::string what = cat("head_norm_rope KV d ", d, " kv_heads ", heads, is_k ? " K" : " V");
+        std::vector<float> got;
+        std::vector<double> ref;
+        for (int s = 0; s < kSeqs; ++s)
+          for (int l = 0; l < kLayers; ++l) {
+            const int idx = s * kLayers + l, cap = capacity[size_t(idx)];
+            const std::vector<uint16_t> c = caches[size_t(idx)]->download<uint16_t>();
+            std::vector<bool> written(static_cast<size_t>(cap), false);
+            for (int r = 0; r < rows; ++r) {
+              if (seq[size_t(r)] != s || l != kLayer) continue;
+              const int slot = pos[size_t(r)] % cap;
+              written[size_t(slot)] = true;
+              for (int h = 0; h < heads; ++h) {
+                const std::vector<float> t =
+                    head_norm_rope_ref(&in[size_t(r) * ld_in + size_t(h) * d], d, is_k ? w.data() : nullptr, eps,
+                                       is_k ? inv_freq.data() : nullptr, pos[size_t(r)]);
+                for (int i = 0; i < d; ++i) {
+                  got.push_back(f16_to_f32(c[(size_t(slot) * heads + h) * d + i]));
+                  ref.push_back(t[size_t(i)]);
+                }
+              }
+            }
+            size_t stray = 0;
+            for (int slot = 0; slot < cap; ++slot)
+              if (!written[size_t(slot)])
+                for (size_t i = 0; i < size_t(heads) * d; ++i) stray += c[size_t(slot) * heads * d + i] != kPoison16;
+            INFO(what << ": seq " << s << " layer " << l << ": " << stray << " halves written outside the rows' slots");
+            REQUIRE(stray == 0);
+          }
+        REQUIRE(got.size() == size_t(rows) * heads * d);
+        check_rel_l2(got, ref, kTolF16, what);
+      }
+}
+
+// ---- gemv.cuh ----
+
+TEST_CASE("gemv fp16: y = x W^T for 1..16 rows, strided y", "[gpu]") {
+  std::mt19937 rng(301);
+  Stream st;
+  for (int in : {8, 40, 1544})
+    for (int out : {1, 7, 33, 1000}) {
+      const std::vector<uint16_t> W = rand_f16(rng, size_t(out) * in, -1.f, 1.f);               // [out, in] fp16
+      const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+      const std::vector<float> Wf = widen(W), xf = widen(x);
+      const int ldy = out + 3;
+      Dev<half> dW(W.size()), dx(x.size());
+      Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [16, ldy] fp32
+      dW.upload(W);
+      dx.upload(x);
+      const std::vector<double> ref_all = gemv_ref(Wf, xf, kn::kGemvMaxRows, out, in);
+      for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
+        dy.poison();
+        REQUIRE_CUDA(kn::launch_gemv(dW.get(), nullptr, nullptr, dx.get(), n, out, in, dy.get(), ldy, st.s));
+        st.sync();
+        const std::vector<float> y = dy.download<float>();
+        std::vector<float> got;
+        std::vector<double> ref;
+        size_t stray = 0;
+        for (int r = 0; r < kn::kGemvMaxRows; ++r)
+          for (int o = 0; o < ldy; ++o) {
+            const float v = y[size_t(r) * ldy + o];
+            if (r < n && o < out) {
+              got.push_back(v);
+              ref.push_back(ref_all[size_t(r) * out + o]);
+            } else {
+              uint32_t bits;
+              std::memcpy(&bits, &v, 4);
+              stray += bits != kPoison32;
+            }
+          }
+        const std::string what = cat("gemv fp16 n ", n, " out ", out, " in ", in);
+        INFO(what << ": " << stray << " floats written outside y[:n, :out]");
+        REQUIRE(stray == 0);
+        check_max_rel(got, ref, kTolF32Half, what);
+      }
+    }
+}
+
+TEST_CASE("gemv w4a16: y = x W^T with packed int4 words and fp16 group scales, 1..16 rows", "[gpu]") {
+  std::mt19937 rng(302);
+  Stream st;
+  std::uniform_int_distribution<int> uq(-8, 7);
+  for (int in : {32, 96, 1536})
+    for (int out : {1, 7, 33, 1000}) {
+      std::vector<int> q(size_t(out) * in);  // [out, in] int4 values
+      for (int& v : q) v = uq(rng);
+      const std::vector<uint32_t> Wq = pack_w4(q, out, in);                                     // [out, in / 8] u32
+      const std::vector<uint16_t> S = rand_f16(rng, size_t(out) * (in / 32), 0.002f, 0.05f);    // [out, in / 32] fp16
+      const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+      const int ldy = out + 3;
+      Dev<uint32_t> dWq(Wq.size());
+      Dev<half> dS(S.size()), dx(x.size());
+      Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [16, ldy] fp32
+      dWq.upload(Wq);
+      dS.upload(S);
+      dx.upload(x);
+      const std::vector<double> ref_all = gemv_ref(unpack_w4_ref(Wq, S, out, in), widen(x), kn::kGemvMaxRows, out, in);
+      for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
+        dy.poison();
+        REQUIRE_CUDA(kn::launch_gemv(nullptr, dWq.get(), dS.get(), dx.get(), n, out, in, dy.get(), ldy, st.s));
+        st.sync();
+        const std::vector<float> y = dy.download<float>();
+        std::vector<float> got;
+        std::vector<double> ref;
+        size_t stray = 0;
+        for (int r = 0; r < kn::kGemvMaxRows; ++r)
+          for (int o = 0; o < ldy; ++o) {
+            const float v = y[size_t(r) * ldy + o];
+            if (r < n && o < out) {
+              got.push_back(v);
+              ref.push_back(ref_all[size_t(r) * out + o]);
+            } else {
+              uint32_t bits;
+              std::memcpy(&bits, &v, 4);
+              stray += bits != kPoison32;
+            }
+          }
+        const std::string what = cat("gemv w4 n ", n, " out ", out, " in ", in);
+        INFO(what << ": " << stray << " floats written outside y[:n, :out]");
+        REQUIRE(stray == 0);
+        check_max_rel(got, ref, kTolF32Half, what);
+      }
+    }
+}
+
+TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[gpu]") {
+  std::mt19937 rng(303);
+  Stream st;
+  std::uniform_int_distribution<int> uq(-8, 7);
+  std::uniform_real_distribution<float> ue(-24.f, 12.f);  // scales 2^-24 (fp16 subnormal) .. 2^12
+  for (int in : {32, 96, 1536})
+    for (int out : {1, 7, 33, 1000}) {
+      std::vector<int> q(size_t(out) * in);
+      for (int& v : q) v = uq(rng);
+      const std::vector<uint32_t> Wq = pack_w4(q, out, in);  // [out, in / 8] u32
+      std::vector<uint16_t> S(size_t(out) * (in / 32));      // [out, in / 32] fp16, both signs
+      for (size_t i = 0; i < S.size(); ++i) S[i] = f32_to_f16((i % 3 == 2 ? -1.f : 1.f) * std::exp2(ue(rng)));
+      Dev<uint32_t> dWq(Wq.size());
+      Dev<half> dS(S.size()), dout(size_t(out) * in);  // out16: [out, in] fp16
+      dWq.upload(Wq);
+      dS.upload(S);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_dequant_w4(dWq.get(), dS.get(), out, in, dout.get(), st.s));
+      st.sync();
+      const std::vector<uint16_t> got = dout.download<uint16_t>();
+      size_t wrong = 0, first = 0;
+      for (int o = 0; o < out; ++o)
+        for (int i = 0; i < in; ++i) {
+          const size_t at = size_t(o) * in + i;
+          const uint16_t want =
+              f32_to_f16(float(q[at]) * f16_to_f32(S[size_t(o) * (in / 32) + i / 32]));  // (u - 8) * scale, RNE
+          if (got[at] != want && wrong++ == 0) first = at;
+        }
+      INFO("dequant_w4 out " << out << " in " << in << ": " << wrong << " halves differ; first at " << first << " (q "
+                             << q[first] << ", got 0x" << std::hex << got[first] << ")");
+      REQUIRE(wrong == 0);
+    }
+}
+
+// ---- attention.cuh ----
+
+TEST_CASE("attention: split-K flash decoding over ring/full caches, GQA groups 1..8, splits 1/3/7", "[gpu]") {
+  std::mt19937 rng(401);
+  Stream st;
+  constexpr int kLayers = 2, kLayer = 1, kWindow = 24;  // 3 sequences
+  // Rows of three sequences: a first token (one key), a 3-token chunk, a late decode token. The rows of a
+  // sequence share its cache.
+  const std::vector<int> seq = {1, 0, 2, 1, 1};       // [rows]
+  const std::vector<int> pos = {37, 0, 150, 38, 39};  // [rows]
+  const int rows = int(seq.size());
+  // Layer-1 capacities per window: sliding (window 24) rings that wrap (seq 2: 150 -> slot 6 of 24; keys
+  // 127..150 are 24 distinct slots), or full caches holding every position (window 0, and window 200 > every
+  // position, which takes the sliding code path with lo = 0). Layer 0 gets other sizes and other data.
+  const std::vector<int> cap_ring = {7, 24, 9, 32, 11, 24};  // [seqs * layers]
+  const std::vector<int> cap_full = {7, 1, 9, 40, 11, 151};
+  for (int D : {32, 64, 128, 256, 512})
+    for (int kv_heads : {1, 2})
+      for (int group = 1; group <= 8; ++group)
+        for (int window : {0, kWindow, 200}) {
+          AttnHost a;
+          a.D = D;
+          a.rows = rows;
+          a.heads = kv_heads * group;
+          a.kv_heads = kv_heads;
+          a.window = window;
+          a.layer = kLayer;
+          a.layers = kLayers;
+          a.seq = seq;
+          a.pos = pos;
+          a.capacity = window == kWindow ? cap_ring : cap_full;
+          // Soft scores (|q.k| ~ 1) for kv_heads 1, sharp ones (|q.k| ~ 0.3 sqrt(D)) for kv_heads 2.
+          const float qa = kv_heads == 1 ? 3.f / std::sqrt(float(D)) : 1.f;
+          const std::vector<uint16_t> q16 = rand_f16(rng, size_t(rows) * a.heads * D, -qa, qa);  // [rows, heads, D]
+          a.q = widen(q16);
+          std::vector<std::vector<uint16_t>> k16, v16;  // [seqs * layers] -> [capacity, kv_heads, D] fp16
+          for (int c : a.capacity) {
+            k16.push_back(rand_f16(rng, size_t(c) * kv_heads * D, -1.f, 1.f));
+            v16.push_back(rand_f16(rng, size_t(c) * kv_heads * D, -1.f, 1.f));
+            a.k.push_back(widen(k16.back()));
+            a.v.push_back(widen(v16.back()));
+          }
+          const std::vector<double> ref = attention_ref(a);
+
+          std::vector<std::unique_ptr<Dev<half>>> kc, vc;
+          std::vector<half*> kbase, vbase;
+          for (size_t i = 0; i < a.capacity.size(); ++i) {
+            kc.push_back(std::make_unique<Dev<half>>(k16[i].size()));
+            vc.push_back(std::make_unique<Dev<half>>(v16[i].size()));
+            kc.back()->upload(k16[i]);
+            vc.back()->upload(v16[i]);
+            kbase.push_back(kc.back()->get());
+            vbase.push_back(vc.back()->get());
+          }
+          Dev<half*> dkb(kbase.size()), dvb(vbase.size());
+          Dev<int> dcap(a.capacity.size()), dseq(seq.size()), dpos(pos.size());
+          Dev<half> dq(q16.size()), dout(size_t(rows) * a.heads * D);  // out: [rows, heads * D] fp16
+          dkb.upload(kbase);
+          dvb.upload(vbase);
+          dcap.upload(a.capacity);
+          dseq.upload(seq);
+          dpos.upload(pos);
+          dq.upload(q16);
+
+          // Each row splits its own keys over `splits` ranges of whole tiles: with 7 splits the one-key row (pos
+          // 0) leaves 6 empty, the 151-key row leaves 2 empty; 1 split walks 5 tiles with online-softmax rescales.
+          for (int splits : {1, 3, 7}) {
+            kn::AttnArgs args;
+            args.q = dq.get();
+            args.kbase = dkb.get();
+            args.vbase = dvb.get();
+            args.capacity = dcap.get();
+            args.seq = dseq.get();
+            args.pos = dpos.get();
+            args.layer = kLayer;
+            args.layers = kLayers;
+            args.rows = rows;
+            args.heads = a.heads;
+            args.kv_heads = kv_heads;
+            args.window = window;
+            args.splits = splits;
+            Dev<float> part_o(size_t(rows) * a.heads * splits * D);   // [rows, heads, splits, D] fp32
+            Dev<float> part_ml(size_t(rows) * a.heads * splits * 2);  // [rows, heads, splits, 2] fp32
+            args.part_o = part_o.get();
+            args.part_ml = part_ml.get();
+            args.out = dout.get();
+            part_o.poison();
+            part_ml.poison();
+            dout.poison();
+            REQUIRE(kn::attention_supported(D, group));
+            REQUIRE_CUDA(kn::launch_attention(args, D, st.s));
+            st.sync();
+            check_rel_l2(widen(dout.download<uint16_t>()), ref, kTolF16,
+                         cat("attention D ", D, " kv_heads ", kv_heads, " group ", group, " window ", window,
+                             " splits ", splits));
+          }
+        }
+}
+
+// ---- elementwise.cuh ----
+
+TEST_CASE("embed: h[r] = float(E[id[r]]) * scale, exact", "[gpu]") {
+  std::mt19937 rng(501);
+  Stream st;
+  constexpr int kVocab = 37;
+  for (int H : {8, 24, 1544, 2056, 8960})  // 8960 = L * D of the PLE table rows on E2B
+    for (int rows : {1, 3, 17}) {
+      const std::vector<uint16_t> E = rand_f16(rng, size_t(kVocab) * H, -1.f, 1.f);  // [V, H] fp16
+      std::vector<int> ids(static_cast<size_t>(rows));                               // [rows], repeats allowed
+      std::uniform_int_distribution<int> uid(0, kVocab - 1);
+      for (int& id : ids) id = uid(rng);
+      ids[0] = kVocab - 1;  // the last table row
+      const float scale = std::sqrt(float(H));
+      Dev<half> dE(E.size());
+      Dev<int> dids(ids.size());
+      Dev<float> dh(size_t(rows) * H);  // [rows, H] fp32
+      dE.upload(E);
+      dids.upload(ids);
+      dh.poison();
+      REQUIRE_CUDA(kn::launch_embed(dE.get(), dids.get(), rows, H, scale, dh.get(), st.s));
+      st.sync();
+      const std::vector<float> h = dh.download<float>();
+      size_t wrong = 0;
+      for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < H; ++c)
+          wrong += !(h[size_t(r) * H + c] == f16_to_f32(E[size_t(ids[size_t(r)]) * H + c]) * scale);
+      INFO("embed H " << H << " rows " << rows << ": " << wrong << " floats differ");
+      REQUIRE(wrong == 0);
+    }
+}
+
+TEST_CASE("to_half: saturating fp32 -> fp16, bit-exact", "[gpu]") {
+  std::mt19937 rng(502);
+  Stream st;
+  for (size_t n : {size_t(1), size_t(255), size_t(256), size_t(257), size_t(10007)}) {
+    std::vector<float> x = rand_f32(rng, n, -2.f, 2.f);  // [n] fp32
+    const std::vector<float> big = rand_f32(rng, n, -1e5f, 1e5f);
+    for (size_t i = 0; i < n; i += 3) x[i] = big[i];  // a third past or near the fp16 range
+    if (n > 2) x[1] = INFINITY, x[2] = -INFINITY;
+    Dev<float> dx(n);
+    Dev<half> dout(n);
+    dx.upload(x);
+    dout.poison();
+    REQUIRE_CUDA(kn::launch_to_half(dx.get(), n, dout.get(), st.s));
+    st.sync();
+    const std::vector<uint16_t> got = dout.download<uint16_t>();
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (got[i] != f32_to_f16_sat(x[i]) && wrong++ == 0) first = i;
+    INFO("to_half n " << n << ": " << wrong << " halves differ; first at " << first << " (x " << x[first] << ")");
+    REQUIRE(wrong == 0);
+  }
+}
+
+TEST_CASE("gelu_mul: half(gelu_tanh(g) * u)", "[gpu]") {
+  std::mt19937 rng(503);
+  Stream st;
+  for (size_t n : {size_t(1), size_t(257), size_t(10007), size_t(3 * 6144 + 1)}) {
+    const std::vector<float> g = rand_f32(rng, n, -6.f, 6.f), u = rand_f32(rng, n, -3.f, 3.f);  // [n] fp32
+    Dev<float> dg(n), du(n);
+    Dev<half> dout(n);
+    dg.upload(g);
+    du.upload(u);
+    dout.poison();
+    REQUIRE_CUDA(kn::launch_gelu_mul(dg.get(), du.get(), n, dout.get(), st.s));
+    st.sync();
+    std::vector<double> ref(n);
+    for (size_t i = 0; i < n; ++i) ref[i] = double(gemma4_t4::detail::gelu_tanh_ref(g[i])) * u[i];
+    check_rel_l2(widen(dout.download<uint16_t>()), ref, kTolF16, cat("gelu_mul n ", n));
+  }
+}
+
+TEST_CASE("ple_combine: (rmsnorm(proj * pscale) * w + tok * tscale) * mix", "[gpu]") {
+  std::mt19937 rng(504);
+  Stream st;
+  const float eps = 1e-6f, mix = float(1.0 / std::sqrt(2.0)), pscale = float(1.0 / std::sqrt(1536.0));
+  for (int rows : {1, 3})
+    for (int L : {1, 7})
+      for (int D : {8, 24, 100, 256, 1000}) {  // 32-, 64- and 256-thread blocks
+        const size_t n = size_t(rows) * L * D;
+        const std::vector<float> proj = rand_f32(rng, n, -20.f, 20.f);   // [rows, L, D] fp32
+        const std::vector<float> tok = rand_f32(rng, n, -0.05f, 0.05f);  // [rows, L, D] fp32
+        const std::vector<float> w = rand_f32(rng, size_t(D), -2.f, 2.f);
+        const float tscale = std::sqrt(float(D));
+        Dev<float> dproj(n), dtok(n), dw(w.size()), dple(n);
+        dproj.upload(proj);
+        dtok.upload(tok);
+        dw.upload(w);
+        dple.poison();
+        REQUIRE_CUDA(kn::launch_ple_combine(dproj.get(), dtok.get(), dw.get(), rows, L, D, pscale, tscale, mix, eps,
+                                            dple.get(), st.s));
+        st.sync();
+        std::vector<double> ref(n);
+        std::vector<float> c(static_cast<size_t>(D));
+        for (size_t rl = 0; rl < size_t(rows) * L; ++rl) {
+          for (int k = 0; k < D; ++k) c[size_t(k)] = proj[rl * D + k] * pscale;
+          gemma4_t4::detail::rmsnorm_ref(c.data(), w.data(), D, eps, c.data());
+          for (int k = 0; k < D; ++k) ref[rl * D + k] = (c[size_t(k)] + tok[rl * D + k] * tscale) * mix;
+        }
+        check_max_rel(dple.download<float>(), ref, kTolF32, cat("ple_combine rows ", rows, " L ", L, " D ", D));
+      }
+}
+
+TEST_CASE("ple_gate: half(gelu_tanh(g) * ple[:, layer])", "[gpu]") {
+  std::mt19937 rng(505);
+  Stream st;
+  constexpr int L = 7;
+  for (int rows : {1, 3, 17})
+    for (int D : {8, 256, 300})
+      for (int layer : {0, 3, L - 1}) {
+        const std::vector<float> g = rand_f32(rng, size_t(rows) * D, -6.f, 6.f);        // [rows, D] fp32
+        const std::vector<float> ple = rand_f32(rng, size_t(rows) * L * D, -3.f, 3.f);  // [rows, L, D] fp32
+        Dev<float> dg(g.size()), dple(ple.size());
+        Dev<half> dout(size_t(rows) * D);  // [rows, D] fp16
+        dg.upload(g);
+        dple.upload(ple);
+        dout.poison();
+        REQUIRE_CUDA(kn::launch_ple_gate(dg.get(), dple.get(), rows, L, D, layer, dout.get(), st.s));
+        st.sync();
+        std::vector<double> ref(size_t(rows) * D);
+        for (int r = 0; r < rows; ++r)
+          for (int k = 0; k < D; ++k)
+            ref[size_t(r) * D + k] =
+                double(gemma4_t4::detail::gelu_tanh_ref(g[size_t(r) * D + k])) * ple[(size_t(r) * L + layer) * D + k];
+        check_rel_l2(widen(dout.download<uint16_t>()), ref, kTolF16,
+                     cat("ple_gate rows ", rows, " D ", D, " layer ", layer));
+      }
+}
+
+TEST_CASE("softcap: x = tanh(x / cap) * cap in place; cap <= 0 leaves x alone", "[gpu]") {
+  std::mt19937 rng(506);
+  Stream st;
+  for (size_t n : {size_t(1), size_t(257), size_t(10007)})
+    for (float cap : {30.f, 0.f, -1.f}) {
+      const std::vector<float> x = rand_f32(rng, n, -200.f, 200.f);  // [n] fp32
+      Dev<float> dx(n);
+      dx.upload(x);
+      REQUIRE_CUDA(kn::launch_softcap(dx.get(), n, cap, st.s));
+      st.sync();
+      const std::vector<float> got = dx.download<float>();
+      if (cap > 0.f) {
+        std::vector<double> ref(n);
+        for (size_t i = 0; i < n; ++i) ref[i] = std::tanh(double(x[i]) / cap) * cap;
+        check_max_rel(got, ref, kTolF32, cat("softcap n ", n, " cap ", cap));
+      } else {
+        INFO("softcap n " << n << " cap " << cap << " must be a no-op");
+        REQUIRE(std::memcmp(got.data(), x.data(), n * sizeof(float)) == 0);
+      }
+    }
+}
+
+TEST_CASE("argmax_rows: first index of the row maximum, exact", "[gpu]") {
+  std::mt19937 rng(507);
+  Stream st;
+  for (int V : {1, 7, 255, 256, 257, 1000, 262145})
+    for (int rows : {1, 3, 17}) {
+      std::vector<float> x = rand_f32(rng, size_t(rows) * V, -10.f, 10.f);  // [rows, V] fp32
+      std::uniform_int_distribution<int> ui(0, V - 1);
+      for (int r = 0; r < rows; ++r) {
+        float* xr = &x[size_t(r) * V];
+        switch (r % 5) {
+          case 0: break;  // random
+          case 1:         // the maximum 1..3 times: the first wins
+            for (int t = 0; t <= r % 3; ++t) xr[ui(rng)] = 20.f + r;
+            break;
+          case 2: xr[V - 1] = 100.f; break;                 // at the end
+          case 3: std::fill(xr, xr + V, 1.5f); break;       // all equal: 0
+          case 4: std::fill(xr, xr + V, -INFINITY); break;  // nothing beats -inf: 0
+        }
+      }
+      Dev<float> dx(x.size());
+      Dev<int> dout(static_cast<size_t>(rows));  // [rows] int
+      dx.upload(x);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_argmax_rows(dx.get(), rows, V, dout.get(), st.s));
+      st.sync();
+      const std::vector<int> got = dout.download<int>();
+      for (int r = 0; r < rows; ++r) {
+        INFO("argmax_rows V " << V << " rows " << rows << " row " << r);
+        REQUIRE(got[size_t(r)] == gemma4_t4::argmax(&x[size_t(r) * V], size_t(V)));
+      }
+    }
+}
+
+// ---- launchers: empty work and refused shapes ----
+
+TEST_CASE("launchers: empty work is a no-op, unsupported shapes are refused before any launch", "[gpu]") {
+  Stream st;
+  REQUIRE_CUDA(cudaGetLastError());  // nothing sticky from earlier cases
+  REQUIRE_CUDA(kn::launch_gemv(nullptr, nullptr, nullptr, nullptr, 0, 10, 32, nullptr, 10, st.s));
+  REQUIRE_CUDA(kn::launch_gemv(nullptr, nullptr, nullptr, nullptr, 4, 0, 32, nullptr, 0, st.s));
+  REQUIRE(kn::launch_gemv(nullptr, nullptr, nullptr, nullptr, kn::kGemvMaxRows + 1, 10, 32, nullptr, 10, st.s) ==
+          cudaErrorInvalidValue);
+  REQUIRE_CUDA(kn::launch_dequant_w4(nullptr, nullptr, 0, 32, nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_rmsnorm(nullptr, 8, nullptr, nullptr, 0, 8, 1e-6f, nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_residual_norm(nullptr, nullptr, nullptr, 0, 8, 1e-6f, 1.f, kn::NextNorm::Norm, nullptr,
+                                        nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_head_norm_rope(nullptr, 64, 0, 1, 64, nullptr, 1e-6f, nullptr, nullptr, nullptr,
+                                         kn::KvTarget{}, st.s));
+  REQUIRE_CUDA(kn::launch_embed(nullptr, nullptr, 0, 8, 1.f, nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_to_half(nullptr, 0, nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_gelu_mul(nullptr, nullptr, 0, nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_ple_combine(nullptr, nullptr, nullptr, 0, 1, 8, 1.f, 1.f, 1.f, 1e-6f, nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_ple_gate(nullptr, nullptr, 0, 1, 8, 0, nullptr, st.s));
+  REQUIRE_CUDA(kn::launch_softcap(nullptr, 0, 30.f, st.s));
+  REQUIRE_CUDA(kn::launch_argmax_rows(nullptr, 0, 8, nullptr, st.s));
+
+  kn::AttnArgs a;
+  a.rows = 0;
+  a.heads = 8;
+  a.kv_heads = 1;
+  REQUIRE_CUDA(kn::launch_attention(a, 64, st.s));
+  a.rows = 1;
+  REQUIRE(kn::launch_attention(a, 96, st.s) == cudaErrorInvalidValue);  // head dim
+  a.heads = 9;
+  REQUIRE(kn::launch_attention(a, 64, st.s) == cudaErrorInvalidValue);  // 9 query heads per KV head
+  REQUIRE_FALSE(kn::attention_supported(96, 1));
+  REQUIRE_FALSE(kn::attention_supported(64, 9));
+  REQUIRE_FALSE(kn::attention_supported(64, 0));
+  REQUIRE(kn::attention_supported(512, 8));
+
+  st.sync();
+  REQUIRE_CUDA(cudaGetLastError());  // nothing was launched
+}
+
+// ---- resources ----
+
+struct KernelUse {
+  std::string name;
+  const void* fn;
+  int block;  // the largest block its launcher uses
+};
+
+template <int D, int G>
+void add_attention_split(std::vector<KernelUse>& ks) {
+  ks.push_back({cat("attention_split_kernel<", D, ",", G, ">"),
+                reinterpret_cast<const void*>(&kn::attention_split_kernel<D, G>), kn::attn_block<D>()});
+}
+
+template <int D>
+void add_attention(std::vector<KernelUse>& ks) {
+  add_attention_split<D, 1>(ks);
+  add_attention_split<D, 2>(ks);
+  add_attention_split<D, 4>(ks);
+  add_attention_split<D, 8>(ks);
+  ks.push_back(
+      {cat("attention_merge_kernel<", D, ">"), reinterpret_cast<const void*>(&kn::attention_merge_kernel<D>), D});
+}
+
+template <int N>
+void add_gemv(std::vector<KernelUse>& ks) {
+  ks.push_back(
+      {cat("gemv_f16_kernel<", N, ">"), reinterpret_cast<const void*>(&kn::gemv_f16_kernel<N>), kn::kGemvWarps * 32});
+  ks.push_back(
+      {cat("gemv_w4_kernel<", N, ">"), reinterpret_cast<const void*>(&kn::gemv_w4_kernel<N>), kn::kGemvWarps * 32});
+}
+
+TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, registers)", "[gpu]") {
+  std::vector<KernelUse> ks;
+  ks.push_back({"rmsnorm_kernel", reinterpret_cast<const void*>(&kn::rmsnorm_kernel), kn::norm_threads(1 << 20)});
+  ks.push_back(
+      {"residual_norm_kernel", reinterpret_cast<const void*>(&kn::residual_norm_kernel), kn::norm_threads(1 << 20)});
+  ks.push_back({"head_norm_rope_kernel", reinterpret_cast<const void*>(&kn::head_norm_rope_kernel),
+                ((512 / 2 + 31) / 32) * 32});  // d = 512, the largest head attention supports
+  add_gemv<1>(ks);
+  add_gemv<2>(ks);
+  add_gemv<4>(ks);
+  add_gemv<8>(ks);
+  add_gemv<16>(ks);
+  ks.push_back({"dequant_w4_kernel", reinterpret_cast<const void*>(&kn::dequant_w4_kernel), 256});
+  add_attention<32>(ks);
+  add_attention<64>(ks);
+  add_attention<128>(ks);
+  add_attention<256>(ks);
+  add_attention<512>(ks);
+  ks.push_back({"embed_kernel", reinterpret_cast<const void*>(&kn::embed_kernel), 256});
+  ks.push_back({"to_half_kernel", reinterpret_cast<const void*>(&kn::to_half_kernel), 256});
+  ks.push_back({"gelu_mul_kernel", reinterpret_cast<const void*>(&kn::gelu_mul_kernel), 256});
+  ks.push_back({"ple_combine_kernel", reinterpret_cast<const void*>(&kn::ple_combine_kernel), 256});
+  ks.push_back({"ple_gate_kernel", reinterpret_cast<const void*>(&kn::ple_gate_kernel), 256});
+  ks.push_back({"softcap_kernel", reinterpret_cast<const void*>(&kn::softcap_kernel), 256});
+  ks.push_back({"argmax_rows_kernel", reinterpret_cast<const void*>(&kn::argmax_rows_kernel), 256});
+  ks.push_back({"sample_kernel", reinterpret_cast<const void*>(&kn::sample_kernel), kn::kSampleThreads});
+
+  constexpr size_t kTuringSmem = 64 * 1024;        // per block, static + dynamic
+  constexpr size_t kStaticSmem = 48 * 1024;        // static shared memory per block, any architecture
+  constexpr long kTuringRegsPerBlock = 64 * 1024;  // 32-bit registers per block (and per SM) on sm_75
+  int dev = 0;
+  cudaDeviceProp prop;
+  REQUIRE_CUDA(cudaGetDevice(&dev));
+  REQUIRE_CUDA(cudaGetDeviceProperties(&prop, dev));
+  std::printf("\nkernel resources on %s (sm_%d%d; numbers are for the binary this device runs)\n", prop.name,
+              prop.major, prop.minor);
+  std::printf("%-32s %6s %5s %7s %9s %6s %7s %4s\n", "kernel", "block", "regs", "smem B", "dyn max B", "local",
+              "maxthr", "bin");
+  for (const KernelUse& k : ks) {
+    cudaFuncAttributes attr;
+    std::memset(&attr, 0, sizeof attr);
+    INFO(k.name);
+    REQUIRE_CUDA(cudaFuncGetAttributes(&attr, k.fn));
+    std::printf("%-32s %6d %5d %7zu %9d %6zu %7d %4d\n", k.name.c_str(), k.block, attr.numRegs, attr.sharedSizeBytes,
+                attr.maxDynamicSharedSizeBytes, attr.localSizeBytes, attr.maxThreadsPerBlock, attr.binaryVersion);
+    CHECK(attr.sharedSizeBytes + size_t(attr.maxDynamicSharedSizeBytes) <= kTuringSmem);
+    CHECK(attr.sharedSizeBytes <= kStaticSmem);
+    CHECK(attr.maxThreadsPerBlock >= k.block);
+    CHECK(long(attr.numRegs) * k.block <= kTuringRegsPerBlock);
+    if (attr.localSizeBytes > 0)  // head_norm_rope: sincosf's slow path for large angles keeps a local array
+      WARN(k.name << " uses " << attr.localSizeBytes << " B of local memory (a local array or register spills)");
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace
