@@ -561,11 +561,12 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
-  // Key ranges per row for a layer of this window (0 = full): enough blocks to fill the GPU at decode,
-  // bounded by the partials' scratch.
+  // Key ranges per row for a layer of this window (0 = full): about one 32-key tile per block at decode
+  // (a block's tiles run one after another, so fewer, longer splits are latency-bound), bounded by the
+  // partials' scratch.
   static int attention_splits(int rows, int max_keys, int window) {
     const int keys = window ? std::min(window, max_keys) : max_keys;
-    return std::max(1, std::min({(keys + 63) / 64, 64, kSplitBudget / rows}));
+    return std::max(1, std::min({(keys + kernels::kAttnTile - 1) / kernels::kAttnTile, 64, kSplitBudget / rows}));
   }
 
   Status replay_decode(int rows, float* dst) const {

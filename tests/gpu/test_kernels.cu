@@ -547,7 +547,7 @@ TEST_CASE("gemv fp16: y = x W^T for 1..16 rows, strided y", "[gpu]") {
   std::mt19937 rng(301);
   Stream st;
   for (int in : {8, 40, 1544})
-    for (int out : {1, 7, 33, 1000}) {
+    for (int out : {1, 7, 33, 1000, 2051, 4099}) {  // 1, 2 and 4 rows per warp
       const std::vector<uint16_t> W = rand_f16(rng, size_t(out) * in, -1.f, 1.f);               // [out, in] fp16
       const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
       const std::vector<float> Wf = widen(W), xf = widen(x);
@@ -590,7 +590,7 @@ TEST_CASE("gemv w4a16: y = x W^T with packed int4 words and fp16 group scales, 1
   Stream st;
   std::uniform_int_distribution<int> uq(-8, 7);
   for (int in : {32, 96, 1536})
-    for (int out : {1, 7, 33, 1000}) {
+    for (int out : {1, 7, 33, 1000, 2051, 4099}) {  // 1, 2 and 4 rows per warp
       std::vector<int> q(size_t(out) * in);  // [out, in] int4 values
       for (int& v : q) v = uq(rng);
       const std::vector<uint32_t> Wq = pack_w4(q, out, in);                                     // [out, in / 8] u32
@@ -1015,12 +1015,19 @@ void add_attention(std::vector<KernelUse>& ks) {
       {cat("attention_merge_kernel<", D, ">"), reinterpret_cast<const void*>(&kn::attention_merge_kernel<D>), D});
 }
 
+template <int N, int R>
+void add_gemv_r(std::vector<KernelUse>& ks) {
+  ks.push_back({cat("gemv_f16_kernel<", N, ",", R, ">"), reinterpret_cast<const void*>(&kn::gemv_f16_kernel<N, R>),
+                kn::kGemvWarps * 32});
+  ks.push_back({cat("gemv_w4_kernel<", N, ",", R, ">"), reinterpret_cast<const void*>(&kn::gemv_w4_kernel<N, R>),
+                kn::kGemvWarps * 32});
+}
+
 template <int N>
 void add_gemv(std::vector<KernelUse>& ks) {
-  ks.push_back(
-      {cat("gemv_f16_kernel<", N, ">"), reinterpret_cast<const void*>(&kn::gemv_f16_kernel<N>), kn::kGemvWarps * 32});
-  ks.push_back(
-      {cat("gemv_w4_kernel<", N, ">"), reinterpret_cast<const void*>(&kn::gemv_w4_kernel<N>), kn::kGemvWarps * 32});
+  add_gemv_r<N, 1>(ks);
+  add_gemv_r<N, 2>(ks);
+  add_gemv_r<N, 4>(ks);
 }
 
 TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, registers)", "[gpu]") {
