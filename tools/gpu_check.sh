@@ -4,7 +4,9 @@
 # runs the suite under compute-sanitizer memcheck and the attention kernels under racecheck, records ptxas
 # resource usage of the sm_75 build, and writes every log under $OUT.
 #
-#   bash tools/gpu_check.sh [full|quick|bench]   # quick: native build + run only; bench: benchmarks only
+#   bash tools/gpu_check.sh [full|quick|bench|final|profile]
+#     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
+#     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -57,21 +59,25 @@ if [ "$MODE" != bench ]; then
 build native -gencode arch=compute_90,code=sm_90 || fail=1
 [ $fail -eq 0 ] && { run native || fail=1; }
 fi
-if [ "$MODE" = full ]; then
+if [ "$MODE" = full ] || [ "$MODE" = final ]; then
   build turing -gencode arch=compute_75,code=compute_75 || fail=1
   # compute_75 PTX only: the driver JIT-compiles our kernels (cuBLAS keeps its own SASS)
   [ -x build-gpu-turing/gpu_tests ] && { run turing || fail=1; }
   # sm_75 resource usage (registers, spills, shared memory) of the shipped kernels
   nvcc $NVFLAGS -gencode arch=compute_75,code=sm_75 $INC -x cu -c src/impl.cu -o /tmp/impl75.o -Xptxas -v \
     > "$OUT/ptxas-sm75.log" 2>&1 && echo "ptxas sm_75: max smem $(grep -o '[0-9]* bytes smem' "$OUT/ptxas-sm75.log" | sort -n | tail -1), spills: $(grep -c '[1-9][0-9]* bytes spill' "$OUT/ptxas-sm75.log")"
-  if command -v compute-sanitizer >/dev/null; then
+  if [ "$MODE" = final ] && command -v compute-sanitizer >/dev/null; then  # the kernels that changed last
+    compute-sanitizer --tool memcheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*gemv*" \
+      > "$OUT/memcheck.log" 2>&1; echo "memcheck (gemv) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
+  fi
+  if [ "$MODE" = full ] && command -v compute-sanitizer >/dev/null; then
     compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 ./build-gpu-native/gpu_tests \
       > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
     compute-sanitizer --tool racecheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*ttention*" \
       > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   fi
 fi
-if [ "$MODE" = full ] || [ "$MODE" = bench ]; then
+if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
   # Full-size synthetic E2B (tools/make_synthetic.cpp) in both real layouts, timed with bench/quick_bench in the
   # native and the Turing-only (compute_75 PTX) builds.
   g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp || fail=1
