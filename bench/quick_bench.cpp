@@ -43,19 +43,26 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--model") model = next();
-    else if (a == "--cpu") cpu = true;
-    else if (a == "--prompt") prompt_len = std::atoi(next().c_str());
-    else if (a == "--tokens") tokens = std::atoi(next().c_str());
-    else if (a == "--ple") opt.ple = next() == "device" ? PleLocation::Device : PleLocation::Host;
-    else if (a == "--no-graphs") opt.cuda_graphs = false;
+    if (a == "--model")
+      model = next();
+    else if (a == "--cpu")
+      cpu = true;
+    else if (a == "--prompt")
+      prompt_len = std::atoi(next().c_str());
+    else if (a == "--tokens")
+      tokens = std::atoi(next().c_str());
+    else if (a == "--ple")
+      opt.ple = next() == "device" ? PleLocation::Device : PleLocation::Host;
+    else if (a == "--no-graphs")
+      opt.cuda_graphs = false;
     else if (a == "--batch") {
       batches.clear();
       std::stringstream ss(next());
       for (std::string t; std::getline(ss, t, ',');) batches.push_back(std::atoi(t.c_str()));
     } else {
-      std::fprintf(stderr, "usage: quick_bench --model DIR [--cpu] [--prompt N] [--tokens N] [--batch 1,4,8] "
-                           "[--ple host|device] [--no-graphs]\n");
+      std::fprintf(stderr,
+                   "usage: quick_bench --model DIR [--cpu] [--prompt N] [--tokens N] [--batch 1,4,8] "
+                   "[--ple host|device] [--no-graphs]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -74,8 +81,8 @@ int main(int argc, char** argv) {
   }
   const double load_s = seconds_since(t0);
   const ModelConfig& c = engine.config();
-  std::printf("model %s: %d layers, hidden %d, vocab %d, %s, backend %s\n", model.c_str(), c.num_layers,
-              c.hidden_size, c.vocab_size, c.weight_format == WeightFormat::W4A16 ? "w4a16" : "fp16",
+  std::printf("model %s: %d layers, hidden %d, vocab %d, %s, backend %s\n", model.c_str(), c.num_layers, c.hidden_size,
+              c.vocab_size, c.weight_format == WeightFormat::W4A16 ? "w4a16" : "fp16",
               engine.backend() == Backend::Cuda ? "CUDA" : "CPU");
   std::printf("load %.2f s, peak host RSS after load %.0f MiB, decode bytes/token %.3f GB\n", load_s, peak_rss_mib(),
               engine.decode_bytes_per_token() / 1e9);

@@ -119,7 +119,6 @@ inline const char* code_name(Code code) {
   return "unknown";
 }
 
-
 // ---- model description -----------------------------------------------------------------------------------
 
 enum class Backend { Auto, Cuda, Cpu };
@@ -136,8 +135,8 @@ struct LayerConfig {
   int kv_source = 0;          // layer whose cache this layer attends over (== own index when not shared)
   bool k_eq_v = false;        // attention_k_eq_v on this layer: V comes from k_proj, no v_proj
   float rope_theta = 10000.f;
-  int rope_pairs = 0;         // rotated channel pairs (< d/2 for partial/proportional RoPE)
-  int rope_denominator = 0;   // inv_freq[k] = theta^(-2k / rope_denominator) / rope_factor
+  int rope_pairs = 0;        // rotated channel pairs (< d/2 for partial/proportional RoPE)
+  int rope_denominator = 0;  // inv_freq[k] = theta^(-2k / rope_denominator) / rope_factor
   float rope_factor = 1.f;
 };
 
@@ -172,9 +171,9 @@ enum class PleLocation {
 };
 
 struct LoadOptions {
-  Backend backend = Backend::Auto;         // Auto: CUDA when compiled in and a GPU (sm_75+) is present
-  int device = 0;                          // CUDA device ordinal
-  size_t max_context = 8192;               // default context of new sessions (tokens)
+  Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
+  int device = 0;                   // CUDA device ordinal
+  size_t max_context = 8192;        // default context of new sessions (tokens)
   PleLocation ple = PleLocation::Host;
   bool cuda_graphs = true;                 // replay decode steps (<= 16 sessions) as CUDA graphs
   std::function<void(float)> on_progress;  // called with 0..1 while loading; may be empty
@@ -266,8 +265,7 @@ class Engine {
   // Feeds n tokens to the session (a prompt chunk when n > 1, a decode step when n == 1), appending them
   // to its cache. logits receives what `which` asks for: [vocab] or [n, vocab] fp32, row-major.
   // Errors (invalid token id, context overflow) leave the session as it was.
-  Status forward(Session& session, const int32_t* tokens, size_t n, Logits which,
-                 std::vector<float>* logits) const;
+  Status forward(Session& session, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const;
 
   // Several sessions in one pass (each session at most once): their tokens are processed together, as
   // continuous batching does. logits rows are concatenated in item order: 1 row per item (Last) or n
@@ -299,7 +297,6 @@ inline int argmax(const float* values, size_t n) {
     if (values[i] > values[best]) best = i;
   return static_cast<int>(best);
 }
-
 
 }  // namespace gemma4_t4
 

@@ -20,19 +20,19 @@ namespace gemma4_t4 {
 namespace kernels {
 
 struct AttnArgs {
-  const half* q = nullptr;              // [rows, heads, D] fp16
-  half* const* kbase = nullptr;         // [seqs * layers] caches
+  const half* q = nullptr;       // [rows, heads, D] fp16
+  half* const* kbase = nullptr;  // [seqs * layers] caches
   half* const* vbase = nullptr;
-  const int* capacity = nullptr;        // [seqs * layers]
-  const int* seq = nullptr;             // [rows]
-  const int* pos = nullptr;             // [rows]
-  int layer = 0, layers = 0;            // table index of the layer whose cache is read (the KV source)
+  const int* capacity = nullptr;  // [seqs * layers]
+  const int* seq = nullptr;       // [rows]
+  const int* pos = nullptr;       // [rows]
+  int layer = 0, layers = 0;      // table index of the layer whose cache is read (the KV source)
   int rows = 0, heads = 0, kv_heads = 0;
-  int window = 0;                       // sliding window; 0 = full attention
-  int splits = 1;                       // key ranges per row; each row splits its own keys evenly
-  float* part_o = nullptr;              // [rows, heads, splits, D] fp32 scratch
-  float* part_ml = nullptr;             // [rows, heads, splits, 2] fp32 scratch (max, sum)
-  half* out = nullptr;                  // [rows, heads * D] fp16
+  int window = 0;            // sliding window; 0 = full attention
+  int splits = 1;            // key ranges per row; each row splits its own keys evenly
+  float* part_o = nullptr;   // [rows, heads, splits, D] fp32 scratch
+  float* part_ml = nullptr;  // [rows, heads, splits, 2] fp32 scratch (max, sum)
+  half* out = nullptr;       // [rows, heads * D] fp16
 };
 
 constexpr int kAttnTile = 32;
@@ -168,11 +168,16 @@ static __global__ void attention_merge_kernel(AttnArgs a) {
 template <int D>
 inline cudaError_t launch_attention_d(const AttnArgs& a, int group, cudaStream_t stream) {
   const dim3 grid(a.rows, a.kv_heads, a.splits);
-  if (group <= 1) attention_split_kernel<D, 1><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else if (group <= 2) attention_split_kernel<D, 2><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else if (group <= 4) attention_split_kernel<D, 4><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else if (group <= 8) attention_split_kernel<D, 8><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else return cudaErrorInvalidValue;
+  if (group <= 1)
+    attention_split_kernel<D, 1><<<grid, attn_block<D>(), 0, stream>>>(a);
+  else if (group <= 2)
+    attention_split_kernel<D, 2><<<grid, attn_block<D>(), 0, stream>>>(a);
+  else if (group <= 4)
+    attention_split_kernel<D, 4><<<grid, attn_block<D>(), 0, stream>>>(a);
+  else if (group <= 8)
+    attention_split_kernel<D, 8><<<grid, attn_block<D>(), 0, stream>>>(a);
+  else
+    return cudaErrorInvalidValue;
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) return e;
   attention_merge_kernel<D><<<dim3(a.rows, a.heads), D, 0, stream>>>(a);

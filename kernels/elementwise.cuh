@@ -17,7 +17,7 @@ namespace gemma4_t4 {
 namespace kernels {
 
 static __global__ void embed_kernel(const half* __restrict__ E, const int* __restrict__ ids, int H, float scale,
-                             float* __restrict__ h) {
+                                    float* __restrict__ h) {
   const half* e = E + size_t(ids[blockIdx.x]) * H;
   float* o = h + size_t(blockIdx.x) * H;
   for (int c = threadIdx.x; c < H; c += blockDim.x) o[c] = __half2float(e[c]) * scale;
@@ -42,7 +42,7 @@ inline cudaError_t launch_to_half(const float* x, size_t n, half* out, cudaStrea
 }
 
 static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
-                                half* __restrict__ out) {
+                                       half* __restrict__ out) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
 }
@@ -55,8 +55,8 @@ inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, hal
 
 // Grid (rows, L); block 32..256 threads over D.
 static __global__ void ple_combine_kernel(const float* __restrict__ proj, const float* __restrict__ tok,
-                                   const float* __restrict__ w, int L, int D, float pscale, float tscale, float mix,
-                                   float eps, float* __restrict__ ple) {
+                                          const float* __restrict__ w, int L, int D, float pscale, float tscale,
+                                          float mix, float eps, float* __restrict__ ple) {
   const size_t off = (size_t(blockIdx.x) * L + blockIdx.y) * D;
   float ss = 0.f;
   for (int k = threadIdx.x; k < D; k += blockDim.x) {
@@ -77,8 +77,8 @@ inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const
   return cudaGetLastError();
 }
 
-static __global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L, int D,
-                                int layer, half* __restrict__ out) {
+static __global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L,
+                                       int D, int layer, half* __restrict__ out) {
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
   const size_t r = i / D, k = i % D;

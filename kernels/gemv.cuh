@@ -130,8 +130,10 @@ template <int N, int R>
 inline cudaError_t launch_gemv_nr(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
                                   int in, float* y, int ldy, cudaStream_t stream) {
   const dim3 grid(ceil_div(size_t(out), size_t(kGemvWarps) * R)), block(kGemvWarps * 32);
-  if (W16) gemv_f16_kernel<N, R><<<grid, block, 0, stream>>>(W16, x, n, out, in, y, ldy);
-  else gemv_w4_kernel<N, R><<<grid, block, 0, stream>>>(Wq, S, x, n, out, in, y, ldy);
+  if (W16)
+    gemv_f16_kernel<N, R><<<grid, block, 0, stream>>>(W16, x, n, out, in, y, ldy);
+  else
+    gemv_w4_kernel<N, R><<<grid, block, 0, stream>>>(Wq, S, x, n, out, in, y, ldy);
   return cudaGetLastError();
 }
 
@@ -158,7 +160,7 @@ inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* 
 
 // Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per word.
 static __global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const half* __restrict__ S, int out, int in,
-                                  half* __restrict__ out16) {
+                                         half* __restrict__ out16) {
   const size_t words = size_t(out) * (in / 8);
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= words) return;

@@ -18,7 +18,7 @@ namespace kernels {
 enum class NextNorm { None, Norm, Copy };
 
 static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
-                               const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+                                      const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
   const float* xr = x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx;
   float ss = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
@@ -27,9 +27,9 @@ static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, cons
   for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(xr[c] * r * w[c]);
 }
 
-static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_post,
-                                     int cols, float eps, float scalar, NextNorm next, const float* __restrict__ w_next,
-                                     half* __restrict__ out16) {
+static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y,
+                                            const float* __restrict__ w_post, int cols, float eps, float scalar,
+                                            NextNorm next, const float* __restrict__ w_next, half* __restrict__ out16) {
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
   float ss = 0.f;

@@ -18,16 +18,16 @@ namespace kernels {
 
 // Where K/V rows of a batch go: per (sequence, layer) cache bases and capacities. Device pointers.
 struct KvTarget {
-  half* const* base = nullptr;   // [seqs * layers] -> [capacity, heads, d] fp16
-  const int* capacity = nullptr; // [seqs * layers] slots
-  const int* seq = nullptr;      // [rows] sequence of each row
+  half* const* base = nullptr;    // [seqs * layers] -> [capacity, heads, d] fp16
+  const int* capacity = nullptr;  // [seqs * layers] slots
+  const int* seq = nullptr;       // [rows] sequence of each row
   int layer = 0;
   int layers = 0;
 };
 
 static __global__ void head_norm_rope_kernel(const float* __restrict__ in, int ld_in, int heads, int d,
-                                      const float* __restrict__ w, float eps, const float* __restrict__ inv_freq,
-                                      const int* __restrict__ pos, half* __restrict__ out, KvTarget kv) {
+                                             const float* __restrict__ w, float eps, const float* __restrict__ inv_freq,
+                                             const int* __restrict__ pos, half* __restrict__ out, KvTarget kv) {
   const int row = blockIdx.x, hh = blockIdx.y, half_d = d / 2;
   const int i = threadIdx.x;
   const bool active = i < half_d;

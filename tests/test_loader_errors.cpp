@@ -62,7 +62,8 @@ class TempDir {
                                            std::to_string(counter++) + "_" + std::to_string(rd()));
       std::error_code ec;
       if (fs::create_directory(path_, ec)) break;
-      if (attempt > 100) throw std::runtime_error("cannot create a temp dir under " + fs::temp_directory_path().string());
+      if (attempt > 100)
+        throw std::runtime_error("cannot create a temp dir under " + fs::temp_directory_path().string());
     }
   }
   ~TempDir() {
@@ -218,7 +219,8 @@ std::vector<BadBytes> bad_safetensors_table() {
       {"empty file", {}, {"0 bytes", "too short"}},
       {"file of 5 bytes", {0x10, 0, 0, 0, 0}, {"5 bytes", "too short"}},
       {"header length past EOF", raw_safetensors(100, "{}"), {"header length 100", "past the end"}},
-      {"header length 0xFFFFFFFFFFFFFFFF", raw_safetensors(max64, "{}", data8),
+      {"header length 0xFFFFFFFFFFFFFFFF",
+       raw_safetensors(max64, "{}", data8),
        {"18446744073709551615", "past the end"}},
       {"header length 0", raw_safetensors(0, "", data8), {"header length 0", "too small"}},
       {"malformed JSON", make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], )", data8), {"JSON"}},
@@ -226,20 +228,26 @@ std::vector<BadBytes> bad_safetensors_table() {
       {"header JSON is 100000 nested arrays", make_safetensors(deep), {"not an object"}},
       {"__metadata__ not an object", make_safetensors(R"({"__metadata__": [1]})"), {"__metadata__"}},
       {"entry not an object", make_safetensors(R"({"w": 5})", data8), {"'w'", "not an object"}},
-      {"entry missing dtype", make_safetensors(R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", data8),
+      {"entry missing dtype",
+       make_safetensors(R"({"w": {"shape": [2], "data_offsets": [0, 8]}})", data8),
        {"'w'", "dtype"}},
-      {"entry missing shape", make_safetensors(R"({"w": {"dtype": "F32", "data_offsets": [0, 8]}})", data8),
+      {"entry missing shape",
+       make_safetensors(R"({"w": {"dtype": "F32", "data_offsets": [0, 8]}})", data8),
        {"'w'", "shape"}},
-      {"entry missing data_offsets", make_safetensors(R"({"w": {"dtype": "F32", "shape": [2]}})", data8),
+      {"entry missing data_offsets",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [2]}})", data8),
        {"'w'", "data_offsets"}},
       {"data_offsets of three numbers",
        make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 4, 8]}})", data8),
        {"'w'", "data_offsets"}},
-      {"unknown dtype Q4", make_safetensors(R"({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}})", data8),
+      {"unknown dtype Q4",
+       make_safetensors(R"({"w": {"dtype": "Q4", "shape": [2], "data_offsets": [0, 8]}})", data8),
        {"'w'", "Q4"}},
-      {"negative dim", make_safetensors(R"({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", data8),
+      {"negative dim",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", data8),
        {"'w'", "negative"}},
-      {"fractional dim", make_safetensors(R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", data8),
+      {"fractional dim",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [2.5], "data_offsets": [0, 8]}})", data8),
        {"'w'", "shape"}},
       {"negative data offset",
        make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [-8, 0]}})", data8),
@@ -251,8 +259,9 @@ std::vector<BadBytes> bad_safetensors_table() {
        make_safetensors(R"({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}})", data8),
        {"'w'", "outside the data section", "16"}},
       {"data_offsets far outside (2^64-1)",
-       make_safetensors(R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [18446744073709551614, 18446744073709551615]}})",
-                        data8),
+       make_safetensors(
+           R"({"w": {"dtype": "U8", "shape": [1], "data_offsets": [18446744073709551614, 18446744073709551615]}})",
+           data8),
        {"'w'", "outside the data section"}},
       {"byte count does not match dtype x shape",
        make_safetensors(R"({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}})", data8),
@@ -313,7 +322,8 @@ std::vector<DirCase> store_cases() {
   };
   std::vector<DirCase> v;
   // Single-file checkpoints.
-  v.push_back({"real model.safetensors truncated in the middle of the data", "mm_bf16",
+  v.push_back({"real model.safetensors truncated in the middle of the data",
+               "mm_bf16",
                [](const fs::path&, const fs::path& ckpt) {
                  Bytes b = read_bytes(ckpt / "model.safetensors");
                  uint64_t n = 0;
@@ -324,7 +334,8 @@ std::vector<DirCase> store_cases() {
                },
                {Code::FormatError},
                {"model.safetensors", "outside the data section"}});
-  v.push_back({"real model.safetensors truncated inside its header", "mm_bf16",
+  v.push_back({"real model.safetensors truncated inside its header",
+               "mm_bf16",
                [](const fs::path&, const fs::path& ckpt) {
                  Bytes b = read_bytes(ckpt / "model.safetensors");
                  b.resize(100);
@@ -332,22 +343,26 @@ std::vector<DirCase> store_cases() {
                },
                {Code::FormatError},
                {"model.safetensors", "past the end"}});
-  v.push_back({"model.safetensors missing", "mm_bf16",
+  v.push_back({"model.safetensors missing",
+               "mm_bf16",
                [](const fs::path&, const fs::path& ckpt) { REQUIRE(fs::remove(ckpt / "model.safetensors")); },
                {Code::NotFound},
                {"model.safetensors"}});
   // Sharded checkpoints.
-  v.push_back({"index JSON malformed", "flat_keqv",
+  v.push_back({"index JSON malformed",
+               "flat_keqv",
                [](const fs::path&, const fs::path& ckpt) {
                  write_text(ckpt / kIndex, R"({"metadata": {"total_size": 1}, "weight_map": {"lm_head.weight": )");
                },
                {Code::FormatError},
                {kIndex}});
-  v.push_back({"index without weight_map", "flat_keqv",
+  v.push_back({"index without weight_map",
+               "flat_keqv",
                [](const fs::path&, const fs::path& ckpt) { write_text(ckpt / kIndex, R"({"metadata": {}})"); },
                {Code::FormatError},
                {kIndex, "weight_map"}});
-  v.push_back({"index weight_map entry not a string", "flat_keqv",
+  v.push_back({"index weight_map entry not a string",
+               "flat_keqv",
                [](const fs::path&, const fs::path& ckpt) {
                  json idx = read_json(ckpt / kIndex);
                  idx["weight_map"]["model.embed_tokens.weight"] = 7;
@@ -355,22 +370,29 @@ std::vector<DirCase> store_cases() {
                },
                {Code::FormatError},
                {kIndex, "model.embed_tokens.weight"}});
-  v.push_back({"shard file deleted", "flat_keqv",
+  v.push_back({"shard file deleted",
+               "flat_keqv",
                [](const fs::path&, const fs::path& ckpt) { REQUIRE(fs::remove(ckpt / kShard2)); },
                {Code::NotFound},
                {kShard2}});
-  v.push_back({"weight_map points to a shard that does not exist", "flat_keqv",
+  v.push_back({"weight_map points to a shard that does not exist",
+               "flat_keqv",
                set_shard("model.embed_tokens.weight", "model-00009-of-00002.safetensors"),
                {Code::NotFound},
                {"model-00009-of-00002.safetensors"}});
-  v.push_back({"shard name with ../ (path traversal)", "flat_keqv", traversal("../evil.safetensors"),
+  v.push_back({"shard name with ../ (path traversal)",
+               "flat_keqv",
+               traversal("../evil.safetensors"),
                {Code::FormatError},
                {kIndex, "../evil.safetensors"}});
-  v.push_back({"shard name with ..\\ (path traversal)", "flat_keqv", traversal("..\\evil.safetensors"),
+  v.push_back({"shard name with ..\\ (path traversal)",
+               "flat_keqv",
+               traversal("..\\evil.safetensors"),
                {Code::FormatError},
                {kIndex, "evil.safetensors"}});
   v.push_back({"shard name '..'", "flat_keqv", traversal(".."), {Code::FormatError}, {kIndex, "'..'"}});
-  v.push_back({"shard name an absolute path", "flat_keqv",
+  v.push_back({"shard name an absolute path",
+               "flat_keqv",
                [](const fs::path& root, const fs::path& ckpt) {
                  fs::copy_file(ckpt / kShard1, root / "evil.safetensors");
                  json idx = read_json(ckpt / kIndex);
@@ -379,7 +401,8 @@ std::vector<DirCase> store_cases() {
                },
                {Code::FormatError},
                {kIndex, "evil.safetensors"}});
-  v.push_back({"tensor listed in the index but absent from its shard", "flat_keqv",
+  v.push_back({"tensor listed in the index but absent from its shard",
+               "flat_keqv",
                [](const fs::path&, const fs::path& ckpt) {
                  json idx = read_json(ckpt / kIndex);
                  idx["weight_map"]["model.layers.0.self_attn.not_there.weight"] = kShard2;
@@ -387,7 +410,8 @@ std::vector<DirCase> store_cases() {
                },
                {Code::NotFound},
                {"model.layers.0.self_attn.not_there.weight", kShard2}});
-  v.push_back({"the same tensor stored in two shards", "flat_keqv",
+  v.push_back({"the same tensor stored in two shards",
+               "flat_keqv",
                [](const fs::path&, const fs::path& ckpt) {
                  std::vector<Entry> s1 = read_entries(ckpt / kShard1);
                  const Entry lm = entry(s1, "lm_head.weight");
@@ -403,14 +427,17 @@ std::vector<DirCase> engine_cases() {
   const std::string lm = "model.language_model.";
   std::vector<DirCase> v;
   // Weights of the bf16 checkpoint.
-  v.push_back({"bf16: tensor missing (layers.1.mlp.up_proj.weight)", "mm_bf16",
+  v.push_back({"bf16: tensor missing (layers.1.mlp.up_proj.weight)",
+               "mm_bf16",
                [lm](const fs::path&, const fs::path& ckpt) {
-                 rewrite_safetensors(ckpt / "model.safetensors",
-                                     [&](std::vector<Entry>& es) { drop_entry(es, lm + "layers.1.mlp.up_proj.weight"); });
+                 rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
+                   drop_entry(es, lm + "layers.1.mlp.up_proj.weight");
+                 });
                },
                {Code::NotFound},
                {"layers.1.mlp.up_proj.weight"}});
-  v.push_back({"bf16: wrong shape [120, 64] for [128, 64] (layers.1.mlp.up_proj.weight)", "mm_bf16",
+  v.push_back({"bf16: wrong shape [120, 64] for [128, 64] (layers.1.mlp.up_proj.weight)",
+               "mm_bf16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "layers.1.mlp.up_proj.weight");
@@ -421,7 +448,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::FormatError},
                {"layers.1.mlp.up_proj.weight", "120", "128"}});
-  v.push_back({"bf16: transposed shape [64, 128] for [128, 64] (layers.1.mlp.gate_proj.weight)", "mm_bf16",
+  v.push_back({"bf16: transposed shape [64, 128] for [128, 64] (layers.1.mlp.gate_proj.weight)",
+               "mm_bf16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "layers.1.mlp.gate_proj.weight");
@@ -431,7 +459,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::FormatError},
                {"layers.1.mlp.gate_proj.weight"}});
-  v.push_back({"bf16: embed_tokens with 500 rows for vocab 512", "mm_bf16",
+  v.push_back({"bf16: embed_tokens with 500 rows for vocab 512",
+               "mm_bf16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "embed_tokens.weight");
@@ -442,7 +471,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::FormatError},
                {"embed_tokens.weight", "500", "512"}});
-  v.push_back({"bf16: dtype I32 for a float tensor (layers.1.input_layernorm.weight)", "mm_bf16",
+  v.push_back({"bf16: dtype I32 for a float tensor (layers.1.input_layernorm.weight)",
+               "mm_bf16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "layers.1.input_layernorm.weight");
@@ -453,7 +483,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::FormatError, Code::Unsupported},
                {"layers.1.input_layernorm.weight", "I32"}});
-  v.push_back({"bf16: dtype I32 for a linear weight (layers.1.self_attn.q_proj.weight)", "mm_bf16",
+  v.push_back({"bf16: dtype I32 for a linear weight (layers.1.self_attn.q_proj.weight)",
+               "mm_bf16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "layers.1.self_attn.q_proj.weight");
@@ -465,15 +496,19 @@ std::vector<DirCase> engine_cases() {
                {Code::FormatError, Code::Unsupported},
                {"layers.1.self_attn.q_proj.weight", "I32"}});
   // Config problems seen through the engine.
-  v.push_back({"config.json missing", "mm_bf16",
+  v.push_back({"config.json missing",
+               "mm_bf16",
                [](const fs::path&, const fs::path& ckpt) { REQUIRE(fs::remove(ckpt / "config.json")); },
                {Code::NotFound},
                {"config.json"}});
-  v.push_back({"config.json malformed", "mm_bf16",
-               [](const fs::path&, const fs::path& ckpt) { write_text(ckpt / "config.json", "{\"model_type\": \"gemma4\", "); },
-               {Code::FormatError},
-               {"config.json"}});
-  v.push_back({"config.json enable_moe_block true", "mm_bf16",
+  v.push_back(
+      {"config.json malformed",
+       "mm_bf16",
+       [](const fs::path&, const fs::path& ckpt) { write_text(ckpt / "config.json", "{\"model_type\": \"gemma4\", "); },
+       {Code::FormatError},
+       {"config.json"}});
+  v.push_back({"config.json enable_moe_block true",
+               "mm_bf16",
                [](const fs::path&, const fs::path& ckpt) {
                  json c = read_json(ckpt / "config.json");
                  text_config(c)["enable_moe_block"] = true;
@@ -482,7 +517,8 @@ std::vector<DirCase> engine_cases() {
                {Code::Unsupported},
                {"config.json", "enable_moe_block"}});
   // A field of the wrong JSON type must not surface as an escaped exception (BackendError) either.
-  v.push_back({"config.json hidden_activation a number (wrong JSON type)", "mm_bf16",
+  v.push_back({"config.json hidden_activation a number (wrong JSON type)",
+               "mm_bf16",
                [](const fs::path&, const fs::path& ckpt) {
                  json c = read_json(ckpt / "config.json");
                  text_config(c)["hidden_activation"] = 42;
@@ -491,7 +527,8 @@ std::vector<DirCase> engine_cases() {
                {Code::FormatError, Code::Unsupported},
                {"config.json", "hidden_activation"}});
   // The w4a16 checkpoint.
-  v.push_back({"w4a16: weight_scale of the wrong shape [100, 2] for [128, 2]", "w4a16",
+  v.push_back({"w4a16: weight_scale of the wrong shape [100, 2] for [128, 2]",
+               "w4a16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "layers.1.mlp.up_proj.weight_scale");
@@ -502,7 +539,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::FormatError},
                {"layers.1.mlp.up_proj.weight_scale", "100"}});
-  v.push_back({"w4a16: weight_scale with one group too many [128, 3] for [128, 2]", "w4a16",
+  v.push_back({"w4a16: weight_scale with one group too many [128, 3] for [128, 2]",
+               "w4a16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "layers.1.mlp.gate_proj.weight_scale");
@@ -513,7 +551,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::FormatError},
                {"layers.1.mlp.gate_proj.weight_scale"}});
-  v.push_back({"w4a16: weight_packed of the wrong shape [100, 8] for [128, 8]", "w4a16",
+  v.push_back({"w4a16: weight_packed of the wrong shape [100, 8] for [128, 8]",
+               "w4a16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    Entry& e = entry(es, lm + "layers.1.mlp.up_proj.weight_packed");
@@ -524,7 +563,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::FormatError},
                {"layers.1.mlp.up_proj.weight_packed", "100"}});
-  v.push_back({"w4a16: weight_scale missing", "w4a16",
+  v.push_back({"w4a16: weight_scale missing",
+               "w4a16",
                [lm](const fs::path&, const fs::path& ckpt) {
                  rewrite_safetensors(ckpt / "model.safetensors", [&](std::vector<Entry>& es) {
                    drop_entry(es, lm + "layers.1.self_attn.o_proj.weight_scale");
@@ -532,7 +572,8 @@ std::vector<DirCase> engine_cases() {
                },
                {Code::NotFound},
                {"layers.1.self_attn.o_proj.weight_scale"}});
-  v.push_back({"w4a16: packed weights while config.json has no quantization_config", "w4a16",
+  v.push_back({"w4a16: packed weights while config.json has no quantization_config",
+               "w4a16",
                [](const fs::path&, const fs::path& ckpt) {
                  json c = read_json(ckpt / "config.json");
                  REQUIRE(c.erase("quantization_config") == 1);
@@ -555,84 +596,167 @@ fs::path build_case(const DirCase& c, const TempDir& tmp) {
 
 struct ConfigCase {
   std::string label;
-  std::string fixture;                 // whose config.json is mutated
-  std::function<void(json&)> mutate;   // on the parsed root
+  std::string fixture;                // whose config.json is mutated
+  std::function<void(json&)> mutate;  // on the parsed root
   Code code;
-  std::vector<std::string> words;      // besides "config.json"
+  std::vector<std::string> words;  // besides "config.json"
 };
 
 std::vector<ConfigCase> config_cases() {
   auto tc = [](std::function<void(json&)> f) { return [f](json& root) { f(text_config(root)); }; };
   auto wq = [](std::function<void(json&)> f) { return [f](json& root) { f(quant_group0(root)["weights"]); }; };
   return {
-      {"model_type llama (flat)", "flat_keqv", [](json& r) { r["model_type"] = "llama"; }, Code::Unsupported, {"llama"}},
-      {"text_config.model_type llama (nested)", "mm_bf16", tc([](json& t) { t["model_type"] = "llama"; }),
-       Code::Unsupported, {"text_config", "llama"}},
-      {"model_type gemma4 without text_config", "mm_bf16", [](json& r) { r.erase("text_config"); }, Code::FormatError,
+      {"model_type llama (flat)",
+       "flat_keqv",
+       [](json& r) { r["model_type"] = "llama"; },
+       Code::Unsupported,
+       {"llama"}},
+      {"text_config.model_type llama (nested)",
+       "mm_bf16",
+       tc([](json& t) { t["model_type"] = "llama"; }),
+       Code::Unsupported,
+       {"text_config", "llama"}},
+      {"model_type gemma4 without text_config",
+       "mm_bf16",
+       [](json& r) { r.erase("text_config"); },
+       Code::FormatError,
        {"text_config"}},
-      {"enable_moe_block true", "mm_bf16", tc([](json& t) { t["enable_moe_block"] = true; }), Code::Unsupported,
+      {"enable_moe_block true",
+       "mm_bf16",
+       tc([](json& t) { t["enable_moe_block"] = true; }),
+       Code::Unsupported,
        {"enable_moe_block"}},
       {"num_experts 8", "flat_keqv", [](json& r) { r["num_experts"] = 8; }, Code::Unsupported, {"num_experts", "8"}},
-      {"attention_bias true", "flat_keqv", [](json& r) { r["attention_bias"] = true; }, Code::Unsupported,
+      {"attention_bias true",
+       "flat_keqv",
+       [](json& r) { r["attention_bias"] = true; },
+       Code::Unsupported,
        {"attention_bias"}},
-      {"use_bidirectional_attention all", "flat_keqv", [](json& r) { r["use_bidirectional_attention"] = "all"; },
-       Code::Unsupported, {"use_bidirectional_attention"}},
-      {"hidden_activation silu", "flat_keqv", [](json& r) { r["hidden_activation"] = "silu"; }, Code::Unsupported,
+      {"use_bidirectional_attention all",
+       "flat_keqv",
+       [](json& r) { r["use_bidirectional_attention"] = "all"; },
+       Code::Unsupported,
+       {"use_bidirectional_attention"}},
+      {"hidden_activation silu",
+       "flat_keqv",
+       [](json& r) { r["hidden_activation"] = "silu"; },
+       Code::Unsupported,
        {"hidden_activation", "silu"}},
-      {"layer_types with chunked_attention", "flat_keqv", [](json& r) { r["layer_types"][2] = "chunked_attention"; },
-       Code::Unsupported, {"layer_types", "chunked_attention"}},
-      {"layer_types of the wrong length", "flat_keqv",
-       [](json& r) { r["layer_types"].push_back("sliding_attention"); }, Code::FormatError,
+      {"layer_types with chunked_attention",
+       "flat_keqv",
+       [](json& r) { r["layer_types"][2] = "chunked_attention"; },
+       Code::Unsupported,
+       {"layer_types", "chunked_attention"}},
+      {"layer_types of the wrong length",
+       "flat_keqv",
+       [](json& r) { r["layer_types"].push_back("sliding_attention"); },
+       Code::FormatError,
        {"layer_types", "num_hidden_layers"}},
-      {"num_kv_shared_layers == num_hidden_layers", "mm_bf16", tc([](json& t) { t["num_kv_shared_layers"] = 7; }),
-       Code::FormatError, {"num_kv_shared_layers", "7"}},
-      {"num_kv_shared_layers > num_hidden_layers", "mm_bf16", tc([](json& t) { t["num_kv_shared_layers"] = 9; }),
-       Code::FormatError, {"num_kv_shared_layers", "9"}},
-      {"rope_type yarn on full attention", "flat_keqv",
-       [](json& r) { r["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; }, Code::Unsupported,
+      {"num_kv_shared_layers == num_hidden_layers",
+       "mm_bf16",
+       tc([](json& t) { t["num_kv_shared_layers"] = 7; }),
+       Code::FormatError,
+       {"num_kv_shared_layers", "7"}},
+      {"num_kv_shared_layers > num_hidden_layers",
+       "mm_bf16",
+       tc([](json& t) { t["num_kv_shared_layers"] = 9; }),
+       Code::FormatError,
+       {"num_kv_shared_layers", "9"}},
+      {"rope_type yarn on full attention",
+       "flat_keqv",
+       [](json& r) { r["rope_parameters"]["full_attention"]["rope_type"] = "yarn"; },
+       Code::Unsupported,
        {"rope_parameters.full_attention", "rope_type", "yarn"}},
-      {"rope_type yarn for every layer type", "flat_keqv",
-       [](json& r) { r["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}}; }, Code::Unsupported,
-       {"rope_type", "yarn"}},
-      {"num_attention_heads not a multiple of num_key_value_heads", "flat_keqv",
-       [](json& r) { r["num_attention_heads"] = 5; }, Code::FormatError,
-       {"num_attention_heads", "5", "num_key_value_heads"}},
-      {"per-layer KV heads not dividing the heads", "flat_keqv",
-       [](json& r) { r["per_layer_config"]["1"]["num_key_value_heads"] = 3; }, Code::FormatError,
-       {"layer 1", "3 KV heads"}},
-      {"per_layer_config key not a layer", "flat_keqv", [](json& r) { r["per_layer_config"]["12"] = {{"head_dim", 64}}; },
-       Code::FormatError, {"per_layer_config", "12"}},
-      {"hidden_size a string", "flat_keqv", [](json& r) { r["hidden_size"] = "64"; }, Code::FormatError,
-       {"hidden_size"}},
-      {"hidden_size negative", "flat_keqv", [](json& r) { r["hidden_size"] = -64; }, Code::FormatError,
-       {"hidden_size", "-64"}},
-      {"quant_method gptq", "w4a16", [](json& r) { r["quantization_config"]["quant_method"] = "gptq"; },
-       Code::Unsupported, {"quantization_config", "gptq"}},
-      {"quantization num_bits 8", "w4a16", wq([](json& w) { w["num_bits"] = 8; }), Code::Unsupported,
-       {"quantization_config", "num_bits", "8"}},
-      {"quantization symmetric false", "w4a16", wq([](json& w) { w["symmetric"] = false; }), Code::Unsupported,
-       {"quantization_config", "asymmetric"}},
-      {"quantization group_size 128", "w4a16", wq([](json& w) { w["group_size"] = 128; }), Code::Unsupported,
-       {"quantization_config", "group_size", "128"}},
-      {"quantization actorder group", "w4a16", wq([](json& w) { w["actorder"] = "group"; }), Code::Unsupported,
-       {"quantization_config", "act-order"}},
-      {"quantization strategy channel", "w4a16", wq([](json& w) { w["strategy"] = "channel"; }), Code::Unsupported,
-       {"quantization_config", "strategy", "channel"}},
-      {"quantization type float", "w4a16", wq([](json& w) { w["type"] = "float"; }), Code::Unsupported,
-       {"quantization_config", "type", "float"}},
-      {"quantization input_activations present", "w4a16",
+      {"rope_type yarn for every layer type",
+       "flat_keqv",
        [](json& r) {
-         quant_group0(r)["input_activations"] = {{"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "token"}};
+         r["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 10000.0}};
        },
-       Code::Unsupported, {"quantization_config", "input", "activations"}},
-      {"quantization format float-quantized", "w4a16",
+       Code::Unsupported,
+       {"rope_type", "yarn"}},
+      {"num_attention_heads not a multiple of num_key_value_heads",
+       "flat_keqv",
+       [](json& r) { r["num_attention_heads"] = 5; },
+       Code::FormatError,
+       {"num_attention_heads", "5", "num_key_value_heads"}},
+      {"per-layer KV heads not dividing the heads",
+       "flat_keqv",
+       [](json& r) { r["per_layer_config"]["1"]["num_key_value_heads"] = 3; },
+       Code::FormatError,
+       {"layer 1", "3 KV heads"}},
+      {"per_layer_config key not a layer",
+       "flat_keqv",
+       [](json& r) {
+         r["per_layer_config"]["12"] = {{"head_dim", 64}};
+       },
+       Code::FormatError,
+       {"per_layer_config", "12"}},
+      {"hidden_size a string",
+       "flat_keqv",
+       [](json& r) { r["hidden_size"] = "64"; },
+       Code::FormatError,
+       {"hidden_size"}},
+      {"hidden_size negative",
+       "flat_keqv",
+       [](json& r) { r["hidden_size"] = -64; },
+       Code::FormatError,
+       {"hidden_size", "-64"}},
+      {"quant_method gptq",
+       "w4a16",
+       [](json& r) { r["quantization_config"]["quant_method"] = "gptq"; },
+       Code::Unsupported,
+       {"quantization_config", "gptq"}},
+      {"quantization num_bits 8",
+       "w4a16",
+       wq([](json& w) { w["num_bits"] = 8; }),
+       Code::Unsupported,
+       {"quantization_config", "num_bits", "8"}},
+      {"quantization symmetric false",
+       "w4a16",
+       wq([](json& w) { w["symmetric"] = false; }),
+       Code::Unsupported,
+       {"quantization_config", "asymmetric"}},
+      {"quantization group_size 128",
+       "w4a16",
+       wq([](json& w) { w["group_size"] = 128; }),
+       Code::Unsupported,
+       {"quantization_config", "group_size", "128"}},
+      {"quantization actorder group",
+       "w4a16",
+       wq([](json& w) { w["actorder"] = "group"; }),
+       Code::Unsupported,
+       {"quantization_config", "act-order"}},
+      {"quantization strategy channel",
+       "w4a16",
+       wq([](json& w) { w["strategy"] = "channel"; }),
+       Code::Unsupported,
+       {"quantization_config", "strategy", "channel"}},
+      {"quantization type float",
+       "w4a16",
+       wq([](json& w) { w["type"] = "float"; }),
+       Code::Unsupported,
+       {"quantization_config", "type", "float"}},
+      {"quantization input_activations present",
+       "w4a16",
+       [](json& r) {
+         quant_group0(r)["input_activations"] = {
+             {"num_bits", 8}, {"type", "int"}, {"symmetric", true}, {"strategy", "token"}};
+       },
+       Code::Unsupported,
+       {"quantization_config", "input", "activations"}},
+      {"quantization format float-quantized",
+       "w4a16",
        [](json& r) {
          r["quantization_config"]["format"] = "float-quantized";
          quant_group0(r)["format"] = "float-quantized";
        },
-       Code::Unsupported, {"quantization_config", "float-quantized"}},
-      {"quantization config_groups missing", "w4a16", [](json& r) { r["quantization_config"].erase("config_groups"); },
-       Code::FormatError, {"quantization_config", "config_groups"}},
+       Code::Unsupported,
+       {"quantization_config", "float-quantized"}},
+      {"quantization config_groups missing",
+       "w4a16",
+       [](json& r) { r["quantization_config"].erase("config_groups"); },
+       Code::FormatError,
+       {"quantization_config", "config_groups"}},
   };
 }
 
@@ -661,8 +785,8 @@ TEST_CASE("safetensors: the writer and the real fixtures parse (control for the 
   const Bytes written = write_safetensors({{"a", "BF16", {2, 3}, Bytes(12, 1)}, {"b", "I32", {4}, Bytes(16, 2)}});
   REQUIRE(d::parse_safetensors(written.data(), written.size(), "written.safetensors", &ts).is_ok());
   REQUIRE(ts.size() == 2);
-  for (const char* f : {"mm_bf16/model.safetensors", "w4a16/model.safetensors", "flat_keqv/model-00001-of-00002.safetensors",
-                        "flat_keqv/model-00002-of-00002.safetensors"}) {
+  for (const char* f : {"mm_bf16/model.safetensors", "w4a16/model.safetensors",
+                        "flat_keqv/model-00001-of-00002.safetensors", "flat_keqv/model-00002-of-00002.safetensors"}) {
     INFO(f);
     const Bytes b = read_bytes(fixture(f));
     const Status st = d::parse_safetensors(b.data(), b.size(), f, &ts);

@@ -95,7 +95,9 @@ void parity(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("CPU parity: multimodal-layout bf16 (PLE, KV sharing, double-wide MLP)", "[parity][cpu]") { parity("mm_bf16"); }
+TEST_CASE("CPU parity: multimodal-layout bf16 (PLE, KV sharing, double-wide MLP)", "[parity][cpu]") {
+  parity("mm_bf16");
+}
 TEST_CASE("CPU parity: flat sharded f32 with attention_k_eq_v", "[parity][cpu]") { parity("flat_keqv"); }
 TEST_CASE("CPU parity: compressed-tensors w4a16", "[parity][cpu]") { parity("w4a16"); }
 

@@ -53,7 +53,8 @@ class TempDir {
                                            std::to_string(counter++) + "_" + std::to_string(rd()));
       std::error_code ec;
       if (fs::create_directory(path_, ec)) break;
-      if (attempt > 100) throw std::runtime_error("cannot create a temp dir under " + fs::temp_directory_path().string());
+      if (attempt > 100)
+        throw std::runtime_error("cannot create a temp dir under " + fs::temp_directory_path().string());
     }
   }
   ~TempDir() {
@@ -239,8 +240,7 @@ TEST_CASE("make_synthetic --model tiny: the mm_bf16 fixture's layout, loads and 
 
 TEST_CASE("make_synthetic --model e2b --layers 2: real widths, loads and runs", "[synthetic]") {
   const bool full_vocab = free_bytes(fs::temp_directory_path()) >= (uint64_t(4) << 30);
-  if (!full_vocab)
-    WARN("less than 4 GB free under " << fs::temp_directory_path() << ": e2b cases use --vocab 16384");
+  if (!full_vocab) WARN("less than 4 GB free under " << fs::temp_directory_path() << ": e2b cases use --vocab 16384");
   const int V = full_vocab ? 262144 : 16384;
   for (const std::string format : {"bf16", "w4a16"}) {
     INFO("format " << format);
@@ -312,16 +312,19 @@ TEST_CASE("make_synthetic: same seed same bytes; errors exit 1", "[synthetic]") 
   };
   for (const auto& args : bad) {
     const ToolRun r = run_tool(args);
-    INFO("args: " << [&] {
-      std::string s;
-      for (const auto& x : args) s += x + " ";
-      return s;
-    }() << "\noutput:\n" << r.output);
+    INFO("args: " <<
+         [&] {
+           std::string s;
+           for (const auto& x : args) s += x + " ";
+           return s;
+         }() << "\noutput:\n"
+                  << r.output);
     CHECK(r.status == 1);
     CHECK(r.output.find("make_synthetic: ") != std::string::npos);
   }
 
-  // A write failure (here: a file-size limit of 128 shell blocks, far below the 1.3 MB file) is reported, exits 1 and leaves no partial files.
+  // A write failure (here: a file-size limit of 128 shell blocks, far below the 1.3 MB file) is reported, exits 1 and
+  // leaves no partial files.
   const fs::path d = tmp.path() / "limited";
   const ToolRun r = run_tool({"--model", "tiny", "--format", "bf16", "--out", d.string()}, "ulimit -f 128; ");
   INFO(r.output);

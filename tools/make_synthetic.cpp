@@ -93,7 +93,7 @@ struct ModelSpec {
   int global_head_dim;  // full layers (written as per_layer_config)
   int intermediate;     // doubled on KV-shared layers when double_wide
   int kv_shared;
-  int ple_dim;          // hidden_size_per_layer_input
+  int ple_dim;  // hidden_size_per_layer_input
   int vocab;
   int sliding_window;
   int max_position;
@@ -103,9 +103,9 @@ struct ModelSpec {
 
 const ModelSpec kModels[] = {
     // name    hidden layers heads kv  hd  ghd  inter  shared ple  vocab   window maxpos  dbl    pattern
-    {"e2b",    1536,  35,    8,    1,  256, 512, 6144,  20,    256, 262144, 512,   131072, true,  "SSSSF"},
-    {"e4b",    2560,  42,    8,    2,  256, 512, 10240, 18,    256, 262144, 512,   131072, false, "SSSSSF"},
-    {"tiny",   64,    7,     4,    1,  32,  64,  128,   3,     32,  512,    8,     4096,   true,  "SSFSSFF"},
+    {"e2b", 1536, 35, 8, 1, 256, 512, 6144, 20, 256, 262144, 512, 131072, true, "SSSSF"},
+    {"e4b", 2560, 42, 8, 2, 256, 512, 10240, 18, 256, 262144, 512, 131072, false, "SSSSSF"},
+    {"tiny", 64, 7, 4, 1, 32, 64, 128, 3, 32, 512, 8, 4096, true, "SSFSSFF"},
 };
 constexpr double kRopeThetaSliding = 10000.0;
 constexpr double kRopeThetaFull = 1000000.0;
@@ -170,7 +170,7 @@ struct Tensor {
   DType dtype = DType::BF16;
   std::vector<uint64_t> shape;
   Fill fill = Fill::Linear;
-  uint64_t fan_in = 1;           // Linear / Scale
+  uint64_t fan_in = 1;              // Linear / Scale
   int64_t shape_value[2] = {0, 0};  // Shape
   uint64_t offset = 0, nbytes = 0;
 
@@ -324,7 +324,8 @@ inline double unit(uint64_t r) { return double(r >> 11) * (1.0 / 900719925474099
 
 // Irwin-Hall: four 16-bit uniforms, mean 0, variance 1 (range +-3.46).
 inline float normal(uint64_t r) {
-  const uint32_t s = uint32_t(r & 0xffff) + uint32_t((r >> 16) & 0xffff) + uint32_t((r >> 32) & 0xffff) + uint32_t(r >> 48);
+  const uint32_t s =
+      uint32_t(r & 0xffff) + uint32_t((r >> 16) & 0xffff) + uint32_t((r >> 32) & 0xffff) + uint32_t(r >> 48);
   const double u = (double(s) + 2.0) * (1.0 / 65536.0);  // sum of four (x + 0.5) / 65536
   return float((u - 2.0) * 1.7320508075688772);
 }
@@ -420,7 +421,8 @@ json config_json(const Model& m) {
       {"return_dict", true},
       {"rms_norm_eps", 1e-06},
       {"rope_parameters",
-       {{"full_attention", {{"partial_rotary_factor", kPartialRotary}, {"rope_theta", kRopeThetaFull}, {"rope_type", "proportional"}}},
+       {{"full_attention",
+         {{"partial_rotary_factor", kPartialRotary}, {"rope_theta", kRopeThetaFull}, {"rope_type", "proportional"}}},
         {"sliding_attention", {{"rope_theta", kRopeThetaSliding}, {"rope_type", "default"}}}}},
       {"sliding_window", s.sliding_window},
       {"tie_word_embeddings", true},
@@ -468,9 +470,12 @@ json config_json(const Model& m) {
 
 std::string human(double bytes) {
   char buf[64];
-  if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.3f GB", bytes / 1e9);
-  else if (bytes >= 1e6) std::snprintf(buf, sizeof buf, "%.3f MB", bytes / 1e6);
-  else std::snprintf(buf, sizeof buf, "%.1f kB", bytes / 1e3);
+  if (bytes >= 1e9)
+    std::snprintf(buf, sizeof buf, "%.3f GB", bytes / 1e9);
+  else if (bytes >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.3f MB", bytes / 1e6);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f kB", bytes / 1e3);
   return buf;
 }
 
@@ -575,9 +580,12 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) fail("option " + a + " needs a value (see --help)");
       return argv[++i];
     };
-    if (a == "--model") model_name = value();
-    else if (a == "--format") format = value();
-    else if (a == "--out") out_dir = value();
+    if (a == "--model")
+      model_name = value();
+    else if (a == "--format")
+      format = value();
+    else if (a == "--out")
+      out_dir = value();
     else if (a == "--seed") {
       if (!parse_int(value(), 0, 0x7fffffffffffffffL, &seed)) fail("--seed needs a non-negative integer");
     } else if (a == "--layers") {
@@ -606,15 +614,15 @@ int run(int argc, char** argv) {
   auto print_decode = [&]() {
     std::printf("decode_bytes_per_token: %llu\n", (unsigned long long)decode);
     std::printf("  = %s: decoder linears + PLE model projection %s (%s) + tied LM head %s (bf16)\n",
-                human(double(decode)).c_str(), human(double(plan.decode_body)).c_str(),
-                m.w4 ? "int4 + scales" : "bf16", human(double(plan.decode_lm_head)).c_str());
+                human(double(decode)).c_str(), human(double(plan.decode_body)).c_str(), m.w4 ? "int4 + scales" : "bf16",
+                human(double(plan.decode_lm_head)).c_str());
   };
   auto print_model = [&]() {
-    std::printf("  hidden %d, layers %d (%d KV-shared), heads %d, KV heads %d, head dim %d / %d full, "
-                "intermediate %d%s, PLE %d, vocab %d\n",
-                spec->hidden, m.layers, m.kv_shared, spec->heads, spec->kv_heads, spec->head_dim,
-                spec->global_head_dim, spec->intermediate, spec->double_wide ? " (x2 on KV-shared layers)" : "",
-                spec->ple_dim, m.vocab);
+    std::printf(
+        "  hidden %d, layers %d (%d KV-shared), heads %d, KV heads %d, head dim %d / %d full, "
+        "intermediate %d%s, PLE %d, vocab %d\n",
+        spec->hidden, m.layers, m.kv_shared, spec->heads, spec->kv_heads, spec->head_dim, spec->global_head_dim,
+        spec->intermediate, spec->double_wide ? " (x2 on KV-shared layers)" : "", spec->ple_dim, m.vocab);
   };
   if (dry_run) {
     std::printf("make_synthetic: %s %s (dry run: nothing written)\n", spec->name, format.c_str());
@@ -632,7 +640,8 @@ int run(int argc, char** argv) {
   if (!fs::is_directory(dir, ec)) fail(out_dir + ": cannot create directory" + (ec ? ": " + ec.message() : ""));
   const fs::path weights = dir / "model.safetensors", config = dir / "config.json";
   if (fs::exists(dir / "model.safetensors.index.json", ec))
-    fail(out_dir + " holds model.safetensors.index.json (a sharded checkpoint, which loaders would read instead); "
+    fail(out_dir +
+         " holds model.safetensors.index.json (a sharded checkpoint, which loaders would read instead); "
          "use another directory");
   uint64_t reclaim = 0;
   if (fs::is_regular_file(weights, ec)) reclaim = fs::file_size(weights, ec);
@@ -689,7 +698,8 @@ int run(int argc, char** argv) {
         if (plan.data_bytes >= (uint64_t(64) << 20)) {
           const int pct = int(100.0 * double(done) / double(plan.data_bytes));
           if (pct >= next_report) {
-            std::printf("  [%3d%%] %s of %s\n", pct, human(double(done)).c_str(), human(double(plan.data_bytes)).c_str());
+            std::printf("  [%3d%%] %s of %s\n", pct, human(double(done)).c_str(),
+                        human(double(plan.data_bytes)).c_str());
             std::fflush(stdout);
             while (next_report <= pct) next_report += 5;
           }
@@ -704,10 +714,12 @@ int run(int argc, char** argv) {
     if (!f) abort_write(std::string("cannot create config.json: ") + std::strerror(errno));
     const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
     const int e = errno;
-    if (std::fclose(f) != 0 || !ok) abort_write(std::string("writing config.json failed: ") + std::strerror(ok ? errno : e));
+    if (std::fclose(f) != 0 || !ok)
+      abort_write(std::string("writing config.json failed: ") + std::strerror(ok ? errno : e));
   }
   const uint64_t written = fs::file_size(weights, ec);
-  if (ec || written != file_bytes) abort_write("size is " + std::to_string(written) + ", expected " + std::to_string(file_bytes));
+  if (ec || written != file_bytes)
+    abort_write("size is " + std::to_string(written) + ", expected " + std::to_string(file_bytes));
 
   std::printf("wrote %s: %llu bytes (%s), %zu tensors; %s\n", weights.c_str(), (unsigned long long)written,
               human(double(written)).c_str(), plan.tensors.size(), config.c_str());

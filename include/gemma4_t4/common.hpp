@@ -23,10 +23,10 @@ Status err(Code code, Parts&&... parts) {
   return Status(code, os.str());
 }
 
-#define GEMMA4_T4_TRY(expr)              \
-  do {                                   \
-    ::gemma4_t4::Status st_ = (expr);    \
-    if (!st_) return st_;                \
+#define GEMMA4_T4_TRY(expr)           \
+  do {                                \
+    ::gemma4_t4::Status st_ = (expr); \
+    if (!st_) return st_;             \
   } while (0)
 
 // ---- number formats ----

@@ -28,8 +28,7 @@ inline Status json_int(const json& j, const char* key, int def, int lo, int hi, 
   if (!it->is_number_integer())
     return err(Code::FormatError, where, ": '", key, "' must be an integer, got ", it->dump());
   const int64_t v = it->get<int64_t>();
-  if (v < lo || v > hi)
-    return err(Code::FormatError, where, ": '", key, "' = ", v, " is outside [", lo, ", ", hi, "]");
+  if (v < lo || v > hi) return err(Code::FormatError, where, ": '", key, "' = ", v, " is outside [", lo, ", ", hi, "]");
   *out = static_cast<int>(v);
   return Status::ok();
 }
@@ -111,7 +110,8 @@ inline Status parse_quantization(const json& q, const std::string& where, ModelC
     if (bits != 4) return err(Code::Unsupported, gw, ": num_bits ", bits, " is not supported (only 4)");
     if (type != "int") return err(Code::Unsupported, gw, ": type '", type, "' is not supported (only int)");
     if (!symmetric) return err(Code::Unsupported, gw, ": asymmetric quantization (zero points) is not supported");
-    if (strategy != "group") return err(Code::Unsupported, gw, ": strategy '", strategy, "' is not supported (only group)");
+    if (strategy != "group")
+      return err(Code::Unsupported, gw, ": strategy '", strategy, "' is not supported (only group)");
     if (group_size != 32) return err(Code::Unsupported, gw, ": group_size ", group_size, " is not supported (only 32)");
     auto ao = ws.find("actorder");
     if (ao != ws.end() && !ao->is_null() && !(ao->is_boolean() && !ao->get<bool>()))
@@ -160,8 +160,7 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
     tw = where + ": text_config";
     std::string inner;
     GEMMA4_T4_TRY(json_string(*t, "model_type", "gemma4_text", tw, &inner));
-    if (inner != "gemma4_text")
-      return err(Code::Unsupported, tw, ": model_type '", inner, "' is not gemma4_text");
+    if (inner != "gemma4_text") return err(Code::Unsupported, tw, ": model_type '", inner, "' is not gemma4_text");
   } else if (cfg.model_type != "gemma4_text") {
     return err(Code::Unsupported, where, ": model_type '", cfg.model_type,
                "' is not a Gemma 4 text model (expected gemma4 or gemma4_text)");
@@ -170,7 +169,8 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
 
   bool moe = false;
   GEMMA4_T4_TRY(json_bool(j, "enable_moe_block", false, tw, &moe));
-  if (moe) return err(Code::Unsupported, tw, ": enable_moe_block is true; MoE Gemma 4 models (26B-A4B) are not supported");
+  if (moe)
+    return err(Code::Unsupported, tw, ": enable_moe_block is true; MoE Gemma 4 models (26B-A4B) are not supported");
   {
     auto ne = j.find("num_experts");
     if (ne != j.end() && ne->is_number_integer() && ne->get<int64_t>() > 0)
@@ -209,7 +209,8 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
   double eps = 1e-6, softcap = 0.0;
   GEMMA4_T4_TRY(json_float(j, "rms_norm_eps", 1e-6, tw, &eps));
   GEMMA4_T4_TRY(json_float(j, "final_logit_softcapping", 0.0, tw, &softcap));
-  if (eps <= 0 || eps > 1e-1 || softcap < 0) return err(Code::FormatError, tw, ": rms_norm_eps or final_logit_softcapping out of range");
+  if (eps <= 0 || eps > 1e-1 || softcap < 0)
+    return err(Code::FormatError, tw, ": rms_norm_eps or final_logit_softcapping out of range");
   cfg.rms_norm_eps = static_cast<float>(eps);
   cfg.final_logit_softcapping = static_cast<float>(softcap);
   bool k_eq_v = false, double_wide = false, tie_text = true, tie_root = true;
@@ -221,9 +222,12 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
 
   // eos: int or list, in the text config or at the top level.
   const json* eos = nullptr;
-  if (j.contains("eos_token_id") && !j.at("eos_token_id").is_null()) eos = &j.at("eos_token_id");
-  else if (root.contains("eos_token_id") && !root.at("eos_token_id").is_null()) eos = &root.at("eos_token_id");
-  if (!eos) cfg.eos_token_ids = {1};
+  if (j.contains("eos_token_id") && !j.at("eos_token_id").is_null())
+    eos = &j.at("eos_token_id");
+  else if (root.contains("eos_token_id") && !root.at("eos_token_id").is_null())
+    eos = &root.at("eos_token_id");
+  if (!eos)
+    cfg.eos_token_ids = {1};
   else {
     const json one = json::array({*eos});
     const json& list = eos->is_array() ? *eos : one;
@@ -236,16 +240,19 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
 
   const int L = cfg.num_layers;
   if (cfg.num_kv_shared_layers >= L)
-    return err(Code::FormatError, tw, ": num_kv_shared_layers ", cfg.num_kv_shared_layers, " must be below num_hidden_layers ", L);
+    return err(Code::FormatError, tw, ": num_kv_shared_layers ", cfg.num_kv_shared_layers,
+               " must be below num_hidden_layers ", L);
   if (cfg.num_heads % num_kv_heads != 0)
-    return err(Code::FormatError, tw, ": num_attention_heads ", cfg.num_heads, " is not a multiple of num_key_value_heads ", num_kv_heads);
+    return err(Code::FormatError, tw, ": num_attention_heads ", cfg.num_heads,
+               " is not a multiple of num_key_value_heads ", num_kv_heads);
 
   // intermediate_size: one number, or one per layer.
   std::vector<int> inter(L);
   {
     auto it = j.find("intermediate_size");
     if (it != j.end() && it->is_array()) {
-      if (static_cast<int>(it->size()) != L) return err(Code::FormatError, tw, ": intermediate_size list length != num_hidden_layers");
+      if (static_cast<int>(it->size()) != L)
+        return err(Code::FormatError, tw, ": intermediate_size list length != num_hidden_layers");
       for (int i = 0; i < L; ++i) {
         if (!(*it)[i].is_number_integer() || (*it)[i].get<int64_t>() < 1 || (*it)[i].get<int64_t>() > (1 << 20))
           return err(Code::FormatError, tw, ": intermediate_size[", i, "] is not a positive integer");
@@ -266,9 +273,13 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
         return err(Code::FormatError, tw, ": layer_types must be a list of num_hidden_layers (", L, ") entries");
       for (int i = 0; i < L; ++i) {
         const std::string s = (*it)[i].is_string() ? (*it)[i].get<std::string>() : (*it)[i].dump();
-        if (s == "sliding_attention") types[i] = LayerType::Sliding;
-        else if (s == "full_attention") types[i] = LayerType::Full;
-        else return err(Code::Unsupported, tw, ": layer_types[", i, "] = '", s, "' is not supported (sliding_attention, full_attention)");
+        if (s == "sliding_attention")
+          types[i] = LayerType::Sliding;
+        else if (s == "full_attention")
+          types[i] = LayerType::Full;
+        else
+          return err(Code::Unsupported, tw, ": layer_types[", i, "] = '", s,
+                     "' is not supported (sliding_attention, full_attention)");
       }
     } else {
       for (int i = 0; i < L; ++i) types[i] = ((i + 1) % 6) ? LayerType::Sliding : LayerType::Full;
@@ -290,7 +301,8 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
         rope_full = rope_sliding;
       } else {
         if (it->contains("sliding_attention"))
-          GEMMA4_T4_TRY(parse_rope(it->at("sliding_attention"), tw + ": rope_parameters.sliding_attention", &rope_sliding));
+          GEMMA4_T4_TRY(
+              parse_rope(it->at("sliding_attention"), tw + ": rope_parameters.sliding_attention", &rope_sliding));
         if (it->contains("full_attention"))
           GEMMA4_T4_TRY(parse_rope(it->at("full_attention"), tw + ": rope_parameters.full_attention", &rope_full));
       }
@@ -345,10 +357,12 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
           break;
         }
       if (lc.kv_source < 0)
-        return err(Code::FormatError, tw, ": KV-shared layer ", i, " has no earlier non-shared layer of its type to read");
+        return err(Code::FormatError, tw, ": KV-shared layer ", i,
+                   " has no earlier non-shared layer of its type to read");
       const LayerConfig& src = cfg.layers[lc.kv_source];
       if (src.head_dim != lc.head_dim || src.num_kv_heads != lc.num_kv_heads)
-        return err(Code::FormatError, tw, ": KV-shared layer ", i, " and its source ", lc.kv_source, " differ in head dims");
+        return err(Code::FormatError, tw, ": KV-shared layer ", i, " and its source ", lc.kv_source,
+                   " differ in head dims");
       lc.k_eq_v = src.k_eq_v;
     }
     lc.intermediate_size = inter[i] * ((double_wide && lc.kv_shared) ? 2 : 1);
@@ -362,7 +376,8 @@ inline Status parse_config(const std::string& text, const std::string& where, Mo
       lc.rope_pairs = lc.head_dim / 2;
     }
     if (lc.rope_pairs < 1 || lc.rope_pairs > lc.head_dim / 2)
-      return err(Code::FormatError, tw, ": layer ", i, " RoPE rotates ", lc.rope_pairs, " pairs of a ", lc.head_dim, "-wide head");
+      return err(Code::FormatError, tw, ": layer ", i, " RoPE rotates ", lc.rope_pairs, " pairs of a ", lc.head_dim,
+                 "-wide head");
   }
 
   const json* quant = nullptr;

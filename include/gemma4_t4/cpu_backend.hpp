@@ -113,10 +113,10 @@ inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
 // ---- sessions ----
 
 struct CpuLayerCache {
-  int capacity = 0;          // slots: window (ring) or max context (full)
+  int capacity = 0;  // slots: window (ring) or max context (full)
   bool ring = false;
-  int row = 0;               // floats per position: kv_heads * head_dim
-  std::vector<float> k, v;   // [capacity, kv_heads, head_dim] fp32
+  int row = 0;              // floats per position: kv_heads * head_dim
+  std::vector<float> k, v;  // [capacity, kv_heads, head_dim] fp32
 };
 
 struct CpuSession : BackendSession {
@@ -208,7 +208,8 @@ class CpuModel {
       }
     }
 
-    std::vector<std::vector<float>> chunk_k(static_cast<size_t>(L)), chunk_v(static_cast<size_t>(L));  // [n, kvh, d] per owning layer
+    std::vector<std::vector<float>> chunk_k(static_cast<size_t>(L)),
+        chunk_v(static_cast<size_t>(L));  // [n, kvh, d] per owning layer
     std::vector<float> x(n * H), y(n * H);
     for (int li = 0; li < L; ++li) {
       const LayerConfig& lc = cfg.layers[li];
@@ -232,8 +233,10 @@ class CpuModel {
         k.resize(n * kvh * d);
         v.resize(n * kvh * d);
         matmul_ref(lw.k, x.data(), n, k.data());
-        if (lc.k_eq_v) v = k;  // V is the raw k_proj output
-        else matmul_ref(lw.v, x.data(), n, v.data());
+        if (lc.k_eq_v)
+          v = k;  // V is the raw k_proj output
+        else
+          matmul_ref(lw.v, x.data(), n, v.data());
         for (size_t t = 0; t < n; ++t)
           for (int g = 0; g < kvh; ++g) {
             float* kh = &k[(t * kvh + g) * d];

@@ -96,9 +96,9 @@ class DeviceMemory {
 
 struct DevLinear {
   int out = 0, in = 0;
-  half* w16 = nullptr;      // [out, in] fp16, or
-  uint32_t* wq = nullptr;   // [out, in/8] packed int4
-  half* s16 = nullptr;      // [out, in/32] fp16 scales
+  half* w16 = nullptr;     // [out, in] fp16, or
+  uint32_t* wq = nullptr;  // [out, in/8] packed int4
+  half* s16 = nullptr;     // [out, in/32] fp16 scales
 };
 
 struct DevLayer {
@@ -117,8 +117,8 @@ struct CudaSession : BackendSession {
 
 class CudaBackend : public BackendModel {
  public:
-  static constexpr int kMaxRows = 512;   // rows per pass (prefill chunk)
-  static constexpr int kMaxSeqs = 64;    // sessions per pass
+  static constexpr int kMaxRows = 512;       // rows per pass (prefill chunk)
+  static constexpr int kMaxSeqs = 64;        // sessions per pass
   static constexpr int kSplitBudget = 1024;  // rows x key-splits of attention scratch
   static constexpr size_t kStagingBytes = size_t(16) << 20;
 
@@ -147,13 +147,14 @@ class CudaBackend : public BackendModel {
       cudaGetLastError();
       return err(Code::BackendError, where, ": no CUDA device is available (use Backend::Cpu or Auto)");
     }
-    if (device_ < 0 || device_ >= n) return err(Code::InvalidArgument, where, ": CUDA device ", device_, " does not exist (", n, " present)");
+    if (device_ < 0 || device_ >= n)
+      return err(Code::InvalidArgument, where, ": CUDA device ", device_, " does not exist (", n, " present)");
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     cudaDeviceProp prop;
     GEMMA4_T4_CUDA_TRY(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
     if (prop.major * 10 + prop.minor < 75)
-      return err(Code::Unsupported, where, ": GPU '", prop.name, "' has compute capability ", prop.major, ".", prop.minor,
-                 "; gemma4_t4 needs 7.5 (Turing) or newer");
+      return err(Code::Unsupported, where, ": GPU '", prop.name, "' has compute capability ", prop.major, ".",
+                 prop.minor, "; gemma4_t4 needs 7.5 (Turing) or newer");
     GEMMA4_T4_TRY(check_shapes(where));
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return err(Code::BackendError, where, ": cublasCreate failed");
@@ -178,7 +179,8 @@ class CudaBackend : public BackendModel {
       size_t cap = max_ctx;
       if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + kMaxRows);
       const size_t count = cap * size_t(lc.num_kv_heads) * lc.head_dim;
-      const std::string what = "create_session: KV cache of layer " + std::to_string(l) + " (" + std::to_string(cap) + " slots)";
+      const std::string what =
+          "create_session: KV cache of layer " + std::to_string(l) + " (" + std::to_string(cap) + " slots)";
       GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->k[l]));
       GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->v[l]));
       s->capacity[l] = int(cap);
@@ -206,8 +208,9 @@ class CudaBackend : public BackendModel {
       if (logits) {
         const size_t at = logits->size();
         logits->resize(at + size_t(k) * V);
-        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, samp_logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
-                           "logits download");
+        GEMMA4_T4_CUDA_TRY(
+            cudaMemcpyAsync(logits->data() + at, samp_logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
+            "logits download");
       }
       size_t nseen = 0;
       for (int i = 0; i < k; ++i) nseen += samples[b0 + i].seen.size();
@@ -229,12 +232,16 @@ class CudaBackend : public BackendModel {
         p.counter = si.counter;
         seen.insert(seen.end(), si.seen.begin(), si.seen.end());
       }
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(samp_params_, params.data(), params.size() * sizeof(params[0]), cudaMemcpyHostToDevice,
-                                         stream_), "sampling parameters");
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(samp_params_, params.data(), params.size() * sizeof(params[0]),
+                                         cudaMemcpyHostToDevice, stream_),
+                         "sampling parameters");
       if (nseen)
-        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(seen_dev_, seen.data(), nseen * 4, cudaMemcpyHostToDevice, stream_), "seen ids");
-      GEMMA4_T4_CUDA_TRY(kernels::launch_sample(samp_logits_, k, V, samp_params_, seen_dev_, samp_out_, stream_), "sampling");
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(next + b0, samp_out_, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_), "token download");
+        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(seen_dev_, seen.data(), nseen * 4, cudaMemcpyHostToDevice, stream_),
+                           "seen ids");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_sample(samp_logits_, k, V, samp_params_, seen_dev_, samp_out_, stream_),
+                         "sampling");
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(next + b0, samp_out_, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_),
+                         "token download");
       GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "sampling");
     }
     for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
@@ -287,9 +294,9 @@ class CudaBackend : public BackendModel {
   struct Segment {
     CudaSession* s;
     const int32_t* tokens;
-    size_t pos;   // position of tokens[0]
+    size_t pos;  // position of tokens[0]
     int n;
-    bool last;    // holds the item's final token
+    bool last;  // holds the item's final token
   };
 
   Status check_shapes(const std::string& where) const {
@@ -301,7 +308,8 @@ class CudaBackend : public BackendModel {
     for (int l = 0; l < c.num_layers; ++l) {
       const LayerConfig& lc = c.layers[l];
       if (!kernels::attention_supported(lc.head_dim, c.num_heads / lc.num_kv_heads))
-        return err(Code::Unsupported, where, ": layer ", l, ": head_dim ", lc.head_dim, " with ", c.num_heads / lc.num_kv_heads,
+        return err(Code::Unsupported, where, ": layer ", l, ": head_dim ", lc.head_dim, " with ",
+                   c.num_heads / lc.num_kv_heads,
                    " query heads per KV head is not supported by the CUDA attention kernels (head dims 32..512, <= 8)");
       if (lc.intermediate_size % 8 != 0)
         return err(Code::Unsupported, where, ": layer ", l, ": intermediate_size % 8 != 0");
@@ -312,7 +320,8 @@ class CudaBackend : public BackendModel {
   // ---- load ----
 
   Status progress(size_t done_bytes) {
-    if (opt_.on_progress && total_upload_ > 0) opt_.on_progress(0.02f + 0.96f * float(double(done_bytes) / total_upload_));
+    if (opt_.on_progress && total_upload_ > 0)
+      opt_.on_progress(0.02f + 0.96f * float(double(done_bytes) / total_upload_));
     return Status::ok();
   }
 
@@ -490,7 +499,8 @@ class CudaBackend : public BackendModel {
     const cublasStatus_t st =
         cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, w.out, n, w.in, &alpha, W, CUDA_R_16F, w.in, x, CUDA_R_16F, w.in,
                      &beta, y, CUDA_R_32F, w.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS) return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
     return Status::ok();
   }
 
@@ -521,8 +531,9 @@ class CudaBackend : public BackendModel {
     }
     GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(meta_i32_, meta_host_, meta_int_bytes(), cudaMemcpyHostToDevice, stream_),
                        "metadata upload");
-    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(kv_ptrs_, ptrs, size_t(kMaxSeqs) * L * 2 * sizeof(void*), cudaMemcpyHostToDevice, stream_),
-                       "metadata upload");
+    GEMMA4_T4_CUDA_TRY(
+        cudaMemcpyAsync(kv_ptrs_, ptrs, size_t(kMaxSeqs) * L * 2 * sizeof(void*), cudaMemcpyHostToDevice, stream_),
+        "metadata upload");
     if (D > 0 && !ple_table16_) {  // PLE rows from the mapped file (host), before any kernel needs them
       const size_t LD = size_t(L) * D;
       for (int r = 0; r < rows; ++r) load_floats(*w_->ple_table, size_t(ids[r]) * LD, LD, tok_host_ + size_t(r) * LD);
@@ -534,8 +545,10 @@ class CudaBackend : public BackendModel {
     if (decode && use_graphs_) {
       float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
       GEMMA4_T4_TRY(replay_decode(rows, dst));
-      if (dev_out) dev_row_ += rows;
-      else GEMMA4_T4_TRY(download(rows, logits));
+      if (dev_out)
+        dev_row_ += rows;
+      else
+        GEMMA4_T4_TRY(download(rows, logits));
     } else {
       GEMMA4_T4_TRY(encode_layers(rows, attention_splits(rows, max_pos + 1, c.sliding_window),
                                   attention_splits(rows, max_pos + 1, 0)));
@@ -543,8 +556,10 @@ class CudaBackend : public BackendModel {
         const int k = std::min(kernels::kGemvMaxRows, nsel - b);
         float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
         GEMMA4_T4_TRY(encode_head(b, k, dst));
-        if (dev_out) dev_row_ += k;
-        else GEMMA4_T4_TRY(download(k, logits));
+        if (dev_out)
+          dev_row_ += k;
+        else
+          GEMMA4_T4_TRY(download(k, logits));
       }
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
@@ -556,8 +571,9 @@ class CudaBackend : public BackendModel {
   Status download(int k, std::vector<float>* logits) const {
     const size_t V = size_t(cfg_->vocab_size), at = logits->size();
     logits->resize(at + size_t(k) * V);
-    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
-                       "logits download");
+    GEMMA4_T4_CUDA_TRY(
+        cudaMemcpyAsync(logits->data() + at, logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
+        "logits download");
     return Status::ok();
   }
 
@@ -598,8 +614,9 @@ class CudaBackend : public BackendModel {
     const ModelConfig& c = *cfg_;
     const int H = c.hidden_size, V = c.vocab_size;
     const int* d_sel = meta_i32_ + 3 * kMaxRows;
-    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, d_sel + first, final_norm_, k, H, c.rms_norm_eps, head16_, stream_),
-                       "final norm");
+    GEMMA4_T4_CUDA_TRY(
+        kernels::launch_rmsnorm(h_, H, d_sel + first, final_norm_, k, H, c.rms_norm_eps, head16_, stream_),
+        "final norm");
     GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, dst, V, stream_), "LM head");
     GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
     return Status::ok();
@@ -616,15 +633,17 @@ class CudaBackend : public BackendModel {
     half* const* d_k = kv_ptrs_;
     half* const* d_v = kv_ptrs_ + size_t(kMaxSeqs) * L;
 
-    GEMMA4_T4_CUDA_TRY(kernels::launch_embed(embed16_, d_ids, rows, H, float(std::sqrt(double(H))), h_, stream_), "embed");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_embed(embed16_, d_ids, rows, H, float(std::sqrt(double(H))), h_, stream_),
+                       "embed");
     if (D > 0) {
       if (ple_table16_)
         GEMMA4_T4_CUDA_TRY(kernels::launch_embed(ple_table16_, d_ids, rows, L * D, 1.f, tok_, stream_), "PLE rows");
       GEMMA4_T4_CUDA_TRY(kernels::launch_to_half(h_, size_t(rows) * H, x16_, stream_), "PLE input");
       GEMMA4_T4_TRY(mm(ple_model_proj_, x16_, rows, mmA_, "per_layer_model_projection"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_ple_combine(mmA_, tok_, ple_norm_, rows, L, D, float(1.0 / std::sqrt(double(H))),
-                                                     float(std::sqrt(double(D))), float(1.0 / std::sqrt(2.0)), eps, ple_,
-                                                     stream_), "PLE combine");
+      GEMMA4_T4_CUDA_TRY(
+          kernels::launch_ple_combine(mmA_, tok_, ple_norm_, rows, L, D, float(1.0 / std::sqrt(double(H))),
+                                      float(std::sqrt(double(D))), float(1.0 / std::sqrt(2.0)), eps, ple_, stream_),
+          "PLE combine");
     }
 
     for (int l = 0; l < L; ++l) {
@@ -634,8 +653,9 @@ class CudaBackend : public BackendModel {
       // attention
       GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, nullptr, d.in_norm, rows, H, eps, x16_, stream_), "input norm");
       GEMMA4_T4_TRY(mm(d.q, x16_, rows, mmA_, "q_proj"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmA_, nh * hd, rows, nh, hd, d.q_norm, eps, d.inv_freq, d_pos, q16_,
-                                                        kernels::KvTarget(), stream_), "q norm/rope");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmA_, nh * hd, rows, nh, hd, d.q_norm, eps, d.inv_freq, d_pos,
+                                                        q16_, kernels::KvTarget(), stream_),
+                         "q norm/rope");
       if (!lc.kv_shared) {
         GEMMA4_T4_TRY(mm(d.k, x16_, rows, mmB_, "k_proj"));
         const float* vsrc = mmB_;  // k_eq_v: V is the raw k_proj output
@@ -649,11 +669,13 @@ class CudaBackend : public BackendModel {
         kt.layer = l;
         kt.layers = L;
         kt.base = d_v;
-        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(vsrc, kvh * hd, rows, kvh, hd, nullptr, eps, nullptr, d_pos, nullptr,
-                                                          kt, stream_), "v norm");
+        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(vsrc, kvh * hd, rows, kvh, hd, nullptr, eps, nullptr, d_pos,
+                                                          nullptr, kt, stream_),
+                           "v norm");
         kt.base = d_k;
-        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmB_, kvh * hd, rows, kvh, hd, d.k_norm, eps, d.inv_freq, d_pos,
-                                                          nullptr, kt, stream_), "k norm/rope");
+        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmB_, kvh * hd, rows, kvh, hd, d.k_norm, eps, d.inv_freq,
+                                                          d_pos, nullptr, kt, stream_),
+                           "k norm/rope");
       }
       kernels::AttnArgs a;
       a.q = q16_;
@@ -674,24 +696,29 @@ class CudaBackend : public BackendModel {
       a.out = x16_;
       GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, hd, stream_), "attention");
       GEMMA4_T4_TRY(mm(d.o, x16_, rows, mmA_, "o_proj"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmA_, d.post_attn, rows, H, eps, 1.f, kernels::NextNorm::Norm,
-                                                       d.pre_ff, x16_, stream_), "post-attention norm");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmA_, d.post_attn, rows, H, eps, 1.f,
+                                                       kernels::NextNorm::Norm, d.pre_ff, x16_, stream_),
+                         "post-attention norm");
       // MLP
       GEMMA4_T4_TRY(mm(d.gate, x16_, rows, mmA_, "gate_proj"));
       GEMMA4_T4_TRY(mm(d.up, x16_, rows, mmB_, "up_proj"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(mmA_, mmB_, size_t(rows) * lc.intermediate_size, x16_, stream_), "gelu");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(mmA_, mmB_, size_t(rows) * lc.intermediate_size, x16_, stream_),
+                         "gelu");
       GEMMA4_T4_TRY(mm(d.down, x16_, rows, mmC_, "down_proj"));
       if (D > 0) {
-        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, 1.f, kernels::NextNorm::Copy,
-                                                         nullptr, x16_, stream_), "post-MLP norm");
+        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, 1.f,
+                                                         kernels::NextNorm::Copy, nullptr, x16_, stream_),
+                           "post-MLP norm");
         GEMMA4_T4_TRY(mm(d.ple_gate, x16_, rows, mmA_, "per_layer_input_gate"));
         GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(mmA_, ple_, rows, L, D, l, x16_, stream_), "PLE gate");
         GEMMA4_T4_TRY(mm(d.ple_proj, x16_, rows, mmC_, "per_layer_projection"));
-        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ple, rows, H, eps, d.scalar, kernels::NextNorm::None,
-                                                         nullptr, nullptr, stream_), "PLE norm");
+        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ple, rows, H, eps, d.scalar,
+                                                         kernels::NextNorm::None, nullptr, nullptr, stream_),
+                           "PLE norm");
       } else {
-        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, d.scalar, kernels::NextNorm::None,
-                                                         nullptr, nullptr, stream_), "post-MLP norm");
+        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, d.scalar,
+                                                         kernels::NextNorm::None, nullptr, nullptr, stream_),
+                           "post-MLP norm");
       }
     }
     return Status::ok();
@@ -723,23 +750,23 @@ class CudaBackend : public BackendModel {
   // workspace ([rows, ...] buffers hold kMaxRows rows)
   int* meta_i32_ = nullptr;
   half** kv_ptrs_ = nullptr;
-  float* h_ = nullptr;                 // [R, H] residual stream
+  float* h_ = nullptr;  // [R, H] residual stream
   half *x16_ = nullptr, *q16_ = nullptr;
   float *mmA_ = nullptr, *mmB_ = nullptr, *mmC_ = nullptr;
   float *ple_ = nullptr, *tok_ = nullptr;
-  float* tok_host_ = nullptr;          // pinned [R, L*D]
+  float* tok_host_ = nullptr;  // pinned [R, L*D]
   float *part_o_ = nullptr, *part_ml_ = nullptr;
   half* deq16_ = nullptr;
   half* head16_ = nullptr;
-  float* logits_ = nullptr;            // [16, V]
+  float* logits_ = nullptr;  // [16, V]
   void* meta_host_ = nullptr;
   size_t meta_bytes_ = 0;
-  float* samp_logits_ = nullptr;                 // [kMaxSeqs, V]
-  kernels::SampleParams* samp_params_ = nullptr; // [kMaxSeqs]
-  int* samp_out_ = nullptr;                      // [kMaxSeqs]
-  mutable int* seen_dev_ = nullptr;              // repetition-penalty ids, grown on demand
+  float* samp_logits_ = nullptr;                  // [kMaxSeqs, V]
+  kernels::SampleParams* samp_params_ = nullptr;  // [kMaxSeqs]
+  int* samp_out_ = nullptr;                       // [kMaxSeqs]
+  mutable int* seen_dev_ = nullptr;               // repetition-penalty ids, grown on demand
   mutable size_t seen_cap_ = 0;
-  mutable int dev_row_ = 0;                      // next row of dev_out in run()
+  mutable int dev_row_ = 0;  // next row of dev_out in run()
   bool use_graphs_ = true;
   mutable Graph graphs_[2][kernels::kGemvMaxRows + 1];  // [to host logits / to device logits][rows]
 };

@@ -33,9 +33,9 @@ enum class DType { F64, F32, F16, BF16, I64, I32, I16, I8, U64, U32, U16, U8, BO
 
 inline bool parse_dtype(const std::string& s, DType* out) {
   static const std::pair<const char*, DType> table[] = {
-      {"F64", DType::F64}, {"F32", DType::F32}, {"F16", DType::F16},         {"BF16", DType::BF16},
-      {"I64", DType::I64}, {"I32", DType::I32}, {"I16", DType::I16},         {"I8", DType::I8},
-      {"U64", DType::U64}, {"U32", DType::U32}, {"U16", DType::U16},         {"U8", DType::U8},
+      {"F64", DType::F64},   {"F32", DType::F32},         {"F16", DType::F16},        {"BF16", DType::BF16},
+      {"I64", DType::I64},   {"I32", DType::I32},         {"I16", DType::I16},        {"I8", DType::I8},
+      {"U64", DType::U64},   {"U32", DType::U32},         {"U16", DType::U16},        {"U8", DType::U8},
       {"BOOL", DType::BOOL}, {"F8_E4M3", DType::F8_E4M3}, {"F8_E5M2", DType::F8_E5M2}};
   for (const auto& e : table)
     if (s == e.first) {
@@ -68,9 +68,16 @@ inline const char* dtype_name(DType t) {
 
 inline size_t dtype_size(DType t) {
   switch (t) {
-    case DType::F64: case DType::I64: case DType::U64: return 8;
-    case DType::F32: case DType::I32: case DType::U32: return 4;
-    case DType::F16: case DType::BF16: case DType::I16: case DType::U16: return 2;
+    case DType::F64:
+    case DType::I64:
+    case DType::U64: return 8;
+    case DType::F32:
+    case DType::I32:
+    case DType::U32: return 4;
+    case DType::F16:
+    case DType::BF16:
+    case DType::I16:
+    case DType::U16: return 2;
     default: return 1;
   }
 }
@@ -98,7 +105,9 @@ struct TensorInfo {
 inline Status parse_safetensors(const uint8_t* data, size_t size, const std::string& where,
                                 std::vector<TensorInfo>* out) {
   out->clear();
-  if (size < 8) return err(Code::FormatError, where, ": ", size, " bytes is too short for a safetensors file (needs an 8-byte header length)");
+  if (size < 8)
+    return err(Code::FormatError, where, ": ", size,
+               " bytes is too short for a safetensors file (needs an 8-byte header length)");
   uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | data[i];
   if (n > size - 8)
@@ -118,9 +127,7 @@ inline Status parse_safetensors(const uint8_t* data, size_t size, const std::str
       if (!e.is_object()) return err(Code::FormatError, where, ": __metadata__ is not an object");
       continue;
     }
-    auto bad = [&](const std::string& what) {
-      return err(Code::FormatError, where, ": tensor '", name, "': ", what);
-    };
+    auto bad = [&](const std::string& what) { return err(Code::FormatError, where, ": tensor '", name, "': ", what); };
     if (!e.is_object()) return bad("entry is not an object");
     auto dt = e.find("dtype");
     auto sh = e.find("shape");
@@ -177,7 +184,8 @@ class MappedFile {
   Status open(const std::string& path) {
     close();
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return err(errno == ENOENT ? Code::NotFound : Code::IoError, path, ": cannot open: ", std::strerror(errno));
+    if (fd < 0)
+      return err(errno == ENOENT ? Code::NotFound : Code::IoError, path, ": cannot open: ", std::strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
       Status s = err(Code::IoError, path, ": cannot stat: ", std::strerror(errno));

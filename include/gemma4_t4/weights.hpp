@@ -21,11 +21,11 @@ namespace gemma4_t4 {
 namespace detail {
 
 struct LinearW {
-  std::string name;                  // base name, e.g. "layers.3.mlp.up_proj" (for messages)
-  int out = 0, in = 0;               // y[out] = W[out, in] x[in]
-  const TensorInfo* dense = nullptr;  // [out, in] float dtype
-  const TensorInfo* packed = nullptr; // [out, in/8] I32   (w4a16)
-  const TensorInfo* scale = nullptr;  // [out, in/group]   (w4a16)
+  std::string name;                    // base name, e.g. "layers.3.mlp.up_proj" (for messages)
+  int out = 0, in = 0;                 // y[out] = W[out, in] x[in]
+  const TensorInfo* dense = nullptr;   // [out, in] float dtype
+  const TensorInfo* packed = nullptr;  // [out, in/8] I32   (w4a16)
+  const TensorInfo* scale = nullptr;   // [out, in/group]   (w4a16)
   int group = 0;
 
   bool quantized() const { return packed != nullptr; }
@@ -38,29 +38,29 @@ struct LinearW {
 };
 
 struct LayerW {
-  const TensorInfo* input_layernorm = nullptr;           // [H]
-  const TensorInfo* post_attention_layernorm = nullptr;  // [H]
-  const TensorInfo* pre_feedforward_layernorm = nullptr; // [H]
-  const TensorInfo* post_feedforward_layernorm = nullptr;// [H]
-  const TensorInfo* q_norm = nullptr;                    // [d]
-  const TensorInfo* k_norm = nullptr;                    // [d]   (not on KV-shared layers)
-  const TensorInfo* layer_scalar = nullptr;              // [1]
-  LinearW q, k, v, o;                                    // v absent with k_eq_v; k, v absent when shared
+  const TensorInfo* input_layernorm = nullptr;             // [H]
+  const TensorInfo* post_attention_layernorm = nullptr;    // [H]
+  const TensorInfo* pre_feedforward_layernorm = nullptr;   // [H]
+  const TensorInfo* post_feedforward_layernorm = nullptr;  // [H]
+  const TensorInfo* q_norm = nullptr;                      // [d]
+  const TensorInfo* k_norm = nullptr;                      // [d]   (not on KV-shared layers)
+  const TensorInfo* layer_scalar = nullptr;                // [1]
+  LinearW q, k, v, o;                                      // v absent with k_eq_v; k, v absent when shared
   LinearW gate, up, down;
   // Per-layer embeddings (when hidden_size_per_layer_input > 0)
-  LinearW ple_gate;                                      // per_layer_input_gate [D, H]
-  LinearW ple_proj;                                      // per_layer_projection [H, D]
-  const TensorInfo* post_per_layer_input_norm = nullptr; // [H]
+  LinearW ple_gate;                                       // per_layer_input_gate [D, H]
+  LinearW ple_proj;                                       // per_layer_projection [H, D]
+  const TensorInfo* post_per_layer_input_norm = nullptr;  // [H]
 };
 
 struct Weights {
-  std::string prefix;                              // the prefix the file uses
-  const TensorInfo* embed = nullptr;               // embed_tokens [V, H]
-  const TensorInfo* lm_head = nullptr;             // [V, H] (== embed when tied)
-  const TensorInfo* final_norm = nullptr;          // norm [H]
-  const TensorInfo* ple_table = nullptr;           // embed_tokens_per_layer [Vple, L*D]
-  LinearW ple_model_proj;                          // per_layer_model_projection [L*D, H]
-  const TensorInfo* ple_proj_norm = nullptr;       // per_layer_projection_norm [D]
+  std::string prefix;                         // the prefix the file uses
+  const TensorInfo* embed = nullptr;          // embed_tokens [V, H]
+  const TensorInfo* lm_head = nullptr;        // [V, H] (== embed when tied)
+  const TensorInfo* final_norm = nullptr;     // norm [H]
+  const TensorInfo* ple_table = nullptr;      // embed_tokens_per_layer [Vple, L*D]
+  LinearW ple_model_proj;                     // per_layer_model_projection [L*D, H]
+  const TensorInfo* ple_proj_norm = nullptr;  // per_layer_projection_norm [D]
   std::vector<LayerW> layers;
 
   // Every decoder linear + the LM head, as the GPU would read them per decode step.
@@ -92,7 +92,8 @@ class WeightBinder {
         break;
       }
     if (!found)
-      return err(Code::NotFound, where_, ": no embed_tokens.weight under any known prefix "
+      return err(Code::NotFound, where_,
+                 ": no embed_tokens.weight under any known prefix "
                  "(model.language_model., language_model.model., model.); is this a Gemma 4 checkpoint?");
     prefix_ = w->prefix;
     const int H = cfg_.hidden_size, V = cfg_.vocab_size, L = cfg_.num_layers, D = cfg_.hidden_size_per_layer_input;
@@ -108,7 +109,8 @@ class WeightBinder {
       w->lm_head = t;
     }
     if (D > 0) {
-      GEMMA4_T4_TRY(float_tensor("embed_tokens_per_layer.weight", {cfg_.vocab_size_per_layer_input, int64_t(L) * D}, &w->ple_table));
+      GEMMA4_T4_TRY(float_tensor("embed_tokens_per_layer.weight", {cfg_.vocab_size_per_layer_input, int64_t(L) * D},
+                                 &w->ple_table));
       GEMMA4_T4_TRY(linear("per_layer_model_projection", L * D, H, &w->ple_model_proj));
       GEMMA4_T4_TRY(float_tensor("per_layer_projection_norm.weight", {D}, &w->ple_proj_norm));
     }
@@ -161,8 +163,8 @@ class WeightBinder {
       return err(Code::FormatError, where_, ": tensor '", t->name, "' has dtype ", dtype_name(t->dtype),
                  "; expected BF16, F16 or F32");
     if (t->shape != shape)
-      return err(Code::FormatError, where_, ": tensor '", t->name, "' has shape ", t->shape_string(), "; config.json implies ",
-                 shape_str(shape.data(), shape.size()));
+      return err(Code::FormatError, where_, ": tensor '", t->name, "' has shape ", t->shape_string(),
+                 "; config.json implies ", shape_str(shape.data(), shape.size()));
     return Status::ok();
   }
 
@@ -186,30 +188,35 @@ class WeightBinder {
     }
     const TensorInfo* packed = store_.find(full + ".weight_packed");
     if (!packed)
-      return err(Code::NotFound, where_, ": missing tensor '", full, ".weight' (nor a pack-quantized '", full, ".weight_packed')");
+      return err(Code::NotFound, where_, ": missing tensor '", full, ".weight' (nor a pack-quantized '", full,
+                 ".weight_packed')");
     if (cfg_.weight_format != WeightFormat::W4A16)
-      return err(Code::Unsupported, where_, ": tensor '", full, ".weight_packed' is pack-quantized but config.json has no "
+      return err(Code::Unsupported, where_, ": tensor '", full,
+                 ".weight_packed' is pack-quantized but config.json has no "
                  "compressed-tensors quantization_config describing it");
     const int g = cfg_.quant_group_size;
     if (in % g != 0 || in % 8 != 0)
-      return err(Code::FormatError, where_, ": '", full, "' input width ", in, " is not a multiple of the group size ", g);
+      return err(Code::FormatError, where_, ": '", full, "' input width ", in, " is not a multiple of the group size ",
+                 g);
     if (packed->dtype != DType::I32)
-      return err(Code::FormatError, where_, ": tensor '", packed->name, "' has dtype ", dtype_name(packed->dtype), "; expected I32");
+      return err(Code::FormatError, where_, ": tensor '", packed->name, "' has dtype ", dtype_name(packed->dtype),
+                 "; expected I32");
     const std::vector<int64_t> pshape = {out, in / 8};
     if (packed->shape != pshape)
-      return err(Code::FormatError, where_, ": tensor '", packed->name, "' has shape ", packed->shape_string(), "; expected ",
-                 shape_str(pshape.data(), 2), " for a ", out, " x ", in, " int4 weight");
+      return err(Code::FormatError, where_, ": tensor '", packed->name, "' has shape ", packed->shape_string(),
+                 "; expected ", shape_str(pshape.data(), 2), " for a ", out, " x ", in, " int4 weight");
     const TensorInfo* scale = store_.find(full + ".weight_scale");
     if (!scale) return err(Code::NotFound, where_, ": missing tensor '", full, ".weight_scale'");
     const std::vector<int64_t> sshape = {out, in / g};
     if (!is_float_dtype(scale->dtype) || scale->shape != sshape)
-      return err(Code::FormatError, where_, ": tensor '", scale->name, "' is ", dtype_name(scale->dtype), " ", scale->shape_string(),
-                 "; expected a float ", shape_str(sshape.data(), 2));
+      return err(Code::FormatError, where_, ": tensor '", scale->name, "' is ", dtype_name(scale->dtype), " ",
+                 scale->shape_string(), "; expected a float ", shape_str(sshape.data(), 2));
     if (const TensorInfo* ws = store_.find(full + ".weight_shape")) {
       int64_t v[2] = {0, 0};
       if (ws->numel() == 2 && (ws->dtype == DType::I64 || ws->dtype == DType::I32)) {
         for (int k = 0; k < 2; ++k) {
-          if (ws->dtype == DType::I64) std::memcpy(&v[k], ws->data + 8 * k, 8);
+          if (ws->dtype == DType::I64)
+            std::memcpy(&v[k], ws->data + 8 * k, 8);
           else {
             int32_t x;
             std::memcpy(&x, ws->data + 4 * k, 4);

@@ -547,8 +547,8 @@ TEST_CASE("gemv fp16: y = x W^T for 1..16 rows, strided y", "[gpu]") {
   std::mt19937 rng(301);
   Stream st;
   for (int in : {8, 40, 1544})
-    for (int out : {1, 7, 33, 1000, 2051, 4099}) {  // 1, 2 and 4 rows per warp
-      const std::vector<uint16_t> W = rand_f16(rng, size_t(out) * in, -1.f, 1.f);               // [out, in] fp16
+    for (int out : {1, 7, 33, 1000, 2051, 4099}) {                                 // 1, 2 and 4 rows per warp
+      const std::vector<uint16_t> W = rand_f16(rng, size_t(out) * in, -1.f, 1.f);  // [out, in] fp16
       const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
       const std::vector<float> Wf = widen(W), xf = widen(x);
       const int ldy = out + 3;
@@ -591,7 +591,7 @@ TEST_CASE("gemv w4a16: y = x W^T with packed int4 words and fp16 group scales, 1
   std::uniform_int_distribution<int> uq(-8, 7);
   for (int in : {32, 96, 1536})
     for (int out : {1, 7, 33, 1000, 2051, 4099}) {  // 1, 2 and 4 rows per warp
-      std::vector<int> q(size_t(out) * in);  // [out, in] int4 values
+      std::vector<int> q(size_t(out) * in);         // [out, in] int4 values
       for (int& v : q) v = uq(rng);
       const std::vector<uint32_t> Wq = pack_w4(q, out, in);                                     // [out, in / 8] u32
       const std::vector<uint16_t> S = rand_f16(rng, size_t(out) * (in / 32), 0.002f, 0.05f);    // [out, in / 32] fp16
