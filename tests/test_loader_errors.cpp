@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include "gemma4_t4.hpp"
+#include "temp_dir.hpp"
 #include "gemma4_t4/common.hpp"
 #include "gemma4_t4/safetensors.hpp"
 #include "gemma4_t4/config.hpp"
@@ -51,32 +52,7 @@ using Bytes = std::vector<uint8_t>;
 
 fs::path fixture(const std::string& name) { return fs::path(GEMMA4_T4_FIXTURES) / name; }
 
-// A fresh directory under the system temp dir, unique per test, removed (with its contents) on scope exit.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<unsigned> counter{0};
-    std::random_device rd;
-    for (int attempt = 0;; ++attempt) {
-      path_ = fs::temp_directory_path() / ("gemma4_t4_loader_errors_" + std::to_string(::getpid()) + "_" +
-                                           std::to_string(counter++) + "_" + std::to_string(rd()));
-      std::error_code ec;
-      if (fs::create_directory(path_, ec)) break;
-      if (attempt > 100)
-        throw std::runtime_error("cannot create a temp dir under " + fs::temp_directory_path().string());
-    }
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testutil::TempDir;
 
 Bytes read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

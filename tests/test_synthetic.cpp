@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "gemma4_t4.hpp"
+#include "temp_dir.hpp"
 
 #ifdef GEMMA4_T4_MAKE_SYNTHETIC
 
@@ -42,32 +43,7 @@ using gemma4_t4::Logits;
 using gemma4_t4::WeightFormat;
 using json = nlohmann::json;
 
-// A fresh directory under the system temp dir, removed (with its contents) on scope exit.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<unsigned> counter{0};
-    std::random_device rd;
-    for (int attempt = 0;; ++attempt) {
-      path_ = fs::temp_directory_path() / ("gemma4_t4_synthetic_" + std::to_string(::getpid()) + "_" +
-                                           std::to_string(counter++) + "_" + std::to_string(rd()));
-      std::error_code ec;
-      if (fs::create_directory(path_, ec)) break;
-      if (attempt > 100)
-        throw std::runtime_error("cannot create a temp dir under " + fs::temp_directory_path().string());
-    }
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
+using testutil::TempDir;
 
 std::string quote(const std::string& s) {
   std::string q = "'";
