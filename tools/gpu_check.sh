@@ -6,7 +6,8 @@
 #
 #   bash tools/gpu_check.sh [full|quick|bench|final|profile]
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
-#     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times
+#     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times;
+#     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease)
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -55,6 +56,18 @@ run() {  # run <name> [args]
 }
 
 fail=0
+if [ "$MODE" = verify ]; then
+  # Short lease: both builds of the suite, and in the background the E2B w4a16 decode probe (native).
+  ( g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &&
+    /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 ) &
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
+    src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
+  build native -gencode arch=compute_90,code=sm_90 && run native || fail=1
+  build turing -gencode arch=compute_75,code=compute_75 && run turing || fail=1
+  wait
+  /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 48 --batch 1,8,16 2>&1 | tee "$OUT/bench.log"
+  exit $fail
+fi
 if [ "$MODE" != bench ]; then
 build native -gencode arch=compute_90,code=sm_90 || fail=1
 [ $fail -eq 0 ] && { run native || fail=1; }
