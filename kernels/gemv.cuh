@@ -140,9 +140,11 @@ inline cudaError_t launch_gemv_nr(const half* W16, const uint32_t* Wq, const hal
 template <int N>
 inline cudaError_t launch_gemv_n(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
                                  int in, float* y, int ldy, cudaStream_t stream) {
-  // Enough blocks to cover the GPU first, then rows per warp for bytes in flight.
-  if (out >= 4 * 1024) return launch_gemv_nr<N, 4>(W16, Wq, S, x, n, out, in, y, ldy, stream);
-  if (out >= 2 * 1024) return launch_gemv_nr<N, 2>(W16, Wq, S, x, n, out, in, y, ldy, stream);
+  // Several rows per warp only for a single input row: measured on the H200 (bench/RESULTS.md), R = 4 lifted
+  // c = 1 decode but made batched decode (n = 8, 16) ~1.7x slower (the int4 unpack is repeated per row and
+  // 244 registers cut occupancy). Enough blocks to cover the GPU first, then rows per warp.
+  if (N == 1 && out >= 4 * 1024) return launch_gemv_nr<N, 4>(W16, Wq, S, x, n, out, in, y, ldy, stream);
+  if (N == 1 && out >= 2 * 1024) return launch_gemv_nr<N, 2>(W16, Wq, S, x, n, out, in, y, ldy, stream);
   return launch_gemv_nr<N, 1>(W16, Wq, S, x, n, out, in, y, ldy, stream);
 }
 
