@@ -33,6 +33,7 @@
 // CONFIGURATION MACROS
 //   GEMMA4_T4_IMPLEMENTATION   compile the implementation in this translation unit
 //   GEMMA4_T4_NO_CUDA          leave the CUDA backend out (implied when the compiler is not nvcc)
+//   GEMMA4_T4_SENTENCEPIECE    load SentencePiece .model tokenizers too (link -lsentencepiece)
 //
 // SUPPORTED CHECKPOINTS
 //   config.json model_type `gemma4` (multimodal; text_config used, towers ignored) or `gemma4_text`;
@@ -56,7 +57,9 @@
 //   destruction must not race with other calls on that Engine.
 //
 // HISTORY
-//   0.1.0  loader (safetensors, config, bf16/f16/f32 and w4a16 weights), CPU reference backend
+//   0.1.0  loader (safetensors, config, bf16/f16/f32 and w4a16 weights), CPU reference backend, CUDA
+//          backend (Turing-safe kernels, CUDA graphs, GPU sampling), batched forward, Engine::step,
+//          generate(), tokenizer (tokenizer.json BPE; SentencePiece), Gemma 4 chat format
 // -----------------------------------------------------------------------------------------------------------
 
 #ifndef GEMMA4_T4_HPP
@@ -67,6 +70,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #define GEMMA4_T4_VERSION_MAJOR 0
@@ -298,6 +302,137 @@ inline int argmax(const float* values, size_t n) {
   return static_cast<int>(best);
 }
 
+// ---- tokenizer -------------------------------------------------------------------------------------------
+
+// Gemma's tokenizer: a Hugging Face tokenizer.json (BPE with byte fallback, run as the `tokenizers` library
+// runs it; verified id for id against a reference implementation, see tests/data/tokenizer/README.md), or a
+// SentencePiece tokenizer.model when the implementation is compiled with GEMMA4_T4_SENTENCEPIECE.
+// Immutable after load: const methods may be called from several threads at once. Movable, not copyable.
+class Tokenizer {
+ public:
+  Tokenizer();
+  ~Tokenizer();
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // path: a tokenizer.json, a SentencePiece .model, or a directory holding either (tokenizer.json first).
+  // Parts of tokenizer.json this library does not implement (regex patterns, other normalizer / pre-tokenizer
+  // / decoder / model kinds) give Unsupported naming the part, never a silently different tokenization.
+  // Errors: NotFound, IoError, FormatError, Unsupported. On failure *out is untouched.
+  static Status load(const std::string& path, Tokenizer* out);
+
+  bool loaded() const;
+  size_t vocab_size() const;  // largest id + 1, added tokens included (262144 text tokens for Gemma 3 / 4)
+
+  // UTF-8 text -> ids (*ids replaced). No BOS is added: the chat template writes "<bos>". Added tokens
+  // ("<bos>", "<|turn>", "\n", ...) written in the text become their ids. Invalid UTF-8: InvalidArgument
+  // naming the byte offset, *ids untouched.
+  Status encode(std::string_view text, std::vector<int32_t>* ids) const;
+  // ids -> UTF-8 text (*text replaced), special tokens included as their text. Byte tokens that do not form
+  // valid UTF-8 become U+FFFD (one per maximal ill-formed subsequence). An id outside the vocabulary:
+  // InvalidArgument naming it, *text untouched.
+  Status decode(const int32_t* ids, size_t n, std::string* text) const;
+
+  int32_t token_id(std::string_view piece) const;  // id of a token's text ("<|turn>", "▁world"); -1 if none
+  const std::string& piece(int32_t id) const;      // the token's text; "" for an unknown id
+  // An added token marked special (<bos>, <eos>, <|turn>, ...); with a .model: control and unknown pieces.
+  bool is_special(int32_t id) const;
+
+  struct Impl;
+
+  // Incremental decoding for generation: put() one id at a time, each call appending the text that became
+  // final to *out_text; the concatenation of all appended text plus flush() equals decode() of all ids.
+  // Appended text is always whole UTF-8 characters: the bytes of a character split over several byte
+  // tokens are held back until it is complete; an ill-formed sequence becomes U+FFFD as soon as it is
+  // known to be ill-formed, and an incomplete one at the next non-byte token or at flush(). Holds a pointer
+  // to the tokenizer, which must outlive it. One thread at a time.
+  class Streamer {
+   public:
+    explicit Streamer(const Tokenizer& tokenizer);
+    Status put(int32_t id, std::string* out_text);  // unknown id: InvalidArgument, state unchanged
+    void flush(std::string* out_text);              // end of stream: held-back bytes become U+FFFD
+    void reset();                                   // start a new stream (held-back bytes dropped)
+
+   private:
+    void drain(bool final, std::string* out);
+    void emit(std::string_view s, std::string* out);
+    const Impl* impl_;
+    std::string pending_;  // bytes of an incomplete character (at most 3)
+    size_t count_ = 0;     // tokens put so far
+    int stripped_ = 0;     // leading characters removed by a Strip decoder
+    bool strip_done_ = false;
+  };
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- chat format and generation defaults -------------------------------------------------------------------
+
+// One chat message. role: "system" or "developer" (as the FIRST message: the system turn; later: a turn of
+// that name, as the template writes it), "user", "assistant" or "model" (both written as the model's turn).
+// Any other role is refused; "tool" too (tool calls / tool responses are not supported).
+struct Message {
+  std::string role;
+  std::string content;  // UTF-8; trimmed of Unicode whitespace; on model turns thinking blocks are dropped
+  // Optional thinking, re-sent as `<|channel>thought\n...<channel|>` only when the message comes after the
+  // last user message (an agent turn still in progress); "" = none.
+  std::string reasoning = {};
+};
+
+struct ChatOptions {
+  bool add_generation_prompt = true;  // end with `<|turn>model\n` so the model answers next
+  bool thinking = false;              // `<|think|>` at the top of the system turn (one is made if none)
+  bool add_bos = true;                // start with the text "<bos>" (id 2): the tokenizer does not add it
+};
+
+// The prompt text Gemma 4's official chat template renders for these messages (byte for byte, tested
+// against jinja2 renderings of the E2B template; see include/gemma4_t4/chat.hpp for its rules). Special
+// tokens appear as their text ("<bos>", "<|turn>", ...) for the tokenizer to map. Thread-safe, pure.
+// Errors: InvalidArgument for an unknown role, Unsupported for "tool"; *out is untouched on error.
+Status format_chat(const std::vector<Message>& messages, const ChatOptions& options, std::string* out);
+// The same; returns "" when the Status overload would fail.
+std::string format_chat(const std::vector<Message>& messages, const ChatOptions& options = ChatOptions());
+
+// Reads `dir`/generation_config.json (Hugging Face) into *defaults and *eos (either may be null): fields
+// temperature, top_k, top_p, min_p, repetition_penalty and eos_token_id (an id or a list) where present and
+// not null; `do_sample: false` sets temperature 0 (greedy). Absent fields keep the values already there; an
+// absent file is not an error (Status ok, nothing changed). A malformed file or field -> FormatError naming
+// the file and field, nothing changed.
+Status load_generation_config(const std::string& dir, SamplingOptions* defaults, std::vector<int>* eos);
+
+// ---- generation ------------------------------------------------------------------------------------------
+
+// What one generate() call measured. Wall-clock milliseconds on the calling thread.
+struct Timing {
+  size_t prompt_tokens = 0;     // tokens fed before the first sampled token
+  size_t generated_tokens = 0;  // tokens sampled (a stop token included)
+  double ttft_ms = 0;           // call start -> first token sampled (prefill + first sample)
+  double decode_ms = 0;         // first token -> last token sampled
+  double prefill_tok_s() const { return ttft_ms > 0 ? prompt_tokens * 1e3 / ttft_ms : 0; }
+  double decode_tok_s() const { return decode_ms > 0 && generated_tokens > 1 ? (generated_tokens - 1) * 1e3 / decode_ms : 0; }
+};
+
+struct GenerateOptions {
+  SamplingOptions sampling;
+  int max_new_tokens = 256;
+  bool stop_at_eos = true;          // stop on the model's eos_token_id list (config.json: [1, 106] on Gemma 4)
+  std::vector<int32_t> stop_tokens;  // more ids that end generation
+};
+
+// Feeds `prompt` to the session (which keeps its cache: a later call continues the conversation), then
+// samples up to max_new_tokens tokens one at a time. on_token (may be empty) sees every sampled token
+// that is not a stop token; returning false stops. A stop token ends generation and is not fed to the
+// session (the caller's next prompt starts with it, as the chat template writes "<turn|>"), nor appended to
+// *out. Every other sampled token is fed before the next one is drawn, so after the call the session holds
+// prompt + out. Errors (invalid ids, ContextOverflow when the session would pass its context) return at
+// once; tokens already generated stay in *out and in the session. out and timing may be null.
+Status generate(const Engine& engine, Session& session, const std::vector<int32_t>& prompt,
+                const GenerateOptions& options, const std::function<bool(int32_t token)>& on_token,
+                std::vector<int32_t>* out, Timing* timing = nullptr);
+
 }  // namespace gemma4_t4
 
 #endif  // GEMMA4_T4_HPP
@@ -312,6 +447,8 @@ inline int argmax(const float* values, size_t n) {
 #include "gemma4_t4/common.hpp"
 #include "gemma4_t4/safetensors.hpp"
 #include "gemma4_t4/config.hpp"
+#include "gemma4_t4/tokenizer.hpp"
+#include "gemma4_t4/chat.hpp"
 #include "gemma4_t4/weights.hpp"
 #include "gemma4_t4/rng.hpp"
 #include "gemma4_t4/sampler.hpp"
@@ -321,5 +458,6 @@ inline int argmax(const float* values, size_t n) {
 #include "gemma4_t4/cuda_backend.hpp"
 #endif
 #include "gemma4_t4/engine.hpp"
+#include "gemma4_t4/generate.hpp"
 #endif  // GEMMA4_T4_IMPLEMENTATION_DONE
 #endif  // GEMMA4_T4_IMPLEMENTATION
