@@ -412,13 +412,15 @@ struct Timing {
   double ttft_ms = 0;           // call start -> first token sampled (prefill + first sample)
   double decode_ms = 0;         // first token -> last token sampled
   double prefill_tok_s() const { return ttft_ms > 0 ? prompt_tokens * 1e3 / ttft_ms : 0; }
-  double decode_tok_s() const { return decode_ms > 0 && generated_tokens > 1 ? (generated_tokens - 1) * 1e3 / decode_ms : 0; }
+  double decode_tok_s() const {
+    return decode_ms > 0 && generated_tokens > 1 ? (generated_tokens - 1) * 1e3 / decode_ms : 0;
+  }
 };
 
 struct GenerateOptions {
   SamplingOptions sampling;
   int max_new_tokens = 256;
-  bool stop_at_eos = true;          // stop on the model's eos_token_id list (config.json: [1, 106] on Gemma 4)
+  bool stop_at_eos = true;           // stop on the model's eos_token_id list (config.json: [1, 106] on Gemma 4)
   std::vector<int32_t> stop_tokens;  // more ids that end generation
 };
 
