@@ -84,6 +84,18 @@ inline double check_rows(const std::vector<float>& got, const float* ref, size_t
   return worst;
 }
 
+// Feeds `tokens` to the session `chunk` at a time and returns every position's logits, concatenated.
+inline std::vector<float> forward_in_chunks(const gemma4_t4::Engine& engine, gemma4_t4::Session& session,
+                                            const std::vector<int32_t>& tokens, size_t chunk) {
+  std::vector<float> all, logits;
+  for (size_t b = 0; b < tokens.size(); b += chunk) {
+    const size_t n = std::min(chunk, tokens.size() - b);
+    REQUIRE(engine.forward(session, &tokens[b], n, gemma4_t4::Logits::All, &logits));
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
 inline gemma4_t4::Engine load_engine(const std::string& name, gemma4_t4::Backend backend,
                                      gemma4_t4::PleLocation ple = gemma4_t4::PleLocation::Host,
                                      size_t max_context = 1024) {

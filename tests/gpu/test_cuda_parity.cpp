@@ -50,12 +50,8 @@ void cuda_vs_reference(const std::string& name, PleLocation ple) {
       INFO("chunk " << chunk);
       Session s;
       REQUIRE(engine.create_session(&s));
-      std::vector<float> all, logits;
-      for (size_t b = 0; b < T; b += chunk) {
-        const size_t n = std::min(chunk, T - b);
-        REQUIRE(engine.forward(s, &ref.prompt[b], n, Logits::All, &logits));
-        all.insert(all.end(), logits.begin(), logits.end());
-      }
+      const std::vector<float> all = forward_in_chunks(engine, s, ref.prompt, chunk);
+      std::vector<float> logits;
       check_rows(all, ref.prefill.data(), T, V, kTolRef, name + " chunked prefill");
       REQUIRE(engine.forward(s, ref.decode_ids.data(), S, Logits::All, &logits));
       check_rows(logits, ref.decode.data(), S, V, kTolRef, name + " decode after chunks");
