@@ -1,16 +1,46 @@
-// gemma4_t4 kernels: decode matmuls (a batch of 1..16 rows against a weight read once).
+// gemma4_t4 kernels: decode matmuls (a batch of 1..16 rows against weights read once), on tensor cores.
 //
-//   y[r, o] = sum_i x[r, i] * W[o, i]     x: [n, in] fp16 (row stride in), y: [n, out] fp32 (row stride ldy)
-// Weights, two layouts:
+//   y[r, o] = sum_i x[r, i] * W[o, i]     x: [n, in] fp16 (row stride in, 16-byte aligned), n <= 16
+// Weights, two layouts (both 16-byte aligned):
 //   fp16   W [out, in] row-major; in % 8 == 0 (16-byte rows).
 //   w4a16  the compressed-tensors words kept as stored: Wq [out, in/8] u32, column 8j+k = nibble k of word j
 //          holding q + 8; scales S [out, in/32] fp16; w = (nibble - 8) * S[o, i/32]; in % 32 == 0. One
 //          16-byte load = 4 words = 32 columns = exactly one scale group, so this IS the kernel's layout:
 //          the load repacks nothing but the scales (bf16 -> fp16).
-// Decode is bandwidth-bound: each weight byte is read once per step for all n rows, so the n accumulators
-// live in registers (N is a template bound, n <= N at run time) and x (tiny, reused by every row) comes
-// through the read-only cache. R (1, 2 or 4 by the output count) output rows per warp; 8 warps per block.
-// fp32 accumulation. sm_75 safe, no shared memory.
+// Epilogues (one kernel, the epilogue a template parameter):
+//   Store     y_i[r, o] = x W_i^T for up to 3 matrices sharing x (q/k/v): fp32, row stride ldy_i
+//   GeluMul   out16[r, o] = half(gelu_tanh(x Wg[o]) * (x Wu[o]))        (MLP gate/up; Wg, Wu: [I, in])
+//   GeluPle   out16[r, o] = half(gelu_tanh(x Wg[o]) * ple[r, layer, o])  (PLE gate; ple: [n, L, D], D = out)
+//
+// Math: mma.sync.m16n8k8 (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
+// (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
+// minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
+// dequant_w4 builds), B = 8 columns x 8 input rows of x (fp16, as stored), fp32 accumulation. Rows past n
+// and columns past `in` enter as zeros (A and B both, so no NaN * 0). The tensor cores make the FMAs free;
+// what is left per weight byte is the load and, for w4a16, ~1.5 integer/half2 ops per weight.
+// Fragment mapping (lane = 4 * gid + tig): the reduction order over k is free, so each lane's 16-byte load
+// of weight row gid (and gid + 8) is used as it is, and x is fetched to match:
+//   fp16   k-tile = 32 columns; lane's 16-byte unit u = 4 * tile + tig holds columns 8u..8u+7 of its rows;
+//          mma step s (0..3) uses the half2 (8u + 2s, 8u + 2s + 1) of the weight rows and of x.
+//   w4a16  k-tile = 128 columns; unit u = 4 * tile + tig = scale group u, columns 32u..32u+31; word w,
+//          step s (16 steps) uses nibbles (s, s + 4) = columns (32u + 8w + s, 32u + 8w + s + 4); the
+//          x pair is gathered with one byte_perm.
+// Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
+// chosen from `in` alone); a block of 8 warps owns 8 / kw row tiles; blocks are partitioned over the
+// matrices' row tiles. Each warp issues the weight loads of U k-tiles (U = 4; 2 for gate/up, which loads
+// two matrices) before it uses any: 128 B per lane, 4 KiB per warp in flight (16-byte loads that skip L1);
+// x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
+// memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
+// Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
+// only on column n of B; kw depends only on `in`), so batched decode equals one-row decode bit for bit
+// (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
+// the expression of gelu_mul / ple_gate (elementwise.cuh) on the fp32 dot products.
+// Precision vs the CUDA-core GEMV this replaced: w4a16 weights are rounded to fp16 once (as prefill always
+// did) and the fp32 sums run in tensor-core order: results move by ~1e-4 relative, well inside the tests'
+// fp16 tolerances.
+// Tuning notes (not measured yet): a 1536-row matrix with a long k (down_proj) makes 96 blocks, fewer than
+// the H200's 132 SMs; a 16-warp block or a k-split across blocks would fill it.
+// sm_75 safe: static shared memory <= 16 KiB, no cp.async, no spills.
 #pragma once
 
 #include "common.cuh"
@@ -18,167 +48,432 @@
 namespace gemma4_t4 {
 namespace kernels {
 
-constexpr int kGemvWarps = 8;
-constexpr int kGemvMaxRows = 16;
+constexpr int kGemvWarps = 8;     // warps per block
+constexpr int kGemvMaxRows = 16;  // input rows (decode batch) per launch
+constexpr int kGemvMaxMats = 3;   // matrices of one multi-matrix launch
 
-// R consecutive output rows per warp: their weight loads are issued together (more bytes in flight per
-// warp: decode GEMVs are latency-bound otherwise) and each x chunk, once loaded, serves all R rows. Rows
-// past `out` re-read the last row and are not written.
-template <int N, int R>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_f16_kernel(const half* __restrict__ W, const half* __restrict__ x, int n, int out, int in,
-                    float* __restrict__ y, int ldy) {
-  const int o0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * R, lane = threadIdx.x & 31;
-  if (o0 >= out) return;
-  const int chunks = in / 8;
-  const uint4* wr[R];
+// One weight matrix of a launch: w16 xor (wq, s).
+struct GemvMat {
+  const half* w16 = nullptr;     // [out, in] fp16, or
+  const uint32_t* wq = nullptr;  // [out, in / 8] packed int4
+  const half* s = nullptr;       // [out, in / 32] fp16 scales
+  int out = 0;                   // output features
+  float* y = nullptr;            // Store: [n, ldy] fp32
+  int ldy = 0;
+};
+
+enum class GemvEpilogue { Store, GeluMul, GeluPle };
+
+struct GemvArgs {
+  const half* x = nullptr;  // [n, in] fp16
+  int n = 0, in = 0;
+  GemvMat mat[kGemvMaxMats];               // Store: mat[0..count); GeluMul: gate, up; GeluPle: gate
+  int count = 1;                           // outputs the blocks are partitioned over (Store); 1 for the GELU epilogues
+  int first_block[kGemvMaxMats + 1] = {};  // blocks of output i: [first_block[i], first_block[i + 1])
+  int kw = 1;                              // warps splitting the k-tiles of one 16-row tile: 1, 2, 4, 8
+  half* out16 = nullptr;                   // GeluMul, GeluPle: [n, ld16] fp16
+  int ld16 = 0;
+  const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
+  int ple_ld = 0, ple_off = 0;
+};
+
+// Predicated loads (zeros when !ok) in PTX, so no lane branches around a load before the warp-wide
+// mma.sync. Weights: 16 bytes, not allocated in L1 (read once per step; L1 is better left to x, which every
+// row tile re-reads). x: 16 bytes through the read-only path. Scales: 2 bytes, zero-extended.
+__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) {
+  uint4 v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
+  uint4 v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {
+  uint32_t v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  @p ld.global.nc.u16 %0, [%1];\n"
+      "}\n"
+      : "=r"(v)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));  // i is a compile-time constant
+}
+
+__device__ __forceinline__ half2 u32_as_h2(uint32_t u) {
+  half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+__device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+// Nibbles s and s + 4 of a packed word -> half2 ((n_s - 8) * scale, (n_{s+4} - 8) * scale). 0x6400 | n is
+// the fp16 1024 + n (exact, n < 16); minus 1032 gives n - 8 exactly; the scale multiply rounds once.
+__device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale2) {
+  const uint32_t v = ((word >> (4 * s)) & 0x000F000Fu) | 0x64006400u;
+  const half2 q = __hsub2(u32_as_h2(v), u32_as_h2(0x64086408u));  // 0x6408 = 1032.0
+  return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
+}
+
+// D = A B + D on the tensor cores, m16n8k8, fp16 inputs, fp32 accumulators. Lane (gid, tig): a0 = A[gid]
+// [2tig, 2tig+1], a1 = A[gid+8][same], b = B[2tig, 2tig+1][gid], c = C[gid][2tig, 2tig+1], C[gid+8][same].
+__device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). W4: weight layout. E: epilogue.
+template <int NT, bool W4, GemvEpilogue E>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+  constexpr int M = E == GemvEpilogue::GeluMul ? 2 : 1;  // weight matrices per warp (gate and up)
+  constexpr int U = M == 2 ? 2 : 4;                      // k-tiles of weight loads in flight per warp
+  constexpr int ACC = M * NT * 4;                        // fp32 accumulators per lane
+  __shared__ float red[kGemvWarps][ACC][32];             // partial tiles of the kw - 1 helper warps
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+  const int kw = a.kw, ks = warp & (kw - 1), mt = warp / kw;
+  // The block's output (constant indices only: a dynamic index into the parameter array would copy it to
+  // local memory).
+  const int bid = int(blockIdx.x);
+  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
+  const GemvMat g0 = mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]);
+  const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
+  const GemvMat g[2] = {g0, a.mat[1]};  // g[1]: the up matrix of GeluMul (same out and in as the gate)
+  const int out = g0.out;
+  const int row0 = (bid - first) * (16 * (kGemvWarps / kw)) + mt * 16;
+  const int ra = row0 + gid, rb = ra + 8;  // this lane's two weight rows
+  const bool oka = ra < out, okb = rb < out;
+  const int units = W4 ? a.in / 32 : a.in / 8;  // 16-byte units per weight row
+  const int ktiles = (units + 3) / 4;
+
+  const uint4 *wa[M], *wb[M];
+  const unsigned short *sa[M], *sb[M];  // w4a16 scales as raw fp16 bits
 #pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(W + size_t(min(o0 + r, out - 1)) * in);
-  float acc[R][N];
+  for (int m = 0; m < M; ++m) {
+    const size_t ia = size_t(oka ? ra : 0) * units, ib = size_t(okb ? rb : 0) * units;
+    if (W4) {
+      wa[m] = reinterpret_cast<const uint4*>(g[m].wq) + ia;
+      wb[m] = reinterpret_cast<const uint4*>(g[m].wq) + ib;
+      sa[m] = reinterpret_cast<const unsigned short*>(g[m].s) + ia;
+      sb[m] = reinterpret_cast<const unsigned short*>(g[m].s) + ib;
+    } else {
+      wa[m] = reinterpret_cast<const uint4*>(g[m].w16) + ia;
+      wb[m] = reinterpret_cast<const uint4*>(g[m].w16) + ib;
+      sa[m] = sb[m] = nullptr;
+    }
+  }
+  const uint4* xr[NT];  // this lane's x row (B column gid) of each 8-row tile
+  bool okx[NT];
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+  for (int t = 0; t < NT; ++t) {
+    const int r = t * 8 + gid;
+    okx[t] = r < a.n;
+    xr[t] = reinterpret_cast<const uint4*>(a.x + size_t(okx[t] ? r : 0) * a.in);
+  }
+
+  float acc[M][NT][4];
 #pragma unroll
-    for (int b = 0; b < N; ++b) acc[r][b] = 0.f;
-#pragma unroll 2
-  for (int c = lane; c < chunks; c += 32) {
-    uint4 wv[R];
+  for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int r = 0; r < R; ++r) wv[r] = __ldg(wr[r] + c);
+    for (int t = 0; t < NT; ++t)
 #pragma unroll
-    for (int b = 0; b < N; ++b) {
-      if (b < n) {
-        float xf[8];
-        unpack8(__ldg(reinterpret_cast<const uint4*>(x + size_t(b) * in) + c), xf);
+      for (int c = 0; c < 4; ++c) acc[m][t][c] = 0.f;
+
+  for (int kt0 = ks; kt0 < ktiles; kt0 += kw * U) {
+    // Issue every weight load of the U tiles first (the bytes in flight), then compute tile by tile.
+    uint4 qa[U][M], qb[U][M];
+    uint32_t sca[U][M], scb[U][M];  // w4a16: fp16 scale in both halves
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
-          float wf[8];
-          unpack8(wv[r], wf);
+    for (int u = 0; u < U; ++u) {
+      const int unit = (kt0 + u * kw) * 4 + tig;
+      const bool ok = unit < units;
 #pragma unroll
-          for (int k = 0; k < 8; ++k) acc[r][b] = fmaf(wf[k], xf[k], acc[r][b]);
+      for (int m = 0; m < M; ++m) {
+        qa[u][m] = ld_weights(wa[m] + unit, ok && oka);
+        qb[u][m] = ld_weights(wb[m] + unit, ok && okb);
+        if (W4) {
+          const uint32_t s0 = ld_u16(sa[m] + unit, ok && oka), s1 = ld_u16(sb[m] + unit, ok && okb);
+          sca[u][m] = s0 | (s0 << 16);
+          scb[u][m] = s1 | (s1 << 16);
+        } else {
+          sca[u][m] = scb[u][m] = 0u;
         }
       }
     }
-  }
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int u = 0; u < U; ++u) {
+      const int kt = kt0 + u * kw;
+      if (kt >= ktiles) break;  // warp-uniform: every lane reaches each mma.sync
+      const int unit = kt * 4 + tig;
+      const bool ok = unit < units;
+      if (W4) {
 #pragma unroll
-    for (int b = 0; b < N; ++b) {
-      const float s = warp_sum(acc[r][b]);
-      if (lane == 0 && b < n && o0 + r < out) y[size_t(b) * ldy + o0 + r] = s;
-    }
-}
-
-template <int N, int R>
-__global__ void __launch_bounds__(kGemvWarps * 32)
-    gemv_w4_kernel(const uint32_t* __restrict__ Wq, const half* __restrict__ S, const half* __restrict__ x, int n,
-                   int out, int in, float* __restrict__ y, int ldy) {
-  const int o0 = (blockIdx.x * kGemvWarps + (threadIdx.x >> 5)) * R, lane = threadIdx.x & 31;
-  if (o0 >= out) return;
-  const int groups = in / 32;
-  const uint4* wr[R];
-  const half* sr[R];
+        for (int w = 0; w < 4; ++w) {
+          uint32_t xb[NT][4];  // x pairs (columns 8w + s, 8w + s + 4 of the group) for steps s = 0..3
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int o = min(o0 + r, out - 1);
-    wr[r] = reinterpret_cast<const uint4*>(Wq + size_t(o) * (in / 8));
-    sr[r] = S + size_t(o) * groups;
-  }
-  float acc[R][N];
+          for (int t = 0; t < NT; ++t) {
+            const uint4 v = ld_x(xr[t] + unit * 4 + w, ok && okx[t]);
+            xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
+            xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
+            xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
+            xb[t][3] = __byte_perm(v.y, v.w, 0x7632);
+          }
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+          for (int m = 0; m < M; ++m) {
+            const uint32_t wda = u4_word(qa[u][m], w), wdb = u4_word(qb[u][m], w);
 #pragma unroll
-    for (int b = 0; b < N; ++b) acc[r][b] = 0.f;
-#pragma unroll 2
-  for (int g = lane; g < groups; g += 32) {
-    uint4 q[R];
-    float s[R];
+            for (int s = 0; s < 4; ++s) {
+              const uint32_t a0 = w4_pair(wda, s, sca[u][m]), a1 = w4_pair(wdb, s, scb[u][m]);
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      q[r] = __ldg(wr[r] + g);
-      s[r] = __half2float(sr[r][g]);
-    }
-#pragma unroll
-    for (int b = 0; b < N; ++b) {
-      if (b < n) {
-        const uint4* xr = reinterpret_cast<const uint4*>(x + size_t(b) * in + size_t(g) * 32);
-        float xf[32];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) unpack8(__ldg(xr + j), xf + 8 * j);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-          const uint32_t words[4] = {q[r].x, q[r].y, q[r].z, q[r].w};
-          float part = 0.f;
-#pragma unroll
-          for (int j = 0; j < 4; ++j)
-#pragma unroll
-            for (int k = 0; k < 8; ++k) part = fmaf(float(int((words[j] >> (4 * k)) & 0xFu) - 8), xf[8 * j + k], part);
-          acc[r][b] = fmaf(part, s[r], acc[r][b]);
+              for (int t = 0; t < NT; ++t) mma_16x8x8(acc[m][t], a0, a1, xb[t][s]);
+            }
+          }
         }
+      } else {
+        uint4 xv[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) xv[t] = ld_x(xr[t] + unit, ok && okx[t]);
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+#pragma unroll
+            for (int t = 0; t < NT; ++t)
+              mma_16x8x8(acc[m][t], u4_word(qa[u][m], s), u4_word(qb[u][m], s), u4_word(xv[t], s));
       }
     }
   }
+
+  if (kw > 1) {  // the row tile's first warp sums the others' partials, in warp order
+    if (ks != 0) {
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+      for (int m = 0; m < M; ++m)
 #pragma unroll
-    for (int b = 0; b < N; ++b) {
-      const float v = warp_sum(acc[r][b]);
-      if (lane == 0 && b < n && o0 + r < out) y[size_t(b) * ldy + o0 + r] = v;
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) red[warp][(m * NT + t) * 4 + c][lane] = acc[m][t][c];
     }
+    __syncthreads();
+    if (ks != 0) return;
+    for (int j = 1; j < kw; ++j)
+#pragma unroll
+      for (int m = 0; m < M; ++m)
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) acc[m][t][c] += red[warp + j][(m * NT + t) * 4 + c][lane];
+  }
+
+  // Lane (gid, tig) holds C[row gid + 8h][x row 8t + 2tig + j] in acc[.][t][2h + j].
+#pragma unroll
+  for (int t = 0; t < NT; ++t)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int o = ra + 8 * h, r = t * 8 + 2 * tig + j;
+        if (o >= out || r >= a.n) continue;
+        const float v = acc[0][t][2 * h + j];
+        if (E == GemvEpilogue::Store) {
+          g0.y[size_t(r) * g0.ldy + o] = v;
+        } else if (E == GemvEpilogue::GeluMul) {
+          a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
+        } else {
+          a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * a.ple[size_t(r) * a.ple_ld + a.ple_off + o]);
+        }
+      }
 }
 
-template <int N, int R>
-inline cudaError_t launch_gemv_nr(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
-                                  int in, float* y, int ldy, cudaStream_t stream) {
-  const dim3 grid(ceil_div(size_t(out), size_t(kGemvWarps) * R)), block(kGemvWarps * 32);
-  if (W16)
-    gemv_f16_kernel<N, R><<<grid, block, 0, stream>>>(W16, x, n, out, in, y, ldy);
+// Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
+// idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above).
+inline int gemv_split(int ktiles) {
+  for (int kw = kGemvWarps; kw > 1; kw /= 2)
+    if (ktiles % kw == 0) return kw;
+  int kw = 1;
+  while (kw * 2 <= ktiles && kw * 2 <= kGemvWarps) kw *= 2;
+  return kw;
+}
+
+template <bool W4, GemvEpilogue E>
+inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, cudaStream_t stream) {
+  if (a.n <= 8)
+    gemv_kernel<1, W4, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
   else
-    gemv_w4_kernel<N, R><<<grid, block, 0, stream>>>(Wq, S, x, n, out, in, y, ldy);
+    gemv_kernel<2, W4, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
-template <int N>
-inline cudaError_t launch_gemv_n(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
-                                 int in, float* y, int ldy, cudaStream_t stream) {
-  // Several rows per warp only for a single input row: measured on the H200 (bench/RESULTS.md), R = 4 lifted
-  // c = 1 decode but made batched decode (n = 8, 16) ~1.7x slower (the int4 unpack is repeated per row and
-  // 244 registers cut occupancy). Enough blocks to cover the GPU first, then rows per warp.
-  if (N == 1 && out >= 4 * 1024) return launch_gemv_nr<N, 4>(W16, Wq, S, x, n, out, in, y, ldy, stream);
-  if (N == 1 && out >= 2 * 1024) return launch_gemv_nr<N, 2>(W16, Wq, S, x, n, out, in, y, ldy, stream);
-  return launch_gemv_nr<N, 1>(W16, Wq, S, x, n, out, in, y, ldy, stream);
+inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Checks the shapes, fills kw and the block partition, launches. mats: a.count outputs (Store) or the
+// gate [, up] of a GELU epilogue (`nmats` matrices to check).
+inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cudaStream_t stream) {
+  if (a.n <= 0) return cudaSuccess;
+  if (a.n > kGemvMaxRows || nmats < 1 || nmats > kGemvMaxMats || a.count < 1 || a.count > nmats)
+    return cudaErrorInvalidValue;
+  int total_out = 0;
+  for (int i = 0; i < nmats; ++i) {
+    if (a.mat[i].out < 0) return cudaErrorInvalidValue;
+    total_out += a.mat[i].out;
+  }
+  if (total_out == 0) return cudaSuccess;
+  const bool w4 = a.mat[0].w16 == nullptr;
+  if (a.in <= 0 || a.in % (w4 ? 32 : 8) != 0 || !gemv_aligned(a.x)) return cudaErrorInvalidValue;
+  for (int i = 0; i < nmats; ++i) {
+    const GemvMat& m = a.mat[i];
+    if (w4 ? (m.w16 || !m.wq || !m.s || !gemv_aligned(m.wq)) : (m.wq || m.s || !gemv_aligned(m.w16)))
+      return cudaErrorInvalidValue;  // exactly one layout, the same for every matrix of the launch
+    if (e == GemvEpilogue::Store && m.out > 0 && (!m.y || m.ldy < m.out)) return cudaErrorInvalidValue;
+  }
+  if (e != GemvEpilogue::Store && (!a.out16 || a.ld16 < a.mat[0].out)) return cudaErrorInvalidValue;
+  if (e == GemvEpilogue::GeluMul && a.mat[1].out != a.mat[0].out) return cudaErrorInvalidValue;
+  if (e == GemvEpilogue::GeluPle && !a.ple) return cudaErrorInvalidValue;
+
+  a.kw = gemv_split((a.in / (w4 ? 32 : 8) + 3) / 4);
+  const int rows_per_block = 16 * (kGemvWarps / a.kw);
+  a.first_block[0] = 0;
+  for (int i = 0; i < kGemvMaxMats; ++i)
+    a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
+  const unsigned blocks = unsigned(a.first_block[a.count]);
+  switch (e) {
+    case GemvEpilogue::Store:
+      return w4 ? launch_gemv_w<true, GemvEpilogue::Store>(a, blocks, stream)
+                : launch_gemv_w<false, GemvEpilogue::Store>(a, blocks, stream);
+    case GemvEpilogue::GeluMul:
+      return w4 ? launch_gemv_w<true, GemvEpilogue::GeluMul>(a, blocks, stream)
+                : launch_gemv_w<false, GemvEpilogue::GeluMul>(a, blocks, stream);
+    case GemvEpilogue::GeluPle:
+      return w4 ? launch_gemv_w<true, GemvEpilogue::GeluPle>(a, blocks, stream)
+                : launch_gemv_w<false, GemvEpilogue::GeluPle>(a, blocks, stream);
+  }
+  return cudaErrorInvalidValue;
 }
 
-// W16 xor (Wq, S): exactly one weight layout is set.
+// y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32.
 inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
                                int in, float* y, int ldy, cudaStream_t stream) {
-  if (n <= 0 || out <= 0) return cudaSuccess;
-  if (n > kGemvMaxRows) return cudaErrorInvalidValue;
-  if (n <= 1) return launch_gemv_n<1>(W16, Wq, S, x, n, out, in, y, ldy, stream);
-  if (n <= 2) return launch_gemv_n<2>(W16, Wq, S, x, n, out, in, y, ldy, stream);
-  if (n <= 4) return launch_gemv_n<4>(W16, Wq, S, x, n, out, in, y, ldy, stream);
-  if (n <= 8) return launch_gemv_n<8>(W16, Wq, S, x, n, out, in, y, ldy, stream);
-  return launch_gemv_n<16>(W16, Wq, S, x, n, out, in, y, ldy, stream);
+  GemvArgs a;
+  a.x = x;
+  a.n = n;
+  a.in = in;
+  a.mat[0] = GemvMat{W16, Wq, S, out, y, ldy};
+  a.count = 1;
+  return launch_gemv_args(a, 1, GemvEpilogue::Store, stream);
 }
 
-// Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per word.
+// y_i = x W_i^T for `count` (1..3) matrices of one layout sharing x and `in`, in one launch.
+inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half* x, int n, int in,
+                                     cudaStream_t stream) {
+  if (count < 1 || count > kGemvMaxMats) return cudaErrorInvalidValue;
+  GemvArgs a;
+  a.x = x;
+  a.n = n;
+  a.in = in;
+  for (int i = 0; i < count; ++i) a.mat[i] = mats[i];
+  a.count = count;
+  return launch_gemv_args(a, count, GemvEpilogue::Store, stream);
+}
+
+// out16[r, o] = half(gelu_tanh(x gate[o]) * (x up[o])). gate, up: [I, in] of one layout (their y unused);
+// out16: [n, ld16] fp16, must not overlap x.
+inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, const half* x, int n, int in,
+                                        half* out16, int ld16, cudaStream_t stream) {
+  GemvArgs a;
+  a.x = x;
+  a.n = n;
+  a.in = in;
+  a.mat[0] = gate;
+  a.mat[1] = up;
+  a.count = 1;
+  a.out16 = out16;
+  a.ld16 = ld16;
+  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, stream);
+}
+
+// out16[r, o] = half(gelu_tanh(x gate[o]) * ple[(r * L + layer) * D + o]), D = gate.out. ple: [n, L, D]
+// fp32 (launch_ple_gate's layout); out16: [n, D] fp16, must not overlap x.
+inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int n, int in, const float* ple, int L,
+                                        int layer, half* out16, cudaStream_t stream) {
+  GemvArgs a;
+  a.x = x;
+  a.n = n;
+  a.in = in;
+  a.mat[0] = gate;
+  a.count = 1;
+  a.out16 = out16;
+  a.ld16 = gate.out;
+  a.ple = ple;
+  a.ple_ld = L * gate.out;
+  a.ple_off = layer * gate.out;
+  if (layer < 0 || layer >= L) return a.n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
+  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, stream);
+}
+
+// Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per scale group.
 static __global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const half* __restrict__ S, int out, int in,
                                          half* __restrict__ out16) {
-  const size_t words = size_t(out) * (in / 8);
+  // one thread per scale group: a 16-byte load of 4 words (32 columns) -> four 16-byte stores
+  const int groups = in / 32;
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= words) return;
-  const size_t o = idx / (in / 8), j = idx % (in / 8);
-  const uint32_t w = Wq[idx];
-  const float s = __half2float(S[o * (in / 32) + j / 4]);
-  half* dst = out16 + o * in + j * 8;
+  if (idx >= size_t(out) * groups) return;
+  const uint4 w4 = __ldg(reinterpret_cast<const uint4*>(Wq) + idx);
+  const float s = __half2float(S[idx]);  // S is [out, in / 32]: the same index
+  const uint32_t words[4] = {w4.x, w4.y, w4.z, w4.w};
+  uint4* dst = reinterpret_cast<uint4*>(out16) + idx * 4;
 #pragma unroll
-  for (int k = 0; k < 8; ++k) dst[k] = __float2half_rn(float(int((w >> (4 * k)) & 0xFu) - 8) * s);
+  for (int q = 0; q < 4; ++q) {
+    uint32_t h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const half2 v = __halves2half2(__float2half_rn(float(int((words[q] >> (8 * k)) & 0xFu) - 8) * s),
+                                     __float2half_rn(float(int((words[q] >> (8 * k + 4)) & 0xFu) - 8) * s));
+      h[k] = *reinterpret_cast<const uint32_t*>(&v);
+    }
+    dst[q] = make_uint4(h[0], h[1], h[2], h[3]);
+  }
 }
 
 inline cudaError_t launch_dequant_w4(const uint32_t* Wq, const half* S, int out, int in, half* out16,
                                      cudaStream_t stream) {
-  const size_t words = size_t(out) * (in / 8);
-  if (words == 0) return cudaSuccess;
-  dequant_w4_kernel<<<ceil_div(words, 256), 256, 0, stream>>>(Wq, S, out, in, out16);
+  const size_t groups = size_t(out) * (in / 32);
+  if (groups == 0) return cudaSuccess;
+  if (in % 32 != 0) return cudaErrorInvalidValue;
+  dequant_w4_kernel<<<ceil_div(groups, 256), 256, 0, stream>>>(Wq, S, out, in, out16);
   return cudaGetLastError();
 }
 

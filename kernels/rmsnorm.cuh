@@ -7,6 +7,9 @@
 //                 then, by `next`: out16[r] = half(norm(h[r]) * w_next)  (NextNorm::Norm)
 //                                   out16[r] = half(h[r])                (NextNorm::Copy, PLE gate input)
 //                                   nothing                              (NextNorm::None)
+// NextNorm::Norm computes norm(h[r]) exactly as rmsnorm_kernel would on the updated row (same block size,
+// same per-thread order, same reduction), so the CUDA backend folds every layer's input rmsnorm but the
+// first into the previous layer's last residual_norm bit for bit (tested in tests/gpu/test_kernels.cu).
 // One block per row; any cols. sm_75: plain loads, block reductions in static shared memory (132 B).
 #pragma once
 

@@ -8,6 +8,8 @@
 // Destination: out[r, h, :] (fp16) when `out` is set, else the cache of the row's sequence:
 //   cache[seq[r] * layers + layer] + (slot * heads + h) * d, slot = pos[r] % capacity[seq[r] * layers + layer]
 //   (full layers have capacity >= every position, so the slot is the position; sliding layers use a ring).
+// One launch serves up to three targets of the same head dim (a layer's q, k and v: 8 + 1 + 1 heads on
+// E2B), each with its own input, weight, RoPE table and destination: grid (rows, total heads).
 // Block: max(32, d/2) threads, one channel pair each. sm_75 safe; static shared memory 132 B.
 #pragma once
 
@@ -25,45 +27,107 @@ struct KvTarget {
   int layers = 0;
 };
 
-static __global__ void head_norm_rope_kernel(const float* __restrict__ in, int ld_in, int heads, int d,
-                                             const float* __restrict__ w, float eps, const float* __restrict__ inv_freq,
-                                             const int* __restrict__ pos, half* __restrict__ out, KvTarget kv) {
-  const int row = blockIdx.x, hh = blockIdx.y, half_d = d / 2;
+// One target of a launch: a [rows, ld_in] fp32 matmul output whose `heads` heads of d channels are
+// normalised (+ roped) and written to `out` or, when out is null, into the caches kv.base.
+struct HeadNormTarget {
+  const float* in = nullptr;  // [rows, ld_in] fp32; head h at columns h*d .. h*d + d - 1
+  int ld_in = 0;
+  int heads = 0;
+  const float* w = nullptr;         // [d] fp32, or nullptr: no weight (v_norm)
+  const float* inv_freq = nullptr;  // [d/2] fp32, or nullptr: no RoPE
+  half* out = nullptr;              // [rows, heads, d] fp16, or nullptr: into kv
+  KvTarget kv;
+};
+
+constexpr int kHeadNormMaxTargets = 3;  // q, k, v of one layer
+
+struct HeadNormArgs {
+  HeadNormTarget t[kHeadNormMaxTargets];
+  int count = 0;
+  int d = 0;
+  float eps = 0.f;
+  const int* pos = nullptr;  // [rows]
+};
+
+// Grid (rows, sum of the targets' heads): blockIdx.y walks the heads of target 0, then 1, then 2.
+static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
+  const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
+  // Target and head of this block; constant indices only (a dynamic index into the parameter array would
+  // copy it to local memory).
+  int hh = blockIdx.y;
+  int ti = 0;
+  if (a.count > 1 && hh >= a.t[0].heads) {
+    hh -= a.t[0].heads;
+    ti = 1;
+    if (a.count > 2 && hh >= a.t[1].heads) {
+      hh -= a.t[1].heads;
+      ti = 2;
+    }
+  }
+  const HeadNormTarget t = ti == 0 ? a.t[0] : (ti == 1 ? a.t[1] : a.t[2]);
   const int i = threadIdx.x;
   const bool active = i < half_d;
-  const float* x = in + size_t(row) * ld_in + size_t(hh) * d;
-  float a = active ? x[i] : 0.f, b = active ? x[i + half_d] : 0.f;
-  const float r = rsqrtf(block_sum(a * a + b * b) / d + eps);
+  const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
+  float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
+  const float r = rsqrtf(block_sum(va * va + vb * vb) / d + a.eps);
   if (!active) return;
-  a *= r * (w ? w[i] : 1.f);
-  b *= r * (w ? w[i + half_d] : 1.f);
-  const int p = pos[row];
-  if (inv_freq && inv_freq[i] != 0.f) {
+  va *= r * (t.w ? t.w[i] : 1.f);
+  vb *= r * (t.w ? t.w[i + half_d] : 1.f);
+  const int p = a.pos[row];
+  if (t.inv_freq && t.inv_freq[i] != 0.f) {
     float s, c;
-    sincosf(float(p) * inv_freq[i], &s, &c);
-    const float a2 = a * c - b * s;
-    b = b * c + a * s;
-    a = a2;
+    sincosf(float(p) * t.inv_freq[i], &s, &c);
+    const float a2 = va * c - vb * s;
+    vb = vb * c + va * s;
+    va = a2;
   }
   half* dst;
-  if (out) {
-    dst = out + (size_t(row) * heads + hh) * d;
+  if (t.out) {
+    dst = t.out + (size_t(row) * t.heads + hh) * d;
   } else {
-    const int idx = kv.seq[row] * kv.layers + kv.layer;
-    const int slot = p % kv.capacity[idx];
-    dst = kv.base[idx] + (size_t(slot) * heads + hh) * d;
+    const int idx = t.kv.seq[row] * t.kv.layers + t.kv.layer;
+    const int slot = p % t.kv.capacity[idx];
+    dst = t.kv.base[idx] + (size_t(slot) * t.heads + hh) * d;
   }
-  dst[i] = to_half_sat(a);
-  dst[i + half_d] = to_half_sat(b);
+  dst[i] = to_half_sat(va);
+  dst[i + half_d] = to_half_sat(vb);
+}
+
+inline int head_norm_threads(int d) { return ((d / 2 + 31) / 32) * 32; }
+
+// Up to kHeadNormMaxTargets targets of one head dim d (q, k and v of a layer) in one launch.
+inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, int count, int rows, int d, float eps,
+                                               const int* pos, cudaStream_t stream) {
+  if (rows <= 0) return cudaSuccess;
+  if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0) return cudaErrorInvalidValue;
+  HeadNormArgs a;
+  int heads = 0;
+  for (int i = 0; i < count; ++i) {
+    if (targets[i].heads < 0) return cudaErrorInvalidValue;
+    a.t[i] = targets[i];
+    heads += targets[i].heads;
+  }
+  if (heads == 0) return cudaSuccess;
+  a.count = count;
+  a.d = d;
+  a.eps = eps;
+  a.pos = pos;
+  head_norm_rope_kernel<<<dim3(rows, heads), head_norm_threads(d), 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, int heads, int d, const float* w,
                                          float eps, const float* inv_freq, const int* pos, half* out,
                                          const KvTarget& kv, cudaStream_t stream) {
-  if (rows <= 0) return cudaSuccess;
-  const int threads = ((d / 2 + 31) / 32) * 32;
-  head_norm_rope_kernel<<<dim3(rows, heads), threads, 0, stream>>>(in, ld_in, heads, d, w, eps, inv_freq, pos, out, kv);
-  return cudaGetLastError();
+  HeadNormTarget t;
+  t.in = in;
+  t.ld_in = ld_in;
+  t.heads = heads;
+  t.w = w;
+  t.inv_freq = inv_freq;
+  t.out = out;
+  t.kv = kv;
+  return launch_head_norm_rope_multi(&t, 1, rows, d, eps, pos, stream);
 }
 
 }  // namespace kernels

@@ -7,7 +7,8 @@
 #   bash tools/gpu_check.sh [full|quick|bench|final|profile]
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
 #     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times;
-#     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease)
+#     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease);
+#     micro: kernel micro-benchmarks only (bench/micro_bench.cu; also part of full, bench and verify)
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -62,11 +63,21 @@ if [ "$MODE" = verify ]; then
     /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 ) &
   nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
     src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/micro_bench bench/micro_bench.cu -lcublas \
+    > "$OUT/build-micro.log" 2>&1 &
   build native -gencode arch=compute_90,code=sm_90 && run native || fail=1
   build turing -gencode arch=compute_75,code=compute_75 && run turing || fail=1
   wait
+  /tmp/micro_bench --quick > "$OUT/micro.log" 2>&1 || { echo "micro_bench failed"; fail=1; }
+  cat "$OUT/micro.log"
   /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 48 --batch 1,8,16 2>&1 | tee "$OUT/bench.log"
   exit $fail
+fi
+if [ "$MODE" = micro ] || [ "$MODE" = full ] || [ "$MODE" = bench ]; then
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/micro_bench bench/micro_bench.cu -lcublas \
+    > "$OUT/build-micro.log" 2>&1 && /tmp/micro_bench > "$OUT/micro.log" 2>&1 || { echo "micro_bench failed"; fail=1; }
+  cat "$OUT/micro.log"
+  [ "$MODE" = micro ] && exit $fail
 fi
 if [ "$MODE" != bench ]; then
 build native -gencode arch=compute_90,code=sm_90 || fail=1

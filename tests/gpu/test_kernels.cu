@@ -8,6 +8,8 @@
 //   fp32 outputs from fp16 inputs     max |got - ref| / max |ref|   <= 1e-3
 //   fp32 outputs from fp32 inputs     max |got - ref| / max |ref|   <= 1e-5
 //   dequantisation, saturation, embedding rows, argmax               exact
+//   invariants the CUDA backend relies on: a GEMV row of an n-row batch vs the same row of a 16-row
+//   batch, a matrix of a multi-matrix GEMV vs its own launch, residual_norm's next norm vs rmsnorm   bit-exact
 // Every case is tagged [gpu]; tests/gpu/main.cpp skips the suite visibly where no GPU is present.
 #include <catch2/catch.hpp>
 
@@ -384,6 +386,41 @@ TEST_CASE("residual_norm: h += norm(y) * w_post, scaled, then the next norm / co
         }
 }
 
+// The CUDA backend folds layer l+1's input rmsnorm into layer l's last residual_norm: the fused output must
+// be the separate rmsnorm of the updated residual, bit for bit (same block size, same reduction order).
+TEST_CASE("residual_norm NextNorm::Norm equals rmsnorm of the updated residual, bit for bit", "[gpu]") {
+  std::mt19937 rng(103);
+  Stream st;
+  const float eps = 1e-6f;
+  for (int rows : {1, 3, 17})
+    for (int cols : {8, 300, 1536, 2056})
+      for (float scalar : {1.f, 0.73f}) {
+        const size_t n = size_t(rows) * cols;
+        const std::vector<float> h = rand_f32(rng, n, -4.f, 4.f);    // [rows, cols] fp32 residual
+        const std::vector<float> y = rand_f32(rng, n, -50.f, 50.f);  // [rows, cols] fp32 block output
+        const std::vector<float> w_post = rand_f32(rng, size_t(cols), -2.f, 2.f);
+        const std::vector<float> w_next = rand_f32(rng, size_t(cols), -2.f, 2.f);
+        Dev<float> dh(n), dy(n), dwp(w_post.size()), dwn(w_next.size());
+        Dev<half> fused(n), separate(n);  // [rows, cols] fp16
+        dh.upload(h);
+        dy.upload(y);
+        dwp.upload(w_post);
+        dwn.upload(w_next);
+        fused.poison();
+        separate.poison();
+        REQUIRE_CUDA(kn::launch_residual_norm(dh.get(), dy.get(), dwp.get(), rows, cols, eps, scalar,
+                                              kn::NextNorm::Norm, dwn.get(), fused.get(), st.s));
+        REQUIRE_CUDA(kn::launch_rmsnorm(dh.get(), cols, nullptr, dwn.get(), rows, cols, eps, separate.get(), st.s));
+        st.sync();
+        const std::vector<uint16_t> a = fused.download<uint16_t>(), b = separate.download<uint16_t>();
+        size_t diff = 0;
+        for (size_t i = 0; i < n; ++i) diff += a[i] != b[i] || a[i] == kPoison16;
+        INFO("rows " << rows << " cols " << cols << " scalar " << scalar << ": " << diff << " of " << n
+                     << " halves differ (or unwritten)");
+        REQUIRE(diff == 0);
+      }
+}
+
 // ---- rope_kv.cuh ----
 
 std::vector<float> make_inv_freq(int d, int pairs, float theta, float factor) {
@@ -541,95 +578,375 @@ TEST_CASE("head_norm_rope: K/V rows into per-(sequence, layer) caches, full and 
       }
 }
 
-// ---- gemv.cuh ----
-
-TEST_CASE("gemv fp16: y = x W^T for 1..16 rows, strided y", "[gpu]") {
-  std::mt19937 rng(301);
+TEST_CASE("head_norm_rope multi: a layer's q, k and v targets in one launch", "[gpu]") {
+  std::mt19937 rng(203);
   Stream st;
-  for (int in : {8, 40, 1544})
-    for (int out : {1, 7, 33, 1000, 2051, 4099}) {                                 // 1, 2 and 4 rows per warp
-      const std::vector<uint16_t> W = rand_f16(rng, size_t(out) * in, -1.f, 1.f);  // [out, in] fp16
-      const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
-      const std::vector<float> Wf = widen(W), xf = widen(x);
-      const int ldy = out + 3;
-      Dev<half> dW(W.size()), dx(x.size());
-      Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [16, ldy] fp32
-      dW.upload(W);
-      dx.upload(x);
-      const std::vector<double> ref_all = gemv_ref(Wf, xf, kn::kGemvMaxRows, out, in);
-      for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
-        dy.poison();
-        REQUIRE_CUDA(kn::launch_gemv(dW.get(), nullptr, nullptr, dx.get(), n, out, in, dy.get(), ldy, st.s));
-        st.sync();
-        const std::vector<float> y = dy.download<float>();
-        std::vector<float> got;
-        std::vector<double> ref;
-        size_t stray = 0;
-        for (int r = 0; r < kn::kGemvMaxRows; ++r)
-          for (int o = 0; o < ldy; ++o) {
-            const float v = y[size_t(r) * ldy + o];
-            if (r < n && o < out) {
-              got.push_back(v);
-              ref.push_back(ref_all[size_t(r) * out + o]);
-            } else {
-              uint32_t bits;
-              std::memcpy(&bits, &v, 4);
-              stray += bits != kPoison32;
-            }
+  const float eps = 1e-6f;
+  constexpr int kSeqs = 2;
+  const std::vector<int> capacity = {40, 12};  // [seqs] (one layer): a full cache and a ring that wraps
+  const std::vector<int> seq = {0, 1, 1, 0, 1};
+  const std::vector<int> pos = {3, 20, 21, 4, 22};  // seq 1: slots 8, 9, 10 of 12
+  const int rows = int(seq.size());
+  for (int d : {64, 256, 512})
+    for (int q_heads : {3, 8})
+      for (int kv_heads : {1, 2})
+        for (int count : {1, 3}) {  // 1: a KV-shared layer (queries only)
+          const int ldq = q_heads * d + 5, ldk = kv_heads * d;
+          const std::vector<float> qin = rand_f32(rng, size_t(rows) * ldq, -20.f, 20.f);  // [rows, ldq] fp32
+          const std::vector<float> kin = rand_f32(rng, size_t(rows) * ldk, -20.f, 20.f);  // [rows, ldk] fp32
+          const std::vector<float> vin = rand_f32(rng, size_t(rows) * ldk, -20.f, 20.f);
+          const std::vector<float> qw = rand_f32(rng, size_t(d), -2.f, 2.f), kw = rand_f32(rng, size_t(d), -2.f, 2.f);
+          const std::vector<float> inv_freq = make_inv_freq(d, d / 8, 1e6f, 8.f);  // partial RoPE
+          Dev<float> dqin(qin.size()), dkin(kin.size()), dvin(vin.size()), dqw(qw.size()), dkw(kw.size()),
+              dinv(inv_freq.size());
+          Dev<int> dcap(capacity.size()), dseq(seq.size()), dpos(pos.size());
+          Dev<half> dq(size_t(rows) * q_heads * d);        // [rows, q_heads, d] fp16
+          std::vector<std::unique_ptr<Dev<half>>> kc, vc;  // [seqs] -> [capacity, kv_heads, d] fp16
+          std::vector<half*> kbase, vbase;
+          for (int c : capacity) {
+            kc.push_back(std::make_unique<Dev<half>>(size_t(c) * kv_heads * d));
+            vc.push_back(std::make_unique<Dev<half>>(size_t(c) * kv_heads * d));
+            kc.back()->poison();
+            vc.back()->poison();
+            kbase.push_back(kc.back()->get());
+            vbase.push_back(vc.back()->get());
           }
-        const std::string what = cat("gemv fp16 n ", n, " out ", out, " in ", in);
-        INFO(what << ": " << stray << " floats written outside y[:n, :out]");
-        REQUIRE(stray == 0);
-        check_max_rel(got, ref, kTolF32Half, what);
-      }
-    }
+          Dev<half*> dkb(kbase.size()), dvb(vbase.size());
+          dqin.upload(qin);
+          dkin.upload(kin);
+          dvin.upload(vin);
+          dqw.upload(qw);
+          dkw.upload(kw);
+          dinv.upload(inv_freq);
+          dcap.upload(capacity);
+          dseq.upload(seq);
+          dpos.upload(pos);
+          dkb.upload(kbase);
+          dvb.upload(vbase);
+          dq.poison();
+
+          kn::KvTarget kv;
+          kv.capacity = dcap.get();
+          kv.seq = dseq.get();
+          kv.layer = 0;
+          kv.layers = 1;
+          kn::HeadNormTarget t[3];
+          t[0].in = dqin.get();
+          t[0].ld_in = ldq;
+          t[0].heads = q_heads;
+          t[0].w = dqw.get();
+          t[0].inv_freq = dinv.get();
+          t[0].out = dq.get();
+          t[1].in = dkin.get();
+          t[1].ld_in = ldk;
+          t[1].heads = kv_heads;
+          t[1].w = dkw.get();
+          t[1].inv_freq = dinv.get();
+          t[1].kv = kv;
+          t[1].kv.base = dkb.get();
+          t[2].in = dvin.get();
+          t[2].ld_in = ldk;
+          t[2].heads = kv_heads;
+          t[2].kv = kv;
+          t[2].kv.base = dvb.get();
+          REQUIRE_CUDA(kn::launch_head_norm_rope_multi(t, count, rows, d, eps, dpos.get(), st.s));
+          st.sync();
+
+          const std::string what =
+              cat("head_norm_rope multi d ", d, " q_heads ", q_heads, " kv_heads ", kv_heads, " targets ", count);
+          std::vector<double> qref(size_t(rows) * q_heads * d);
+          for (int r = 0; r < rows; ++r)
+            for (int h = 0; h < q_heads; ++h) {
+              const std::vector<float> o = head_norm_rope_ref(&qin[size_t(r) * ldq + size_t(h) * d], d, qw.data(), eps,
+                                                              inv_freq.data(), pos[size_t(r)]);
+              std::copy(o.begin(), o.end(), qref.begin() + std::ptrdiff_t((size_t(r) * q_heads + h) * d));
+            }
+          check_rel_l2(widen(dq.download<uint16_t>()), qref, kTolF16, what + " (q)");
+
+          for (int is_k = 1; is_k >= 0; --is_k) {
+            const std::vector<float>& in = is_k ? kin : vin;
+            std::vector<float> got;
+            std::vector<double> ref;
+            size_t stray = 0;
+            for (int s = 0; s < kSeqs; ++s) {
+              const std::vector<uint16_t> c = (is_k ? kc : vc)[size_t(s)]->download<uint16_t>();
+              std::vector<bool> written(size_t(capacity[size_t(s)]), false);
+              for (int r = 0; r < rows && count == 3; ++r) {
+                if (seq[size_t(r)] != s) continue;
+                const int slot = pos[size_t(r)] % capacity[size_t(s)];
+                written[size_t(slot)] = true;
+                for (int h = 0; h < kv_heads; ++h) {
+                  const std::vector<float> o =
+                      head_norm_rope_ref(&in[size_t(r) * ldk + size_t(h) * d], d, is_k ? kw.data() : nullptr, eps,
+                                         is_k ? inv_freq.data() : nullptr, pos[size_t(r)]);
+                  for (int i = 0; i < d; ++i) {
+                    got.push_back(f16_to_f32(c[(size_t(slot) * kv_heads + h) * d + i]));
+                    ref.push_back(o[size_t(i)]);
+                  }
+                }
+              }
+              for (int slot = 0; slot < capacity[size_t(s)]; ++slot)
+                if (!written[size_t(slot)])
+                  for (size_t i = 0; i < size_t(kv_heads) * d; ++i)
+                    stray += c[size_t(slot) * kv_heads * d + i] != kPoison16;
+            }
+            const std::string w2 = what + (is_k ? " (k)" : " (v)");
+            INFO(w2 << ": " << stray << " halves written outside the rows' slots");
+            REQUIRE(stray == 0);
+            if (count == 3) check_rel_l2(got, ref, kTolF16, w2);
+          }
+        }
 }
 
-TEST_CASE("gemv w4a16: y = x W^T with packed int4 words and fp16 group scales, 1..16 rows", "[gpu]") {
-  std::mt19937 rng(302);
-  Stream st;
-  std::uniform_int_distribution<int> uq(-8, 7);
-  for (int in : {32, 96, 1536})
-    for (int out : {1, 7, 33, 1000, 2051, 4099}) {  // 1, 2 and 4 rows per warp
-      std::vector<int> q(size_t(out) * in);         // [out, in] int4 values
-      for (int& v : q) v = uq(rng);
-      const std::vector<uint32_t> Wq = pack_w4(q, out, in);                                     // [out, in / 8] u32
-      const std::vector<uint16_t> S = rand_f16(rng, size_t(out) * (in / 32), 0.002f, 0.05f);    // [out, in / 32] fp16
-      const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
-      const int ldy = out + 3;
-      Dev<uint32_t> dWq(Wq.size());
-      Dev<half> dS(S.size()), dx(x.size());
-      Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [16, ldy] fp32
-      dWq.upload(Wq);
-      dS.upload(S);
-      dx.upload(x);
-      const std::vector<double> ref_all = gemv_ref(unpack_w4_ref(Wq, S, out, in), widen(x), kn::kGemvMaxRows, out, in);
-      for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
-        dy.poison();
-        REQUIRE_CUDA(kn::launch_gemv(nullptr, dWq.get(), dS.get(), dx.get(), n, out, in, dy.get(), ldy, st.s));
-        st.sync();
-        const std::vector<float> y = dy.download<float>();
-        std::vector<float> got;
-        std::vector<double> ref;
-        size_t stray = 0;
-        for (int r = 0; r < kn::kGemvMaxRows; ++r)
-          for (int o = 0; o < ldy; ++o) {
-            const float v = y[size_t(r) * ldy + o];
-            if (r < n && o < out) {
-              got.push_back(v);
-              ref.push_back(ref_all[size_t(r) * out + o]);
-            } else {
-              uint32_t bits;
-              std::memcpy(&bits, &v, 4);
-              stray += bits != kPoison32;
-            }
-          }
-        const std::string what = cat("gemv w4 n ", n, " out ", out, " in ", in);
-        INFO(what << ": " << stray << " floats written outside y[:n, :out]");
-        REQUIRE(stray == 0);
-        check_max_rel(got, ref, kTolF32Half, what);
+// ---- gemv.cuh ----
+
+// A random weight matrix in one of the two layouts, its device copy, and the dense values it means.
+struct GemvWeights {
+  int out = 0, in = 0;
+  bool w4 = false;
+  std::vector<float> dense;             // [out, in] fp32: the fp16 values, or (q - 8) * scale exactly
+  std::unique_ptr<Dev<half>> w16, s16;  // [out, in] fp16 | [out, in / 32] fp16 scales
+  std::unique_ptr<Dev<uint32_t>> wq;    // [out, in / 8] packed int4
+
+  kn::GemvMat mat(float* y, int ldy) const {
+    kn::GemvMat m;
+    m.w16 = w4 ? nullptr : w16->get();
+    m.wq = w4 ? wq->get() : nullptr;
+    m.s = w4 ? s16->get() : nullptr;
+    m.out = out;
+    m.y = y;
+    m.ldy = ldy;
+    return m;
+  }
+};
+
+// fp16: uniform in [-amp, amp]; w4a16: q uniform in [-8, 7], scales uniform in [0.002, 0.05] * amp.
+std::unique_ptr<GemvWeights> make_gemv_weights(std::mt19937& rng, bool w4, int out, int in, float amp) {
+  auto g = std::make_unique<GemvWeights>();
+  g->out = out;
+  g->in = in;
+  g->w4 = w4;
+  if (w4) {
+    std::uniform_int_distribution<int> uq(-8, 7);
+    std::vector<int> q(size_t(out) * in);  // [out, in] int4 values
+    for (int& v : q) v = uq(rng);
+    const std::vector<uint32_t> Wq = pack_w4(q, out, in);  // [out, in / 8]
+    const std::vector<uint16_t> S =
+        rand_f16(rng, size_t(out) * (in / 32), 0.002f * amp, 0.05f * amp);  // [out, in / 32]
+    g->dense = unpack_w4_ref(Wq, S, out, in);
+    g->wq = std::make_unique<Dev<uint32_t>>(Wq.size());
+    g->wq->upload(Wq);
+    g->s16 = std::make_unique<Dev<half>>(S.size());
+    g->s16->upload(S);
+  } else {
+    const std::vector<uint16_t> W = rand_f16(rng, size_t(out) * in, -amp, amp);  // [out, in] fp16
+    g->dense = widen(W);
+    g->w16 = std::make_unique<Dev<half>>(W.size());
+    g->w16->upload(W);
+  }
+  return g;
+}
+
+// y: [16, ldy] fp32 after a launch for n rows. Returns y[:n, :out] row-major ([n, out]); everything else
+// must still hold the poison.
+std::vector<float> gemv_written(const std::vector<float>& y, int ldy, int n, int out, const std::string& what) {
+  std::vector<float> got;
+  size_t stray = 0;
+  for (int r = 0; r < kn::kGemvMaxRows; ++r)
+    for (int o = 0; o < ldy; ++o) {
+      const float v = y[size_t(r) * ldy + o];
+      if (r < n && o < out) {
+        got.push_back(v);
+      } else {
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        stray += bits != kPoison32;
       }
     }
+  INFO(what << ": " << stray << " floats written outside y[:n, :out]");
+  REQUIRE(stray == 0);
+  return got;
+}
+
+// The same for fp16 outputs out16: [16, ld] -> out16[:n, :cols] widened.
+std::vector<float> gemv_written16(const std::vector<uint16_t>& y, int ld, int n, int cols, const std::string& what) {
+  std::vector<float> got;
+  size_t stray = 0;
+  for (int r = 0; r < kn::kGemvMaxRows; ++r)
+    for (int o = 0; o < ld; ++o) {
+      const uint16_t v = y[size_t(r) * ld + o];
+      if (r < n && o < cols)
+        got.push_back(f16_to_f32(v));
+      else
+        stray += v != kPoison16;
+    }
+  INFO(what << ": " << stray << " halves written outside out16[:n, :" << cols << "]");
+  REQUIRE(stray == 0);
+  return got;
+}
+
+// Bit-for-bit equality of a row block (batched decode must equal one-row decode).
+void require_same_bits(const std::vector<float>& a, const std::vector<float>& b, const std::string& what) {
+  REQUIRE(a.size() <= b.size());
+  size_t diff = 0, first = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0 && diff++ == 0) first = i;
+  INFO(what << ": " << diff << " of " << a.size() << " floats differ bitwise; first at " << first);
+  REQUIRE(diff == 0);
+}
+
+std::vector<double> head_rows(const std::vector<double>& all, int n, int cols) {
+  return std::vector<double>(all.begin(), all.begin() + std::ptrdiff_t(size_t(n) * cols));
+}
+
+// `in` values per layout: one 16-byte unit per row, and k-tile counts that pick each work split (1, 2, 4
+// and 8 warps per row tile, the fallback for a count no power of two divides) with partial last tiles.
+const std::vector<int>& gemv_ins(bool w4) {
+  static const std::vector<int> f16 = {8, 40, 104, 376, 1536, 1544};  // k-tiles 1, 2, 4, 12, 48, 49
+  static const std::vector<int> q4 = {32, 96, 256, 416, 1536, 2080};  // k-tiles 1, 1, 2, 4, 12, 17
+  return w4 ? q4 : f16;
+}
+
+TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..16 rows, strided y, batch-independent rows", "[gpu]") {
+  std::mt19937 rng(301);
+  Stream st;
+  for (bool w4 : {false, true})
+    for (int in : gemv_ins(w4))
+      for (int out : {1, 7, 33, 1000, 2051}) {
+        const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+        const int ldy = out + 3;
+        Dev<half> dx(x.size());
+        Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [16, ldy] fp32
+        dx.upload(x);
+        const std::vector<double> ref_all = gemv_ref(W->dense, widen(x), kn::kGemvMaxRows, out, in);
+        std::vector<float> got16;  // y[:16, :out] of the 16-row launch
+        for (int n = kn::kGemvMaxRows; n >= 1; --n) {
+          dy.poison();
+          const kn::GemvMat m = W->mat(dy.get(), ldy);
+          REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, out, in, dy.get(), ldy, st.s));
+          st.sync();
+          const std::string what = cat("gemv ", w4 ? "w4a16" : "fp16", " n ", n, " out ", out, " in ", in);
+          const std::vector<float> got = gemv_written(dy.download<float>(), ldy, n, out, what);
+          check_max_rel(got, head_rows(ref_all, n, out), kTolF32Half, what);
+          if (n == kn::kGemvMaxRows)
+            got16 = got;
+          else
+            require_same_bits(got, got16, what + " vs the same rows of n = 16");
+        }
+      }
+}
+
+TEST_CASE("gemv multi: up to 3 matrices sharing x in one launch equal separate launches bit for bit", "[gpu]") {
+  std::mt19937 rng(304);
+  Stream st;
+  const std::vector<std::vector<int>> out_sets = {{2051}, {7, 2051}, {33, 1, 1000}, {2048, 256, 256}};
+  for (bool w4 : {false, true})
+    for (int in : {w4 ? 416 : 376, 1536})
+      for (const std::vector<int>& outs : out_sets) {
+        const int count = int(outs.size());
+        std::vector<std::unique_ptr<GemvWeights>> W;
+        std::vector<std::unique_ptr<Dev<float>>> dy, dsingle;  // [16, ldy_i] fp32 each
+        std::vector<int> ldy;
+        std::vector<std::vector<double>> ref_all;
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+        for (int i = 0; i < count; ++i) {
+          W.push_back(make_gemv_weights(rng, w4, outs[size_t(i)], in, 1.f));
+          ldy.push_back(outs[size_t(i)] + 1 + i);
+          dy.push_back(std::make_unique<Dev<float>>(size_t(kn::kGemvMaxRows) * ldy.back()));
+          dsingle.push_back(std::make_unique<Dev<float>>(size_t(kn::kGemvMaxRows) * ldy.back()));
+          ref_all.push_back(gemv_ref(W.back()->dense, widen(x), kn::kGemvMaxRows, outs[size_t(i)], in));
+        }
+        Dev<half> dx(x.size());
+        dx.upload(x);
+        for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
+          kn::GemvMat mats[kn::kGemvMaxMats];
+          for (int i = 0; i < count; ++i) {
+            dy[size_t(i)]->poison();
+            dsingle[size_t(i)]->poison();
+            mats[i] = W[size_t(i)]->mat(dy[size_t(i)]->get(), ldy[size_t(i)]);
+          }
+          REQUIRE_CUDA(kn::launch_gemv_multi(mats, count, dx.get(), n, in, st.s));
+          for (int i = 0; i < count; ++i) {
+            const kn::GemvMat m = W[size_t(i)]->mat(dsingle[size_t(i)]->get(), ldy[size_t(i)]);
+            REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, m.out, in, m.y, m.ldy, st.s));
+          }
+          st.sync();
+          for (int i = 0; i < count; ++i) {
+            const int out = outs[size_t(i)];
+            const std::string what = cat("gemv multi ", w4 ? "w4a16" : "fp16", " in ", in, " matrices ", count,
+                                         " matrix ", i, " (out ", out, ") n ", n);
+            const std::vector<float> got = gemv_written(dy[size_t(i)]->download<float>(), ldy[size_t(i)], n, out, what);
+            check_max_rel(got, head_rows(ref_all[size_t(i)], n, out), kTolF32Half, what);
+            const std::vector<float> single =
+                gemv_written(dsingle[size_t(i)]->download<float>(), ldy[size_t(i)], n, out, what + " (single)");
+            require_same_bits(got, single, what + " vs launch_gemv");
+          }
+        }
+      }
+}
+
+TEST_CASE("gemv gelu_mul: half(gelu_tanh(x Wg^T) * (x Wu^T)) in one launch, fp16 and w4a16, 1..16 rows", "[gpu]") {
+  std::mt19937 rng(305);
+  Stream st;
+  for (bool w4 : {false, true})
+    for (int in : {w4 ? 96 : 40, w4 ? 1536 : 1544})
+      for (int I : {7, 1000, 2051}) {
+        // amplitudes for gate values of a few units: GELU's curved part, not just its linear tail
+        const float amp = w4 ? 1.f : 0.25f;
+        const auto Wg = make_gemv_weights(rng, w4, I, in, amp), Wu = make_gemv_weights(rng, w4, I, in, amp);
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+        const std::vector<double> g = gemv_ref(Wg->dense, widen(x), kn::kGemvMaxRows, I, in);
+        const std::vector<double> u = gemv_ref(Wu->dense, widen(x), kn::kGemvMaxRows, I, in);
+        std::vector<double> ref_all(g.size());  // [16, I]
+        for (size_t i = 0; i < g.size(); ++i) ref_all[i] = double(gemma4_t4::detail::gelu_tanh_ref(float(g[i]))) * u[i];
+        const int ld16 = I + 5;
+        Dev<half> dx(x.size()), dout(size_t(kn::kGemvMaxRows) * ld16);  // out16: [16, ld16] fp16
+        dx.upload(x);
+        for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
+          dout.poison();
+          REQUIRE_CUDA(kn::launch_gemv_gelu_mul(Wg->mat(nullptr, 0), Wu->mat(nullptr, 0), dx.get(), n, in, dout.get(),
+                                                ld16, st.s));
+          st.sync();
+          const std::string what = cat("gemv gelu_mul ", w4 ? "w4a16" : "fp16", " n ", n, " I ", I, " in ", in);
+          check_rel_l2(gemv_written16(dout.download<uint16_t>(), ld16, n, I, what), head_rows(ref_all, n, I), kTolF16,
+                       what);
+        }
+      }
+}
+
+TEST_CASE("gemv gelu_ple: half(gelu_tanh(x Wg^T) * ple[:, layer]) in one launch, fp16 and w4a16", "[gpu]") {
+  std::mt19937 rng(306);
+  Stream st;
+  constexpr int L = 7;
+  for (bool w4 : {false, true})
+    for (int in : {w4 ? 96 : 40, 1536})
+      for (int D : {8, 256, 300})
+        for (int layer : {0, 3, L - 1}) {
+          const auto Wg = make_gemv_weights(rng, w4, D, in, w4 ? 1.f : 0.25f);
+          const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);    // [16, in]
+          const std::vector<float> ple = rand_f32(rng, size_t(kn::kGemvMaxRows) * L * D, -3.f, 3.f);  // [16, L, D]
+          const std::vector<double> g = gemv_ref(Wg->dense, widen(x), kn::kGemvMaxRows, D, in);
+          std::vector<double> ref_all(g.size());  // [16, D]
+          for (int r = 0; r < kn::kGemvMaxRows; ++r)
+            for (int k = 0; k < D; ++k)
+              ref_all[size_t(r) * D + k] = double(gemma4_t4::detail::gelu_tanh_ref(float(g[size_t(r) * D + k]))) *
+                                           ple[(size_t(r) * L + layer) * D + k];
+          Dev<half> dx(x.size()), dout(size_t(kn::kGemvMaxRows) * D);  // out16: [n, D] fp16 (16 rows allocated)
+          Dev<float> dple(ple.size());
+          dx.upload(x);
+          dple.upload(ple);
+          for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
+            dout.poison();
+            REQUIRE_CUDA(
+                kn::launch_gemv_gelu_ple(Wg->mat(nullptr, 0), dx.get(), n, in, dple.get(), L, layer, dout.get(), st.s));
+            st.sync();
+            const std::string what =
+                cat("gemv gelu_ple ", w4 ? "w4a16" : "fp16", " n ", n, " D ", D, " in ", in, " layer ", layer);
+            check_rel_l2(gemv_written16(dout.download<uint16_t>(), D, n, D, what), head_rows(ref_all, n, D), kTolF16,
+                         what);
+          }
+        }
 }
 
 TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[gpu]") {
@@ -959,12 +1276,61 @@ TEST_CASE("launchers: empty work is a no-op, unsupported shapes are refused befo
   REQUIRE_CUDA(kn::launch_gemv(nullptr, nullptr, nullptr, nullptr, 4, 0, 32, nullptr, 0, st.s));
   REQUIRE(kn::launch_gemv(nullptr, nullptr, nullptr, nullptr, kn::kGemvMaxRows + 1, 10, 32, nullptr, 10, st.s) ==
           cudaErrorInvalidValue);
+  {
+    // Refused before any launch: mixed layouts, no layout, `in` off the layout's granule, a misaligned x,
+    // gate and up of different sizes, more than 3 matrices. (The pointers are never dereferenced.)
+    const half* w16 = reinterpret_cast<const half*>(uintptr_t(256));
+    const uint32_t* wq = reinterpret_cast<const uint32_t*>(uintptr_t(512));
+    const half* sc = reinterpret_cast<const half*>(uintptr_t(768));
+    const half* x = reinterpret_cast<const half*>(uintptr_t(1024));
+    float* y = reinterpret_cast<float*>(uintptr_t(2048));
+    half* o16 = reinterpret_cast<half*>(uintptr_t(4096));
+    REQUIRE(kn::launch_gemv(w16, wq, sc, x, 1, 10, 32, y, 10, st.s) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv(nullptr, nullptr, nullptr, x, 1, 10, 32, y, 10, st.s) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv(nullptr, wq, sc, x, 1, 10, 40, y, 10, st.s) == cudaErrorInvalidValue);        // in % 32
+    REQUIRE(kn::launch_gemv(w16, nullptr, nullptr, x, 1, 10, 12, y, 10, st.s) == cudaErrorInvalidValue);  // in % 8
+    REQUIRE(kn::launch_gemv(w16, nullptr, nullptr, x + 1, 1, 10, 32, y, 10, st.s) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv(w16, nullptr, nullptr, x, 1, 10, 32, y, 9, st.s) == cudaErrorInvalidValue);  // ldy
+    kn::GemvMat f16m, w4m;
+    f16m.w16 = w16;
+    f16m.out = 10;
+    f16m.y = y;
+    f16m.ldy = 10;
+    w4m.wq = wq;
+    w4m.s = sc;
+    w4m.out = 10;
+    w4m.y = y;
+    w4m.ldy = 10;
+    const kn::GemvMat mixed[2] = {f16m, w4m};
+    REQUIRE(kn::launch_gemv_multi(mixed, 2, x, 1, 32, st.s) == cudaErrorInvalidValue);
+    const kn::GemvMat four[4] = {f16m, f16m, f16m, f16m};
+    REQUIRE(kn::launch_gemv_multi(four, 4, x, 1, 32, st.s) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv_multi(four, 0, x, 1, 32, st.s) == cudaErrorInvalidValue);
+    REQUIRE_CUDA(kn::launch_gemv_multi(four, 3, x, 0, 32, st.s));  // no rows
+    kn::GemvMat up = f16m;
+    up.out = 11;
+    REQUIRE(kn::launch_gemv_gelu_mul(f16m, up, x, 1, 32, o16, 11, st.s) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv_gelu_mul(f16m, w4m, x, 1, 32, o16, 10, st.s) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv_gelu_mul(f16m, f16m, x, kn::kGemvMaxRows + 1, 32, o16, 10, st.s) == cudaErrorInvalidValue);
+    REQUIRE_CUDA(kn::launch_gemv_gelu_mul(f16m, f16m, x, 0, 32, o16, 10, st.s));
+    REQUIRE(kn::launch_gemv_gelu_ple(f16m, x, 1, 32, nullptr, 7, 0, o16, st.s) == cudaErrorInvalidValue);  // no ple
+    REQUIRE(kn::launch_gemv_gelu_ple(f16m, x, 1, 32, y, 7, 7, o16, st.s) == cudaErrorInvalidValue);        // layer
+    REQUIRE_CUDA(kn::launch_gemv_gelu_ple(f16m, x, 0, 32, y, 7, 0, o16, st.s));
+  }
   REQUIRE_CUDA(kn::launch_dequant_w4(nullptr, nullptr, 0, 32, nullptr, st.s));
   REQUIRE_CUDA(kn::launch_rmsnorm(nullptr, 8, nullptr, nullptr, 0, 8, 1e-6f, nullptr, st.s));
   REQUIRE_CUDA(kn::launch_residual_norm(nullptr, nullptr, nullptr, 0, 8, 1e-6f, 1.f, kn::NextNorm::Norm, nullptr,
                                         nullptr, st.s));
   REQUIRE_CUDA(kn::launch_head_norm_rope(nullptr, 64, 0, 1, 64, nullptr, 1e-6f, nullptr, nullptr, nullptr,
                                          kn::KvTarget{}, st.s));
+  {
+    kn::HeadNormTarget t[4];
+    REQUIRE_CUDA(kn::launch_head_norm_rope_multi(t, 3, 0, 64, 1e-6f, nullptr, st.s));  // no rows
+    REQUIRE_CUDA(kn::launch_head_norm_rope_multi(t, 3, 2, 64, 1e-6f, nullptr, st.s));  // no heads
+    t[0].heads = 1;
+    REQUIRE(kn::launch_head_norm_rope_multi(t, 4, 2, 64, 1e-6f, nullptr, st.s) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_head_norm_rope_multi(t, 1, 2, 63, 1e-6f, nullptr, st.s) == cudaErrorInvalidValue);
+  }
   REQUIRE_CUDA(kn::launch_embed(nullptr, nullptr, 0, 8, 1.f, nullptr, st.s));
   REQUIRE_CUDA(kn::launch_to_half(nullptr, 0, nullptr, st.s));
   REQUIRE_CUDA(kn::launch_gelu_mul(nullptr, nullptr, 0, nullptr, st.s));
@@ -1015,19 +1381,18 @@ void add_attention(std::vector<KernelUse>& ks) {
       {cat("attention_merge_kernel<", D, ">"), reinterpret_cast<const void*>(&kn::attention_merge_kernel<D>), D});
 }
 
-template <int N, int R>
-void add_gemv_r(std::vector<KernelUse>& ks) {
-  ks.push_back({cat("gemv_f16_kernel<", N, ",", R, ">"), reinterpret_cast<const void*>(&kn::gemv_f16_kernel<N, R>),
-                kn::kGemvWarps * 32});
-  ks.push_back({cat("gemv_w4_kernel<", N, ",", R, ">"), reinterpret_cast<const void*>(&kn::gemv_w4_kernel<N, R>),
-                kn::kGemvWarps * 32});
+template <int NT, bool W4, kn::GemvEpilogue E>
+void add_gemv_e(std::vector<KernelUse>& ks) {
+  const char* names[] = {"Store", "GeluMul", "GeluPle"};
+  ks.push_back({cat("gemv_kernel<", NT, ",", W4 ? "w4" : "f16", ",", names[int(E)], ">"),
+                reinterpret_cast<const void*>(&kn::gemv_kernel<NT, W4, E>), kn::kGemvWarps * 32});
 }
 
-template <int N>
+template <int NT, bool W4>
 void add_gemv(std::vector<KernelUse>& ks) {
-  add_gemv_r<N, 1>(ks);
-  add_gemv_r<N, 2>(ks);
-  add_gemv_r<N, 4>(ks);
+  add_gemv_e<NT, W4, kn::GemvEpilogue::Store>(ks);
+  add_gemv_e<NT, W4, kn::GemvEpilogue::GeluMul>(ks);
+  add_gemv_e<NT, W4, kn::GemvEpilogue::GeluPle>(ks);
 }
 
 TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, registers)", "[gpu]") {
@@ -1036,12 +1401,11 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back(
       {"residual_norm_kernel", reinterpret_cast<const void*>(&kn::residual_norm_kernel), kn::norm_threads(1 << 20)});
   ks.push_back({"head_norm_rope_kernel", reinterpret_cast<const void*>(&kn::head_norm_rope_kernel),
-                ((512 / 2 + 31) / 32) * 32});  // d = 512, the largest head attention supports
-  add_gemv<1>(ks);
-  add_gemv<2>(ks);
-  add_gemv<4>(ks);
-  add_gemv<8>(ks);
-  add_gemv<16>(ks);
+                kn::head_norm_threads(512)});  // d = 512, the largest head attention supports
+  add_gemv<1, false>(ks);                      // every instantiation the launchers use: 8-row tiles x layout x epilogue
+  add_gemv<2, false>(ks);
+  add_gemv<1, true>(ks);
+  add_gemv<2, true>(ks);
   ks.push_back({"dequant_w4_kernel", reinterpret_cast<const void*>(&kn::dequant_w4_kernel), 256});
   add_attention<32>(ks);
   add_attention<64>(ks);
