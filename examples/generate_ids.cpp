@@ -1,5 +1,6 @@
 // generate_ids: load a Gemma 4 checkpoint, prefill a prompt given as token ids, greedily decode N tokens and
-// print the ids with timings. The main job until a tokenizer lands (then: examples/generate with text).
+// print the ids with timings: examples/generate one level down (no tokenizer, no chat template), for
+// checkpoints without a tokenizer and as the shortest example of Engine::forward.
 //
 //   generate_ids [--model DIR] [--cpu] [--tokens N] [--prompt "2,17,99"] [--ignore-eos]
 //

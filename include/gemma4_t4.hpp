@@ -30,6 +30,44 @@
 //       engine.forward(session, prompt.data(), prompt.size(), gemma4_t4::Logits::Last, &logits);
 //       int next = gemma4_t4::argmax(logits.data(), engine.config().vocab_size);
 //
+//   Text in, text out (a chat turn; examples/chat.cpp is the whole program):
+//       gemma4_t4::Tokenizer tok;
+//       gemma4_t4::Tokenizer::load("/models/gemma-4-E2B-it", &tok);   // its tokenizer.json
+//       std::string text = gemma4_t4::format_chat({{"user", "Hello"}}); // "<bos><|turn>user\nHello..."
+//       std::vector<int32_t> ids, out;
+//       tok.encode(text, &ids);
+//       gemma4_t4::GenerateOptions gen;                    // sampling defaults: generation_config.json's
+//       gemma4_t4::Tokenizer::Streamer stream(tok);
+//       gemma4_t4::generate(engine, session, ids, gen, [&](int32_t id) {
+//           std::string piece; stream.put(id, &piece); fputs(piece.c_str(), stdout);
+//           return true;                                   // false stops (e.g. on Ctrl-C)
+//       }, &out);
+//   The session keeps the conversation: the next turn passes only its new tokens.
+//
+// BATCHING
+//   A Batch runs many sessions together (continuous batching): each step() is one forward pass that
+//   carries a decode token of every generating session plus bounded chunks of the prompts of sessions that
+//   just joined, then samples a token for each. Sessions join with add() -- each with its own prompt,
+//   GenerateOptions and callback -- and leave when they finish; cancel() ends one between steps.
+//       gemma4_t4::Batch batch(engine);                    // BatchOptions: max_sessions, prefill_rows
+//       for (auto& r : requests) batch.add(&r.session, r.prompt, r.options, r.on_token, &r.id);
+//       while (!batch.idle()) {
+//           batch.step();                                  // add() / cancel() freely between steps
+//           for (gemma4_t4::BatchResult& res : batch.take_finished()) ...  // tokens, timing, finish, status
+//       }
+//   Each session gets what generate() alone would give it (exactly on the CPU backend); a session whose
+//   prompt is invalid or that reaches its context limit finishes alone with FinishReason::Error
+//   (ContextOverflow) while the others go on.
+//
+// BENCHMARK
+//   gemma4_t4::bench measures the machine and the loaded model: device report, memory bandwidth, decode bytes
+//   per token and the ceiling they imply, and the sweep of the published T4 study, as a table, JSON, CSV or
+//   SVG (bench/bench.cpp is the CLI):
+//       gemma4_t4::bench::Report report;
+//       gemma4_t4::bench::run(engine, gemma4_t4::bench::SweepOptions(), &report);
+//       fputs(gemma4_t4::bench::to_table(report).c_str(), stdout);
+//   bench::doctor(model_dir) checks a machine for a model (GPU, compute capability, memory, disk).
+//
 // CONFIGURATION MACROS
 //   GEMMA4_T4_IMPLEMENTATION   compile the implementation in this translation unit
 //   GEMMA4_T4_NO_CUDA          leave the CUDA backend out (implied when the compiler is not nvcc)
@@ -54,12 +92,15 @@
 // THREAD SAFETY
 //   An Engine is immutable after load: several threads may share it as long as each Session is used by
 //   one thread at a time (the CUDA backend serialises forward passes internally). Engine::load, moves and
-//   destruction must not race with other calls on that Engine.
+//   destruction must not race with other calls on that Engine. A Batch is driven by one thread (its
+//   callbacks run on that thread, inside step()); several Batches may share an Engine. A Tokenizer is
+//   immutable after load; format_chat is pure.
 //
 // HISTORY
 //   0.1.0  loader (safetensors, config, bf16/f16/f32 and w4a16 weights), CPU reference backend, CUDA
 //          backend (Turing-safe kernels, CUDA graphs, GPU sampling), batched forward, Engine::step,
-//          generate(), tokenizer (tokenizer.json BPE; SentencePiece), Gemma 4 chat format
+//          generate(), tokenizer (tokenizer.json BPE; SentencePiece), Gemma 4 chat format, continuous
+//          batching (Batch), built-in benchmark (bench::)
 // -----------------------------------------------------------------------------------------------------------
 
 #ifndef GEMMA4_T4_HPP
@@ -245,6 +286,7 @@ class Session {
  private:
   std::unique_ptr<Impl> impl_;
   friend class Engine;
+  friend class Batch;
 };
 
 class Engine {
@@ -285,12 +327,26 @@ class Engine {
   // Bytes of weights a decode step reads (every decoder linear + the LM head): the bandwidth roofline.
   double decode_bytes_per_token() const;
 
+  // Memory accounting for capacity planning and bench:: (arithmetic over sizes known since load; 0 when not
+  // loaded). weight_bytes: what the backend holds for the weights -- CUDA: the device memory allocated for
+  // them (fp16 / packed int4 copies, norms, the PLE table with PleLocation::Device); CPU: the checkpoint
+  // tensors it reads in place from the mapped files (nothing is copied).
+  size_t weight_bytes() const;
+  // KV-cache bytes one position costs while a session is within the sliding window: K + V of every layer
+  // that is not KV-shared (fp16 on CUDA, fp32 on CPU). Past the window sliding layers stop growing.
+  size_t kv_bytes_per_token() const;
+  // KV-cache bytes create_session(out, max_context) allocates (device memory on CUDA, host on CPU);
+  // max_context 0 = LoadOptions::max_context.
+  size_t session_bytes(size_t max_context = 0) const;
+  const LoadOptions& load_options() const;  // as passed to load(); only valid when loaded()
+
   struct Impl;
 
  private:
   Status bind_sessions(const BatchItem* items, size_t count, std::vector<detail::ForwardItem>* lowered) const;
   void record_history(const BatchItem* items, size_t count) const;
   std::unique_ptr<Impl> impl_;
+  friend class Batch;
 };
 
 // Index of the largest value (the first one on ties); -1 when n == 0.
@@ -435,6 +491,291 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
                 const GenerateOptions& options, const std::function<bool(int32_t token)>& on_token,
                 std::vector<int32_t>* out, Timing* timing = nullptr);
 
+// ---- continuous batching ----------------------------------------------------------------------------------
+
+// How a session in a Batch ended.
+enum class FinishReason {
+  Stop,       // sampled a stop token (neither returned nor fed, as generate() does)
+  Length,     // max_new_tokens sampled
+  Callback,   // on_token returned false
+  Cancelled,  // Batch::cancel
+  Error,      // BatchResult::status says what (InvalidArgument, ContextOverflow, BackendError, ...)
+};
+
+inline const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::Stop: return "stop";
+    case FinishReason::Length: return "length";
+    case FinishReason::Callback: return "callback";
+    case FinishReason::Cancelled: return "cancelled";
+    case FinishReason::Error: return "error";
+  }
+  return "unknown";
+}
+
+struct BatchOptions {
+  int max_sessions = 16;   // sessions generating at once; later add()s wait their turn in order (< 1: 1)
+  int prefill_rows = 256;  // prompt tokens fed per step, all joining sessions together (< 1: 1)
+};
+
+// What one session of a Batch produced: generate()'s *out, *timing and Status, and why it ended.
+struct BatchResult {
+  uint64_t id = 0;              // as add() returned it
+  Session* session = nullptr;   // as passed to add(); the batch no longer uses it
+  std::vector<int32_t> tokens;  // every sampled token that is not a stop token
+  Timing timing;                // as generate() measures it, the clock starting at add()
+  FinishReason finish = FinishReason::Error;
+  Status status;  // ok for Stop / Length / Callback; Code::Cancelled for Cancelled; the error for Error
+};
+
+// Runs generate() for many sessions at once: each step() is one Engine::step over every running session --
+// a decode token from each session that is generating and prompt chunks of the sessions that joined
+// (at most BatchOptions::prefill_rows prompt tokens per step, so decoding sessions keep getting one token a
+// step while a long prompt is read). Sessions join with add() and leave when they finish, between steps.
+// Per session the tokens, the session's final contents and the Status are what generate() would give with
+// the same prompt and options (greedy and seeded sampling alike: exactly on the CPU backend; on CUDA up to
+// fp16 rounding of the batched kernels), with two differences: a prompt that is invalid (empty, ids outside
+// the vocabulary, longer than the session's room) or a session that reaches its context limit ends only
+// that session, with FinishReason::Error; and when max_new_tokens or the callback ends a session, its last
+// token is fed in the next step (generate() feeds it before returning), so its result comes a step later.
+// Not thread-safe: one thread drives a Batch (add, cancel, step, take_finished); on_token runs on that
+// thread inside step() and may call add() and cancel(), not step(). Several Batches may share an Engine.
+// The engine must outlive the batch, at the same address. Movable, not copyable. Destroying a Batch drops
+// its unfinished sessions (they keep what was fed).
+class Batch {
+ public:
+  explicit Batch(const Engine& engine, const BatchOptions& options = BatchOptions());
+  ~Batch();
+  Batch(Batch&&) noexcept;
+  Batch& operator=(Batch&&) noexcept;
+  Batch(const Batch&) = delete;
+  Batch& operator=(const Batch&) = delete;
+
+  // Queues a session to generate from `prompt` (appended to what the session holds) with its own options
+  // and callback (may be empty; as generate()'s on_token: sees each non-stop token, false stops). The
+  // session is the batch's until it finishes (its result appears in take_finished()): don't use, move or
+  // destroy it before. *id (may be null) identifies it. InvalidArgument, with nothing queued, when the
+  // engine is not loaded, the session is invalid, of another engine or already in this batch, or
+  // max_new_tokens < 0. A prompt generate() would refuse is not an add() error: the session finishes at
+  // once with FinishReason::Error.
+  Status add(Session* session, std::vector<int32_t> prompt, const GenerateOptions& options,
+             std::function<bool(int32_t token)> on_token, uint64_t* id = nullptr);
+
+  // Ends a waiting or running session now: FinishReason::Cancelled; its tokens are those sampled so far,
+  // and the session holds what was fed (position() says how much; the last sampled token is not fed).
+  // false when no unfinished session has that id.
+  bool cancel(uint64_t id);
+
+  // One forward pass over the running sessions (waiting ones join first, up to max_sessions), then one
+  // token sampled for each session that is generating. Does nothing when idle(). A failed pass (a backend
+  // error) finishes the sessions in it with FinishReason::Error and returns that Status; the others stay.
+  Status step();
+
+  bool idle() const;    // no session waiting or running: step() has nothing to do
+  size_t size() const;  // unfinished sessions in the batch, waiting or running
+
+  // The results of the sessions that finished since the last call, in the order they finished.
+  std::vector<BatchResult> take_finished();
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- benchmark ----------------------------------------------------------------------------------------------
+
+// The built-in benchmark: what the device is, how fast its memory streams, what a decode step must read
+// (the ceiling tok/s = bandwidth / decode bytes per token), and the sweep of the published T4 study (prompts
+// 512 and 4096 x concurrency 1/4/8/16, 128 output tokens, 3 repeats), as a table, JSON, CSV and an SVG plot,
+// with a T4 projection labelled "projection, not measured". bench/bench.cpp is the command line,
+// examples/bench_embed.cpp an application calling it; include/gemma4_t4/bench.hpp says how each number is
+// measured. Functions here keep no state; numbers measured while other work runs on the device come out lower.
+namespace bench {
+
+// What the GPU is -- or, without one, why not. Sizes in bytes; versions as CUDA writes them (12040 = 12.4).
+struct DeviceReport {
+  bool cuda = false;  // true: a CUDA device answered and the GPU fields below describe it
+  std::string note;   // when !cuda: why ("no CUDA device: ...", this build has no CUDA backend, ...)
+  int device = 0;     // the CUDA ordinal asked about
+  std::string name;
+  int cc_major = 0, cc_minor = 0;  // compute capability
+  int sm_count = 0;
+  uint64_t memory_total = 0, memory_free = 0;  // global memory; free as cudaMemGetInfo says now
+  uint64_t smem_per_block = 0;                 // shared memory per block without opting in
+  uint64_t smem_per_block_optin = 0;           // per block with cudaFuncAttributeMaxDynamicSharedMemorySize
+  uint64_t smem_per_sm = 0;
+  uint64_t l2_bytes = 0;
+  // How this library's kernels run on the device, from cudaFuncGetAttributes of one of them: binary_version
+  // is the SASS architecture loaded (90 = sm_90), ptx_version the PTX architecture it came from. jit: the
+  // build has no SASS for this GPU, so the driver JIT-compiled the PTX (binary == device cc, ptx < binary).
+  int kernel_binary_version = 0, kernel_ptx_version = 0;
+  bool jit = false;
+  std::string code;  // in words: "native SASS sm_90", "PTX compute_75 JIT-compiled for sm_90", ...
+  int driver_version = 0, runtime_version = 0;
+  std::string host_cpu;  // /proc/cpuinfo "model name" ("" when unknown)
+  int host_threads = 0;  // std::thread::hardware_concurrency()
+};
+
+// Never fails: problems go to note. With a GPU it makes `device` current on this thread (cudaSetDevice).
+DeviceReport device_report(int device = 0);
+
+// device_report plus the host and the checkpoint: is this machine fit to run the model at model_path?
+struct DoctorReport {
+  DeviceReport device;
+  uint64_t host_ram_total = 0, host_ram_available = 0;  // /proc/meminfo MemTotal / MemAvailable
+  std::string model_path;                               // as given ("" = no model checks)
+  bool model_ok = false;          // config.json and the safetensors headers describe a Gemma 4 text model
+  std::string model_summary;      // "7 layers, hidden 64, vocab 512, bf16", or why it does not load
+  uint64_t model_file_bytes = 0;  // the model*.safetensors files at model_path
+  uint64_t model_gpu_bytes = 0;   // estimate: weights + workspace + one 8192-token session, default LoadOptions
+  double decode_bytes_per_token = 0;
+  uint64_t disk_free = 0;             // statvfs: bytes available to this user on model_path's file system
+  std::vector<std::string> warnings;  // empty: nothing found wrong
+};
+
+// Never fails (problems are warnings): no CUDA device, compute capability < 7.5, kernels running as JIT-ed
+// PTX, less free GPU memory than the checkpoint needs, a checkpoint that does not load, little host RAM for
+// the CPU backend, little free disk. Reads only headers: cheap even for a full-size checkpoint.
+DoctorReport doctor(const std::string& model_path, int device = 0);
+
+// Memory bandwidth: the ceiling a decode step (which streams every weight once) is held against.
+struct BandwidthOptions {
+  uint64_t bytes = 0;  // buffer read per pass; 0: 1 GiB on a GPU (halved to >= 128 MiB if full), 256 MiB host
+  int repeats = 10;    // timed passes after one untimed; the median is reported
+  int threads = 0;     // host measurement: threads reading (0: hardware_concurrency)
+};
+
+struct Bandwidth {
+  Backend backend = Backend::Cpu;  // Cuda: device memory; Cpu: host memory
+  double read_gbs = 0;             // read-only stream, GB/s (1e9 B/s), median of the repeats
+  double copy_gbs = 0;             // Cuda: device-to-device cudaMemcpy, (read + write) B/s / 1e9; 0 on the host
+  uint64_t bytes = 0;              // bytes read per pass
+  int repeats = 0;
+  int threads = 0;     // host threads (Cpu)
+  std::string method;  // in words, for reports
+};
+
+// Backend::Cuda (or Auto with a usable GPU): a read-only kernel over `bytes` of device memory and a
+// device-to-device copy, timed with CUDA events. Backend::Cpu (or Auto without one): `threads` threads each
+// summing their share of a host buffer. Errors: OutOfMemory (the buffer), BackendError, Unsupported (Cuda in a
+// CPU-only build). Takes a few seconds at most; allocates and frees its buffers.
+Status measure_bandwidth(Backend backend, int device, const BandwidthOptions& options, Bandwidth* out);
+
+// Where a sweep is; passed to SweepOptions::on_progress before each timed repeat and after each cell.
+struct Progress {
+  size_t cell = 0, cells = 0;  // index of the cell (prompt, concurrency), number of cells
+  int prompt = 0, concurrency = 0;
+  int repeat = 0, repeats = 0;  // the repeat about to start; == repeats once the cell is done
+  double fraction = 0;          // of the sweep done, 0..1
+};
+
+struct SweepOptions {
+  std::vector<int> prompts = {512, 4096};        // prompt tokens per stream
+  std::vector<int> concurrency = {1, 4, 8, 16};  // streams decoded together
+  int tokens = 128;  // output tokens per stream, EOS ignored (>= 2: the first comes from the prefill)
+  int repeats = 3;
+  // Base seed: each (cell, repeat) gets splitmix64 of (seed, prompt, concurrency, repeat), and the prompt ids
+  // come from that seed alone, so two checkpoints with the same vocabulary see the same prompts.
+  uint64_t seed = 20250101;
+  // A cell whose prompt + tokens pass the context limit (max_position_embeddings, or max_context when > 0)
+  // gets its prompt shortened to fit, with a note; false: the cell fails instead.
+  bool clamp_prompts = true;
+  size_t max_context = 0;
+  bool warmup = true;  // an untimed short pass per cell first (CUDA lazy loading, cuBLAS, graph capture)
+  // KV capacity is reported at this budget; 0: GPU memory free after load (CUDA) / MemAvailable (CPU).
+  uint64_t kv_budget_bytes = 0;
+  bool measure_bandwidth = true;  // false: take `bandwidth` as given (measured once for several checkpoints)
+  BandwidthOptions bandwidth_options;
+  Bandwidth bandwidth;
+  double t4_bandwidth_gbs = 277;  // the T4 projection's bandwidth (T4: 320 GB/s peak, ~277 GB/s streamed)
+  std::string label;              // names the checkpoint in every output (e.g. its directory)
+  std::function<bool(const Progress&)> on_progress;  // may be empty; returning false cancels the sweep
+};
+
+// One (prompt, concurrency) cell. Times are wall-clock ms on the calling thread around Engine::step calls,
+// which return only when the device is done. Prompts are prefilled one after another in stream order (one
+// step per stream: prompt + first token), then all streams decode together, one token each per step.
+struct Cell {
+  int prompt = 0;            // prompt tokens per stream, as run
+  int requested_prompt = 0;  // as asked (larger when clamped)
+  int concurrency = 0;
+  int tokens = 0;                  // output tokens per stream
+  int repeats = 0;                 // timed repeats completed
+  std::vector<uint64_t> seeds;     // per repeat
+  double ms_per_token = 0;         // median over repeats of the median decode step time
+  double tok_s_per_stream = 0;     // 1000 / ms_per_token
+  double tok_s_total = 0;          // concurrency * tok_s_per_stream
+  double ttft_ms_median = 0;       // over streams x repeats: repeat start -> that stream's first token
+  double ttft_ms_p90 = 0;          //   (so it includes waiting for the streams prefilled before it)
+  double prefill_tok_s = 0;        // prompt tokens / prefill time (median over repeats)
+  double pct_of_ceiling = 0;       // tok_s_per_stream / Report::ceiling_tok_s * 100
+  uint64_t sessions_fit = 0;       // sessions of this context (prompt + tokens) that fit in the KV budget
+  double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: T4 ceiling * pct_of_ceiling / 100
+  double t4_tok_s_total = 0;       // T4 projection, NOT measured: concurrency * t4_tok_s_per_stream
+  std::string error;               // non-empty: what went wrong (numbers from completed repeats, if any)
+  bool ok() const { return error.empty(); }
+};
+
+struct Report {
+  std::string version;    // library version
+  std::string timestamp;  // UTC, ISO 8601
+  std::string label;      // SweepOptions::label
+  std::string model;      // "7 layers, hidden 64, vocab 512, bf16"
+  Backend backend = Backend::Cpu;
+  DeviceReport device;  // the GPU measured (Cuda), or the host (Cpu)
+  Bandwidth bandwidth;
+  double decode_bytes_per_token = 0;  // Engine::decode_bytes_per_token
+  double ceiling_tok_s = 0;           // bandwidth.read_gbs * 1e9 / decode_bytes_per_token (per stream)
+  uint64_t weight_bytes = 0;          // Engine::weight_bytes
+  uint64_t kv_budget_bytes = 0;
+  uint64_t kv_bytes_per_token = 0;  // Engine::kv_bytes_per_token
+  uint64_t kv_capacity_tokens = 0;  // kv_budget_bytes / kv_bytes_per_token (every layer caching every token)
+  size_t context_limit = 0;         // prompt + tokens must fit in this
+  std::vector<int> prompts, concurrency;
+  int tokens = 0, repeats = 0;
+  uint64_t seed = 0;
+  std::vector<std::string> notes;  // clamped prompts, bandwidth failures, ...
+  std::vector<Cell> cells;         // prompts outer, concurrency inner, in the order asked
+  double t4_bandwidth_gbs = 0;     // T4 projection, NOT measured
+  double t4_ceiling_tok_s = 0;     //   t4_bandwidth_gbs * 1e9 / decode_bytes_per_token
+  bool cancelled = false;
+};
+
+// Runs the sweep on a loaded engine. A cell that fails (out of memory, context) carries its error and the
+// sweep goes on. Returns ok with *out filled; InvalidArgument (nothing run) for an unloaded engine or
+// empty/non-positive options; Cancelled, with *out holding what was measured, when on_progress returned false.
+// Uses the engine from this thread only; don't run other work on the engine meanwhile.
+Status run(const Engine& engine, const SweepOptions& options, Report* out);
+
+// Outputs. The T4 projection is labelled "projection, not measured" in each of them.
+std::string to_text(const DeviceReport& device);
+std::string to_text(const Bandwidth& bandwidth);
+std::string to_text(const DoctorReport& doctor);
+std::string to_table(const Report& report);  // aligned text: header lines, the cells, the T4 projection
+std::string to_json(const DeviceReport& device);
+std::string to_json(const Bandwidth& bandwidth);
+std::string to_json(const DoctorReport& doctor);
+// {"schema": "gemma4_t4.bench/1", version, timestamp, label, model, backend, device{...}, bandwidth{...},
+//  decode_bytes_per_token, ceiling_tok_s, weight_bytes, kv{budget_bytes, bytes_per_token, capacity_tokens},
+//  context_limit, options{prompts, concurrency, tokens, repeats, seed}, notes[], cells[{prompt,
+//  requested_prompt, concurrency, tokens, repeats, seeds, ms_per_token, tok_s_per_stream, tok_s_total,
+//  ttft_ms_median, ttft_ms_p90, prefill_tok_s, pct_of_ceiling, sessions_fit, error}], t4_projection{label,
+//  bandwidth_gbs, ceiling_tok_s, cells[{prompt, concurrency, tok_s_per_stream, tok_s_total}]}, cancelled}
+std::string to_json(const Report& report);
+// Header + one line per cell: prompt, requested_prompt, concurrency, tokens, repeats, ms_per_token,
+// tok_s_per_stream, tok_s_total, ttft_ms_median, ttft_ms_p90, prefill_tok_s, pct_of_ceiling, ceiling_tok_s,
+// sessions_fit, weight_bytes, kv_bytes_per_token, t4_projected_tok_s_per_stream, t4_projected_tok_s_total,
+// t4_note ("projection, not measured"), error.
+std::string to_csv(const Report& report);
+// Two panels (tok/s per stream, tok/s total) vs concurrency, one polyline per prompt length in each, the
+// ceiling dashed, the T4 projection dotted and labelled. Self-contained SVG 1.1.
+std::string to_svg(const Report& report);
+// Writes text to path (replacing it). IoError naming the path on failure.
+Status write_file(const std::string& path, const std::string& text);
+
+}  // namespace bench
+
 }  // namespace gemma4_t4
 
 #endif  // GEMMA4_T4_HPP
@@ -461,5 +802,7 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
 #endif
 #include "gemma4_t4/engine.hpp"
 #include "gemma4_t4/generate.hpp"
+#include "gemma4_t4/batch.hpp"
+#include "gemma4_t4/bench.hpp"
 #endif  // GEMMA4_T4_IMPLEMENTATION_DONE
 #endif  // GEMMA4_T4_IMPLEMENTATION

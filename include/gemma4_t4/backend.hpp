@@ -31,6 +31,12 @@ class BackendModel {
   virtual ~BackendModel() = default;
   virtual Backend kind() const = 0;
   virtual Status new_session(size_t max_ctx, std::unique_ptr<BackendSession>* out) const = 0;
+  // Memory accounting (Engine::weight_bytes / kv_bytes_per_token / session_bytes): arithmetic over sizes known
+  // since init, no allocation. weight_bytes: what the backend holds for the weights; kv_bytes_per_token: K + V
+  // of every non-shared layer for one position; session_bytes: what new_session(max_ctx) allocates.
+  virtual size_t weight_bytes() const = 0;
+  virtual size_t kv_bytes_per_token() const = 0;
+  virtual size_t session_bytes(size_t max_ctx) const = 0;
   // Items were validated by the Engine (ids in range, context not exceeded, sessions distinct). Appends
   // per item 1 (Last) or n (All) rows of logits. On error no session has advanced.
   virtual Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const = 0;

@@ -379,8 +379,30 @@ class CpuModel {
 
 class CpuBackend : public BackendModel {
  public:
-  Status init(const ModelConfig& cfg, const Weights& w) { return model_.init(cfg, w); }
+  Status init(const ModelConfig& cfg, const Weights& w) {
+    cfg_ = &cfg;
+    w_ = &w;
+    return model_.init(cfg, w);
+  }
   Backend kind() const override { return Backend::Cpu; }
+  // Weights are read in place from the mapped checkpoint; the KV cache is fp32, sized as init_session does
+  // (a sliding layer keeps a ring of `window` slots once max_ctx exceeds the window).
+  size_t weight_bytes() const override { return w_->file_bytes(); }
+  size_t kv_bytes_per_token() const override {
+    size_t b = 0;
+    for (const LayerConfig& lc : cfg_->layers)
+      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(float);
+    return b;
+  }
+  size_t session_bytes(size_t max_ctx) const override {
+    size_t b = 0;
+    for (const LayerConfig& lc : cfg_->layers) {
+      if (lc.kv_shared) continue;
+      const bool ring = lc.type == LayerType::Sliding && size_t(cfg_->sliding_window) < max_ctx;
+      b += 2 * (ring ? size_t(cfg_->sliding_window) : max_ctx) * lc.num_kv_heads * lc.head_dim * sizeof(float);
+    }
+    return b;
+  }
   Status new_session(size_t max_ctx, std::unique_ptr<BackendSession>* out) const override {
     auto s = std::make_unique<CpuSession>();
     model_.init_session(s.get(), max_ctx);
@@ -395,6 +417,8 @@ class CpuBackend : public BackendModel {
 
  private:
   CpuModel model_;
+  const ModelConfig* cfg_ = nullptr;
+  const Weights* w_ = nullptr;
 };
 
 }  // namespace detail

@@ -7,12 +7,26 @@
 // PLE table stays in the mapped file (rows gathered per step) unless LoadOptions::ple asks for the GPU.
 //
 // Forward: the rows of all items (prefill chunks and decode tokens alike) go through each layer together,
-// in passes of at most kMaxRows rows and kMaxSeqs sessions. Per layer:
-//   x16 = rmsnorm(h)                                  [rows, H] fp16
-//   q/k/v = x16 W^T (gemv for <= 16 rows, cuBLAS fp16 GEMM with fp32 accumulation above)
-//   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> written into the session caches at their positions
-//   att16 = attention(q16, caches)                    split over keys, merged
-//   h += norm(o_proj(att16)); MLP; PLE; h *= layer_scalar   (residual stream fp32 throughout)
+// in passes of at most kMaxRows rows and kMaxSeqs sessions. "decode" below = a pass of <= 16 rows
+// (kernels::kGemvMaxRows): tensor-core GEMVs with fused epilogues; larger passes use cuBLAS (fp16 GEMM,
+// fp32 accumulation; w4a16 dequantised to fp16 first) and the separate element-wise kernels. Per layer:
+//   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
+//                                                     later layers get it from the previous layer's last
+//                                                     residual_norm (NextNorm::Norm, bit-identical)
+//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 mmA/mmB/mmC)
+//   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
+//   att16 = attention(q16, caches)                    decode: split over keys, merged (CUDA cores);
+//                                                     passes with a prompt chunk: tiled flash attention
+//                                                     on the tensor cores (mma.sync m16n8k8), D 64..512
+//   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
+//   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out
+//   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
+//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
+//        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
+// Decode launches per layer (E2B, w4a16 or fp16): 12 (13 in layer 0) -- q/k/v GEMV, head norms,
+// attention split + merge, o_proj, residual_norm, gate/up GEMV, down, residual_norm, PLE gate GEMV,
+// ple_proj, residual_norm (was 20; KV-shared layers 16 -> 12: their first two launches serve q only).
+// Residual stream fp32 throughout.
 // K/V are written before attention reads them, so sliding layers keep a ring of window + kMaxRows slots:
 // a pass never overwrites a key one of its own queries still needs. Positions advance only when every
 // pass succeeded.
@@ -30,6 +44,7 @@
 
 #include "../../kernels/attention.cuh"
 #include "../../kernels/elementwise.cuh"
+#include "../../kernels/flash_attention.cuh"
 #include "../../kernels/gemv.cuh"
 #include "../../kernels/rmsnorm.cuh"
 #include "../../kernels/rope_kv.cuh"
@@ -132,6 +147,7 @@ class CudaBackend : public BackendModel {
     if (meta_host_) cudaFreeHost(meta_host_);
     if (seen_dev_) cudaFree(seen_dev_);
     if (tok_host_) cudaFreeHost(tok_host_);
+    if (tiles_host_) cudaFreeHost(tiles_host_);
   }
 
   Backend kind() const override { return Backend::Cuda; }
@@ -156,6 +172,11 @@ class CudaBackend : public BackendModel {
       return err(Code::Unsupported, where, ": GPU '", prop.name, "' has compute capability ", prop.major, ".",
                  prop.minor, "; gemma4_t4 needs 7.5 (Turing) or newer");
     GEMMA4_T4_TRY(check_shapes(where));
+    for (const LayerConfig& lc : cfg.layers) {  // prefill layers the tensor-core attention kernel takes
+      const int group = cfg.num_heads / lc.num_kv_heads;
+      if (kernels::flash_attention_supported(lc.head_dim, group))
+        flash_groups_ |= 1 << (group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3);
+    }
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return err(Code::BackendError, where, ": cublasCreate failed");
     cublasSetStream(blas_, stream_);
@@ -248,7 +269,26 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
-  size_t weight_bytes() const { return weights_mem_.total(); }
+  // Memory accounting (Engine::weight_bytes etc.): the device allocations made for the weights, and the KV
+  // cache as new_session sizes it (keep the two in step): fp16 K and V per non-shared layer, sliding layers
+  // capped at window + kMaxRows slots, each buffer at least DeviceMemory's 256 bytes.
+  size_t weight_bytes() const override { return weights_mem_.total(); }
+  size_t kv_bytes_per_token() const override {
+    size_t b = 0;
+    for (const LayerConfig& lc : cfg_->layers)
+      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(half);
+    return b;
+  }
+  size_t session_bytes(size_t max_ctx) const override {
+    size_t b = 0;
+    for (const LayerConfig& lc : cfg_->layers) {
+      if (lc.kv_shared) continue;
+      size_t cap = max_ctx;
+      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + kMaxRows);
+      b += 2 * std::max<size_t>(cap * lc.num_kv_heads * lc.head_dim * sizeof(half), 256);
+    }
+    return b;
+  }
 
  private:
   // Runs the items through the model (positions are advanced by the caller). Logit rows go to `logits`
@@ -474,10 +514,15 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml_));
     if (max_deq_) GEMMA4_T4_TRY(m.alloc(max_deq_, "workspace: dequantised tile", &deq16_));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16_));
+    GEMMA4_T4_TRY(
+        m.alloc(size_t(kernels::kGemvMaxRows) * std::max(max_out_, D), "workspace: decode activations", &act16_));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits_));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits_));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params_));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out_));
+    // prefill attention tile tables, one per folded group size (1, 2, 4, 8 query heads per KV head)
+    GEMMA4_T4_TRY(m.alloc(size_t(4) * kMaxRows, "workspace: attention tiles", &tiles_));
+    GEMMA4_T4_CUDA_TRY(cudaMallocHost(&tiles_host_, size_t(4) * kMaxRows * sizeof(int2)), "cudaMallocHost (tiles)");
     meta_bytes_ = meta_int_bytes() + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
     GEMMA4_T4_CUDA_TRY(cudaMallocHost(&meta_host_, meta_bytes_), "cudaMallocHost (metadata)");
     return Status::ok();
@@ -501,6 +546,35 @@ class CudaBackend : public BackendModel {
                      &beta, y, CUDA_R_32F, w.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS)
       return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
+    return Status::ok();
+  }
+
+  static kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
+    kernels::GemvMat m;
+    m.w16 = w.w16;
+    m.wq = w.wq;
+    m.s = w.s16;
+    m.out = w.out;
+    m.y = y;  // [n, out] fp32
+    m.ldy = w.out;
+    return m;
+  }
+
+  static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
+
+  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 16 rows when they share
+  // a layout and `in`, else one mm() each.
+  Status mm_multi(const DevLinear* const* ws, float* const* ys, int count, const half* x, int n,
+                  const char* what) const {
+    bool one = n <= kernels::kGemvMaxRows;
+    for (int i = 1; i < count; ++i) one = one && same_layout(*ws[i], *ws[0]) && ws[i]->in == ws[0]->in;
+    if (one) {
+      kernels::GemvMat m[kernels::kGemvMaxMats];
+      for (int i = 0; i < count; ++i) m[i] = gemv_mat(*ws[i], ys[i]);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, n, ws[0]->in, stream_), what);
+      return Status::ok();
+    }
+    for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(mm(*ws[i], x, n, ys[i], what));
     return Status::ok();
   }
 
@@ -550,8 +624,22 @@ class CudaBackend : public BackendModel {
       else
         GEMMA4_T4_TRY(download(rows, logits));
     } else {
-      GEMMA4_T4_TRY(encode_layers(rows, attention_splits(rows, max_pos + 1, c.sliding_window),
-                                  attention_splits(rows, max_pos + 1, 0)));
+      // A pass holding a prompt chunk runs attention on the tensor cores (kernels/flash_attention.cuh): tile
+      // tables for the group sizes the layers use; decode-only passes keep the split kernel.
+      const bool prefill = rows > int(segs.size());
+      for (int gi = 0; gi < 4; ++gi) {
+        flash_tiles_[gi] = 0;
+        if (!prefill || !(flash_groups_ & (1 << gi))) continue;
+        int2* th = tiles_host_ + size_t(gi) * kMaxRows;
+        flash_tiles_[gi] = kernels::flash_attention_tiles(seq, pos, rows, 1 << gi, th, kMaxRows);
+        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tiles_ + size_t(gi) * kMaxRows, th, size_t(flash_tiles_[gi]) * sizeof(int2),
+                                           cudaMemcpyHostToDevice, stream_),
+                           "attention tiles upload");
+      }
+      Status st = encode_layers(rows, attention_splits(rows, max_pos + 1, c.sliding_window),
+                                attention_splits(rows, max_pos + 1, 0));
+      for (int& t : flash_tiles_) t = 0;  // graph captures and later passes use the split kernel
+      GEMMA4_T4_TRY(st);
       for (int b = 0; b < nsel; b += kernels::kGemvMaxRows) {  // LM head for the selected rows, 16 at a time
         const int k = std::min(kernels::kGemvMaxRows, nsel - b);
         float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
@@ -646,37 +734,55 @@ class CudaBackend : public BackendModel {
           "PLE combine");
     }
 
+    const bool decode = rows <= kernels::kGemvMaxRows;  // GEMVs with fused epilogues; else cuBLAS
     for (int l = 0; l < L; ++l) {
       const LayerConfig& lc = c.layers[l];
       const DevLayer& d = layers_[l];
       const int hd = lc.head_dim, kvh = lc.num_kv_heads;
-      // attention
-      GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, nullptr, d.in_norm, rows, H, eps, x16_, stream_), "input norm");
-      GEMMA4_T4_TRY(mm(d.q, x16_, rows, mmA_, "q_proj"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmA_, nh * hd, rows, nh, hd, d.q_norm, eps, d.inv_freq, d_pos,
-                                                        q16_, kernels::KvTarget(), stream_),
-                         "q norm/rope");
+      // Next layer's input norm: folded into this layer's last residual_norm (NextNorm::Norm).
+      const float* next_norm = l + 1 < L ? layers_[l + 1].in_norm : nullptr;
+      const kernels::NextNorm next = next_norm ? kernels::NextNorm::Norm : kernels::NextNorm::None;
+      // attention; x16_ = input norm of h (the previous layer's last residual_norm wrote it for l > 0)
+      if (l == 0)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, nullptr, d.in_norm, rows, H, eps, x16_, stream_),
+                           "input norm");
+      const float* vsrc = mmB_;  // k_eq_v: V is the raw k_proj output
+      if (lc.kv_shared) {
+        GEMMA4_T4_TRY(mm(d.q, x16_, rows, mmA_, "q_proj"));
+      } else {
+        const DevLinear* ws[3] = {&d.q, &d.k, &d.v};
+        float* const ys[3] = {mmA_, mmB_, mmC_};
+        if (!lc.k_eq_v) vsrc = mmC_;
+        GEMMA4_T4_TRY(mm_multi(ws, ys, lc.k_eq_v ? 2 : 3, x16_, rows, "q/k/v_proj"));
+      }
+      kernels::HeadNormTarget hn[3];  // q -> q16_; k, v -> the caches (one launch)
+      hn[0].in = mmA_;
+      hn[0].ld_in = nh * hd;
+      hn[0].heads = nh;
+      hn[0].w = d.q_norm;
+      hn[0].inv_freq = d.inv_freq;
+      hn[0].out = q16_;
       if (!lc.kv_shared) {
-        GEMMA4_T4_TRY(mm(d.k, x16_, rows, mmB_, "k_proj"));
-        const float* vsrc = mmB_;  // k_eq_v: V is the raw k_proj output
-        if (!lc.k_eq_v) {
-          GEMMA4_T4_TRY(mm(d.v, x16_, rows, mmC_, "v_proj"));
-          vsrc = mmC_;
-        }
         kernels::KvTarget kt;
         kt.capacity = d_cap;
         kt.seq = d_seq;
         kt.layer = l;
         kt.layers = L;
-        kt.base = d_v;
-        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(vsrc, kvh * hd, rows, kvh, hd, nullptr, eps, nullptr, d_pos,
-                                                          nullptr, kt, stream_),
-                           "v norm");
-        kt.base = d_k;
-        GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope(mmB_, kvh * hd, rows, kvh, hd, d.k_norm, eps, d.inv_freq,
-                                                          d_pos, nullptr, kt, stream_),
-                           "k norm/rope");
+        hn[1].in = mmB_;
+        hn[1].ld_in = kvh * hd;
+        hn[1].heads = kvh;
+        hn[1].w = d.k_norm;
+        hn[1].inv_freq = d.inv_freq;
+        hn[1].kv = kt;
+        hn[1].kv.base = d_k;
+        hn[2].in = vsrc;
+        hn[2].ld_in = kvh * hd;
+        hn[2].heads = kvh;  // no weight, no RoPE
+        hn[2].kv = kt;
+        hn[2].kv.base = d_v;
       }
+      GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, rows, hd, eps, d_pos, stream_),
+                         "q/k/v norm + RoPE");
       kernels::AttnArgs a;
       a.q = q16_;
       a.kbase = d_k;
@@ -694,31 +800,53 @@ class CudaBackend : public BackendModel {
       a.part_o = part_o_;
       a.part_ml = part_ml_;
       a.out = x16_;
-      GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, hd, stream_), "attention");
+      const int group = nh / kvh, gi = group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
+      if (flash_tiles_[gi] > 0 && kernels::flash_attention_supported(hd, group))
+        GEMMA4_T4_CUDA_TRY(
+            kernels::launch_flash_attention(a, tiles_ + size_t(gi) * kMaxRows, flash_tiles_[gi], hd, stream_),
+            "attention (flash)");
+      else
+        GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, hd, stream_), "attention");
       GEMMA4_T4_TRY(mm(d.o, x16_, rows, mmA_, "o_proj"));
       GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmA_, d.post_attn, rows, H, eps, 1.f,
                                                        kernels::NextNorm::Norm, d.pre_ff, x16_, stream_),
                          "post-attention norm");
-      // MLP
-      GEMMA4_T4_TRY(mm(d.gate, x16_, rows, mmA_, "gate_proj"));
-      GEMMA4_T4_TRY(mm(d.up, x16_, rows, mmB_, "up_proj"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(mmA_, mmB_, size_t(rows) * lc.intermediate_size, x16_, stream_),
-                         "gelu");
-      GEMMA4_T4_TRY(mm(d.down, x16_, rows, mmC_, "down_proj"));
+      // MLP: x16_ = pre_ff norm(h); decode: one GEMV for gate + up + GELU into act16_
+      const half* act = x16_;  // down_proj input
+      if (decode && same_layout(d.gate, d.up)) {
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_mul(gemv_mat(d.gate, nullptr), gemv_mat(d.up, nullptr), x16_, rows,
+                                                         H, act16_, lc.intermediate_size, stream_),
+                           "gate/up_proj + GELU");
+        act = act16_;
+      } else {
+        GEMMA4_T4_TRY(mm(d.gate, x16_, rows, mmA_, "gate_proj"));
+        GEMMA4_T4_TRY(mm(d.up, x16_, rows, mmB_, "up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(mmA_, mmB_, size_t(rows) * lc.intermediate_size, x16_, stream_),
+                           "gelu");
+      }
+      GEMMA4_T4_TRY(mm(d.down, act, rows, mmC_, "down_proj"));
       if (D > 0) {
         GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, 1.f,
                                                          kernels::NextNorm::Copy, nullptr, x16_, stream_),
                            "post-MLP norm");
-        GEMMA4_T4_TRY(mm(d.ple_gate, x16_, rows, mmA_, "per_layer_input_gate"));
-        GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(mmA_, ple_, rows, L, D, l, x16_, stream_), "PLE gate");
-        GEMMA4_T4_TRY(mm(d.ple_proj, x16_, rows, mmC_, "per_layer_projection"));
-        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ple, rows, H, eps, d.scalar,
-                                                         kernels::NextNorm::None, nullptr, nullptr, stream_),
-                           "PLE norm");
+        const half* gated = x16_;  // per_layer_projection input
+        if (decode) {
+          GEMMA4_T4_CUDA_TRY(
+              kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), x16_, rows, H, ple_, L, l, act16_, stream_),
+              "per_layer_input_gate + GELU");
+          gated = act16_;
+        } else {
+          GEMMA4_T4_TRY(mm(d.ple_gate, x16_, rows, mmA_, "per_layer_input_gate"));
+          GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(mmA_, ple_, rows, L, D, l, x16_, stream_), "PLE gate");
+        }
+        GEMMA4_T4_TRY(mm(d.ple_proj, gated, rows, mmC_, "per_layer_projection"));
+        GEMMA4_T4_CUDA_TRY(
+            kernels::launch_residual_norm(h_, mmC_, d.post_ple, rows, H, eps, d.scalar, next, next_norm, x16_, stream_),
+            "PLE norm");
       } else {
-        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, d.scalar,
-                                                         kernels::NextNorm::None, nullptr, nullptr, stream_),
-                           "post-MLP norm");
+        GEMMA4_T4_CUDA_TRY(
+            kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, d.scalar, next, next_norm, x16_, stream_),
+            "post-MLP norm");
       }
     }
     return Status::ok();
@@ -749,6 +877,10 @@ class CudaBackend : public BackendModel {
 
   // workspace ([rows, ...] buffers hold kMaxRows rows)
   int* meta_i32_ = nullptr;
+  int2* tiles_ = nullptr;                      // [4][kMaxRows] prefill attention tiles by folded group (1, 2, 4, 8)
+  int2* tiles_host_ = nullptr;                 // pinned mirror
+  mutable int flash_tiles_[4] = {0, 0, 0, 0};  // tiles per table in the current pass; 0: split kernel
+  int flash_groups_ = 0;                       // bit gi: some layer folds 2^gi query heads per KV head
   half** kv_ptrs_ = nullptr;
   float* h_ = nullptr;  // [R, H] residual stream
   half *x16_ = nullptr, *q16_ = nullptr;
@@ -758,6 +890,7 @@ class CudaBackend : public BackendModel {
   float *part_o_ = nullptr, *part_ml_ = nullptr;
   half* deq16_ = nullptr;
   half* head16_ = nullptr;
+  half* act16_ = nullptr;    // [16, I or D] fp16: decode GEMV epilogue output (gate/up GELU, PLE gate)
   float* logits_ = nullptr;  // [16, V]
   void* meta_host_ = nullptr;
   size_t meta_bytes_ = 0;

@@ -50,6 +50,13 @@ bool Engine::loaded() const { return impl_ != nullptr; }
 const ModelConfig& Engine::config() const { return impl_->config; }
 Backend Engine::backend() const { return impl_ ? impl_->backend->kind() : Backend::Cpu; }
 double Engine::decode_bytes_per_token() const { return impl_ ? impl_->weights.decode_bytes() : 0.0; }
+size_t Engine::weight_bytes() const { return impl_ ? impl_->backend->weight_bytes() : 0; }
+size_t Engine::kv_bytes_per_token() const { return impl_ ? impl_->backend->kv_bytes_per_token() : 0; }
+size_t Engine::session_bytes(size_t max_context) const {
+  if (!impl_) return 0;
+  return impl_->backend->session_bytes(max_context ? max_context : impl_->options.max_context);
+}
+const LoadOptions& Engine::load_options() const { return impl_->options; }
 
 namespace detail {
 
@@ -135,6 +142,17 @@ Status Engine::forward(Session& session, const int32_t* tokens, size_t n, Logits
 
 namespace detail {
 
+// Every id in range of the token embeddings (and of the per-layer table, which may be smaller).
+inline Status check_token_ids(const ModelConfig& cfg, const int32_t* tokens, size_t n, const char* where) {
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t id = tokens[i];
+    if (id < 0 || id >= cfg.vocab_size || (cfg.hidden_size_per_layer_input > 0 && id >= cfg.vocab_size_per_layer_input))
+      return err(Code::InvalidArgument, where, "token ", i, " has id ", id, ", outside the vocabulary [0, ",
+                 cfg.vocab_size, ")");
+  }
+  return Status::ok();
+}
+
 // Checks a batch (engine loaded, sessions ours and distinct, ids in range, context) and lowers it.
 inline Status prepare_batch(const Engine::Impl* impl, const BatchItem* items, size_t count,
                             std::vector<ForwardItem>* out) {
@@ -149,13 +167,7 @@ inline Status prepare_batch(const Engine::Impl* impl, const BatchItem* items, si
       if (items[c].session == it.session)
         return err(Code::InvalidArgument, "forward: items ", c, " and ", b, " are the same session");
     if (it.n == 0 || !it.tokens) return err(Code::InvalidArgument, "forward: item ", b, " has no tokens");
-    for (size_t i = 0; i < it.n; ++i) {
-      const int32_t id = it.tokens[i];
-      if (id < 0 || id >= cfg.vocab_size ||
-          (cfg.hidden_size_per_layer_input > 0 && id >= cfg.vocab_size_per_layer_input))
-        return err(Code::InvalidArgument, "forward: token ", i, " has id ", id, ", outside the vocabulary [0, ",
-                   cfg.vocab_size, ")");
-    }
+    GEMMA4_T4_TRY(check_token_ids(cfg, it.tokens, it.n, "forward: "));
     (*out)[b] = ForwardItem{nullptr, it.tokens, it.n};
   }
   return Status::ok();

@@ -72,6 +72,35 @@ struct Weights {
         if (w->out) b += w->device_bytes();
     return b;
   }
+
+  // Bytes of the checkpoint tensors the text model reads, as stored in the file(s): embeddings, LM head (when
+  // not tied), PLE table, every linear (dense, or packed + scales), norms and scalars. Towers and the unused
+  // k/v of KV-shared layers are not counted.
+  size_t file_bytes() const {
+    size_t b = 0;
+    auto t = [&b](const TensorInfo* x) {
+      if (x) b += x->nbytes;
+    };
+    auto lin = [&t](const LinearW& w) {
+      t(w.dense);
+      t(w.packed);
+      t(w.scale);
+    };
+    t(embed);
+    if (lm_head != embed) t(lm_head);
+    t(final_norm);
+    t(ple_table);
+    lin(ple_model_proj);
+    t(ple_proj_norm);
+    for (const auto& l : layers) {
+      for (const TensorInfo* x :
+           {l.input_layernorm, l.post_attention_layernorm, l.pre_feedforward_layernorm, l.post_feedforward_layernorm,
+            l.q_norm, l.k_norm, l.layer_scalar, l.post_per_layer_input_norm})
+        t(x);
+      for (const LinearW* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) lin(*w);
+    }
+    return b;
+  }
 };
 
 inline bool is_float_dtype(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }

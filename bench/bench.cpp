@@ -1,0 +1,264 @@
+// bench: the built-in benchmark from the command line (gemma4_t4::bench). Device report, measured memory
+// bandwidth, decode bytes per token and the ceiling they imply, then the sweep of the published T4 study:
+// prompts x concurrency, 128 output tokens ignoring EOS, 3 repeats, one seed per cell and repeat. Prints an
+// aligned table; --json / --csv / --svg write the other formats. T4 numbers are projections, and say so.
+//
+//   bench [--model DIR] [--cpu] [--prompts 512,4096] [--concurrency 1,4,8,16] [--tokens 128] [--repeats 3]
+//         [--seed N] [--json FILE] [--csv FILE] [--svg FILE] [--doctor] [--device-only] ...   (--help: all)
+//
+// Default model: the bundled tiny fixture (GEMMA4_T4_DEFAULT_MODEL, set by CMake to tests/fixtures/mm_bf16),
+// so `bench` runs anywhere -- on the CPU when there is no GPU. Prompt lengths the model's context cannot hold
+// (the tiny model's is 4096 tokens) are shortened to fit, and the output says so. Ctrl-C stops the sweep
+// after the current repeat; what was measured is still printed and written.
+// Exit status: 0 ok, 1 an error (load failure, or a cell that failed), 2 bad command line, 130 interrupted.
+
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gemma4_t4.hpp"
+
+#ifndef GEMMA4_T4_DEFAULT_MODEL
+#define GEMMA4_T4_DEFAULT_MODEL "tests/fixtures/mm_bf16"
+#endif
+
+namespace {
+
+namespace bench = gemma4_t4::bench;
+
+const char kUsage[] =
+    "usage: bench [--model DIR] [--cpu] [--prompts LIST] [--concurrency LIST] [--tokens N] [--repeats N]\n"
+    "             [--seed N] [--json FILE] [--csv FILE] [--svg FILE] [--doctor] [--device-only]\n"
+    "\n"
+    "Measures the device (memory bandwidth, the decode ceiling of the model) and runs the sweep of the\n"
+    "published T4 study: every prompt length x every concurrency, greedy decoding, EOS ignored.\n"
+    "\n"
+    "  --model DIR        checkpoint directory (default: %s)\n"
+    "  --cpu              use the CPU reference backend (default: CUDA when compiled in and a GPU is present)\n"
+    "  --device N         CUDA device ordinal (default: 0)\n"
+    "  --prompts LIST     prompt lengths in tokens, comma-separated (default: 512,4096; shortened to fit the\n"
+    "                     model's context, with a note)\n"
+    "  --concurrency LIST streams decoded together, comma-separated (default: 1,4,8,16)\n"
+    "  --tokens N         output tokens per stream, N >= 2 (default: 128)\n"
+    "  --repeats N        timed repeats per cell (default: 3)\n"
+    "  --seed N           base seed of the prompt ids (default: 20250101)\n"
+    "  --json FILE        write the report as JSON\n"
+    "  --csv FILE         write one CSV line per cell\n"
+    "  --svg FILE         write a plot (tok/s per stream and total vs concurrency, ceiling dashed)\n"
+    "  --kv-budget GIB    report KV capacity at this budget (default: free GPU memory / available RAM)\n"
+    "  --bandwidth-mib N  buffer for the bandwidth measurement (default: 1024 on a GPU, 256 on the host)\n"
+    "  --ple-device       keep the per-layer-embedding table on the GPU (LoadOptions::ple)\n"
+    "  --no-warmup        skip the untimed warm-up pass of each cell\n"
+    "  --doctor           check this machine for the model (GPU, memory, disk) and exit\n"
+    "  --device-only      report the device and its bandwidth, load no model, and exit\n"
+    "  --quiet            no progress lines on stderr\n"
+    "  --help             show this text\n"
+    "\n"
+    "Exit status: 0 ok, 1 an error (load failure or a failed cell), 2 bad command line, 130 interrupted.\n";
+
+volatile std::sig_atomic_t g_interrupted = 0;
+extern "C" void on_sigint(int) { g_interrupted = 1; }
+
+struct Args {
+  std::string model = GEMMA4_T4_DEFAULT_MODEL;
+  bool cpu = false;
+  long device = 0;
+  bench::SweepOptions sweep;
+  std::string json, csv, svg;
+  double kv_budget_gib = 0;
+  long bandwidth_mib = 0;
+  bool ple_device = false;
+  bool doctor = false;
+  bool device_only = false;
+  bool quiet = false;
+};
+
+bool parse_long(const char* s, long lo, long hi, long* out) {
+  errno = 0;
+  char* end = nullptr;
+  const long v = std::strtol(s, &end, 10);
+  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+bool parse_list(const std::string& text, long lo, long hi, std::vector<int>* out) {
+  std::vector<int> v;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    long x = 0;
+    if (!parse_long(text.substr(start, comma - start).c_str(), lo, hi, &x)) return false;
+    v.push_back(int(x));
+    start = comma + 1;
+  }
+  if (v.empty()) return false;
+  *out = std::move(v);
+  return true;
+}
+
+// Returns -1 to continue, else the exit status (0 for --help, 2 for a bad command line).
+int parse_args(int argc, char** argv, Args* a) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
+    auto bad = [&](const char* what) {
+      std::fprintf(stderr, "bench: %s %s\n%s", k.c_str(), what, "run `bench --help` for usage\n");
+      return 2;
+    };
+    long x = 0;
+    if (k == "--help" || k == "-h") {
+      std::printf(kUsage, GEMMA4_T4_DEFAULT_MODEL);
+      return 0;
+    } else if (k == "--cpu") {
+      a->cpu = true;
+    } else if (k == "--doctor") {
+      a->doctor = true;
+    } else if (k == "--device-only") {
+      a->device_only = true;
+    } else if (k == "--quiet") {
+      a->quiet = true;
+    } else if (k == "--ple-device") {
+      a->ple_device = true;
+    } else if (k == "--no-warmup") {
+      a->sweep.warmup = false;
+    } else if (!v) {
+      return k.rfind("--", 0) == 0 ? bad("needs a value (or is unknown)") : bad("is not an option");
+    } else {
+      ++i;
+      if (k == "--model") {
+        a->model = v;
+      } else if (k == "--device") {
+        if (!parse_long(v, 0, 1024, &a->device)) return bad("needs an ordinal >= 0");
+      } else if (k == "--prompts") {
+        if (!parse_list(v, 1, 1 << 24, &a->sweep.prompts)) return bad("needs comma-separated lengths >= 1");
+      } else if (k == "--concurrency") {
+        if (!parse_list(v, 1, 4096, &a->sweep.concurrency)) return bad("needs comma-separated counts >= 1");
+      } else if (k == "--tokens") {
+        if (!parse_long(v, 2, 1 << 24, &x)) return bad("needs N >= 2");
+        a->sweep.tokens = int(x);
+      } else if (k == "--repeats") {
+        if (!parse_long(v, 1, 1000, &x)) return bad("needs N >= 1");
+        a->sweep.repeats = int(x);
+      } else if (k == "--seed") {
+        errno = 0;
+        char* end = nullptr;
+        const unsigned long long s = std::strtoull(v, &end, 10);
+        if (errno || end == v || *end) return bad("needs a non-negative integer");
+        a->sweep.seed = s;
+      } else if (k == "--json") {
+        a->json = v;
+      } else if (k == "--csv") {
+        a->csv = v;
+      } else if (k == "--svg") {
+        a->svg = v;
+      } else if (k == "--kv-budget") {
+        char* end = nullptr;
+        a->kv_budget_gib = std::strtod(v, &end);
+        if (end == v || *end || !(a->kv_budget_gib > 0)) return bad("needs a size in GiB > 0");
+      } else if (k == "--bandwidth-mib") {
+        if (!parse_long(v, 1, 1 << 20, &a->bandwidth_mib)) return bad("needs N >= 1");
+      } else {
+        return bad("is not an option");
+      }
+    }
+  }
+  return -1;
+}
+
+bool write(const std::string& path, const std::string& text, const char* what) {
+  if (path.empty()) return true;
+  const gemma4_t4::Status st = bench::write_file(path, text);
+  if (!st) {
+    std::fprintf(stderr, "bench: %s\n", st.message.c_str());
+    return false;
+  }
+  std::fprintf(stderr, "bench: wrote %s %s\n", what, path.c_str());
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  if (const int rc = parse_args(argc, argv, &a); rc >= 0) return rc;
+  const gemma4_t4::Backend backend = a.cpu ? gemma4_t4::Backend::Cpu : gemma4_t4::Backend::Auto;
+  bench::BandwidthOptions bw;
+  bw.bytes = uint64_t(a.bandwidth_mib) << 20;
+
+  if (a.doctor) {
+    const bench::DoctorReport d = bench::doctor(a.model, int(a.device));
+    std::fputs(bench::to_text(d).c_str(), stdout);
+    return write(a.json, bench::to_json(d), "doctor JSON") ? 0 : 1;
+  }
+
+  if (a.device_only) {
+    const bench::DeviceReport d = bench::device_report(int(a.device));
+    std::fputs(bench::to_text(d).c_str(), stdout);
+    bench::Bandwidth b;
+    const gemma4_t4::Status st = bench::measure_bandwidth(backend, int(a.device), bw, &b);
+    if (!st) {
+      std::fprintf(stderr, "bench: %s\n", st.message.c_str());
+      return 1;
+    }
+    std::fputs(bench::to_text(b).c_str(), stdout);
+    const std::string json = "{\n\"device\": " + bench::to_json(d) + ",\n\"bandwidth\": " + bench::to_json(b) + "}\n";
+    return write(a.json, json, "device JSON") ? 0 : 1;
+  }
+
+  gemma4_t4::LoadOptions opt;
+  opt.backend = backend;
+  opt.device = int(a.device);
+  opt.ple = a.ple_device ? gemma4_t4::PleLocation::Device : gemma4_t4::PleLocation::Host;
+  int longest = 0;
+  for (int p : a.sweep.prompts) longest = std::max(longest, p);
+  opt.max_context = size_t(longest) + size_t(a.sweep.tokens);  // sizes the CUDA graphs' attention splits
+  if (!a.quiet) std::fprintf(stderr, "bench: loading %s\n", a.model.c_str());
+  gemma4_t4::Engine engine;
+  if (const gemma4_t4::Status st = gemma4_t4::Engine::load(a.model, opt, &engine); !st) {
+    std::fprintf(stderr, "bench: %s\n", st.message.c_str());
+    return 1;
+  }
+  const size_t max_pos = size_t(engine.config().max_position_embeddings);
+  if (opt.max_context > max_pos) {  // reload is cheap next to the sweep, and keeps the graphs' splits exact
+    opt.max_context = max_pos;
+    if (const gemma4_t4::Status st = gemma4_t4::Engine::load(a.model, opt, &engine); !st) {
+      std::fprintf(stderr, "bench: %s\n", st.message.c_str());
+      return 1;
+    }
+  }
+
+  a.sweep.label = a.model;
+  a.sweep.bandwidth_options = bw;
+  a.sweep.kv_budget_bytes = uint64_t(a.kv_budget_gib * double(uint64_t(1) << 30));
+  const bool quiet = a.quiet;
+  a.sweep.on_progress = [quiet](const bench::Progress& p) {
+    if (!quiet && p.repeat < p.repeats)
+      std::fprintf(stderr, "bench: [%3.0f%%] cell %zu/%zu: prompt %d, concurrency %d, repeat %d/%d\n", p.fraction * 100,
+                   p.cell + 1, p.cells, p.prompt, p.concurrency, p.repeat + 1, p.repeats);
+    return g_interrupted == 0;
+  };
+  std::signal(SIGINT, on_sigint);
+  bench::Report report;
+  const gemma4_t4::Status st = bench::run(engine, a.sweep, &report);
+  std::signal(SIGINT, SIG_DFL);
+  if (!st && st.code != gemma4_t4::Code::Cancelled) {
+    std::fprintf(stderr, "bench: %s\n", st.message.c_str());
+    return 1;
+  }
+  std::fputs(bench::to_table(report).c_str(), stdout);
+  bool ok = write(a.json, bench::to_json(report), "JSON");
+  ok = write(a.csv, bench::to_csv(report), "CSV") && ok;
+  ok = write(a.svg, bench::to_svg(report), "SVG") && ok;
+  if (report.cancelled) return 130;
+  for (const bench::Cell& c : report.cells)
+    if (!c.ok()) ok = false;
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,203 @@
+// chat: talk to a Gemma 4 model in the terminal. The answer streams as it is generated; each turn feeds the
+// session only the tokens it does not hold yet (examples/conversation.hpp); Ctrl-C stops an answer.
+//
+//   chat [--model DIR] [--tokenizer PATH] [--cpu] [--max-context N] [sampling flags] [--max-tokens N]
+//
+// Commands: /reset, /system TEXT, /stats, /think on|off, /help, /quit. Ctrl-C during an answer stops that
+// answer (the program goes on); Ctrl-C or Ctrl-D (end of input) at the prompt leaves.
+// Default model: the bundled tiny model (random weights: gibberish, but every part of the program runs).
+// Exit status: 0 ok, 1 the model or tokenizer did not load (message on stderr), 2 bad command line.
+
+#include <signal.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <string>
+
+#include "common.hpp"
+#include "conversation.hpp"
+#include "gemma4_t4.hpp"
+
+namespace {
+
+const char kUsage[] =
+    "usage: chat [options]\n"
+    "\n"
+    "Talks to a Gemma 4 model: type a message, press Enter, the answer streams back.\n"
+    "\n"
+    "commands:\n"
+    "  /reset           forget the conversation (the system prompt stays)\n"
+    "  /system TEXT     set the system prompt (/system alone clears it)\n"
+    "  /stats           timing of the last answer: time to first token, prefill and decode tok/s\n"
+    "  /think on|off    let the model think before it answers (Gemma 4 thinking mode)\n"
+    "  /help            this list\n"
+    "  /quit            leave (so do Ctrl-D and Ctrl-C at the prompt)\n"
+    "Ctrl-C during an answer stops that answer.\n"
+    "\n";
+
+const char kCommands[] =
+    "/reset, /system TEXT, /stats, /think on|off, /help, /quit; Ctrl-C stops an answer, Ctrl-D leaves\n";
+
+// Set by SIGINT, read by the token callback and the line reader. A lock-free atomic is async-signal-safe.
+std::atomic<bool> g_interrupted{false};
+
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+// SIGINT without SA_RESTART: a blocked read() at the prompt returns (EINTR) so Ctrl-C can leave there.
+void install_sigint() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+enum class Input { Line, End, Interrupted };
+
+Input read_line(std::string* line) {
+  line->clear();
+  for (;;) {
+    if (g_interrupted.load()) return Input::Interrupted;
+    errno = 0;
+    const int c = std::getc(stdin);
+    if (c == EOF) {
+      const bool eintr = std::ferror(stdin) && errno == EINTR;
+      std::clearerr(stdin);
+      if (g_interrupted.load()) return Input::Interrupted;
+      if (eintr) continue;  // another signal
+      return line->empty() ? Input::End : Input::Line;
+    }
+    if (c == '\n') return Input::Line;
+    line->push_back(static_cast<char>(c));
+  }
+}
+
+std::string trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\r") - b + 1);
+}
+
+void print_stats(const example::TurnStats& st, bool any, const gemma4_t4::Session& session) {
+  if (!any) {
+    std::printf("(no answer yet)\n");
+    return;
+  }
+  const gemma4_t4::Timing& t = st.timing;
+  std::printf("last answer: %zu tokens%s\n", st.tokens.size(), st.stopped_by_caller ? " (stopped)" : "");
+  std::printf("  time to first token  %.2f ms\n", t.ttft_ms);
+  std::printf("  prefill              %.1f tok/s (%zu new tokens; %zu reused from the session of %zu)\n",
+              t.prefill_tok_s(), st.prefilled, st.reused, st.prompt_tokens);
+  std::printf("  decode               %.1f tok/s (%zu tokens after the first in %.2f ms)\n", t.decode_tok_s(),
+              t.generated_tokens > 0 ? t.generated_tokens - 1 : 0, t.decode_ms);
+  std::printf("  context              %zu of %zu tokens\n", session.position(), session.max_context());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  example::ModelArgs args;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      std::printf("%s", kUsage);
+      std::printf(example::kModelFlagsHelp, GEMMA4_T4_DEFAULT_MODEL, GEMMA4_T4_DEFAULT_TOKENIZER, 512);
+      std::printf("\nExit status: 0 ok, 1 the model or tokenizer did not load, 2 bad command line.\n");
+      return 0;
+    }
+    const int r = example::parse_model_flag("chat", argc, argv, &i, &args);
+    if (r == 2) return 2;
+    if (r == 0) {
+      std::fprintf(stderr, "chat: unknown option '%s' (--help for usage)\n", a.c_str());
+      return 2;
+    }
+  }
+
+  example::Loaded m;
+  if (gemma4_t4::Status st = example::load(args, &m); !st) {
+    std::fprintf(stderr, "chat: %s: %s\n", gemma4_t4::code_name(st.code), st.message.c_str());
+    return 1;
+  }
+  gemma4_t4::Session session;
+  if (gemma4_t4::Status st = m.engine.create_session(&session, m.context); !st) {
+    std::fprintf(stderr, "chat: %s: %s\n", gemma4_t4::code_name(st.code), st.message.c_str());
+    return 1;
+  }
+  example::Conversation conv(m.engine, m.tokenizer, std::move(session));
+
+  const gemma4_t4::ModelConfig& cfg = m.engine.config();
+  const gemma4_t4::SamplingOptions& so = m.generate.sampling;
+  std::printf("gemma4_t4 %s chat: %s (%s backend, %d layers, vocab %d), context %zu tokens\n", GEMMA4_T4_VERSION_STRING,
+              args.model.c_str(), example::backend_name(m.engine), cfg.num_layers, cfg.vocab_size, m.context);
+  std::printf(
+      "tokenizer %s; sampling: temperature %g, top-k %d, top-p %g, min-p %g, repeat penalty %g, seed %llu; "
+      "at most %d tokens an answer\n",
+      m.tokenizer_path.c_str(), so.temperature, so.top_k, so.top_p, so.min_p, so.repetition_penalty,
+      static_cast<unsigned long long>(so.seed), m.generate.max_new_tokens);
+  if (!args.model_given)
+    std::printf(
+        "(the bundled tiny model has random weights: its answers are gibberish; --model DIR for a real "
+        "Gemma 4)\n");
+  std::printf("%s", kCommands);
+
+  install_sigint();
+  example::TurnStats last;
+  bool answered = false;
+  std::string line;
+  for (;;) {
+    g_interrupted.store(false);
+    std::printf("\nyou> ");
+    std::fflush(stdout);
+    const Input in = read_line(&line);
+    if (in != Input::Line) {  // Ctrl-D or Ctrl-C at the prompt
+      std::printf("\n");
+      break;
+    }
+    const std::string text = trim(line);
+    if (text.empty()) continue;
+    if (text[0] == '/') {
+      const size_t sp = text.find(' ');
+      const std::string cmd = text.substr(0, sp);
+      const std::string rest = sp == std::string::npos ? "" : trim(text.substr(sp + 1));
+      if (cmd == "/quit" || cmd == "/exit") break;
+      if (cmd == "/help") {
+        std::printf("%s", kCommands);
+      } else if (cmd == "/reset") {
+        conv.reset();
+        std::printf("(conversation reset)\n");
+      } else if (cmd == "/system") {
+        conv.set_system(rest);
+        std::printf(rest.empty() ? "(system prompt cleared)\n" : "(system prompt set)\n");
+      } else if (cmd == "/stats") {
+        print_stats(last, answered, conv.session());
+      } else if (cmd == "/think" && (rest == "on" || rest == "off")) {
+        conv.set_thinking(rest == "on");
+        std::printf("(thinking %s)\n", rest.c_str());
+      } else {
+        std::printf("unknown command '%s'; the commands: %s", text.c_str(), kCommands);
+      }
+      continue;
+    }
+
+    std::printf("gemma> ");
+    std::fflush(stdout);
+    auto on_text = [](const std::string& piece) {
+      std::fwrite(piece.data(), 1, piece.size(), stdout);
+      std::fflush(stdout);
+      return !g_interrupted.load();
+    };
+    const gemma4_t4::Status st = conv.ask(text, m.generate, on_text, nullptr, &last);
+    std::clearerr(stdout);  // a write cut short by Ctrl-C (EINTR) must not stop later output
+    if (!st) {
+      std::printf("\n");
+      std::fprintf(stderr, "chat: %s: %s\n", gemma4_t4::code_name(st.code), st.message.c_str());
+      if (st.code == gemma4_t4::Code::ContextOverflow)
+        std::fprintf(stderr, "chat: the conversation no longer fits: /reset, or start with a larger --max-context\n");
+      continue;
+    }
+    answered = true;
+    std::printf(last.stopped_by_caller ? " [stopped]\n" : "\n");
+  }
+  return 0;
+}

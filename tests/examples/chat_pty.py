@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""Drives examples/chat through a pseudo-terminal, as a person at a terminal would (ctest: example.chat_pty).
+
+    chat_pty.py PATH_TO_CHAT
+
+1. Conversation: two turns, /stats (numbers), /system, /think on and off, an unknown command, /reset, one
+   more turn (the session re-prefilled: 0 tokens reused), /stats, /quit -> exit status 0.
+2. Ctrl-C during a long answer stops that answer (" [stopped]"), the program goes on (/stats answers),
+   and Ctrl-C at the prompt leaves with exit status 0.
+3. Ctrl-D (end of input) at the prompt leaves with exit status 0.
+Runs the bundled tiny model on the CPU backend. Python 3 standard library only (pty, os, select).
+"""
+
+import os
+import pty
+import re
+import select
+import signal
+import sys
+import time
+
+TIMEOUT = float(os.environ.get("CHAT_PTY_TIMEOUT", "120"))  # seconds per expected output (sanitizers are slow)
+
+
+class Chat:
+    def __init__(self, exe, *flags):
+        self.pid, self.fd = pty.fork()
+        if self.pid == 0:  # the child: chat on the terminal's slave side
+            try:
+                os.execv(exe, [exe, "--cpu", *flags])
+            finally:
+                os._exit(127)
+        self.out = ""  # everything read so far (\r\n turned into \n)
+        self.pos = 0  # what expect() has consumed
+
+    def read_some(self, timeout):
+        r, _, _ = select.select([self.fd], [], [], timeout)
+        if not r:
+            return False
+        try:
+            data = os.read(self.fd, 65536)
+        except OSError:  # EIO: the child closed the terminal (exited)
+            data = b""
+        if not data:
+            raise EOFError
+        self.out += data.decode("utf-8", errors="replace").replace("\r\n", "\n")
+        return True
+
+    def expect(self, pattern, timeout=TIMEOUT):
+        """Waits for a regex in the output after what was consumed; returns the match and consumes to its end."""
+        rx = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        while True:
+            m = rx.search(self.out, self.pos)
+            if m:
+                self.pos = m.end()
+                return m
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.fail(f"timed out waiting for {pattern!r}")
+            try:
+                self.read_some(left)
+            except EOFError:
+                m = rx.search(self.out, self.pos)
+                if m:
+                    self.pos = m.end()
+                    return m
+                self.fail(f"chat exited while waiting for {pattern!r}")
+
+    def send(self, text):
+        os.write(self.fd, text.encode())
+
+    def line(self, text):
+        self.send(text + "\n")
+
+    def wait_exit(self, timeout=TIMEOUT):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                try:
+                    while self.read_some(0.1):
+                        pass
+                except EOFError:
+                    pass
+                os.close(self.fd)
+                return status
+            try:
+                self.read_some(0.1)
+            except EOFError:
+                time.sleep(0.05)
+        self.fail("chat did not exit")
+
+    def fail(self, why):
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        sys.stderr.write(f"FAIL: {why}\n---- chat output so far ----\n{self.out}\n---- end ----\n")
+        sys.exit(1)
+
+
+def check(cond, why, chat):
+    if not cond:
+        chat.fail(why)
+
+
+def exited_ok(status):
+    return os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+PROMPT = r"\nyou> "
+NUMBER = r"([0-9]+(?:\.[0-9]+)?)"
+
+
+def stats(chat):
+    """Sends /stats and returns its numbers."""
+    chat.line("/stats")
+    ttft = float(chat.expect(r"time to first token\s+" + NUMBER + " ms").group(1))
+    m = chat.expect(r"prefill\s+" + NUMBER + r" tok/s \(([0-9]+) new tokens; ([0-9]+) reused")
+    prefill, new, reused = float(m.group(1)), int(m.group(2)), int(m.group(3))
+    decode = float(chat.expect(r"decode\s+" + NUMBER + " tok/s").group(1))
+    used = int(chat.expect(r"context\s+([0-9]+) of [0-9]+ tokens").group(1))
+    chat.expect(PROMPT)
+    return ttft, prefill, new, reused, decode, used
+
+
+def conversation(exe):
+    chat = Chat(exe, "--max-tokens", "24", "--seed", "5")
+    chat.expect(r"chat: .*cpu backend")
+    chat.expect(r"random weights")  # the tiny model says what it is
+    chat.expect(PROMPT)
+    chat.line("/stats")
+    chat.expect(r"\(no answer yet\)")
+    chat.expect(PROMPT)
+
+    chat.line("Hello there!")
+    chat.expect(r"gemma> ")
+    chat.expect(PROMPT)
+    chat.line("How are you today?")
+    chat.expect(r"gemma> ")
+    chat.expect(PROMPT)
+    ttft, prefill, new, reused, decode, used = stats(chat)
+    check(ttft > 0 and prefill > 0 and new > 0, "stats after two turns: TTFT and prefill must be > 0", chat)
+    check(used > new, "the session holds both turns", chat)
+
+    chat.line("/system You are a terse assistant.")
+    chat.expect(r"\(system prompt set\)")
+    chat.line("/think on")
+    chat.expect(r"\(thinking on\)")
+    chat.line("/think off")
+    chat.expect(r"\(thinking off\)")
+    chat.line("/frobnicate")
+    chat.expect(r"unknown command '/frobnicate'")
+    chat.line("/reset")
+    chat.expect(r"\(conversation reset\)")
+    chat.expect(PROMPT)
+    chat.line("One more turn, please.")
+    chat.expect(r"gemma> ")
+    chat.expect(PROMPT)
+    ttft, prefill, new, reused, decode, used = stats(chat)
+    check(reused == 0, "after /reset the session is prefilled from the start (0 reused)", chat)
+    check(ttft > 0 and prefill > 0, "stats after /reset", chat)
+    chat.line("/quit")
+    status = chat.wait_exit()
+    check(exited_ok(status), f"/quit: exit status {status}", chat)
+
+
+def ctrl_c(exe):
+    # A long answer (end-of-turn tokens ignored) that Ctrl-C cuts short.
+    chat = Chat(exe, "--ignore-eos", "--max-tokens", "4000", "--max-context", "4096")
+    chat.expect(PROMPT)
+    chat.line("Tell me a very long story.")
+    chat.expect(r"gemma> ")
+    chat.read_some(TIMEOUT)  # the answer has begun
+    chat.send("\x03")  # the terminal's interrupt character: SIGINT to chat
+    m = chat.expect(r" \[stopped\]\n")
+    answer = chat.out[: m.start()].rsplit("gemma> ", 1)[1]
+    check(len(answer) > 0, "some of the answer was printed before Ctrl-C", chat)
+    chat.expect(PROMPT)
+    chat.line("/stats")
+    m = chat.expect(r"last answer: ([0-9]+) tokens \(stopped\)")
+    check(0 < int(m.group(1)) < 4000, "the stopped answer has fewer tokens than --max-tokens", chat)
+    chat.expect(PROMPT)
+    chat.send("\x03")  # Ctrl-C at the prompt leaves
+    status = chat.wait_exit()
+    check(exited_ok(status), f"Ctrl-C at the prompt: exit status {status}", chat)
+
+
+def ctrl_d(exe):
+    chat = Chat(exe)
+    chat.expect(PROMPT)
+    chat.send("\x04")  # the terminal's end-of-file character
+    status = chat.wait_exit()
+    check(exited_ok(status), f"Ctrl-D at the prompt: exit status {status}", chat)
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit("usage: chat_pty.py PATH_TO_CHAT")
+    exe = sys.argv[1]
+    for test in (conversation, ctrl_c, ctrl_d):
+        test(exe)
+        print(f"ok: {test.__name__}")
+
+
+if __name__ == "__main__":
+    main()
