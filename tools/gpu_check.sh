@@ -8,7 +8,8 @@
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
 #     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times;
 #     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease);
-#     micro: kernel micro-benchmarks only (bench/micro_bench.cu; also part of full, bench and verify)
+#     check: both builds + suite + sanitizers, no benchmarks (full = check + bench, for a 10-minute limit run
+#     check and bench separately); micro: kernel micro-benchmarks only (bench/micro_bench.cu; also part of full, bench and verify)
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -83,7 +84,7 @@ if [ "$MODE" != bench ]; then
 build native -gencode arch=compute_90,code=sm_90 || fail=1
 [ $fail -eq 0 ] && { run native || fail=1; }
 fi
-if [ "$MODE" = full ] || [ "$MODE" = final ]; then
+if [ "$MODE" = full ] || [ "$MODE" = final ] || [ "$MODE" = check ]; then
   build turing -gencode arch=compute_75,code=compute_75 || fail=1
   # compute_75 PTX only: the driver JIT-compiles our kernels (cuBLAS keeps its own SASS)
   [ -x build-gpu-turing/gpu_tests ] && { run turing || fail=1; }
@@ -94,35 +95,41 @@ if [ "$MODE" = full ] || [ "$MODE" = final ]; then
     compute-sanitizer --tool memcheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*gemv*" \
       > "$OUT/memcheck.log" 2>&1; echo "memcheck (gemv) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
   fi
-  if [ "$MODE" = full ] && command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 ./build-gpu-native/gpu_tests \
+  if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && command -v compute-sanitizer >/dev/null; then
+    timeout 300 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 ./build-gpu-native/gpu_tests \
       > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
-    compute-sanitizer --tool racecheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*ttention*" \
+    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*ttention*,*gemv*" \
       > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   fi
 fi
 if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
-  # Full-size synthetic E2B (tools/make_synthetic.cpp) in both real layouts, timed with bench/quick_bench in the
-  # native and the Turing-only (compute_75 PTX) builds.
+  # Full-size synthetic E2B (tools/make_synthetic.cpp) in both real layouts, measured with the bench CLI
+  # (bench/bench.cpp: device report, bandwidth, the T4-study sweep) in the native and the Turing-only builds,
+  # plus quick_bench's TTFT of a 4096-token prompt.
   g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp || fail=1
+  DEF_MODEL="-DGEMMA4_T4_DEFAULT_MODEL=\"$ROOT/tests/fixtures/mm_bf16\""
   for arch in native turing; do
     gen="-gencode arch=compute_90,code=sm_90"; [ $arch = turing ] && gen="-gencode arch=compute_75,code=compute_75"
-    nvcc $NVFLAGS $gen $INC -x cu -o /tmp/quick_bench_$arch bench/quick_bench.cpp src/impl.cu -lcublas \
+    nvcc $NVFLAGS $gen $INC $DEF_MODEL -x cu -o /tmp/bench_$arch bench/bench.cpp src/impl.cu -lcublas \
       > "$OUT/build-bench-$arch.log" 2>&1 || { echo "bench build failed ($arch)"; fail=1; } &
   done
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
+    src/impl.cu -lcublas > "$OUT/build-quick-bench.log" 2>&1 &
   for fmt in w4a16 bf16; do
     /tmp/make_synthetic --model e2b --format $fmt --out /tmp/e2b-$fmt > "$OUT/synthetic-$fmt.log" 2>&1 || fail=1
   done
   wait
+  SWEEP=${SWEEP:-"--prompts 512,4096 --concurrency 1,4,8,16 --tokens 128 --repeats 3"}
   for fmt in w4a16 bf16; do
     for arch in native turing; do
       [ $fmt = bf16 ] && [ $arch = turing ] && continue  # the Turing-only comparison is made on w4a16
       echo "== E2B $fmt, $arch build" | tee -a "$OUT/bench.log"
-      /tmp/quick_bench_$arch --model /tmp/e2b-$fmt --prompt 512 --tokens 64 --batch 1,4,8,16 2>&1 | tee -a "$OUT/bench.log"
+      /tmp/bench_$arch --model /tmp/e2b-$fmt $SWEEP --quiet --json "$OUT/bench-$fmt-$arch.json" \
+        --csv "$OUT/bench-$fmt-$arch.csv" --svg "$OUT/bench-$fmt-$arch.svg" 2>&1 | tee -a "$OUT/bench.log"
     done
   done
-  echo "== E2B w4a16, native, prompt 4096" | tee -a "$OUT/bench.log"
-  /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1 2>&1 | tee -a "$OUT/bench.log"
+  echo "== E2B w4a16, native, prompt 4096 (quick_bench: TTFT of the second session)" | tee -a "$OUT/bench.log"
+  /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1,2 2>&1 | tee -a "$OUT/bench.log"
 fi
 if [ "$MODE" = profile ]; then
   # Per-kernel GPU time of eager decode steps (E2B w4a16, c=1): where a decode step's time goes.
