@@ -8,7 +8,8 @@
 //   - prefill projections for a 512-row chunk: cuBLAS on fp16 weights, and for w4a16 the dequantise-to-fp16
 //     + cuBLAS path split into its two parts: TFLOP/s, and the dequantisation's share of the time;
 //   - decode attention (1 row) at 512, 4096 and 32768 keys, sliding (head dim 256, window 512) and full
-//     (head dim 512): GB/s of the K/V bytes the row must read;
+//     (head dim 512): GB/s of the K/V bytes the row must read, at the backend's split count and at half and
+//     twice it; then 16 rows of 16 sessions at staggered positions (batched decode);
 //   - prefill attention for a 512-row chunk (rows at positions 0..511 and 3584..4095), the tensor-core flash
 //     kernel next to the CUDA-core split kernel: TFLOP/s of the unmasked QK^T and PV work.
 // Weights rotate over enough copies to exceed the L2 cache, so GEMV numbers are DRAM numbers.
@@ -254,7 +255,8 @@ int main(int argc, char** argv) {
   const int ctx_set[] = {512, 4096, 32768};
   std::printf("\ndecode attention, 1 row, %d query heads / %d KV head (GB/s of the K/V bytes the row reads)\n", heads,
               kvh);
-  std::printf("%-22s %8s %8s %10s %8s\n", "layer", "keys", "splits", "us", "GB/s");
+  std::printf("%-22s %8s %8s %10s %8s  %s\n", "layer", "keys", "splits", "us", "GB/s",
+              "merge (* = the policy's splits)");
   const size_t cache_elems = size_t(32768 + 1024) * kvh * 512;
   half *kc = dev_alloc<half>(cache_elems), *vc = dev_alloc<half>(cache_elems);
   fill(kc, cache_elems, 0.5f, 10);
@@ -263,6 +265,8 @@ int main(int argc, char** argv) {
   int* meta = dev_alloc<int>(3 * 1024 + 1);
   float* part_o = dev_alloc<float>(size_t(1024) * heads * 512);
   float* part_ml = dev_alloc<float>(size_t(1024) * heads * 2);
+  unsigned* counters = dev_alloc<unsigned>(1024);  // [rows, kv_heads] fused-merge arrival counters, zeroed once
+  CK(cudaMemset(counters, 0, 1024 * sizeof(unsigned)));
   half* q = dev_alloc<half>(size_t(512) * heads * 512);
   half* out = dev_alloc<half>(size_t(512) * heads * 512);
   fill(q, size_t(512) * heads * 512, 1.f, 12);
@@ -292,11 +296,16 @@ int main(int argc, char** argv) {
     a.part_o = part_o;
     a.part_ml = part_ml;
     a.out = out;
+    a.counters = counters;
     return a;
   };
-  // the backend's split policy (cuda_backend.hpp attention_splits)
-  auto splits_for = [](int rows, int keys) {
-    return std::max(1, std::min({(keys + kAttnTile - 1) / kAttnTile, 64, 1024 / rows}));
+  // the backend's split policy (cuda_backend.hpp attention_splits -> attention_splits_for)
+  auto splits_for = [&](int rows, int keys, int D) {
+    return attention_splits_for(rows, kvh, heads / kvh, D, keys, prop.multiProcessorCount, 1024);
+  };
+  // launches per call: 1 when the merge fuses into the split kernel (or one split), else split + merge
+  auto merge_mode = [&](int splits, int D) {
+    return splits == 1 ? "1 split" : splits <= attention_fused_splits(heads / kvh, D) ? "fused" : "2 launches";
   };
   for (int D : {256, 512}) {
     const int window = D == 256 ? 512 : 0;
@@ -305,12 +314,62 @@ int main(int argc, char** argv) {
       const int keys = window ? std::min(window, ctx) : ctx;
       const int cap = window ? window + 512 : ctx;
       set_meta(1, ctx - 1, cap);
-      const int sp = splits_for(1, keys);
-      const AttnArgs a = args(1, window, sp);
-      const double us = time_us([&](int) { CK(launch_attention(a, D, 0)); }, 50);
-      std::printf("%-22s %8d %8d %10.1f %8.0f\n", D == 256 ? "sliding D=256 w=512" : "full D=512", keys, sp, us,
-                  2.0 * keys * kvh * D * 2 / us / 1e3);
+      const int policy = splits_for(1, keys, D);
+      // the policy's count, then half and twice it: data for tuning attention_splits_for / kAttnFusedFloats
+      for (const int sp : {policy, policy / 2, policy * 2}) {
+        if (sp < 1 || sp > kAttnMaxSplits || (quick && sp != policy)) continue;
+        const AttnArgs a = args(1, window, sp);
+        const double us = time_us([&](int) { CK(launch_attention(a, D, 0)); }, 50);
+        std::printf("%-22s %8d %8d %10.1f %8.0f  %s%s\n", D == 256 ? "sliding D=256 w=512" : "full D=512", keys, sp, us,
+                    2.0 * keys * kvh * D * 2 / us / 1e3, merge_mode(sp, D), sp == policy ? " *" : "");
+      }
     }
+  }
+  {
+    // Batched decode: 16 rows of 16 sessions (own caches), positions staggered ctx - 1 - 37 r.
+    constexpr int kRows = 16, kCtx = 4096;
+    std::printf("\nbatched decode attention, %d rows (sessions at positions %d..%d)\n", kRows,
+                kCtx - 1 - 37 * (kRows - 1), kCtx - 1);
+    std::printf("%-22s %8s %8s %10s %8s  %s\n", "layer", "keys/row", "splits", "us", "GB/s", "merge");
+    const size_t per_seq = size_t(kCtx) * kvh * 512;  // halves per cache (the larger of the two layers)
+    half *bk = dev_alloc<half>(per_seq * kRows), *bv = dev_alloc<half>(per_seq * kRows);
+    fill(bk, per_seq * kRows, 0.5f, 13);
+    fill(bv, per_seq * kRows, 1.f, 14);
+    half** bptr = dev_alloc<half*>(2 * kRows);
+    int* bmeta = dev_alloc<int>(3 * kRows);  // seq, pos, capacity
+    std::vector<half*> hptr(2 * kRows);
+    std::vector<int> hmeta(3 * kRows);
+    for (int r = 0; r < kRows; ++r) {
+      hptr[r] = bk + per_seq * r;
+      hptr[kRows + r] = bv + per_seq * r;
+      hmeta[r] = r;
+      hmeta[kRows + r] = kCtx - 1 - 37 * r;
+    }
+    CK(cudaMemcpy(bptr, hptr.data(), hptr.size() * sizeof(half*), cudaMemcpyHostToDevice));
+    for (int D : {256, 512}) {
+      const int window = D == 256 ? 512 : 0;
+      for (int r = 0; r < kRows; ++r) hmeta[2 * kRows + r] = window ? window + 512 : kCtx;
+      CK(cudaMemcpy(bmeta, hmeta.data(), hmeta.size() * sizeof(int), cudaMemcpyHostToDevice));
+      AttnArgs a = args(kRows, window, 1);
+      a.kbase = bptr;
+      a.vbase = bptr + kRows;
+      a.seq = bmeta;
+      a.pos = bmeta + kRows;
+      a.capacity = bmeta + 2 * kRows;
+      double bytes = 0;
+      for (int r = 0; r < kRows; ++r) {
+        const int p = hmeta[kRows + r];
+        bytes += 2.0 * (window ? std::min(window, p + 1) : p + 1) * kvh * D * 2;
+      }
+      a.splits = splits_for(kRows, window ? window : kCtx, D);
+      const double us = time_us([&](int) { CK(launch_attention(a, D, 0)); }, 20);
+      std::printf("%-22s %8d %8d %10.1f %8.0f  %s\n", D == 256 ? "sliding D=256 w=512" : "full D=512",
+                  window ? window : kCtx, a.splits, us, bytes / us / 1e3, merge_mode(a.splits, D));
+    }
+    CK(cudaFree(bk));
+    CK(cudaFree(bv));
+    CK(cudaFree(bptr));
+    CK(cudaFree(bmeta));
   }
   std::printf("\nprefill attention, 512-row chunk (causal; TFLOP/s of QK^T + PV over the unmasked keys)\n");
   std::printf("%-22s %10s %10s %8s\n", "layer", "positions", "us", "TFLOP/s");
@@ -324,7 +383,7 @@ int main(int argc, char** argv) {
         const int p = first + r, lo = window ? std::max(0, p - window + 1) : 0;
         flops += 4.0 * heads * D * (p - lo + 1);
       }
-      const AttnArgs a = args(rows, window, splits_for(rows, window ? window : first + rows));
+      const AttnArgs a = args(rows, window, splits_for(rows, window ? window : first + rows, D));
       const double us = time_us([&](int) { CK(launch_attention(a, D, 0)); }, 5);
       std::vector<int> hseq(rows, 0), hpos(rows);
       for (int r = 0; r < rows; ++r) hpos[r] = first + r;

@@ -1,17 +1,43 @@
-// gemma4_t4 kernels: attention over a session's KV cache (decode and prefill rows alike), split over the
-// sequence (flash-decoding) and merged by a second kernel.
+// gemma4_t4 kernels: decode attention over a session's KV cache (any rows, prompt chunks included), split over
+// the keys (flash-decoding) with the splits merged in the same launch.
 //
 // For row r (a query token at position p = pos[r] of sequence seq[r]) and query head h:
 //   keys j in [lo, p] with lo = max(0, p - window + 1) on sliding layers (window > 0), 0 on full layers;
 //   K/V row j of KV head g = h / (heads / kv_heads) lives at slot j % capacity of the (seq, layer) cache
 //   (caches: [capacity, kv_heads, D] fp16; the K/V of the rows themselves were written before this runs);
-//   out[r, h] = softmax_j(q . k_j) v_j     (Gemma 4: scaling 1.0, no soft-cap)
-// Work split: grid (rows, kv_heads, splits); a block takes one KV head's `group` query heads (GQA 8:1 on
-// E2B), so each K/V row is loaded once for all of them, and one contiguous range of keys. Keys go in tiles of
-// 32: scores (one warp per key, 16-byte K loads), an online-softmax update, then P.V with each thread owning
-// D / BLOCK output channels for every head. Partial (o, m, l) per split go to scratch; attention_merge
-// combines them. Shared memory: group x D floats of q + group x 32 scores (<= 17 KiB at D = 512, G = 8).
-// fp32 accumulation; sm_75 safe.
+//   out[r, h] = softmax_j(q . k_j) v_j     (Gemma 4: scaling 1.0, no soft-cap; out saturated to fp16)
+//
+// Work split. Grid (rows, kv_heads, splits): a block takes one KV head's `group` query heads (GQA 8:1 on E2B),
+// so each K/V row is loaded once for all of them, and one contiguous range of the row's keys (the row's keys
+// split evenly in whole 32-key tiles: the grid does not depend on positions, so a captured CUDA graph stays
+// valid as the sequences grow; splits past a short row's keys are empty). The warps split the head
+// dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so per-thread state does not
+// grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is requested at once -- one
+// memory latency per tile. Per tile, with no barrier between the loads and their use:
+//   1. scores: the warp's partial q . k over its channels on the tensor cores (mma.sync m16n8k8: 16 keys x
+//      8 heads x 8 channels, fp16 products exact, fp32 sums), K fragments straight from 16-byte global
+//      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
+//      q uses the same order) -> shared; the next tile's K loads issued                           | barrier
+//   2. warp h' takes heads h', h' + warps, ...: lane j sums the warps' partials of key j, online softmax in
+//      fp32 (running max, sum), p = e^(s - m) fp32 -> shared, rescale factor -> shared              | barrier
+//   3. P.V on the CUDA cores in fp32: lane (key phase, 8 contiguous channels) accumulates every head; the
+//      next tile's V loads issued
+// Merge. One split: the block writes out itself. More: each split stores (o, m, l) in fp32 scratch; then
+//   fused (counters given and splits x group x D small, attention_fused_splits): __threadfence, one atomic
+//       ticket per (row, KV head); the last block to arrive resets the counter to 0 (a replayed graph finds
+//       it zeroed) and merges: out = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits that
+//       hold keys (a prefix), re-reading the partials through L2;
+//   else attention_merge_kernel, a second launch spread over (rows, heads, 64-channel slices): at long
+//       contexts one block re-reading every split's partials would take longer than a launch.
+// Shared memory (static): warps x 8 x 36 fp32 partial scores + 32 x G fp32 p + G x 64 fp32 merge weights:
+// 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
+//
+// sm_75 rules: fp16 mma.sync.aligned.m16n8k8 with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
+// (plain 16-byte loads issued a phase ahead of use), no bf16. Fragment layouts (PTX ISA, "Matrix Fragments
+// for mma.m16n8k8"; g = lane / 4, t = lane % 4; the low half of an .f16x2 register holds the lower index):
+//   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)   <- K: rows keys, cols channels
+//   B 8x8 ("col"):    b0 = (k 2t, 2t+1; n g)                                       <- q: k channels, n heads
+//   C 16x8 fp32:      c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g + 8, same cols)
 #pragma once
 
 #include "common.cuh"
@@ -29,159 +55,422 @@ struct AttnArgs {
   int layer = 0, layers = 0;      // table index of the layer whose cache is read (the KV source)
   int rows = 0, heads = 0, kv_heads = 0;
   int window = 0;            // sliding window; 0 = full attention
-  int splits = 1;            // key ranges per row; each row splits its own keys evenly
-  float* part_o = nullptr;   // [rows, heads, splits, D] fp32 scratch
+  int splits = 1;            // key ranges per row (1..kAttnMaxSplits); each row splits its own keys evenly
+  float* part_o = nullptr;   // [rows, heads, splits, D] fp32 scratch (splits > 1)
   float* part_ml = nullptr;  // [rows, heads, splits, 2] fp32 scratch (max, sum)
   half* out = nullptr;       // [rows, heads * D] fp16
+  // [rows, kv_heads] arrival counters, zero before the launch and zero again after it (the last block of each
+  // (row, KV head) resets its own); allocate once, zeroed. Null: the splits are merged by a second launch.
+  unsigned* counters = nullptr;
 };
 
-constexpr int kAttnTile = 32;
+constexpr int kAttnTile = 32;            // keys per block step, and the split granule
+constexpr int kAttnMaxSplits = 1024;     // splits a launch takes (attention_merge_kernel's weights in shared memory)
+constexpr int kAttnFusedSplits = 64;     // splits the fused merge takes (its weights in shared memory)
+constexpr int kAttnFusedFloats = 65536;  // fused merge: at most splits x group x D fp32 partials (256 KiB) for the
+                                         // last block to re-read from L2 (~2 us on one SM)
+
+// Channels per warp: 64, or the whole head at D = 32.
+template <int D>
+__host__ __device__ constexpr int attn_slice() {
+  return D >= 64 ? 64 : D;
+}
 
 template <int D>
 __host__ __device__ constexpr int attn_block() {
-  return D >= 128 ? 128 : D;
+  return D / attn_slice<D>() * 32;
 }
 
-template <int D, int G>
-static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a) {
-  constexpr int BLOCK = attn_block<D>(), WARPS = BLOCK / 32, C = D / BLOCK;
-  __shared__ float qs[G][D];
-  __shared__ float ps[G][kAttnTile];
-  __shared__ float m_s[G], l_s[G], scale_s[G];
-  const int row = blockIdx.x, g = blockIdx.y, sp = blockIdx.z;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int group = a.heads / a.kv_heads;
-  const int p = a.pos[row];
-  const int lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
-  // this row's keys split evenly (in whole tiles) over the splits: the grid does not depend on positions,
-  // so a captured CUDA graph stays valid as the sequences grow
-  const int per_split = ((p - lo + 1 + a.splits - 1) / a.splits + kAttnTile - 1) / kAttnTile * kAttnTile;
-  const int begin = lo + sp * per_split;
-  const int end = min(p + 1, begin + per_split);
-  const int idx = a.seq[row] * a.layers + a.layer;
-  const half* K = a.kbase[idx];
-  const half* V = a.vbase[idx];
-  const int cap = a.capacity[idx];
+// ---- device helpers ----
 
-  for (int i = tid; i < G * D; i += BLOCK) {
-    const int h = i / D, c = i % D;
-    qs[h][c] = h < group ? __half2float(a.q[(size_t(row) * a.heads + g * group + h) * D + c]) : 0.f;
+// c += A (16x8 fp16) B (8x8 fp16) with fp32 accumulators: the Turing tensor-core shape (m16n8k16 is sm_80+).
+__device__ __forceinline__ void attn_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+// 32-bit word i (two fp16 channels) of a 16-byte load; i is a compile-time constant after unrolling.
+__device__ __forceinline__ uint32_t attn_word(const uint4& u, int i) {
+  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
+}
+
+// A row's keys and how they split: first key lo, n keys, per keys per split (whole tiles). Splits
+// [0, used) hold keys, the rest are empty.
+struct AttnRange {
+  int lo, n, per, used;
+};
+
+__device__ __forceinline__ AttnRange attn_range(const AttnArgs& a, int row) {
+  const int p = a.pos[row];
+  AttnRange r;
+  r.lo = a.window > 0 ? max(0, p - a.window + 1) : 0;
+  r.n = p - r.lo + 1;
+  r.per = ((r.n + a.splits - 1) / a.splits + kAttnTile - 1) / kAttnTile * kAttnTile;
+  r.used = (r.n + r.per - 1) / r.per;
+  return r;
+}
+
+// The p values of one key for G heads (a row of shared memory, 16-byte aligned for G >= 4).
+template <int G>
+__device__ __forceinline__ void attn_load_p(const float* row, float (&p)[G]) {
+  if constexpr (G >= 4) {
+#pragma unroll
+    for (int i = 0; i < G / 4; ++i) {
+      const float4 v = reinterpret_cast<const float4*>(row)[i];
+      p[4 * i] = v.x;
+      p[4 * i + 1] = v.y;
+      p[4 * i + 2] = v.z;
+      p[4 * i + 3] = v.w;
+    }
+  } else if constexpr (G == 2) {
+    const float2 v = *reinterpret_cast<const float2*>(row);
+    p[0] = v.x;
+    p[1] = v.y;
+  } else {
+    p[0] = row[0];
   }
-  if (tid < G) {
-    m_s[tid] = -INFINITY;
-    l_s[tid] = 0.f;
+}
+
+// Merge weights of one head over its `used` splits (one warp): wt[s] = e^(m_s - M) / sum_s l_s e^(m_s - M).
+// ml: the head's [splits, 2] (max, sum) partials, written by other blocks (read through L2). Every used split
+// holds keys, so m_s is finite and the sum positive.
+__device__ __forceinline__ void attn_merge_weights(const float* ml, int used, float* wt, int lane) {
+  float M = -INFINITY;
+  for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(ml + 2 * s));
+  M = warp_max(M);
+  float L = 0.f;
+  for (int s = lane; s < used; s += 32) {
+    const float w = __expf(__ldcg(ml + 2 * s) - M);
+    L = fmaf(__ldcg(ml + 2 * s + 1), w, L);
+    wt[s] = w;
   }
-  float acc[G][C];
+  const float inv = 1.f / warp_sum(L);
+  for (int s = lane; s < used; s += 32) wt[s] *= inv;
+}
+
+// K fragments of a 32-key tile for lane (g, t): keys 16 mt + 8 hi + g, channels c0 + 32 i + 8 t .. + 7
+// (off = kv head * D + c0 + 8 t; ld = kv_heads * D). Keys past nt are zeros, never loaded.
+template <int KCH>
+__device__ __forceinline__ void attn_load_k(uint4 (&kf)[2][2][KCH], const half* __restrict__ K, int ld, int off, int t0,
+                                            int nt, int cap, int g) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = 16 * mt + 8 * hi + g;
+      const uint4* src = reinterpret_cast<const uint4*>(K + size_t((t0 + key) % cap) * ld + off);
+#pragma unroll
+      for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = key < nt ? __ldg(src + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+
+// V rows of a 32-key tile for lane (key phase kq, channel group): keys kq + KP i, 8 channels at off.
+template <int VI, int KP>
+__device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
+                                            int nt, int cap, int kq) {
+#pragma unroll
+  for (int i = 0; i < VI; ++i) {
+    const int key = kq + KP * i;
+    vf[i] = key < nt ? __ldg(reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off))
+                     : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+// ---- kernels ----
+
+// D: head dim (32..512); G: the group rounded up to 1, 2, 4 or 8 (heads group..G-1 are padding: zero q,
+// never written). fused: merge in the last block (a.counters, a.splits <= kAttnFusedSplits), else write
+// partials for attention_merge_kernel; a.splits == 1 writes out directly either way.
+template <int D, int G>
+static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
+  constexpr int WS = attn_slice<D>(), NW = D / WS, NT = 32 * NW;
+  constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
+  constexpr int LPK = WS / 8, KP = 32 / LPK;               // P.V: lanes per key (8 channels each), keys per step
+  constexpr int VI = kAttnTile / KP;                       // P.V: keys per lane per tile
+  constexpr int HPW = (G + NW - 1) / NW;                   // softmax: heads per warp
+  constexpr int SLD = kAttnTile + 4;                       // partial-score row: fragment stores hit 32 banks
+  constexpr int C4 = D / 4, CPT = (G * C4 + NT - 1) / NT;  // fused merge: float4 columns per thread
+  static_assert(kAttnTile == 32, "softmax: one lane per key");
+  static_assert((WS == 32 || WS == 64) && D % WS == 0 && NW <= 8, "head dim 32, 64, 128, 256 or 512");
+  static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group rounded up to 1, 2, 4 or 8");
+
+  __shared__ float s_part[NW][8][SLD];               // [warp][head][key] partial scores over the warp's channels
+  __shared__ __align__(16) float p_s[kAttnTile][G];  // [key][head] e^(s - m), fp32
+  __shared__ float alpha_s[G], m_s[G], l_s[G];       // per-tile rescale; the split's final max and sum
+  __shared__ float wt_s[G][kAttnFusedSplits];        // fused merge weights [head][split]
+  __shared__ int last_s;
+
+  const int row = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int kq = lane / LPK, cv = warp * WS + (lane % LPK) * 8;  // P.V: key phase, first of 8 channels
+  const int group = a.heads / a.kv_heads;
+  const int hbase = row * a.heads + kvh * group;  // this block's first query head in [rows * heads]
+  const AttnRange r = attn_range(a, row);
+  const int begin = r.lo + sp * r.per, end = min(r.lo + r.n, begin + r.per);
+
+  float acc[G][8];  // P.V: heads x this lane's 8 channels, summed over its key phase
 #pragma unroll
   for (int h = 0; h < G; ++h)
 #pragma unroll
-    for (int k = 0; k < C; ++k) acc[h][k] = 0.f;
-  __syncthreads();
-
-  for (int t0 = begin; t0 < end; t0 += kAttnTile) {
-    const int nt = min(kAttnTile, end - t0);
-    for (int jj = warp; jj < nt; jj += WARPS) {
-      const int slot = (t0 + jj) % cap;
-      const uint4* kr = reinterpret_cast<const uint4*>(K + (size_t(slot) * a.kv_heads + g) * D);
-      float part[G];
+    for (int c = 0; c < 8; ++c) acc[h][c] = 0.f;
+  float m_run[HPW], l_run[HPW];  // softmax warps: running max (warp-uniform) and this lane's share of the sum
 #pragma unroll
-      for (int h = 0; h < G; ++h) part[h] = 0.f;
-      for (int c8 = lane; c8 < D / 8; c8 += 32) {
-        float kf[8];
-        unpack8(kr[c8], kf);
+  for (int k = 0; k < HPW; ++k) {
+    m_run[k] = -INFINITY;
+    l_run[k] = 0.f;
+  }
+
+  if (begin < end) {  // block-uniform: an empty split only takes part in the merge
+    const int idx = a.seq[row] * a.layers + a.layer;
+    const half* __restrict__ K = a.kbase[idx];
+    const half* __restrict__ V = a.vbase[idx];
+    const int cap = a.capacity[idx], ld = a.kv_heads * D;
+    const int koff = kvh * D + warp * WS + 8 * t, voff = kvh * D + cv;
+
+    uint4 qf[KCH];  // B fragments: head g, channels warp * WS + 32 i + 8 t .. + 7 (zeros for padding heads)
+#pragma unroll
+    for (int i = 0; i < KCH; ++i)
+      qf[i] = g < group
+                  ? __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + warp * WS + 32 * i + 8 * t))
+                  : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = tid; i < kAttnTile * G; i += NT) (&p_s[0][0])[i] = 0.f;  // padding heads keep p = 0 ...
+    if (tid < G) alpha_s[tid] = 0.f;                                      // ... and alpha = 0
+
+    uint4 kf[2][2][KCH], vf[VI];
+    int t0 = begin, nt = min(kAttnTile, end - t0);
+    attn_load_k<KCH>(kf, K, ld, koff, t0, nt, cap, g);
+    attn_load_v<VI, KP>(vf, V, ld, voff, t0, nt, cap, kq);
+    while (nt > 0) {
+      // 1. partial scores: keys 16 mt + g (+ 8) x heads 2t, 2t + 1 over this warp's channels
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+        float sc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < KCH; ++i)
+#pragma unroll
+          for (int s = 0; s < 4; ++s)
+            attn_mma(sc, attn_word(kf[mt][0][i], s), attn_word(kf[mt][1][i], s), attn_word(qf[i], s));
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) s_part[warp][2 * t + j][16 * mt + 8 * hi + g] = sc[2 * hi + j];
+      }
+      const int t1 = t0 + kAttnTile, nt1 = min(kAttnTile, end - t1);
+      if (nt1 > 0) attn_load_k<KCH>(kf, K, ld, koff, t1, nt1, cap, g);
+      __syncthreads();
+
+      // 2. online softmax: lane = key
+#pragma unroll
+      for (int k = 0; k < HPW; ++k) {
+        const int h = warp + NW * k;
+        if (h < group) {  // warp-uniform
+          float s = 0.f;
+#pragma unroll
+          for (int w = 0; w < NW; ++w) s += s_part[w][h][lane];
+          s = lane < nt ? s : -INFINITY;
+          const float mx = fmaxf(m_run[k], warp_max(s));  // finite: key 0 of the tile is valid
+          const float alpha = __expf(m_run[k] - mx);      // 0 on the first tile (m = -inf)
+          const float e = __expf(s - mx);                 // 0 past the last key
+          l_run[k] = fmaf(l_run[k], alpha, e);
+          m_run[k] = mx;
+          p_s[lane][h] = e;
+          if (lane == 0) alpha_s[h] = alpha;
+        }
+      }
+      __syncthreads();
+
+      // 3. o = o * alpha + P.V (keys past nt: p = 0 and v = 0)
+      float al[G];
+#pragma unroll
+      for (int h = 0; h < G; ++h) al[h] = alpha_s[h];
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[h][c] *= al[h];
+#pragma unroll
+      for (int i = 0; i < VI; ++i) {
+        float p[G], v[8];
+        attn_load_p<G>(&p_s[kq + KP * i][0], p);
+        unpack8(vf[i], v);
 #pragma unroll
         for (int h = 0; h < G; ++h)
 #pragma unroll
-          for (int k = 0; k < 8; ++k) part[h] = fmaf(qs[h][c8 * 8 + k], kf[k], part[h]);
+          for (int c = 0; c < 8; ++c) acc[h][c] = fmaf(p[h], v[c], acc[h][c]);
       }
+      if (nt1 > 0) attn_load_v<VI, KP>(vf, V, ld, voff, t1, nt1, cap, kq);
+      t0 = t1;
+      nt = nt1;
+    }
+    // o over the key phases (lanes differing in kq)
 #pragma unroll
-      for (int h = 0; h < G; ++h) {
-        const float s = warp_sum(part[h]);
-        if (lane == 0) ps[h][jj] = s;
+    for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+      for (int h = 0; h < G; ++h)
+#pragma unroll
+        for (int c = 0; c < 8; ++c) acc[h][c] += __shfl_xor_sync(0xffffffffu, acc[h][c], o);
+  }
+#pragma unroll
+  for (int k = 0; k < HPW; ++k) {
+    const int h = warp + NW * k;
+    if (h < group) {
+      const float l = warp_sum(l_run[k]);
+      if (lane == 0) {
+        m_s[h] = m_run[k];
+        l_s[h] = l;
       }
     }
-    __syncthreads();
-    if (tid < group) {
-      const float mo = m_s[tid];
-      float mx = mo;
-      for (int jj = 0; jj < nt; ++jj) mx = fmaxf(mx, ps[tid][jj]);
-      const float sc = mo == -INFINITY ? 0.f : __expf(mo - mx);
-      float sum = 0.f;
-      for (int jj = 0; jj < nt; ++jj) {
-        const float e = __expf(ps[tid][jj] - mx);
-        ps[tid][jj] = e;
-        sum += e;
-      }
-      l_s[tid] = l_s[tid] * sc + sum;
-      m_s[tid] = mx;
-      scale_s[tid] = sc;
-    }
-    __syncthreads();
+  }
+  __syncthreads();
+
+  // Lane (kq, channel group) writes heads kq, kq + KP, ... (compile-time indices into acc).
+  if (a.splits == 1) {  // the only split holds every key: l > 0
 #pragma unroll
     for (int h = 0; h < G; ++h)
+      if (h % KP == kq && h < group) {
+        const float inv = 1.f / l_s[h];
+        half2 o2[4];
 #pragma unroll
-      for (int k = 0; k < C; ++k) acc[h][k] *= h < group ? scale_s[h] : 0.f;
-    for (int jj = 0; jj < nt; ++jj) {
-      const int slot = (t0 + jj) % cap;
-      const half* vr = V + (size_t(slot) * a.kv_heads + g) * D;
-#pragma unroll
-      for (int k = 0; k < C; ++k) {
-        const float v = __half2float(vr[tid + k * BLOCK]);
-#pragma unroll
-        for (int h = 0; h < G; ++h) acc[h][k] = fmaf(ps[h][jj], v, acc[h][k]);
+        for (int c = 0; c < 4; ++c)
+          o2[c] = __halves2half2(to_half_sat(acc[h][2 * c] * inv), to_half_sat(acc[h][2 * c + 1] * inv));
+        *reinterpret_cast<uint4*>(a.out + size_t(hbase + h) * D + cv) = *reinterpret_cast<const uint4*>(o2);
       }
-    }
-    __syncthreads();  // ps, scale_s are rewritten by the next tile
+    return;
   }
+  if (begin < end) {
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+      if (h % KP == kq && h < group) {
+        float4* dst = reinterpret_cast<float4*>(a.part_o + (size_t(hbase + h) * a.splits + sp) * D + cv);
+        dst[0] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
+        dst[1] = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
+      }
+    if (tid < group) {
+      float* ml = a.part_ml + (size_t(hbase + tid) * a.splits + sp) * 2;
+      ml[0] = m_s[tid];
+      ml[1] = l_s[tid];
+    }
+  }
+  if (!fused) return;
+
+  // Fused merge: the last block of this (row, KV head) to arrive. Every thread fences its own partial
+  // stores before the ticket; the last block fences again after it, then reads the partials via L2.
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) {
+    unsigned* cnt = a.counters + size_t(row) * a.kv_heads + kvh;
+    const int last = atomicAdd(cnt, 1u) == unsigned(a.splits - 1);
+    if (last) {
+      atomicExch(cnt, 0u);  // every split has arrived: ready for the next launch (graph replay)
+      __threadfence();
+    }
+    last_s = last;
+  }
+  __syncthreads();
+  if (!last_s) return;
 
 #pragma unroll
-  for (int h = 0; h < G; ++h) {
-    if (h >= group) break;
-    const size_t base = (size_t(row) * a.heads + g * group + h) * a.splits + sp;
+  for (int k = 0; k < HPW; ++k) {
+    const int h = warp + NW * k;
+    if (h < group) attn_merge_weights(a.part_ml + size_t(hbase + h) * a.splits * 2, r.used, wt_s[h], lane);
+  }
+  __syncthreads();
+  float4 o[CPT];
 #pragma unroll
-    for (int k = 0; k < C; ++k) a.part_o[base * D + tid + k * BLOCK] = acc[h][k];
-    if (tid == 0) {
-      a.part_ml[base * 2] = m_s[h];
-      a.part_ml[base * 2 + 1] = l_s[h];
+  for (int j = 0; j < CPT; ++j) o[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int s = 0; s < r.used; ++s)
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int col = tid + j * NT, h = col / C4;
+      if (h < group) {
+        const float w = wt_s[h][s];
+        const float4 v =
+            __ldcg(reinterpret_cast<const float4*>(a.part_o + (size_t(hbase + h) * a.splits + s) * D) + col % C4);
+        o[j].x = fmaf(w, v.x, o[j].x);
+        o[j].y = fmaf(w, v.y, o[j].y);
+        o[j].z = fmaf(w, v.z, o[j].z);
+        o[j].w = fmaf(w, v.w, o[j].w);
+      }
+    }
+#pragma unroll
+  for (int j = 0; j < CPT; ++j) {
+    const int col = tid + j * NT, h = col / C4;
+    if (h < group) {
+      const half2 o2[2] = {__halves2half2(to_half_sat(o[j].x), to_half_sat(o[j].y)),
+                           __halves2half2(to_half_sat(o[j].z), to_half_sat(o[j].w))};
+      *reinterpret_cast<uint2*>(a.out + size_t(hbase + h) * D + (col % C4) * 4) = *reinterpret_cast<const uint2*>(o2);
     }
   }
 }
 
-// out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M). Grid (rows, heads), D threads.
+// The unfused merge: out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits holding
+// keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
-static __global__ void attention_merge_kernel(AttnArgs a) {
-  const int row = blockIdx.x, h = blockIdx.y, c = threadIdx.x;
-  const size_t base = (size_t(row) * a.heads + h) * a.splits;
-  float M = -INFINITY;
-  for (int s = 0; s < a.splits; ++s) M = fmaxf(M, a.part_ml[(base + s) * 2]);
-  float L = 0.f, o = 0.f;
-  for (int s = 0; s < a.splits; ++s) {
-    const float m = a.part_ml[(base + s) * 2];
-    if (m == -INFINITY) continue;  // an empty split
-    const float w = __expf(m - M);
-    L += a.part_ml[(base + s) * 2 + 1] * w;
-    o += a.part_o[(base + s) * D + c] * w;
+static __global__ void __launch_bounds__(32) attention_merge_kernel(AttnArgs a) {
+  constexpr int CB = D < 64 ? D : 64;  // channels per block
+  __shared__ float wt[kAttnMaxSplits];
+  const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, c = blockIdx.z * CB + 2 * lane;
+  const AttnRange r = attn_range(a, row);
+  const size_t base = (size_t(row) * a.heads + h) * a.splits;  // [rows, heads, splits] index of split 0
+  attn_merge_weights(a.part_ml + base * 2, r.used, wt, lane);
+  __syncwarp();
+  if (2 * lane >= CB) return;
+  float2 o = make_float2(0.f, 0.f);
+#pragma unroll 4
+  for (int s = 0; s < r.used; ++s) {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(a.part_o + (base + s) * D + c));
+    o.x = fmaf(wt[s], v.x, o.x);
+    o.y = fmaf(wt[s], v.y, o.y);
   }
-  a.out[(size_t(row) * a.heads + h) * D + c] = to_half_sat(L > 0.f ? o / L : 0.f);
+  *reinterpret_cast<half2*>(a.out + (size_t(row) * a.heads + h) * D + c) =
+      __halves2half2(to_half_sat(o.x), to_half_sat(o.y));
+}
+
+// ---- launch policy ----
+
+// Most splits the fused merge takes for this group and head dim (>= 1).
+inline int attention_fused_splits(int group, int head_dim) {
+  const int f = kAttnFusedFloats / ((group > 0 ? group : 1) * (head_dim > 0 ? head_dim : 1));
+  return f < 1 ? 1 : f > kAttnFusedSplits ? kAttnFusedSplits : f;
+}
+
+// Splits for a launch of `rows` rows of up to `keys` keys each on a GPU with `sms` SMs: one 32-key tile per
+// split while the grid (rows x kv_heads x splits blocks) stays within about two blocks per SM -- a block's
+// tiles run one after another, so fewer, longer splits are latency-bound -- and rows x splits <= budget (the
+// partials' scratch). Where the fused merge cannot take that many splits but can take a count that at most
+// doubles the tiles per block, that count: a second launch costs more than a tile.
+inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim, int keys, int sms, int budget) {
+  if (rows <= 0 || keys <= 0) return 1;
+  const int tiles = (keys + kAttnTile - 1) / kAttnTile;
+  const int blocks = rows * (kv_heads > 0 ? kv_heads : 1);
+  const int fill = (2 * (sms > 0 ? sms : 1) + blocks - 1) / blocks;
+  int s = tiles < fill ? tiles : fill;
+  if (s > budget / rows) s = budget / rows;
+  if (s > kAttnMaxSplits) s = kAttnMaxSplits;
+  if (s < 1) return 1;
+  const int fs = attention_fused_splits(group, head_dim);
+  if (s > fs && (tiles + fs - 1) / fs <= 2 * ((tiles + s - 1) / s)) s = fs;
+  return s;
+}
+
+template <int D, int G>
+inline cudaError_t launch_attention_dg(const AttnArgs& a, cudaStream_t stream) {
+  const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(a.heads / a.kv_heads, D);
+  attention_split_kernel<D, G><<<dim3(a.rows, a.kv_heads, a.splits), attn_block<D>(), 0, stream>>>(a, fused);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess || a.splits == 1 || fused) return e;
+  attention_merge_kernel<D><<<dim3(a.rows, a.heads, (D + 63) / 64), 32, 0, stream>>>(a);
+  return cudaGetLastError();
 }
 
 template <int D>
 inline cudaError_t launch_attention_d(const AttnArgs& a, int group, cudaStream_t stream) {
-  const dim3 grid(a.rows, a.kv_heads, a.splits);
-  if (group <= 1)
-    attention_split_kernel<D, 1><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else if (group <= 2)
-    attention_split_kernel<D, 2><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else if (group <= 4)
-    attention_split_kernel<D, 4><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else if (group <= 8)
-    attention_split_kernel<D, 8><<<grid, attn_block<D>(), 0, stream>>>(a);
-  else
-    return cudaErrorInvalidValue;
-  cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) return e;
-  attention_merge_kernel<D><<<dim3(a.rows, a.heads), D, 0, stream>>>(a);
-  return cudaGetLastError();
+  if (group <= 1) return launch_attention_dg<D, 1>(a, stream);
+  if (group <= 2) return launch_attention_dg<D, 2>(a, stream);
+  if (group <= 4) return launch_attention_dg<D, 4>(a, stream);
+  if (group <= 8) return launch_attention_dg<D, 8>(a, stream);
+  return cudaErrorInvalidValue;
 }
 
 // Head dims 32..512 (powers of two), up to 8 query heads per KV head.
@@ -189,9 +478,11 @@ inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
 }
 
+// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits), else two.
 inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, cudaStream_t stream) {
   if (a.rows <= 0) return cudaSuccess;
-  if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.splits < 1) return cudaErrorInvalidValue;
+  if (a.kv_heads <= 0 || a.kv_heads > 65535 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits)
+    return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads;
   switch (head_dim) {
     case 32: return launch_attention_d<32>(a, group, stream);

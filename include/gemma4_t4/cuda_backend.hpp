@@ -15,7 +15,9 @@
 //                                                     residual_norm (NextNorm::Norm, bit-identical)
 //   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 mmA/mmB/mmC)
 //   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
-//   att16 = attention(q16, caches)                    decode: split over keys, merged (CUDA cores);
+//   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
+//                                                     the last split block (a second launch only when
+//                                                     the splits are many: long max_context);
 //                                                     passes with a prompt chunk: tiled flash attention
 //                                                     on the tensor cores (mma.sync m16n8k8), D 64..512
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
@@ -23,9 +25,10 @@
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
-// Decode launches per layer (E2B, w4a16 or fp16): 12 (13 in layer 0) -- q/k/v GEMV, head norms,
-// attention split + merge, o_proj, residual_norm, gate/up GEMV, down, residual_norm, PLE gate GEMV,
-// ple_proj, residual_norm (was 20; KV-shared layers 16 -> 12: their first two launches serve q only).
+// Decode launches per layer (E2B, w4a16 or fp16): 11 (12 in layer 0; +1 on full layers whose splits
+// need the separate merge) -- q/k/v GEMV, head norms, attention, o_proj, residual_norm, gate/up GEMV,
+// down, residual_norm, PLE gate GEMV, ple_proj, residual_norm (was 20; KV-shared layers 16: their first
+// two launches serve q only).
 // Residual stream fp32 throughout.
 // K/V are written before attention reads them, so sliding layers keep a ring of window + kMaxRows slots:
 // a pass never overwrites a key one of its own queries still needs. Positions advance only when every
@@ -512,6 +515,13 @@ class CudaBackend : public BackendModel {
     }
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o_));
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml_));
+    {  // fused split merge: one arrival counter per (row, KV head), zero between launches (kernels/attention.cuh)
+      int kvmax = 1;
+      for (const auto& lc : c.layers) kvmax = std::max(kvmax, lc.num_kv_heads);
+      const size_t n = size_t(R) * kvmax;
+      GEMMA4_T4_TRY(m.alloc(n, "workspace: attention counters", &attn_counters_));
+      GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters_, 0, n * sizeof(unsigned), stream_), "attention counters");
+    }
     if (max_deq_) GEMMA4_T4_TRY(m.alloc(max_deq_, "workspace: dequantised tile", &deq16_));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16_));
     GEMMA4_T4_TRY(
@@ -665,12 +675,25 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
-  // Key ranges per row for a layer of this window (0 = full): about one 32-key tile per block at decode
-  // (a block's tiles run one after another, so fewer, longer splits are latency-bound), bounded by the
-  // partials' scratch.
-  static int attention_splits(int rows, int max_keys, int window) {
+  // Key ranges per row for the layers of this window (0 = full): kernels::attention_splits_for -- about one
+  // 32-key tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where
+  // that costs at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget).
+  int attention_splits(int rows, int max_keys, int window) const {
     const int keys = window ? std::min(window, max_keys) : max_keys;
-    return std::max(1, std::min({(keys + kernels::kAttnTile - 1) / kernels::kAttnTile, 64, kSplitBudget / rows}));
+    int group = 1, hd = 0, kvh = 0;  // the layers this count serves (sliding iff window > 0); all if none
+    for (int pass = 0; pass < 2 && hd == 0; ++pass)
+      for (const LayerConfig& lc : cfg_->layers)
+        if (pass == 1 || (lc.type == LayerType::Sliding) == (window > 0)) {
+          group = std::max(group, cfg_->num_heads / lc.num_kv_heads);
+          hd = std::max(hd, lc.head_dim);
+          kvh = kvh ? std::min(kvh, lc.num_kv_heads) : lc.num_kv_heads;
+        }
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_) != cudaSuccess) {
+      cudaGetLastError();
+      sms = 40;  // a T4
+    }
+    return kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget);
   }
 
   Status replay_decode(int rows, float* dst) const {
@@ -800,6 +823,7 @@ class CudaBackend : public BackendModel {
       a.part_o = part_o_;
       a.part_ml = part_ml_;
       a.out = x16_;
+      a.counters = attn_counters_;
       const int group = nh / kvh, gi = group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
       if (flash_tiles_[gi] > 0 && kernels::flash_attention_supported(hd, group))
         GEMMA4_T4_CUDA_TRY(
@@ -888,6 +912,7 @@ class CudaBackend : public BackendModel {
   float *ple_ = nullptr, *tok_ = nullptr;
   float* tok_host_ = nullptr;  // pinned [R, L*D]
   float *part_o_ = nullptr, *part_ml_ = nullptr;
+  unsigned* attn_counters_ = nullptr;  // [kMaxRows, max kv_heads] attention arrival counters, zero between launches
   half* deq16_ = nullptr;
   half* head16_ = nullptr;
   half* act16_ = nullptr;    // [16, I or D] fp16: decode GEMV epilogue output (gate/up GELU, PLE gate)

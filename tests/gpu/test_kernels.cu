@@ -704,7 +704,7 @@ TEST_CASE("head_norm_rope multi: a layer's q, k and v targets in one launch", "[
 struct GemvWeights {
   int out = 0, in = 0;
   bool w4 = false;
-  std::vector<float> dense;             // [out, in] fp32: the fp16 values, or (q - 8) * scale exactly
+  std::vector<float> dense;             // [out, in] fp32: the fp16 values, or (q - 8) * scale rounded to fp16
   std::unique_ptr<Dev<half>> w16, s16;  // [out, in] fp16 | [out, in / 32] fp16 scales
   std::unique_ptr<Dev<uint32_t>> wq;    // [out, in / 8] packed int4
 
@@ -733,7 +733,10 @@ std::unique_ptr<GemvWeights> make_gemv_weights(std::mt19937& rng, bool w4, int o
     const std::vector<uint32_t> Wq = pack_w4(q, out, in);  // [out, in / 8]
     const std::vector<uint16_t> S =
         rand_f16(rng, size_t(out) * (in / 32), 0.002f * amp, 0.05f * amp);  // [out, in / 32]
+    // The kernels multiply fp16 weights on the tensor cores: (q - 8) * scale rounded to fp16 (RNE), exactly the
+    // weights prefill's dequant_w4 builds. The reference uses the same rounded values.
     g->dense = unpack_w4_ref(Wq, S, out, in);
+    for (float& v : g->dense) v = f16_to_f32(f32_to_f16(v));
     g->wq = std::make_unique<Dev<uint32_t>>(Wq.size());
     g->wq->upload(Wq);
     g->s16 = std::make_unique<Dev<half>>(S.size());
@@ -985,7 +988,116 @@ TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[
 
 // ---- attention.cuh ----
 
-TEST_CASE("attention: split-K flash decoding over ring/full caches, GQA groups 1..8, splits 1/3/7", "[gpu]") {
+// Random q and caches for an AttnHost whose shape, seq, pos and capacity are set: fp16 bits and their widened
+// copies. |q| <= qa; K, V in [-1, 1].
+struct AttnData {
+  AttnHost h;
+  std::vector<uint16_t> q16;                    // [rows, heads, D] fp16
+  std::vector<std::vector<uint16_t>> k16, v16;  // [seqs * layers] -> [capacity, kv_heads, D] fp16
+};
+
+void attn_fill(std::mt19937& rng, AttnData& d, float qa) {
+  AttnHost& a = d.h;
+  d.q16 = rand_f16(rng, size_t(a.rows) * a.heads * a.D, -qa, qa);
+  a.q = widen(d.q16);
+  d.k16.clear();
+  d.v16.clear();
+  a.k.clear();
+  a.v.clear();
+  for (int c : a.capacity) {
+    d.k16.push_back(rand_f16(rng, size_t(c) * a.kv_heads * a.D, -1.f, 1.f));
+    d.v16.push_back(rand_f16(rng, size_t(c) * a.kv_heads * a.D, -1.f, 1.f));
+    a.k.push_back(widen(d.k16.back()));
+    a.v.push_back(widen(d.v16.back()));
+  }
+}
+
+// AttnData on the device, with scratch for up to max_splits splits and zeroed arrival counters.
+struct AttnDev {
+  std::vector<std::unique_ptr<Dev<half>>> kc, vc;
+  std::unique_ptr<Dev<half*>> kb, vb;
+  std::unique_ptr<Dev<int>> cap, seq, pos;
+  std::unique_ptr<Dev<half>> q, out;            // out: [rows, heads * D] fp16
+  std::unique_ptr<Dev<float>> part_o, part_ml;  // [rows, heads, splits, D], [rows, heads, splits, 2] fp32
+  std::unique_ptr<Dev<unsigned>> counters;      // [rows, kv_heads]
+  int max_splits = 0;
+
+  AttnDev(const AttnData& d, int max_splits_) : max_splits(max_splits_) {
+    const AttnHost& a = d.h;
+    std::vector<half*> kbase, vbase;
+    for (size_t i = 0; i < a.capacity.size(); ++i) {
+      kc.push_back(std::make_unique<Dev<half>>(d.k16[i].size()));
+      vc.push_back(std::make_unique<Dev<half>>(d.v16[i].size()));
+      kc.back()->upload(d.k16[i]);
+      vc.back()->upload(d.v16[i]);
+      kbase.push_back(kc.back()->get());
+      vbase.push_back(vc.back()->get());
+    }
+    kb = std::make_unique<Dev<half*>>(kbase.size());
+    vb = std::make_unique<Dev<half*>>(vbase.size());
+    kb->upload(kbase);
+    vb->upload(vbase);
+    cap = std::make_unique<Dev<int>>(a.capacity.size());
+    seq = std::make_unique<Dev<int>>(a.seq.size());
+    pos = std::make_unique<Dev<int>>(a.pos.size());
+    cap->upload(a.capacity);
+    seq->upload(a.seq);
+    pos->upload(a.pos);
+    q = std::make_unique<Dev<half>>(d.q16.size());
+    q->upload(d.q16);
+    out = std::make_unique<Dev<half>>(size_t(a.rows) * a.heads * a.D);
+    part_o = std::make_unique<Dev<float>>(size_t(a.rows) * a.heads * max_splits * a.D);
+    part_ml = std::make_unique<Dev<float>>(size_t(a.rows) * a.heads * max_splits * 2);
+    counters = std::make_unique<Dev<unsigned>>(size_t(a.rows) * a.kv_heads);
+    counters->upload(std::vector<unsigned>(counters->size(), 0u));
+  }
+
+  kn::AttnArgs args(const AttnHost& a, int splits, bool with_counters) const {
+    REQUIRE(splits <= max_splits);
+    kn::AttnArgs r;
+    r.q = q->get();
+    r.kbase = kb->get();
+    r.vbase = vb->get();
+    r.capacity = cap->get();
+    r.seq = seq->get();
+    r.pos = pos->get();
+    r.layer = a.layer;
+    r.layers = a.layers;
+    r.rows = a.rows;
+    r.heads = a.heads;
+    r.kv_heads = a.kv_heads;
+    r.window = a.window;
+    r.splits = splits;
+    r.part_o = part_o->get();
+    r.part_ml = part_ml->get();
+    r.out = out->get();
+    r.counters = with_counters ? counters->get() : nullptr;
+    return r;
+  }
+
+  void poison() {
+    part_o->poison();
+    part_ml->poison();
+    out->poison();
+  }
+
+  // out against the reference; every counter back at zero (the last block of each (row, KV head) reset it).
+  void check(const std::vector<double>& ref, const std::string& what) const {
+    check_rel_l2(widen(out->download<uint16_t>()), ref, kTolF16, what);
+    const std::vector<unsigned> c = counters->download<unsigned>();
+    INFO(what);
+    REQUIRE(size_t(std::count(c.begin(), c.end(), 0u)) == c.size());
+  }
+};
+
+// How launch_attention merges `splits` splits: "1 split", "fused" or "2 launches" (for messages).
+std::string attn_merge_mode(int splits, bool counters, int group, int D) {
+  if (splits == 1) return "1 split";
+  return counters && splits <= kn::attention_fused_splits(group, D) ? "fused" : "2 launches";
+}
+
+TEST_CASE("attention: split-K flash decoding over ring/full caches, GQA groups 1..8, splits 1/3/7/20, both merges",
+          "[gpu]") {
   std::mt19937 rng(401);
   Stream st;
   constexpr int kLayers = 2, kLayer = 1, kWindow = 24;  // 3 sequences
@@ -1003,7 +1115,8 @@ TEST_CASE("attention: split-K flash decoding over ring/full caches, GQA groups 1
     for (int kv_heads : {1, 2})
       for (int group = 1; group <= 8; ++group)
         for (int window : {0, kWindow, 200}) {
-          AttnHost a;
+          AttnData d;
+          AttnHost& a = d.h;
           a.D = D;
           a.rows = rows;
           a.heads = kv_heads * group;
@@ -1015,71 +1128,154 @@ TEST_CASE("attention: split-K flash decoding over ring/full caches, GQA groups 1
           a.pos = pos;
           a.capacity = window == kWindow ? cap_ring : cap_full;
           // Soft scores (|q.k| ~ 1) for kv_heads 1, sharp ones (|q.k| ~ 0.3 sqrt(D)) for kv_heads 2.
-          const float qa = kv_heads == 1 ? 3.f / std::sqrt(float(D)) : 1.f;
-          const std::vector<uint16_t> q16 = rand_f16(rng, size_t(rows) * a.heads * D, -qa, qa);  // [rows, heads, D]
-          a.q = widen(q16);
-          std::vector<std::vector<uint16_t>> k16, v16;  // [seqs * layers] -> [capacity, kv_heads, D] fp16
-          for (int c : a.capacity) {
-            k16.push_back(rand_f16(rng, size_t(c) * kv_heads * D, -1.f, 1.f));
-            v16.push_back(rand_f16(rng, size_t(c) * kv_heads * D, -1.f, 1.f));
-            a.k.push_back(widen(k16.back()));
-            a.v.push_back(widen(v16.back()));
-          }
+          attn_fill(rng, d, kv_heads == 1 ? 3.f / std::sqrt(float(D)) : 1.f);
           const std::vector<double> ref = attention_ref(a);
-
-          std::vector<std::unique_ptr<Dev<half>>> kc, vc;
-          std::vector<half*> kbase, vbase;
-          for (size_t i = 0; i < a.capacity.size(); ++i) {
-            kc.push_back(std::make_unique<Dev<half>>(k16[i].size()));
-            vc.push_back(std::make_unique<Dev<half>>(v16[i].size()));
-            kc.back()->upload(k16[i]);
-            vc.back()->upload(v16[i]);
-            kbase.push_back(kc.back()->get());
-            vbase.push_back(vc.back()->get());
-          }
-          Dev<half*> dkb(kbase.size()), dvb(vbase.size());
-          Dev<int> dcap(a.capacity.size()), dseq(seq.size()), dpos(pos.size());
-          Dev<half> dq(q16.size()), dout(size_t(rows) * a.heads * D);  // out: [rows, heads * D] fp16
-          dkb.upload(kbase);
-          dvb.upload(vbase);
-          dcap.upload(a.capacity);
-          dseq.upload(seq);
-          dpos.upload(pos);
-          dq.upload(q16);
+          AttnDev dev(d, 20);
+          REQUIRE(kn::attention_supported(D, group));
 
           // Each row splits its own keys over `splits` ranges of whole tiles: with 7 splits the one-key row (pos
-          // 0) leaves 6 empty, the 151-key row leaves 2 empty; 1 split walks 5 tiles with online-softmax rescales.
-          for (int splits : {1, 3, 7}) {
-            kn::AttnArgs args;
-            args.q = dq.get();
-            args.kbase = dkb.get();
-            args.vbase = dvb.get();
-            args.capacity = dcap.get();
-            args.seq = dseq.get();
-            args.pos = dpos.get();
-            args.layer = kLayer;
-            args.layers = kLayers;
-            args.rows = rows;
-            args.heads = a.heads;
-            args.kv_heads = kv_heads;
-            args.window = window;
-            args.splits = splits;
-            Dev<float> part_o(size_t(rows) * a.heads * splits * D);   // [rows, heads, splits, D] fp32
-            Dev<float> part_ml(size_t(rows) * a.heads * splits * 2);  // [rows, heads, splits, 2] fp32
-            args.part_o = part_o.get();
-            args.part_ml = part_ml.get();
-            args.out = dout.get();
-            part_o.poison();
-            part_ml.poison();
-            dout.poison();
-            REQUIRE(kn::attention_supported(D, group));
-            REQUIRE_CUDA(kn::launch_attention(args, D, st.s));
-            st.sync();
-            check_rel_l2(widen(dout.download<uint16_t>()), ref, kTolF16,
-                         cat("attention D ", D, " kv_heads ", kv_heads, " group ", group, " window ", window,
-                             " splits ", splits));
-          }
+          // 0) leaves 6 empty, the 151-key row leaves 2 empty; 1 split walks 5 tiles with online-softmax
+          // rescales. With counters the merge fuses into the split kernel up to attention_fused_splits (20
+          // splits at D = 512 and groups 7, 8 exceed it: two launches); without, it is always a second launch.
+          // The same counters serve every launch: a counter left non-zero would break the next fused merge.
+          for (int splits : {1, 3, 7, 20})
+            for (bool counters : {false, true}) {
+              if (splits == 1 && counters) continue;
+              dev.poison();
+              REQUIRE_CUDA(kn::launch_attention(dev.args(a, splits, counters), D, st.s));
+              st.sync();
+              dev.check(ref, cat("attention D ", D, " kv_heads ", kv_heads, " group ", group, " window ", window,
+                                 " splits ", splits, " (", attn_merge_mode(splits, counters, group, D), ")"));
+            }
         }
+}
+
+TEST_CASE("attention: 1..16 rows of different sessions at different positions, the backend's split policy", "[gpu]") {
+  std::mt19937 rng(402);
+  Stream st;
+  int dev_id = 0, sms = 0;
+  REQUIRE_CUDA(cudaGetDevice(&dev_id));
+  REQUIRE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev_id));
+  constexpr int kMaxPos = 400, kWindow = 96, kBudget = 1024;
+  for (int rows : {1, 2, 5, 9, 16})
+    for (int D : {64, 256, 512})
+      for (int group : {8, 3})
+        for (int window : {0, kWindow}) {
+          AttnData d;
+          AttnHost& a = d.h;
+          a.D = D;
+          a.rows = rows;
+          a.kv_heads = group == 3 ? 2 : 1;
+          a.heads = a.kv_heads * group;
+          a.window = window;
+          a.layer = 0;
+          a.layers = 1;
+          // Row r is session rows - 1 - r (the table order is not the row order), at a random position; row 0 is
+          // a first token (one key) so that most of its splits are empty.
+          std::uniform_int_distribution<int> upos(1, kMaxPos);
+          for (int r = 0; r < rows; ++r) {
+            a.seq.push_back(rows - 1 - r);
+            a.pos.push_back(r == 0 ? 0 : upos(rng));
+          }
+          a.capacity.assign(size_t(rows), window ? window + 16 : kMaxPos + 1);  // rings of window + 16 slots
+          attn_fill(rng, d, 3.f / std::sqrt(float(D)));
+          const std::vector<double> ref = attention_ref(a);
+          const int keys = window ? window : kMaxPos + 1;
+          const int policy = kn::attention_splits_for(rows, a.kv_heads, group, D, keys, sms, kBudget);
+          REQUIRE(policy >= 1);
+          REQUIRE(rows * policy <= kBudget);
+          const int fused_max = kn::attention_fused_splits(group, D);
+          AttnDev dev(d, std::max(policy, fused_max + 1));
+          // The policy's count, then the most the fused merge takes and one more (a second launch); each
+          // launched twice on the same counters.
+          for (int splits : {policy, fused_max, fused_max + 1})
+            for (int rep = 0; rep < 2; ++rep) {
+              dev.poison();
+              REQUIRE_CUDA(kn::launch_attention(dev.args(a, splits, true), D, st.s));
+              st.sync();
+              dev.check(ref, cat("attention rows ", rows, " D ", D, " group ", group, " kv_heads ", a.kv_heads,
+                                 " window ", window, " splits ", splits, " (", attn_merge_mode(splits, true, group, D),
+                                 ") launch ", rep + 1));
+            }
+        }
+}
+
+TEST_CASE("attention: a captured CUDA graph replays with the same counters as the sequences grow", "[gpu]") {
+  std::mt19937 rng(403);
+  Stream st;
+  constexpr int kRows = 3, kWindow = 48, kCap = 200;  // full caches hold positions < 200; rings 48 + 16 slots
+  for (int D : {256, 512})
+    for (int window : {0, kWindow})
+      // 6 splits: fused; 40: more than the fused merge takes (32 at D = 256, 16 at D = 512), so the graph holds
+      // the split kernel and the merge kernel
+      for (int splits : {6, 40}) {
+        AttnData d;
+        AttnHost& a = d.h;
+        a.D = D;
+        a.rows = kRows;
+        a.heads = 8;
+        a.kv_heads = 1;
+        a.window = window;
+        a.layer = 0;
+        a.layers = 1;
+        a.seq = {0, 1, 2};
+        a.pos = {0, 5, 60};
+        a.capacity.assign(kRows, window ? window + 16 : kCap);
+        attn_fill(rng, d, 3.f / std::sqrt(float(D)));
+        AttnDev dev(d, splits);
+        const kn::AttnArgs args = dev.args(a, splits, true);
+
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        REQUIRE_CUDA(cudaStreamBeginCapture(st.s, cudaStreamCaptureModeThreadLocal));
+        const cudaError_t le = kn::launch_attention(args, D, st.s);
+        REQUIRE_CUDA(cudaStreamEndCapture(st.s, &graph));
+        REQUIRE_CUDA(le);
+        REQUIRE_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+        // Decode steps: every row one position further (new positions uploaded, same graph), then a jump that
+        // fills splits that were empty so far.
+        for (int step = 0; step < 5; ++step) {
+          if (step > 0)
+            for (int r = 0; r < kRows; ++r) a.pos[size_t(r)] += step < 4 ? 1 : 100 + 7 * r;
+          dev.pos->upload(a.pos);
+          const std::vector<double> ref = attention_ref(a);
+          dev.poison();
+          REQUIRE_CUDA(cudaGraphLaunch(exec, st.s));
+          st.sync();
+          dev.check(ref, cat("graph replay D ", D, " window ", window, " splits ", splits, " (",
+                             attn_merge_mode(splits, true, 8, D), ") step ", step));
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
+      }
+}
+
+TEST_CASE("attention split policy: scratch budget, tiles, fused merge where it pays", "[gpu]") {
+  // E2B at one row on an H200 (132 SMs) and a T4 (40): the 512-key layers get 16 one-tile splits, fused.
+  for (int sms : {132, 40})
+    for (int D : {256, 512}) {
+      const int s = kn::attention_splits_for(1, 1, 8, D, 512, sms, 1024);
+      CHECK(s == 16);
+      CHECK(s <= kn::attention_fused_splits(8, D));
+    }
+  // long contexts: about two blocks per SM, merged by a second launch
+  CHECK(kn::attention_splits_for(1, 1, 8, 512, 4096, 132, 1024) == 128);
+  CHECK(kn::attention_splits_for(1, 1, 8, 512, 32768, 132, 1024) == 264);
+  CHECK(kn::attention_splits_for(1, 1, 8, 512, 32768, 40, 1024) == 80);
+  // 1024 keys: 16 two-tile splits, fused, rather than 32 one-tile splits and a second launch
+  CHECK(kn::attention_splits_for(1, 1, 8, 512, 1024, 132, 1024) == 16);
+  for (int rows = 1; rows <= 512; rows += rows < 16 ? 1 : 37)
+    for (int keys : {1, 31, 33, 512, 4096, 32768})
+      for (int D : {32, 256, 512}) {
+        const int s = kn::attention_splits_for(rows, 1, 8, D, keys, 132, 1024);
+        INFO("rows " << rows << " keys " << keys << " D " << D << " -> splits " << s);
+        CHECK(s >= 1);
+        CHECK((s == 1 || rows * s <= 1024));
+        CHECK(s <= std::max(1, (keys + kn::kAttnTile - 1) / kn::kAttnTile));
+        CHECK(s <= kn::kAttnMaxSplits);
+      }
+  CHECK(kn::attention_fused_splits(8, 512) == 16);
+  CHECK(kn::attention_fused_splits(1, 32) == kn::kAttnFusedSplits);
 }
 
 // ---- elementwise.cuh ----
@@ -1348,6 +1544,11 @@ TEST_CASE("launchers: empty work is a no-op, unsupported shapes are refused befo
   REQUIRE(kn::launch_attention(a, 96, st.s) == cudaErrorInvalidValue);  // head dim
   a.heads = 9;
   REQUIRE(kn::launch_attention(a, 64, st.s) == cudaErrorInvalidValue);  // 9 query heads per KV head
+  a.heads = 8;
+  a.splits = 0;
+  REQUIRE(kn::launch_attention(a, 64, st.s) == cudaErrorInvalidValue);  // no key range
+  a.splits = kn::kAttnMaxSplits + 1;
+  REQUIRE(kn::launch_attention(a, 64, st.s) == cudaErrorInvalidValue);  // more splits than the merge weighs
   REQUIRE_FALSE(kn::attention_supported(96, 1));
   REQUIRE_FALSE(kn::attention_supported(64, 9));
   REQUIRE_FALSE(kn::attention_supported(64, 0));
@@ -1378,7 +1579,7 @@ void add_attention(std::vector<KernelUse>& ks) {
   add_attention_split<D, 4>(ks);
   add_attention_split<D, 8>(ks);
   ks.push_back(
-      {cat("attention_merge_kernel<", D, ">"), reinterpret_cast<const void*>(&kn::attention_merge_kernel<D>), D});
+      {cat("attention_merge_kernel<", D, ">"), reinterpret_cast<const void*>(&kn::attention_merge_kernel<D>), 32});
 }
 
 template <int NT, bool W4, kn::GemvEpilogue E>
