@@ -163,9 +163,9 @@ struct Pass {
 };
 
 // Sliding layers: a ring of window + n slots (the least the contract allows); full layers: every position
-// plus 5 spare slots.
-Pass make_pass(std::mt19937& rng, int D, int kv_heads, int group, int window, const std::vector<Run>& runs,
-               float q_amp) {
+// plus 5 spare slots; ring_extra more slots in both (moves where the ring wraps relative to the key tiles).
+Pass make_pass(std::mt19937& rng, int D, int kv_heads, int group, int window, const std::vector<Run>& runs, float q_amp,
+               int ring_extra = 0) {
   Pass p;
   p.D = D;
   p.kv_heads = kv_heads;
@@ -189,7 +189,7 @@ Pass make_pass(std::mt19937& rng, int D, int kv_heads, int group, int window, co
   p.vc = p.kc;
   const size_t row = size_t(kv_heads) * D;  // one position of one cache
   for (const Run& r : runs) {
-    const int last = r.p0 + r.n - 1, cap = window > 0 ? window + r.n : last + 1 + 5;
+    const int last = r.p0 + r.n - 1, cap = (window > 0 ? window + r.n : last + 1 + 5) + ring_extra;
     const std::vector<uint16_t> k16 = rand_f16(rng, size_t(last + 1) * row, 1.f);
     const std::vector<uint16_t> v16 = rand_f16(rng, size_t(last + 1) * row, 1.f);
     p.klog[size_t(r.seq)] = widen(k16);
@@ -385,18 +385,33 @@ TEST_CASE("flash attention: 1500-key prompt chunk next to a fresh sequence, wind
     }
 }
 
-// ---- speed: a 512-row chunk at the end of a 4096-token prompt ----
+TEST_CASE("flash attention: the ring wraps at every offset of a key tile, short and long key ranges", "[gpu]") {
+  std::mt19937 rng(5150);
+  Stream st;
+  // 45 rows at 300..344 over a 40-key window (ring of 85 + extra slots: wraps inside most key tiles), a
+  // 2-row chunk at 3..4 (one key tile, the second key group idle), a 70-row fresh prompt.
+  const std::vector<Run> runs = {{0, 300, 45}, {1, 3, 2}, {2, 0, 70}};
+  for (int D : {64, 256, 512})
+    for (int group : {1, 8})
+      for (int extra : {0, 1, 13, 31}) {
+        const Pass p = make_pass(rng, D, group == 8 ? 1 : 2, group, 40, runs, 1.f, extra);
+        check_pass(p, st, nullptr, cat("D ", D, " group ", group, " window 40, ring of window + rows + ", extra));
+      }
+}
 
-TEST_CASE("flash attention: last 512 rows of a 4096-token prompt match launch_attention; timing", "[gpu]") {
+// ---- speed: a 512-row chunk at the start and at the end of a 4096-token prompt ----
+
+TEST_CASE("flash attention: first and last 512 rows of a 4096-token prompt match launch_attention; timing", "[gpu]") {
   std::mt19937 rng(31);
   Stream st;
-  const std::vector<Run> runs = {{0, 4096 - 512, 512}};
   struct Shape {
-    int D, window;
+    int D, window, p0;
   };
-  for (const Shape sh : {Shape{512, 0}, Shape{256, 512}}) {  // E2B full and sliding layers
-    const Pass p = make_pass(rng, sh.D, 1, 8, sh.window, runs, 1.f);
-    INFO("D " << sh.D << " window " << sh.window);
+  // E2B full and sliding layers, first chunk (positions 0..511) and last chunk (3584..4095)
+  for (const Shape sh :
+       {Shape{512, 0, 0}, Shape{512, 0, 4096 - 512}, Shape{256, 512, 0}, Shape{256, 512, 4096 - 512}}) {
+    const Pass p = make_pass(rng, sh.D, 1, 8, sh.window, {{0, sh.p0, 512}}, 1.f);
+    INFO("D " << sh.D << " window " << sh.window << " positions " << sh.p0 << "..");
     DevPass d(p, nullptr);
     d.out->poison();
     REQUIRE_CUDA(d.flash(st.s));
