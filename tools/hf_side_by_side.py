@@ -8,6 +8,8 @@ config, loads the bf16 weights as fp16 onto the GPU, and times greedy generation
 (EOS ignored: min_new_tokens = max_new_tokens), the same prompt length / output length / concurrency as the
 bench sweep. Per stream = 1000 / (ms per generated token); the prefill is timed separately (one token) and
 subtracted. Prints one line per concurrency, as `hf c=N prompt=P tok/s/stream=X total=Y ttft_ms=Z`.
+
+Status: written 2026-12-02, not yet run (no GPU machine could be started); no numbers from it exist yet.
 """
 import argparse
 import json
