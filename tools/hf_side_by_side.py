@@ -28,7 +28,8 @@ def load_model(path):
     text = {k: v for k, v in text.items() if k not in ("architectures", "model_type", "transformers_version")}
     config = Gemma4TextConfig(**text)
     config._attn_implementation = "sdpa"
-    with torch.device("meta"):
+    torch.set_default_dtype(torch.float16)
+    with torch.device("cuda"):
         model = Gemma4ForCausalLM(config)
     state = {}
     files = [f for f in os.listdir(path) if f.endswith(".safetensors")]
@@ -40,12 +41,12 @@ def load_model(path):
                 elif k.startswith("model.") and not k.startswith(("model.vision", "model.audio", "model.embed_vision",
                                                                   "model.embed_audio")):
                     state[k] = f.get_tensor(k).to(torch.float16)
-    missing, unexpected = model.load_state_dict(state, strict=False, assign=True)
+    missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if m != "lm_head.weight"]
     if missing:
         raise SystemExit(f"missing tensors: {missing[:8]} ({len(missing)})")
     model.tie_weights()
-    return model.to("cuda", torch.float16).eval(), config
+    return model.eval(), config
 
 
 def timed_generate(model, ids, new_tokens):
