@@ -9,7 +9,9 @@ config, loads the bf16 weights as fp16 onto the GPU, and times greedy generation
 bench sweep. Per stream = 1000 / (ms per generated token); the prefill is timed separately (one token) and
 subtracted. Prints one line per concurrency, as `hf c=N prompt=P tok/s/stream=X total=Y ttft_ms=Z`.
 
-Status: written 2026-12-02, not yet run (no GPU machine could be started); no numbers from it exist yet.
+Status (2026-12-02, H200): the model builds and loads (fp16, sdpa), but the first warm-up generate with a
+static cache did not finish within 120 s (a compile on first use is the suspect) and the session's GPU time
+ran out; no numbers from it exist yet. Next: time a plain dynamic-cache run as well, and allow the warm-up.
 """
 import argparse
 import json
