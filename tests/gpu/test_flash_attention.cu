@@ -31,78 +31,19 @@
 
 #include "gemma4_t4.hpp"
 #include "gemma4_t4/common.hpp"
+#include "harness.hpp"
 
 namespace {
 
 namespace kn = gemma4_t4::kernels;
 using gemma4_t4::detail::f16_to_f32;
 using gemma4_t4::detail::f32_to_f16;
+using namespace gputest;
 
-// ---- harness (the style of test_kernels.cu) ----
-
-#define REQUIRE_CUDA(call)                                                                  \
-  do {                                                                                      \
-    const cudaError_t e_ = (call);                                                          \
-    INFO(#call << " -> " << cudaGetErrorName(e_) << " (" << cudaGetErrorString(e_) << ")"); \
-    REQUIRE(e_ == cudaSuccess);                                                             \
-  } while (0)
+// ---- harness (REQUIRE_CUDA, cat, Dev, Stream: harness.hpp) ----
 
 constexpr uint16_t kNaN16 = 0xFFFFu;  // an fp16 NaN
 constexpr double kTolFlash = 2e-3;    // max |err| / max |ref|: fp16 P and fp16 outputs
-
-template <typename... Parts>
-std::string cat(const Parts&... parts) {
-  std::ostringstream os;
-  (os << ... << parts);
-  return os.str();
-}
-
-// Owning device array of n elements of T; every transfer finishes before the call returns.
-template <typename T>
-class Dev {
- public:
-  explicit Dev(size_t n) : n_(n) { REQUIRE_CUDA(cudaMalloc(reinterpret_cast<void**>(&p_), bytes())); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  ~Dev() { cudaFree(p_); }
-
-  T* get() const { return p_; }
-  size_t size() const { return n_; }
-
-  template <typename H>
-  void upload(const std::vector<H>& h) {
-    static_assert(sizeof(H) == sizeof(T), "host and device element sizes differ");
-    REQUIRE(h.size() == n_);
-    REQUIRE_CUDA(cudaMemcpy(p_, h.data(), n_ * sizeof(T), cudaMemcpyHostToDevice));
-    REQUIRE_CUDA(cudaDeviceSynchronize());
-  }
-  template <typename H>
-  std::vector<H> download() const {
-    static_assert(sizeof(H) == sizeof(T), "host and device element sizes differ");
-    std::vector<H> h(n_);
-    REQUIRE_CUDA(cudaDeviceSynchronize());
-    REQUIRE_CUDA(cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-  void poison() {
-    REQUIRE_CUDA(cudaMemset(p_, 0xFF, bytes()));
-    REQUIRE_CUDA(cudaDeviceSynchronize());
-  }
-
- private:
-  size_t bytes() const { return std::max<size_t>(n_, 1) * sizeof(T); }
-  T* p_ = nullptr;
-  size_t n_ = 0;
-};
-
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { REQUIRE_CUDA(cudaStreamCreate(&s)); }
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
-  ~Stream() { cudaStreamDestroy(s); }
-  void sync() const { REQUIRE_CUDA(cudaStreamSynchronize(s)); }
-};
 
 // Uniform in [-amp, amp] rounded to fp16 bits, never zero.
 std::vector<uint16_t> rand_f16(std::mt19937& rng, size_t n, float amp) {
