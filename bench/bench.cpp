@@ -5,6 +5,7 @@
 //
 //   bench [--model DIR] [--cpu] [--prompts 512,4096] [--concurrency 1,4,8,16] [--tokens 128] [--repeats 3]
 //         [--seed N] [--json FILE] [--csv FILE] [--svg FILE] [--doctor] [--device-only] ...   (--help: all)
+//   bench --model DIR --lm-head-fidelity 4096 [--lm-head int8|int4]    quantized LM head vs fp16 logits
 //
 // Default model: the bundled tiny fixture (GEMMA4_T4_DEFAULT_MODEL, set by CMake to tests/fixtures/mm_bf16),
 // so `bench` runs anywhere -- on the CPU when there is no GPU. Prompt lengths the model's context cannot hold
@@ -35,6 +36,7 @@ namespace bench = gemma4_t4::bench;
 const char kUsage[] =
     "usage: bench [--model DIR] [--cpu] [--prompts LIST] [--concurrency LIST] [--tokens N] [--repeats N]\n"
     "             [--seed N] [--json FILE] [--csv FILE] [--svg FILE] [--doctor] [--device-only]\n"
+    "             [--lm-head f16|int8|int4] [--lm-head-fidelity POSITIONS]\n"
     "\n"
     "Measures the device (memory bandwidth, the decode ceiling of the model) and runs the sweep of the\n"
     "published T4 study: every prompt length x every concurrency, greedy decoding, EOS ignored.\n"
@@ -54,6 +56,10 @@ const char kUsage[] =
     "  --kv-budget GIB    report KV capacity at this budget (default: free GPU memory / available RAM)\n"
     "  --bandwidth-mib N  buffer for the bandwidth measurement (default: 1024 on a GPU, 256 on the host)\n"
     "  --ple-device       keep the per-layer-embedding table on the GPU (LoadOptions::ple)\n"
+    "  --lm-head KIND     LM head storage: f16 (default), int8 (per row) or int4 (group 32) (LoadOptions::lm_head)\n"
+    "  --lm-head-fidelity POSITIONS\n"
+    "                     instead of the sweep: logits of the quantized head (--lm-head, or both int8 and int4)\n"
+    "                     vs the fp16 head over POSITIONS random-token positions (max/mean error, top-1/top-5)\n"
     "  --no-warmup        skip the untimed warm-up pass of each cell\n"
     "  --doctor           check this machine for the model (GPU, memory, disk) and exit\n"
     "  --device-only      report the device and its bandwidth, load no model, and exit\n"
@@ -74,6 +80,8 @@ struct Args {
   double kv_budget_gib = 0;
   long bandwidth_mib = 0;
   bool ple_device = false;
+  gemma4_t4::LmHead lm_head = gemma4_t4::LmHead::F16;
+  long fidelity_positions = 0;
   bool doctor = false;
   bool device_only = false;
   bool quiet = false;
@@ -163,6 +171,18 @@ int parse_args(int argc, char** argv, Args* a) {
         char* end = nullptr;
         a->kv_budget_gib = std::strtod(v, &end);
         if (end == v || *end || !(a->kv_budget_gib > 0)) return bad("needs a size in GiB > 0");
+      } else if (k == "--lm-head") {
+        const std::string h = v;
+        if (h == "f16")
+          a->lm_head = gemma4_t4::LmHead::F16;
+        else if (h == "int8")
+          a->lm_head = gemma4_t4::LmHead::Int8;
+        else if (h == "int4")
+          a->lm_head = gemma4_t4::LmHead::Int4;
+        else
+          return bad("needs f16, int8 or int4");
+      } else if (k == "--lm-head-fidelity") {
+        if (!parse_long(v, 1, 1 << 24, &a->fidelity_positions)) return bad("needs a position count >= 1");
       } else if (k == "--bandwidth-mib") {
         if (!parse_long(v, 1, 1 << 20, &a->bandwidth_mib)) return bad("needs N >= 1");
       } else {
@@ -217,6 +237,26 @@ int main(int argc, char** argv) {
   opt.backend = backend;
   opt.device = int(a.device);
   opt.ple = a.ple_device ? gemma4_t4::PleLocation::Device : gemma4_t4::PleLocation::Host;
+  opt.lm_head = a.lm_head;
+  if (a.fidelity_positions > 0) {
+    std::string json = "[\n";
+    for (gemma4_t4::LmHead h : {gemma4_t4::LmHead::Int8, gemma4_t4::LmHead::Int4}) {
+      if (a.lm_head != gemma4_t4::LmHead::F16 && h != a.lm_head) continue;
+      bench::HeadFidelityOptions fo;
+      fo.head = h;
+      fo.positions = int(a.fidelity_positions);
+      fo.seed = a.sweep.seed;
+      bench::HeadFidelity f;
+      if (!a.quiet) std::fprintf(stderr, "bench: LM head fidelity on %s\n", a.model.c_str());
+      if (const gemma4_t4::Status st = bench::lm_head_fidelity(a.model, opt, fo, &f); !st) {
+        std::fprintf(stderr, "bench: %s\n", st.message.c_str());
+        return 1;
+      }
+      std::fputs(bench::to_text(f).c_str(), stdout);
+      json += (json.size() > 2 ? "," : "") + bench::to_json(f);
+    }
+    return write(a.json, json + "]\n", "fidelity JSON") ? 0 : 1;
+  }
   int longest = 0;
   for (int p : a.sweep.prompts) longest = std::max(longest, p);
   opt.max_context = size_t(longest) + size_t(a.sweep.tokens);  // sizes the CUDA graphs' attention splits

@@ -89,12 +89,22 @@
 //   Context per session: LoadOptions::max_context (default 8192), at most max_position_embeddings.
 //   Errors are returned as Status values; the library never exits, aborts or prints to stdout.
 //
+// FAULTS
+//   GPU memory running out -- at load, in create_session, or for a buffer or CUDA graph a step builds on
+//   first use -- is Code::OutOfMemory naming the buffer; what the call took is freed and sessions stay as
+//   they were, so the engine goes on serving. An exception thrown by a callback of yours ends that one
+//   generation with Code::CallbackError (a Batch keeps its other sessions). GenerateOptions::cancel stops a
+//   generation from another thread. The checkpoint files stay mapped while the engine lives: deleting one
+//   is harmless; one truncated meanwhile is Code::IoError before the next pass reads it (a truncation
+//   racing with a pass can still fault the process: don't rewrite a checkpoint in use).
+//
 // THREAD SAFETY
 //   An Engine is immutable after load: several threads may share it as long as each Session is used by
 //   one thread at a time (the CUDA backend serialises forward passes internally). Engine::load, moves and
 //   destruction must not race with other calls on that Engine. A Batch is driven by one thread (its
 //   callbacks run on that thread, inside step()); several Batches may share an Engine. A Tokenizer is
-//   immutable after load; format_chat is pure.
+//   immutable after load; format_chat is pure. GenerateOptions::cancel is the one thing another thread may
+//   write while a call runs.
 //
 // HISTORY
 //   0.1.0  loader (safetensors, config, bf16/f16/f32 and w4a16 weights), CPU reference backend, CUDA
@@ -106,6 +116,7 @@
 #ifndef GEMMA4_T4_HPP
 #define GEMMA4_T4_HPP
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -133,7 +144,8 @@ enum class Code {
   OutOfMemory,      // host or device allocation failed
   ContextOverflow,  // a session would pass its context limit
   BackendError,     // CUDA or another backend failed
-  Cancelled,        // stopped on request
+  Cancelled,        // stopped on request (Batch::cancel, GenerateOptions::cancel, bench on_progress)
+  CallbackError,    // a callback of the caller's threw; the message carries its what()
 };
 
 // The result of every fallible call. `message` says what failed and where (file, tensor, sizes).
@@ -160,6 +172,7 @@ inline const char* code_name(Code code) {
     case Code::ContextOverflow: return "context overflow";
     case Code::BackendError: return "backend error";
     case Code::Cancelled: return "cancelled";
+    case Code::CallbackError: return "callback error";
   }
   return "unknown";
 }
@@ -215,13 +228,26 @@ enum class PleLocation {
   Device,  // copied to GPU memory as fp16
 };
 
+// How the LM head (the [vocab, hidden] matrix every decode step reads in full: 805 MB of fp16 on E2B, ~43% of
+// the QAT checkpoint's decode bytes) is stored for the matmul. The token embedding keeps the checkpoint's
+// values whatever this says (a tied head gets its own quantized copy next to it). Both backends implement
+// every choice, with the same quantized values.
+enum class LmHead {
+  F16,   // the checkpoint's values (fp16 on CUDA, fp32 on the CPU)
+  Int8,  // per-row symmetric int8: scale = max|w| / 127, q = round(w / scale); y = scale * (q . x)
+  Int4,  // w4a16 layout, group 32: scale = fp16(max|w| / 7), q = round(w / scale) in [-8, 7]; w = fp16(q * scale)
+};
+
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
   int device = 0;                   // CUDA device ordinal
   size_t max_context = 8192;        // default context of new sessions (tokens)
   PleLocation ple = PleLocation::Host;
-  bool cuda_graphs = true;                 // replay decode steps (<= 16 sessions) as CUDA graphs
-  std::function<void(float)> on_progress;  // called with 0..1 while loading; may be empty
+  LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
+  bool cuda_graphs = true;       // replay decode steps (<= 16 sessions) as CUDA graphs
+  // Called with 0..1 while loading, on the loading thread; may be empty. If it throws, the load stops
+  // (Code::CallbackError with the exception's what(), nothing kept).
+  std::function<void(float)> on_progress;
 };
 
 // Which logits Engine::forward returns.
@@ -305,12 +331,14 @@ class Engine {
   const ModelConfig& config() const;  // only valid when loaded()
   Backend backend() const;            // Cpu or Cuda once loaded
 
-  // A new, empty session with room for max_context tokens (0 = LoadOptions::max_context).
+  // A new, empty session with room for max_context tokens (0 = LoadOptions::max_context). Errors:
+  // InvalidArgument, OutOfMemory naming the KV-cache buffer (what was allocated is freed); *out untouched.
   Status create_session(Session* out, size_t max_context = 0) const;
 
   // Feeds n tokens to the session (a prompt chunk when n > 1, a decode step when n == 1), appending them
   // to its cache. logits receives what `which` asks for: [vocab] or [n, vocab] fp32, row-major.
-  // Errors (invalid token id, context overflow) leave the session as it was.
+  // Errors (invalid token id, context overflow, OutOfMemory, IoError for a checkpoint file truncated since
+  // load) leave the session as it was.
   Status forward(Session& session, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const;
 
   // Several sessions in one pass (each session at most once): their tokens are processed together, as
@@ -324,7 +352,8 @@ class Engine {
   Status step(const BatchItem* items, size_t count, const SamplingOptions* options, int32_t* next,
               std::vector<float>* logits = nullptr) const;
 
-  // Bytes of weights a decode step reads (every decoder linear + the LM head): the bandwidth roofline.
+  // Bytes of weights a decode step reads (every decoder linear + the LM head as LoadOptions::lm_head stores
+  // it): the bandwidth roofline.
   double decode_bytes_per_token() const;
 
   // Memory accounting for capacity planning and bench:: (arithmetic over sizes known since load; 0 when not
@@ -478,6 +507,12 @@ struct GenerateOptions {
   int max_new_tokens = 256;
   bool stop_at_eos = true;           // stop on the model's eos_token_id list (config.json: [1, 106] on Gemma 4)
   std::vector<int32_t> stop_tokens;  // more ids that end generation
+  // Cancellation, the one field another thread may act through during a call: once *cancel is true,
+  // generate() returns Code::Cancelled before its next step (a prompt is fed in one step and is not cut
+  // short), and a Batch finishes the session with FinishReason::Cancelled at its next step(). Set it from
+  // any thread (store(true)); the atomic must outlive the generate() call / the session's time in the Batch.
+  // Null: not cancellable this way.
+  const std::atomic<bool>* cancel = nullptr;
 };
 
 // Feeds `prompt` to the session (which keeps its cache: a later call continues the conversation), then
@@ -485,8 +520,12 @@ struct GenerateOptions {
 // that is not a stop token; returning false stops. A stop token ends generation and is not fed to the
 // session (the caller's next prompt starts with it, as the chat template writes "<turn|>"), nor appended to
 // *out. Every other sampled token is fed before the next one is drawn, so after the call the session holds
-// prompt + out. Errors (invalid ids, ContextOverflow when the session would pass its context) return at
-// once; tokens already generated stay in *out and in the session. out and timing may be null.
+// prompt + out. A call that ends early returns at once: errors (invalid ids, ContextOverflow when the
+// session would pass its context, OutOfMemory, BackendError), Cancelled (options.cancel), CallbackError
+// (on_token threw: the exception is caught, its what() is in the message, it does not propagate). Then *out
+// keeps every token sampled so far and the session holds what was fed: nothing if the prompt's step did not
+// complete, else the prompt and *out without its last token (position() says how much). out and timing may
+// be null.
 Status generate(const Engine& engine, Session& session, const std::vector<int32_t>& prompt,
                 const GenerateOptions& options, const std::function<bool(int32_t token)>& on_token,
                 std::vector<int32_t>* out, Timing* timing = nullptr);
@@ -498,8 +537,8 @@ enum class FinishReason {
   Stop,       // sampled a stop token (neither returned nor fed, as generate() does)
   Length,     // max_new_tokens sampled
   Callback,   // on_token returned false
-  Cancelled,  // Batch::cancel
-  Error,      // BatchResult::status says what (InvalidArgument, ContextOverflow, BackendError, ...)
+  Cancelled,  // Batch::cancel, or GenerateOptions::cancel was set
+  Error,      // BatchResult::status says what (InvalidArgument, ContextOverflow, OutOfMemory, CallbackError, ...)
 };
 
 inline const char* finish_reason_name(FinishReason r) {
@@ -539,7 +578,10 @@ struct BatchResult {
 // that session, with FinishReason::Error; and when max_new_tokens or the callback ends a session, its last
 // token is fed in the next step (generate() feeds it before returning), so its result comes a step later.
 // Not thread-safe: one thread drives a Batch (add, cancel, step, take_finished); on_token runs on that
-// thread inside step() and may call add() and cancel(), not step(). Several Batches may share an Engine.
+// thread inside step() and may call add() and cancel(), not step(). An on_token that throws finishes its own
+// session (FinishReason::Error, Code::CallbackError with the exception's what(); its tokens include the one
+// it was shown, the session holds what was fed, as after cancel()); the exception does not leave step() and
+// the other sessions go on. From other threads, GenerateOptions::cancel. Several Batches may share an Engine.
 // The engine must outlive the batch, at the same address. Movable, not copyable. Destroying a Batch drops
 // its unfinished sessions (they keep what was fed).
 class Batch {
@@ -582,6 +624,22 @@ class Batch {
  private:
   std::unique_ptr<Impl> impl_;
 };
+
+// ---- testing hooks ------------------------------------------------------------------------------------------
+
+// For fault-injection tests, not for applications: process-wide state, the only global the library has.
+namespace detail {
+// The CUDA backend asks `hook` before every device or pinned host allocation it makes -- weights, workspace,
+// staging, KV caches, buffers grown during a step -- and before creating its cuBLAS handle and instantiating a
+// CUDA graph. true: that allocation fails as a failed cudaMalloc does (Code::OutOfMemory naming `what`). bytes:
+// the size asked (0 where the CUDA runtime sizes it: graphs, cuBLAS). An empty function removes the hook;
+// without one the check is one atomic load. The hook runs on the allocating thread, outside the library's
+// locks, possibly on several threads at once. No effect on the CPU backend.
+void set_alloc_fault_hook(std::function<bool(size_t bytes, const char* what)> hook);
+// cudaMalloc / cudaMallocHost blocks the CUDA backend holds now, over every engine and session of the
+// process (0 in a CPU-only build): leak tests compare it before and after.
+size_t live_cuda_allocations();
+}  // namespace detail
 
 // ---- benchmark ----------------------------------------------------------------------------------------------
 
@@ -718,10 +776,11 @@ struct Cell {
 };
 
 struct Report {
-  std::string version;    // library version
-  std::string timestamp;  // UTC, ISO 8601
-  std::string label;      // SweepOptions::label
-  std::string model;      // "7 layers, hidden 64, vocab 512, bf16"
+  std::string version;           // library version
+  std::string timestamp;         // UTC, ISO 8601
+  std::string label;             // SweepOptions::label
+  std::string model;             // "7 layers, hidden 64, vocab 512, bf16"
+  LmHead lm_head = LmHead::F16;  // the engine's LoadOptions::lm_head
   Backend backend = Backend::Cpu;
   DeviceReport device;  // the GPU measured (Cuda), or the host (Cpu)
   Bandwidth bandwidth;
@@ -748,6 +807,34 @@ struct Report {
 // Uses the engine from this thread only; don't run other work on the engine meanwhile.
 Status run(const Engine& engine, const SweepOptions& options, Report* out);
 
+// How far a quantized LM head (LoadOptions::lm_head) moves the logits from the checkpoint's head: random
+// token sequences (ids uniform in the vocabulary, `sequence` tokens each, `positions` in all) fed to two
+// engines loaded from one directory -- `options` with lm_head F16, and with `head` -- comparing the soft-capped
+// logits of every position.
+struct HeadFidelityOptions {
+  LmHead head = LmHead::Int8;
+  int positions = 4096;
+  int sequence = 512;  // tokens per session (<= the model's context)
+  uint64_t seed = 20250101;
+};
+
+struct HeadFidelity {
+  LmHead head = LmHead::Int8;
+  size_t positions = 0;
+  double max_abs_error = 0;                       // max |q - f| over every position and vocabulary entry
+  double mean_abs_error = 0;                      // mean |q - f| over the same
+  double max_rel_error = 0;                       // max over positions of max |q - f| / max |f|
+  double top1 = 0;                                // fraction of positions whose argmax agrees
+  double top5 = 0;                                // mean fraction of f's top-5 ids that are in q's top-5
+  double decode_bytes_f16 = 0, decode_bytes = 0;  // Engine::decode_bytes_per_token of the two engines
+  double load_ms = 0;                             // Engine::load of the quantized engine
+};
+
+// Loads both engines (device memory for two copies of the model on CUDA), runs, frees them. InvalidArgument
+// for head F16 or non-positive sizes; load and forward errors as they come.
+Status lm_head_fidelity(const std::string& dir, const LoadOptions& options, const HeadFidelityOptions& fidelity,
+                        HeadFidelity* out);
+
 // Outputs. The T4 projection is labelled "projection, not measured" in each of them.
 std::string to_text(const DeviceReport& device);
 std::string to_text(const Bandwidth& bandwidth);
@@ -756,8 +843,10 @@ std::string to_table(const Report& report);  // aligned text: header lines, the 
 std::string to_json(const DeviceReport& device);
 std::string to_json(const Bandwidth& bandwidth);
 std::string to_json(const DoctorReport& doctor);
+std::string to_text(const HeadFidelity& fidelity);
+std::string to_json(const HeadFidelity& fidelity);
 // {"schema": "gemma4_t4.bench/1", version, timestamp, label, model, backend, device{...}, bandwidth{...},
-//  decode_bytes_per_token, ceiling_tok_s, weight_bytes, kv{budget_bytes, bytes_per_token, capacity_tokens},
+//  decode_bytes_per_token, lm_head, ceiling_tok_s, weight_bytes, kv{budget_bytes, bytes_per_token, capacity_tokens},
 //  context_limit, options{prompts, concurrency, tokens, repeats, seed}, notes[], cells[{prompt,
 //  requested_prompt, concurrency, tokens, repeats, seeds, ms_per_token, tok_s_per_stream, tok_s_total,
 //  ttft_ms_median, ttft_ms_p90, prefill_tok_s, pct_of_ceiling, sessions_fit, error}], t4_projection{label,

@@ -2,6 +2,8 @@
 //
 //   embed:        h[r, :] = float(E[id[r], :]) * scale                          E: [V, H] fp16, h fp32
 //   to_half:      out[i] = half(x[i]) (saturating)
+//   widen:        out[i] = float(x[i]), x the raw bits of bf16 / fp16 / fp32 values (rows gathered on the host
+//                 from a checkpoint tensor, converted here: exact)
 //   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: [rows, I] fp32
 //   ple_combine:  ple[r, l, :] = (rmsnorm(proj[r, l, :] * pscale) * w + tok[r, l, :] * tscale) * mix
 //                 proj, tok, ple: [rows, L, D] fp32 (tok: the rows of embed_tokens_per_layer)
@@ -40,6 +42,26 @@ static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, hal
 inline cudaError_t launch_to_half(const float* x, size_t n, half* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   to_half_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n, out);
+  return cudaGetLastError();
+}
+
+// Raw element types of launch_widen (the safetensors dtypes a float tensor may have).
+enum class RawFloat { F32, F16, BF16 };
+
+static __global__ void widen_kernel(const void* __restrict__ x, RawFloat type, size_t n, float* __restrict__ out) {
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  if (type == RawFloat::F32) {
+    out[i] = static_cast<const float*>(x)[i];
+  } else {
+    const unsigned short b = static_cast<const unsigned short*>(x)[i];
+    out[i] = type == RawFloat::BF16 ? __uint_as_float(unsigned(b) << 16) : __half2float(__ushort_as_half(b));
+  }
+}
+
+inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* out, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  widen_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, type, n, out);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,10 @@
 // gemma4_t4 kernels: decode matmuls (a batch of 1..16 rows against weights read once), on tensor cores.
 //
 //   y[r, o] = sum_i x[r, i] * W[o, i]     x: [n, in] fp16 (row stride in, 16-byte aligned), n <= 16
-// Weights, two layouts (both 16-byte aligned):
+// Weights, three layouts (all 16-byte aligned):
 //   fp16   W [out, in] row-major; in % 8 == 0 (16-byte rows).
+//   int8   W8 [out, in] int8 row-major + per-row fp32 scales R [out]: y = R[o] * (x . W8[o]); in % 16 == 0;
+//          Store epilogue only (the quantized LM head, LoadOptions::lm_head).
 //   w4a16  the compressed-tensors words kept as stored: Wq [out, in/8] u32, column 8j+k = nibble k of word j
 //          holding q + 8; scales S [out, in/32] fp16; w = (nibble - 8) * S[o, i/32]; in % 32 == 0. One
 //          16-byte load = 4 words = 32 columns = exactly one scale group, so this IS the kernel's layout:
@@ -15,16 +17,19 @@
 // Math: mma.sync.m16n8k8 (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
-// dequant_w4 builds), B = 8 columns x 8 input rows of x (fp16, as stored), fp32 accumulation. Rows past n
-// and columns past `in` enter as zeros (A and B both, so no NaN * 0). The tensor cores make the FMAs free;
-// what is left per weight byte is the load and, for w4a16, ~1.5 integer/half2 ops per weight.
-// Fragment mapping (lane = 4 * gid + tig): the reduction order over k is free, so each lane's 16-byte load
-// of weight row gid (and gid + 8) is used as it is, and x is fetched to match:
+// dequant_w4 builds; int8: two bytes, offset by 128, into the mantissa of 1024.0 minus 1152.0 -- exact, the
+// row scale applied to the fp32 sum), B = 8 columns x 8 input rows of x (fp16, as stored), fp32 accumulation. Rows past
+// n and columns past `in` enter as zeros (A and B both, so no NaN * 0). The tensor cores make the FMAs free; what is
+// left per weight byte is the load and, for w4a16, ~1.5 integer/half2 ops per weight. Fragment mapping (lane = 4 * gid
+// + tig): the reduction order over k is free, so each lane's 16-byte load of weight row gid (and gid + 8) is used as it
+// is, and x is fetched to match:
 //   fp16   k-tile = 32 columns; lane's 16-byte unit u = 4 * tile + tig holds columns 8u..8u+7 of its rows;
 //          mma step s (0..3) uses the half2 (8u + 2s, 8u + 2s + 1) of the weight rows and of x.
 //   w4a16  k-tile = 128 columns; unit u = 4 * tile + tig = scale group u, columns 32u..32u+31; word w,
 //          step s (16 steps) uses nibbles (s, s + 4) = columns (32u + 8w + s, 32u + 8w + s + 4); the
 //          x pair is gathered with one byte_perm.
+//   int8   k-tile = 64 columns; unit u = 4 * tile + tig holds columns 16u..16u+15; step s (8 steps) uses
+//          bytes (2s, 2s + 1) and the x half2 at columns 16u + 2s (x read as two 16-byte loads).
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
 // chosen from `in` alone); a block of 8 warps owns 8 / kw row tiles; blocks are partitioned over the
 // matrices' row tiles. Each warp issues the weight loads of U k-tiles (U = 4; 2 for gate/up, which loads
@@ -52,7 +57,7 @@ constexpr int kGemvWarps = 8;     // warps per block
 constexpr int kGemvMaxRows = 16;  // input rows (decode batch) per launch
 constexpr int kGemvMaxMats = 3;   // matrices of one multi-matrix launch
 
-// One weight matrix of a launch: w16 xor (wq, s).
+// One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
 struct GemvMat {
   const half* w16 = nullptr;     // [out, in] fp16, or
   const uint32_t* wq = nullptr;  // [out, in / 8] packed int4
@@ -60,7 +65,12 @@ struct GemvMat {
   int out = 0;                   // output features
   float* y = nullptr;            // Store: [n, ldy] fp32
   int ldy = 0;
+  const int8_t* w8 = nullptr;  // [out, in] int8, or
+  const float* rs = nullptr;   // [out] fp32 row scales of w8
 };
+
+// Weight layouts (gemv_kernel's WL).
+constexpr int kGemvF16 = 0, kGemvW4 = 1, kGemvW8 = 2;
 
 enum class GemvEpilogue { Store, GeluMul, GeluPle };
 
@@ -149,6 +159,13 @@ __device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale
   return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
 }
 
+// Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,
+// minus 1152.0.
+__device__ __forceinline__ uint32_t w8_pair(uint32_t word, int p) {
+  const uint32_t v = __byte_perm(word ^ 0x80808080u, 0x64646464u, p ? 0x4342u : 0x4140u);
+  return h2_as_u32(__hsub2(u32_as_h2(v), u32_as_h2(0x64806480u)));  // 0x6480 = 1152.0
+}
+
 // D = A B + D on the tensor cores, m16n8k8, fp16 inputs, fp32 accumulators. Lane (gid, tig): a0 = A[gid]
 // [2tig, 2tig+1], a1 = A[gid+8][same], b = B[2tig, 2tig+1][gid], c = C[gid][2tig, 2tig+1], C[gid+8][same].
 __device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
@@ -157,9 +174,11 @@ __device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t 
       : "r"(a0), "r"(a1), "r"(b));
 }
 
-// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). W4: weight layout. E: epilogue.
-template <int NT, bool W4, GemvEpilogue E>
+// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
+template <int NT, int WL, GemvEpilogue E>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+  constexpr bool W4 = WL == kGemvW4, W8 = WL == kGemvW8;
+  static_assert(!W8 || E == GemvEpilogue::Store, "int8 weights: Store epilogue only");
   constexpr int M = E == GemvEpilogue::GeluMul ? 2 : 1;  // weight matrices per warp (gate and up)
   constexpr int U = M == 2 ? 2 : 4;                      // k-tiles of weight loads in flight per warp
   constexpr int ACC = M * NT * 4;                        // fp32 accumulators per lane
@@ -178,7 +197,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
   const int row0 = (bid - first) * (16 * (kGemvWarps / kw)) + mt * 16;
   const int ra = row0 + gid, rb = ra + 8;  // this lane's two weight rows
   const bool oka = ra < out, okb = rb < out;
-  const int units = W4 ? a.in / 32 : a.in / 8;  // 16-byte units per weight row
+  const int units = W4 ? a.in / 32 : (W8 ? a.in / 16 : a.in / 8);  // 16-byte units per weight row
   const int ktiles = (units + 3) / 4;
 
   const uint4 *wa[M], *wb[M];
@@ -192,8 +211,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
       sa[m] = reinterpret_cast<const unsigned short*>(g[m].s) + ia;
       sb[m] = reinterpret_cast<const unsigned short*>(g[m].s) + ib;
     } else {
-      wa[m] = reinterpret_cast<const uint4*>(g[m].w16) + ia;
-      wb[m] = reinterpret_cast<const uint4*>(g[m].w16) + ib;
+      const uint4* w = W8 ? reinterpret_cast<const uint4*>(g[m].w8) : reinterpret_cast<const uint4*>(g[m].w16);
+      wa[m] = w + ia;
+      wb[m] = w + ib;
       sa[m] = sb[m] = nullptr;
     }
   }
@@ -264,6 +284,22 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
             }
           }
         }
+      } else if (W8) {
+        uint4 xv[NT][2];  // columns 16 unit .. 16 unit + 15
+#pragma unroll
+        for (int t = 0; t < NT; ++t) {
+          xv[t][0] = ld_x(xr[t] + 2 * unit, ok && okx[t]);
+          xv[t][1] = ld_x(xr[t] + 2 * unit + 1, ok && okx[t]);
+        }
+#pragma unroll
+        for (int m = 0; m < M; ++m)
+#pragma unroll
+          for (int s = 0; s < 8; ++s) {
+            const uint32_t a0 = w8_pair(u4_word(qa[u][m], s / 2), s & 1);
+            const uint32_t a1 = w8_pair(u4_word(qb[u][m], s / 2), s & 1);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) mma_16x8x8(acc[m][t], a0, a1, u4_word(xv[t][s / 4], s % 4));
+          }
       } else {
         uint4 xv[NT];
 #pragma unroll
@@ -310,7 +346,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
         if (o >= out || r >= a.n) continue;
         const float v = acc[0][t][2 * h + j];
         if (E == GemvEpilogue::Store) {
-          g0.y[size_t(r) * g0.ldy + o] = v;
+          g0.y[size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
         } else {
@@ -329,12 +365,12 @@ inline int gemv_split(int ktiles) {
   return kw;
 }
 
-template <bool W4, GemvEpilogue E>
+template <int WL, GemvEpilogue E>
 inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, cudaStream_t stream) {
   if (a.n <= 8)
-    gemv_kernel<1, W4, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
+    gemv_kernel<1, WL, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
   else
-    gemv_kernel<2, W4, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
+    gemv_kernel<2, WL, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
   return cudaGetLastError();
 }
 
@@ -352,19 +388,26 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
     total_out += a.mat[i].out;
   }
   if (total_out == 0) return cudaSuccess;
-  const bool w4 = a.mat[0].w16 == nullptr;
-  if (a.in <= 0 || a.in % (w4 ? 32 : 8) != 0 || !gemv_aligned(a.x)) return cudaErrorInvalidValue;
+  const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
+  const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);  // columns per 16-byte unit
+  if (a.in <= 0 || a.in % cols != 0 || !gemv_aligned(a.x)) return cudaErrorInvalidValue;
+  if (wl == kGemvW8 && e != GemvEpilogue::Store) return cudaErrorInvalidValue;
   for (int i = 0; i < nmats; ++i) {
     const GemvMat& m = a.mat[i];
-    if (w4 ? (m.w16 || !m.wq || !m.s || !gemv_aligned(m.wq)) : (m.wq || m.s || !gemv_aligned(m.w16)))
-      return cudaErrorInvalidValue;  // exactly one layout, the same for every matrix of the launch
+    const int set =
+        int(m.w16 != nullptr) + int(m.wq != nullptr || m.s != nullptr) + int(m.w8 != nullptr || m.rs != nullptr);
+    bool ok = set == 1;  // exactly one layout, the same for every matrix of the launch
+    if (wl == kGemvF16) ok = ok && m.w16 && gemv_aligned(m.w16);
+    if (wl == kGemvW4) ok = ok && m.wq && m.s && gemv_aligned(m.wq);
+    if (wl == kGemvW8) ok = ok && m.w8 && m.rs && gemv_aligned(m.w8);
+    if (!ok) return cudaErrorInvalidValue;
     if (e == GemvEpilogue::Store && m.out > 0 && (!m.y || m.ldy < m.out)) return cudaErrorInvalidValue;
   }
   if (e != GemvEpilogue::Store && (!a.out16 || a.ld16 < a.mat[0].out)) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluMul && a.mat[1].out != a.mat[0].out) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluPle && !a.ple) return cudaErrorInvalidValue;
 
-  a.kw = gemv_split((a.in / (w4 ? 32 : 8) + 3) / 4);
+  a.kw = gemv_split((a.in / cols + 3) / 4);
   const int rows_per_block = 16 * (kGemvWarps / a.kw);
   a.first_block[0] = 0;
   for (int i = 0; i < kGemvMaxMats; ++i)
@@ -372,14 +415,15 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
   const unsigned blocks = unsigned(a.first_block[a.count]);
   switch (e) {
     case GemvEpilogue::Store:
-      return w4 ? launch_gemv_w<true, GemvEpilogue::Store>(a, blocks, stream)
-                : launch_gemv_w<false, GemvEpilogue::Store>(a, blocks, stream);
+      if (wl == kGemvW8) return launch_gemv_w<kGemvW8, GemvEpilogue::Store>(a, blocks, stream);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::Store>(a, blocks, stream)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::Store>(a, blocks, stream);
     case GemvEpilogue::GeluMul:
-      return w4 ? launch_gemv_w<true, GemvEpilogue::GeluMul>(a, blocks, stream)
-                : launch_gemv_w<false, GemvEpilogue::GeluMul>(a, blocks, stream);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluMul>(a, blocks, stream)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluMul>(a, blocks, stream);
     case GemvEpilogue::GeluPle:
-      return w4 ? launch_gemv_w<true, GemvEpilogue::GeluPle>(a, blocks, stream)
-                : launch_gemv_w<false, GemvEpilogue::GeluPle>(a, blocks, stream);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluPle>(a, blocks, stream)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluPle>(a, blocks, stream);
   }
   return cudaErrorInvalidValue;
 }
@@ -442,6 +486,79 @@ inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int 
   a.ple_off = layer * gate.out;
   if (layer < 0 || layer >= L) return a.n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
   return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, stream);
+}
+
+// y = R[o] * (x . W8[o]) for one int8 matrix with per-row scales (the quantized LM head). y: [n, ldy] fp32.
+inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* x, int n, int out, int in, float* y,
+                                  int ldy, cudaStream_t stream) {
+  GemvArgs a;
+  a.x = x;
+  a.n = n;
+  a.in = in;
+  a.mat[0].w8 = W8;
+  a.mat[0].rs = R;
+  a.mat[0].out = out;
+  a.mat[0].y = y;
+  a.mat[0].ldy = ldy;
+  a.count = 1;
+  return launch_gemv_args(a, 1, GemvEpilogue::Store, stream);
+}
+
+// ---- quantizing fp16 rows at load (LoadOptions::lm_head): the arithmetic of weights.hpp's
+// quantize_row_int8 / quantize_row_int4 (IEEE division and rint, so host and device agree bit for bit) ----
+
+// One warp per row: scale = max|w| / 127, q = clamp(rint(w / scale), -127, 127).
+static __global__ void quantize_int8_kernel(const half* __restrict__ W, int out, int in, int8_t* __restrict__ q,
+                                            float* __restrict__ scale) {
+  const int row = int(blockIdx.x) * (blockDim.x / 32) + int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
+  if (row >= out) return;
+  const half* w = W + size_t(row) * in;
+  float amax = 0.f;
+  for (int i = lane; i < in; i += 32) amax = fmaxf(amax, fabsf(__half2float(w[i])));
+  for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = __fdiv_rn(amax, 127.f);
+  if (lane == 0) scale[row] = s;
+  for (int i = lane; i < in; i += 32)
+    q[size_t(row) * in + i] =
+        s > 0.f ? int8_t(fminf(127.f, fmaxf(-127.f, rintf(__fdiv_rn(__half2float(w[i]), s))))) : int8_t(0);
+}
+
+// One thread per group of 32: scale = fp16(max|w| / 7), q = clamp(rint(w / scale), -8, 7) packed as the
+// w4a16 layout (column 8j + k in nibble k of word j, q + 8).
+static __global__ void quantize_int4_kernel(const half* __restrict__ W, int out, int in, uint32_t* __restrict__ Wq,
+                                            half* __restrict__ S) {
+  const int groups = in / 32;
+  const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= size_t(out) * groups) return;
+  const half* w = W + idx * 32;  // group idx of the row-major matrix: in % 32 == 0
+  float amax = 0.f;
+  for (int i = 0; i < 32; ++i) amax = fmaxf(amax, fabsf(__half2float(w[i])));
+  const half sh = __float2half_rn(__fdiv_rn(amax, 7.f));
+  const float s = __half2float(sh);
+  S[idx] = sh;
+  for (int j = 0; j < 4; ++j) {
+    uint32_t word = 0;
+    for (int k = 0; k < 8; ++k) {
+      const float v = s > 0.f ? fminf(7.f, fmaxf(-8.f, rintf(__fdiv_rn(__half2float(w[8 * j + k]), s)))) : 0.f;
+      word |= uint32_t(int(v) + 8) << (4 * k);
+    }
+    Wq[idx * 4 + j] = word;
+  }
+}
+
+inline cudaError_t launch_quantize_int8(const half* W, int out, int in, int8_t* q, float* scale, cudaStream_t stream) {
+  if (out <= 0) return cudaSuccess;
+  if (in <= 0) return cudaErrorInvalidValue;
+  quantize_int8_kernel<<<ceil_div(size_t(out), 8), 256, 0, stream>>>(W, out, in, q, scale);
+  return cudaGetLastError();
+}
+
+inline cudaError_t launch_quantize_int4(const half* W, int out, int in, uint32_t* Wq, half* S, cudaStream_t stream) {
+  const size_t groups = size_t(out) * (in / 32);
+  if (in % 32 != 0) return cudaErrorInvalidValue;
+  if (groups == 0) return cudaSuccess;
+  quantize_int4_kernel<<<ceil_div(groups, 256), 256, 0, stream>>>(W, out, in, Wq, S);
+  return cudaGetLastError();
 }
 
 // Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per scale group.

@@ -1,11 +1,45 @@
 // gemma4_t4 implementation part: the interface every backend implements.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 namespace gemma4_t4 {
 namespace detail {
+
+// ---- allocation fault hook (testing) ----
+// The state behind set_alloc_fault_hook / live_cuda_allocations (gemma4_t4.hpp; defined in engine.hpp with the
+// other non-inline functions). The CUDA backend's allocations go through alloc_fault() first; `armed` keeps
+// that to one atomic load while no hook is set.
+
+struct AllocFaultHook {
+  std::atomic<bool> armed{false};
+  std::mutex mu;
+  std::function<bool(size_t, const char*)> fn;
+  std::atomic<size_t> live{0};  // cudaMalloc / cudaMallocHost blocks held (cuda_backend.hpp counts them)
+};
+
+inline AllocFaultHook& alloc_fault_hook() {
+  static AllocFaultHook h;
+  return h;
+}
+
+// true: fail this allocation (the hook said so). The hook is copied out and called without the lock, so it
+// may itself call into the library.
+inline bool alloc_fault(size_t bytes, const char* what) {
+  AllocFaultHook& h = alloc_fault_hook();
+  if (!h.armed.load(std::memory_order_acquire)) return false;
+  std::function<bool(size_t, const char*)> fn;
+  {
+    std::lock_guard<std::mutex> lock(h.mu);
+    fn = h.fn;
+  }
+  return fn && fn(bytes, what);
+}
 
 // A session's state inside one backend (its KV cache lives in the derived class).
 struct BackendSession {
@@ -37,6 +71,10 @@ class BackendModel {
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_bytes_per_token() const = 0;
   virtual size_t session_bytes(size_t max_ctx) const = 0;
+  // Before each pass (Engine::forward_batch / step): IoError when a checkpoint file the pass would read in
+  // place has shrunk since it was mapped (reading it would fault the process). The default, for backends
+  // that read weights from the map at run time, checks every file.
+  virtual Status check_files(const TensorStore& store) const { return store.check_sizes(); }
   // Items were validated by the Engine (ids in range, context not exceeded, sessions distinct). Appends
   // per item 1 (Last) or n (All) rows of logits. On error no session has advanced.
   virtual Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const = 0;

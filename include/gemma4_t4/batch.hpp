@@ -1,6 +1,7 @@
 // gemma4_t4 implementation part: Batch -- continuous batching of generate() over Engine::step.
 //
 // A session moves waiting -> running -> finished. Each step():
+//   0. sessions whose GenerateOptions::cancel is set finish (Cancelled), waiting or running;
 //   1. waiting sessions join (first come, first served) while fewer than max_sessions run;
 //   2. one pass is built, in join order: a generating session feeds its last sampled token (1 row, sampled);
 //      a session whose last token only needs feeding (max_new_tokens reached, callback said stop) feeds it
@@ -8,7 +9,8 @@
 //      prompt from what is left of the prefill_rows budget (sampled when the chunk ends the prompt);
 //   3. Engine::step runs it (items that need no token get greedy options and their token is ignored);
 //   4. each sampled token goes through generate()'s rules: a stop token finishes the session, others are
-//      kept and shown to on_token, and max_new_tokens or a false from on_token ends it after one more feed.
+//      kept and shown to on_token, and max_new_tokens or a false from on_token ends it after one more feed;
+//      an on_token that throws ends its session at once (Error, CallbackError), its token unfed.
 // Chunking does not change a session's numbers on the CPU backend (a row's math does not depend on the rows
 // beside it), and the RNG counter and repetition-penalty history are the session's own, so each session
 // gets exactly what generate() gives it alone. The context check is made per session before the pass, so
@@ -20,6 +22,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -74,7 +77,15 @@ struct Batch::Impl {
     }
     if (std::find(e.stops.begin(), e.stops.end(), token) != e.stops.end()) return finish(e, FinishReason::Stop);
     e.result.tokens.push_back(token);
-    const bool go_on = !e.on_token || e.on_token(token);
+    bool go_on = true;
+    std::string thrown;
+    if (e.on_token && detail::callback_threw([&] { return e.on_token(token); }, &go_on, &thrown)) {
+      if (!e.done)  // (unless it cancelled its own session before throwing)
+        finish(e, FinishReason::Error,
+               detail::err(Code::CallbackError, "batch: session ", e.result.id, ": on_token threw on sampled token ",
+                           t.generated_tokens, " (id ", token, "): ", thrown));
+      return;
+    }
     if (e.done) return;  // the callback cancelled its own session
     e.pending = token;
     if (go_on && t.generated_tokens < size_t(e.options.max_new_tokens)) {
@@ -83,6 +94,19 @@ struct Batch::Impl {
       e.phase = Phase::LastFeed;
       e.last_reason = go_on ? FinishReason::Length : FinishReason::Callback;
     }
+  }
+
+  // GenerateOptions::cancel set (by any thread): finish the session now, as Batch::cancel does.
+  void cancel_flagged() {
+    auto scan = [&](auto& list) {
+      for (auto& e : list)
+        if (!e->done && detail::cancel_requested(e->options))
+          finish(*e, FinishReason::Cancelled,
+                 detail::err(Code::Cancelled, "batch: session ", e->result.id,
+                             " was cancelled (GenerateOptions::cancel)"));
+    };
+    scan(running);
+    scan(waiting);
   }
 
   void drop_done() {
@@ -182,6 +206,7 @@ Status Batch::step() {
     explicit Stepping(bool& f) : flag(f) { flag = true; }
     ~Stepping() { flag = false; }
   } stepping(b.stepping);
+  b.cancel_flagged();
   b.drop_done();
   while (!b.waiting.empty() && b.running.size() < size_t(b.options.max_sessions)) {
     b.running.push_back(std::move(b.waiting.front()));

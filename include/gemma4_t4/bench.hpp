@@ -843,6 +843,7 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
     r.notes.push_back("bandwidth given by the caller, not measured in this run");
   }
   r.decode_bytes_per_token = engine.decode_bytes_per_token();
+  r.lm_head = engine.load_options().lm_head;
   if (r.bandwidth.read_gbs > 0 && r.decode_bytes_per_token > 0)
     r.ceiling_tok_s = r.bandwidth.read_gbs * 1e9 / r.decode_bytes_per_token;
   r.weight_bytes = engine.weight_bytes();
@@ -992,8 +993,10 @@ std::string to_table(const Report& r) {
     s += strf("backend     CPU: %s, %d threads\n",
               r.device.host_cpu.empty() ? "unknown CPU" : r.device.host_cpu.c_str(), r.device.host_threads);
   s += "bandwidth   " + (r.bandwidth.read_gbs > 0 ? to_text(r.bandwidth) : std::string("not measured\n"));
-  s += strf("decode      %.4g GB per token -> ceiling %.1f tok/s per stream (read bandwidth / bytes per token)\n",
-            r.decode_bytes_per_token / 1e9, r.ceiling_tok_s);
+  s += strf(
+      "decode      %.4g GB per token (LM head %s) -> ceiling %.1f tok/s per stream (read bandwidth / bytes "
+      "per token)\n",
+      r.decode_bytes_per_token / 1e9, detail::lm_head_name(r.lm_head), r.ceiling_tok_s);
   s += strf("memory      weights %s; KV %s per token; budget %s -> %s tokens\n",
             human_bytes(double(r.weight_bytes)).c_str(), human_bytes(double(r.kv_bytes_per_token)).c_str(),
             human_bytes(double(r.kv_budget_bytes)).c_str(), with_commas(r.kv_capacity_tokens).c_str());
@@ -1095,6 +1098,7 @@ std::string to_json(const Report& r) {
             {"device", device_json(r.device)},
             {"bandwidth", bandwidth_json(r.bandwidth)},
             {"decode_bytes_per_token", r.decode_bytes_per_token},
+            {"lm_head", detail::lm_head_name(r.lm_head)},
             {"ceiling_tok_s", r.ceiling_tok_s},
             {"weight_bytes", r.weight_bytes},
             {"kv",
@@ -1260,6 +1264,111 @@ std::string to_svg(const Report& r) {
                  r.decode_bytes_per_token / 1e9, r.bandwidth.read_gbs, kProjectionLabel));
   s += "</svg>\n";
   return s;
+}
+
+// ---- quantized LM head fidelity ----
+
+Status lm_head_fidelity(const std::string& dir, const LoadOptions& options, const HeadFidelityOptions& o,
+                        HeadFidelity* out) {
+  using namespace detail::bench_impl;
+  if (!out) return detail::err(Code::InvalidArgument, "lm_head_fidelity: out is null");
+  if (o.head == LmHead::F16) return detail::err(Code::InvalidArgument, "lm_head_fidelity: head must be Int8 or Int4");
+  if (o.positions < 1 || o.sequence < 1)
+    return detail::err(Code::InvalidArgument, "lm_head_fidelity: positions and sequence must be >= 1");
+  LoadOptions fo = options, qo = options;
+  fo.lm_head = LmHead::F16;
+  qo.lm_head = o.head;
+  fo.max_context = qo.max_context = size_t(o.sequence);
+  Engine f, q;
+  GEMMA4_T4_TRY(Engine::load(dir, fo, &f));
+  const Clock::time_point t0 = Clock::now();
+  GEMMA4_T4_TRY(Engine::load(dir, qo, &q));
+  HeadFidelity r;
+  r.head = o.head;
+  r.load_ms = ms_since(t0);
+  r.decode_bytes_f16 = f.decode_bytes_per_token();
+  r.decode_bytes = q.decode_bytes_per_token();
+  const size_t V = size_t(f.config().vocab_size), chunk = 64;
+  double sum_abs = 0;
+  double top5_sum = 0;
+  size_t top1 = 0;
+  std::vector<float> lf, lq;
+  std::vector<int32_t> ids;
+  std::vector<size_t> order(V);
+  auto top5 = [&order, V](const float* x, size_t* t) {  // ids of the 5 largest, ties to the lower id
+    for (size_t i = 0; i < V; ++i) order[i] = i;
+    const size_t k = std::min<size_t>(5, V);
+    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(),
+                      [x](size_t a, size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    for (size_t i = 0; i < 5; ++i) t[i] = i < k ? order[i] : V;
+  };
+  for (int seq = 0; int(r.positions) < o.positions; ++seq) {
+    const int n = std::min(o.sequence, o.positions - int(r.positions));
+    prompt_ids(o.seed, seq, n, f.config(), &ids);
+    Session sf, sq;
+    GEMMA4_T4_TRY(f.create_session(&sf));
+    GEMMA4_T4_TRY(q.create_session(&sq));
+    for (size_t b = 0; b < size_t(n); b += chunk) {
+      const size_t m = std::min(chunk, size_t(n) - b);
+      lf.clear();
+      lq.clear();
+      GEMMA4_T4_TRY(f.forward(sf, &ids[b], m, Logits::All, &lf));
+      GEMMA4_T4_TRY(q.forward(sq, &ids[b], m, Logits::All, &lq));
+      for (size_t row = 0; row < m; ++row) {
+        const float* x = &lf[row * V];
+        const float* y = &lq[row * V];
+        double emax = 0, fmax = 0;
+        for (size_t i = 0; i < V; ++i) {
+          const double e = std::fabs(double(y[i]) - x[i]);
+          emax = std::max(emax, e);
+          fmax = std::max(fmax, double(std::fabs(x[i])));
+          sum_abs += e;
+        }
+        r.max_abs_error = std::max(r.max_abs_error, emax);
+        if (fmax > 0) r.max_rel_error = std::max(r.max_rel_error, emax / fmax);
+        size_t tf[5], tq[5];
+        top5(x, tf);
+        top5(y, tq);
+        top1 += tf[0] == tq[0];
+        int hit = 0;
+        for (size_t i : tf)
+          for (size_t j : tq) hit += i == j && i < V;
+        top5_sum += hit / double(std::min<size_t>(5, V));
+        ++r.positions;
+      }
+    }
+  }
+  r.mean_abs_error = sum_abs / (double(r.positions) * double(V));
+  r.top1 = double(top1) / double(r.positions);
+  r.top5 = top5_sum / double(r.positions);
+  *out = r;
+  return Status::ok();
+}
+
+std::string to_text(const HeadFidelity& h) {
+  using namespace detail::bench_impl;
+  return strf(
+      "LM head %s vs f16 over %zu positions: max |dlogit| %.4g, mean %.3g, max relative %.3g; top-1 agreement "
+      "%.2f%%, top-5 overlap %.2f%%; decode bytes/token %s -> %s (%.1f%% fewer)\n",
+      detail::lm_head_name(h.head), h.positions, h.max_abs_error, h.mean_abs_error, h.max_rel_error, h.top1 * 100,
+      h.top5 * 100, human_bytes(h.decode_bytes_f16).c_str(), human_bytes(h.decode_bytes).c_str(),
+      h.decode_bytes_f16 > 0 ? 100.0 * (1.0 - h.decode_bytes / h.decode_bytes_f16) : 0.0);
+}
+
+std::string to_json(const HeadFidelity& h) {
+  using Json = detail::bench_impl::Json;
+  Json j = {{"schema", "gemma4_t4.lm_head_fidelity/1"},
+            {"head", detail::lm_head_name(h.head)},
+            {"positions", h.positions},
+            {"max_abs_error", h.max_abs_error},
+            {"mean_abs_error", h.mean_abs_error},
+            {"max_rel_error", h.max_rel_error},
+            {"top1_agreement", h.top1},
+            {"top5_overlap", h.top5},
+            {"decode_bytes_f16", h.decode_bytes_f16},
+            {"decode_bytes", h.decode_bytes},
+            {"load_ms", h.load_ms}};
+  return j.dump(2) + "\n";
 }
 
 Status write_file(const std::string& path, const std::string& text) {

@@ -127,7 +127,7 @@ struct CpuSession : BackendSession {
 
 class CpuModel {
  public:
-  Status init(const ModelConfig& cfg, const Weights& w) {
+  Status init(const ModelConfig& cfg, const Weights& w, LmHead head = LmHead::F16) {
     cfg_ = &cfg;
     w_ = &w;
     const int H = cfg.hidden_size, L = cfg.num_layers;
@@ -152,8 +152,55 @@ class CpuModel {
     }
     final_norm_ = vec(w.final_norm);
     if (w.ple_proj_norm) ple_norm_ = vec(w.ple_proj_norm);
-    (void)H;
+    return quantize_head(head, H);
+  }
+
+  // LoadOptions::lm_head: a quantized copy of the head, built once (weights.hpp's quantizers).
+  Status quantize_head(LmHead head, int H) {
+    head_ = head;
+    if (head == LmHead::F16) return Status::ok();
+    const size_t V = size_t(cfg_->vocab_size);
+    if (head == LmHead::Int4 && H % 32 != 0)
+      return err(Code::Unsupported, "LmHead::Int4 needs hidden_size % 32 == 0 (hidden_size = ", H, ")");
+    if (head == LmHead::Int8) {
+      head_q8_.resize(V * H);
+      head_scale_.resize(V);
+    } else {
+      head_q4_.resize(V * H / 8);
+      head_s4_.resize(V * H / 32);
+    }
+    parallel_for(V, double(V) * H * 4, [&](size_t b, size_t e) {
+      std::vector<float> row(static_cast<size_t>(H));
+      for (size_t o = b; o < e; ++o) {
+        load_floats(*w_->lm_head, o * H, size_t(H), row.data());
+        if (head == LmHead::Int8)
+          quantize_row_int8(row.data(), size_t(H), &head_q8_[o * H], &head_scale_[o]);
+        else
+          quantize_row_int4(row.data(), size_t(H), &head_q4_[o * H / 8], &head_s4_[o * H / 32]);
+      }
+    });
     return Status::ok();
+  }
+
+  // Host bytes of the quantized head copy (0 for F16: the head is read from the mapped file).
+  size_t head_copy_bytes() const {
+    return head_q8_.size() + head_scale_.size() * 4 + head_q4_.size() * 4 + head_s4_.size() * 2;
+  }
+
+  // Row o of the LM head as the matmul sees it; for Int8 without its scale (applied to the dot product).
+  void head_row(size_t o, float* row) const {
+    const size_t H = size_t(cfg_->hidden_size);
+    if (head_ == LmHead::F16) {
+      load_floats(*w_->lm_head, o * H, H, row);
+    } else if (head_ == LmHead::Int8) {
+      for (size_t i = 0; i < H; ++i) row[i] = float(head_q8_[o * H + i]);
+    } else {
+      for (size_t i = 0; i < H; ++i) {  // fp16(q * scale): the weight the GPU's tensor cores get
+        const uint32_t word = head_q4_[(o * H + i) / 8];
+        const float q = float(int((word >> (4 * (i % 8))) & 0xFu) - 8);
+        row[i] = f16_to_f32(f32_to_f16(q * f16_to_f32(head_s4_[(o * H + i) / 32])));
+      }
+    }
   }
 
   void init_session(CpuSession* s, size_t max_ctx) const {
@@ -355,9 +402,10 @@ class CpuModel {
     parallel_for(size_t(V), double(V) * H * rows, [&](size_t b, size_t e) {
       std::vector<float> row(static_cast<size_t>(H));
       for (size_t o = b; o < e; ++o) {
-        load_floats(*w_->lm_head, o * H, size_t(H), row.data());
+        head_row(o, row.data());
+        const float scale = head_ == LmHead::Int8 ? head_scale_[o] : 1.f;
         for (size_t r = 0; r < rows; ++r) {
-          float v = dot_ref(row.data(), &xn[r * H], H);
+          float v = dot_ref(row.data(), &xn[r * H], H) * scale;
           if (cap > 0.f) v = std::tanh(v / cap) * cap;
           out[r * V + o] = v;
         }
@@ -375,19 +423,24 @@ class CpuModel {
   const Weights* w_ = nullptr;
   std::vector<Layer> layers_;
   std::vector<float> final_norm_, ple_norm_;
+  LmHead head_ = LmHead::F16;
+  std::vector<int8_t> head_q8_;    // Int8: [V, H]
+  std::vector<float> head_scale_;  // Int8: [V]
+  std::vector<uint32_t> head_q4_;  // Int4: [V, H / 8]
+  std::vector<uint16_t> head_s4_;  // Int4: [V, H / 32] fp16
 };
 
 class CpuBackend : public BackendModel {
  public:
-  Status init(const ModelConfig& cfg, const Weights& w) {
+  Status init(const ModelConfig& cfg, const Weights& w, LmHead head = LmHead::F16) {
     cfg_ = &cfg;
     w_ = &w;
-    return model_.init(cfg, w);
+    return model_.init(cfg, w, head);
   }
   Backend kind() const override { return Backend::Cpu; }
-  // Weights are read in place from the mapped checkpoint; the KV cache is fp32, sized as init_session does
-  // (a sliding layer keeps a ring of `window` slots once max_ctx exceeds the window).
-  size_t weight_bytes() const override { return w_->file_bytes(); }
+  // Weights are read in place from the mapped checkpoint (plus a quantized LM head copy when asked); the KV cache is
+  // fp32, sized as init_session does (a sliding layer keeps a ring of `window` slots once max_ctx exceeds the window).
+  size_t weight_bytes() const override { return w_->file_bytes() + model_.head_copy_bytes(); }
   size_t kv_bytes_per_token() const override {
     size_t b = 0;
     for (const LayerConfig& lc : cfg_->layers)

@@ -79,6 +79,47 @@ inline bool cuda_usable(int device) {
 
 inline double mib(size_t b) { return double(b) / (1024.0 * 1024.0); }
 
+// ---- allocation ----
+// Every cudaMalloc / cudaMallocHost of the backend goes through cuda_alloc (and back through cuda_free), so
+// the fault hook (set_alloc_fault_hook) sees them all and live_cuda_allocations() counts them. A failure is
+// OutOfMemory naming `what`, with the size asked and what the GPU has free.
+
+enum class Mem { Device, Pinned };  // cudaMalloc / cudaMallocHost
+
+inline Status cuda_alloc(Mem kind, size_t bytes, const std::string& what, void** out) {
+  const char* fn = kind == Mem::Device ? "cudaMalloc" : "cudaMallocHost";
+  *out = nullptr;
+  cudaError_t e = cudaErrorMemoryAllocation;
+  if (!alloc_fault(bytes, what.c_str())) e = kind == Mem::Device ? cudaMalloc(out, bytes) : cudaMallocHost(out, bytes);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    *out = nullptr;
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return err(Code::OutOfMemory, what, ": ", fn, " of ", mib(bytes), " MiB failed: ", cudaGetErrorName(e), " (",
+               mib(free_b), " MiB free of ", mib(total_b), " MiB on the GPU)");
+  }
+  alloc_fault_hook().live.fetch_add(1, std::memory_order_acq_rel);
+  return Status::ok();
+}
+
+inline void cuda_free(Mem kind, void* p) {
+  if (!p) return;
+  if (kind == Mem::Device)
+    cudaFree(p);
+  else
+    cudaFreeHost(p);
+  alloc_fault_hook().live.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+template <typename T>
+Status cuda_alloc(Mem kind, size_t bytes, const std::string& what, T** out) {
+  void* p = nullptr;
+  GEMMA4_T4_TRY(cuda_alloc(kind, bytes, what, &p));
+  *out = static_cast<T*>(p);
+  return Status::ok();
+}
+
 // Owns device allocations; an allocation failure is an OutOfMemory Status with the sizes asked and free.
 class DeviceMemory {
  public:
@@ -86,20 +127,14 @@ class DeviceMemory {
   DeviceMemory(const DeviceMemory&) = delete;
   DeviceMemory& operator=(const DeviceMemory&) = delete;
   ~DeviceMemory() {
-    for (void* p : ptrs_) cudaFree(p);
+    for (void* p : ptrs_) cuda_free(Mem::Device, p);
   }
   template <typename T>
   Status alloc(size_t count, const std::string& what, T** out) {
     const size_t bytes = std::max<size_t>(count * sizeof(T), 256);
     void* p = nullptr;
-    const cudaError_t e = cudaMalloc(&p, bytes);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      size_t free_b = 0, total_b = 0;
-      cudaMemGetInfo(&free_b, &total_b);
-      return err(Code::OutOfMemory, what, ": cudaMalloc of ", mib(bytes), " MiB failed (", mib(free_b), " MiB free of ",
-                 mib(total_b), " MiB on the GPU)");
-    }
+    ptrs_.reserve(ptrs_.size() + 1);  // before the allocation: a bad_alloc here cannot leak it
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Device, bytes, what, &p));
     ptrs_.push_back(p);
     total_ += bytes;
     *out = static_cast<T*>(p);
@@ -146,11 +181,11 @@ class CudaBackend : public BackendModel {
         if (g.exec) cudaGraphExecDestroy(g.exec);
     if (blas_) cublasDestroy(blas_);
     if (stream_) cudaStreamDestroy(stream_);
-    if (staging_) cudaFreeHost(staging_);
-    if (meta_host_) cudaFreeHost(meta_host_);
-    if (seen_dev_) cudaFree(seen_dev_);
-    if (tok_host_) cudaFreeHost(tok_host_);
-    if (tiles_host_) cudaFreeHost(tiles_host_);
+    cuda_free(Mem::Pinned, staging_);
+    cuda_free(Mem::Pinned, meta_host_);
+    cuda_free(Mem::Device, seen_dev_);
+    cuda_free(Mem::Pinned, tok_host_);
+    cuda_free(Mem::Pinned, tiles_host_);
   }
 
   Backend kind() const override { return Backend::Cuda; }
@@ -181,9 +216,15 @@ class CudaBackend : public BackendModel {
         flash_groups_ |= 1 << (group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3);
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (cublasCreate(&blas_) != CUBLAS_STATUS_SUCCESS) return err(Code::BackendError, where, ": cublasCreate failed");
+    if (alloc_fault(0, "cuBLAS handle"))
+      return err(Code::OutOfMemory, where, ": cuBLAS handle: cublasCreate failed (allocation fault hook)");
+    if (const cublasStatus_t bs = cublasCreate(&blas_); bs != CUBLAS_STATUS_SUCCESS) {
+      blas_ = nullptr;
+      return err(bs == CUBLAS_STATUS_ALLOC_FAILED ? Code::OutOfMemory : Code::BackendError, where,
+                 ": cuBLAS handle: cublasCreate failed (status ", int(bs), ")");
+    }
     cublasSetStream(blas_, stream_);
-    GEMMA4_T4_CUDA_TRY(cudaMallocHost(&staging_, kStagingBytes), "cudaMallocHost (staging)");
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, kStagingBytes, "load: staging buffer", &staging_));
     GEMMA4_T4_TRY(upload_weights(where));
     return alloc_workspace();
   }
@@ -216,7 +257,9 @@ class CudaBackend : public BackendModel {
   Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
     std::lock_guard<std::mutex> lock(mu_);
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-    GEMMA4_T4_TRY(run(items, count, which, logits, nullptr));
+    Plan plan;
+    GEMMA4_T4_TRY(plan_passes(items, count, which, nullptr, &plan));
+    GEMMA4_T4_TRY(run(plan, which, logits, nullptr));
     for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
     return Status::ok();
   }
@@ -226,9 +269,22 @@ class CudaBackend : public BackendModel {
     std::lock_guard<std::mutex> lock(mu_);
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     const int V = cfg_->vocab_size;
+    // All that may allocate -- the chunks' CUDA graphs, the repetition-penalty ids -- before the first pass
+    // writes a cache: running out of memory leaves every session as it was.
+    std::vector<Plan> plans;  // per chunk of kMaxSeqs sessions
+    size_t max_seen = 0;
+    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+      const size_t k = std::min<size_t>(kMaxSeqs, count - b0);
+      plans.emplace_back();
+      GEMMA4_T4_TRY(plan_passes(items + b0, k, Logits::Last, samp_logits_, &plans.back()));
+      size_t nseen = 0;
+      for (size_t i = 0; i < k; ++i) nseen += samples[b0 + i].seen.size();
+      max_seen = std::max(max_seen, nseen);
+    }
+    GEMMA4_T4_TRY(ensure_seen(max_seen));
     for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
       const int k = int(std::min<size_t>(kMaxSeqs, count - b0));
-      GEMMA4_T4_TRY(run(items + b0, size_t(k), Logits::Last, nullptr, samp_logits_));
+      GEMMA4_T4_TRY(run(plans[b0 / kMaxSeqs], Logits::Last, nullptr, samp_logits_));
       if (logits) {
         const size_t at = logits->size();
         logits->resize(at + size_t(k) * V);
@@ -238,7 +294,6 @@ class CudaBackend : public BackendModel {
       }
       size_t nseen = 0;
       for (int i = 0; i < k; ++i) nseen += samples[b0 + i].seen.size();
-      GEMMA4_T4_TRY(ensure_seen(nseen));
       std::vector<kernels::SampleParams> params(static_cast<size_t>(k));
       std::vector<int32_t> seen;
       seen.reserve(nseen);
@@ -276,6 +331,10 @@ class CudaBackend : public BackendModel {
   // cache as new_session sizes it (keep the two in step): fp16 K and V per non-shared layer, sliding layers
   // capped at window + kMaxRows slots, each buffer at least DeviceMemory's 256 bytes.
   size_t weight_bytes() const override { return weights_mem_.total(); }
+  // Only the PLE table is read from the mapped file after load, and only with PleLocation::Host.
+  Status check_files(const TensorStore&) const override {
+    return w_->ple_table && !ple_table16_ ? check_mapped(*w_->ple_table) : Status::ok();
+  }
   size_t kv_bytes_per_token() const override {
     size_t b = 0;
     for (const LayerConfig& lc : cfg_->layers)
@@ -294,46 +353,6 @@ class CudaBackend : public BackendModel {
   }
 
  private:
-  // Runs the items through the model (positions are advanced by the caller). Logit rows go to `logits`
-  // (host), or stay on the GPU at dev_out[i * vocab] when dev_out is set.
-  Status run(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits, float* dev_out) const {
-    // Passes of <= kMaxRows rows and <= kMaxSeqs sessions; each item's tokens in order.
-    std::vector<Segment> pass;
-    int rows = 0;
-    dev_row_ = 0;
-    for (size_t i = 0; i < count; ++i) {
-      size_t done = 0;
-      while (done < items[i].n) {
-        if (rows == kMaxRows || int(pass.size()) == kMaxSeqs) {
-          GEMMA4_T4_TRY(run_pass(pass, which, logits, dev_out));
-          pass.clear();
-          rows = 0;
-        }
-        const size_t take = std::min(items[i].n - done, size_t(kMaxRows - rows));
-        pass.push_back(Segment{&static_cast<CudaSession&>(*items[i].session), items[i].tokens + done,
-                               items[i].session->pos + done, int(take), done + take == items[i].n});
-        rows += int(take);
-        done += take;
-      }
-    }
-    if (!pass.empty()) GEMMA4_T4_TRY(run_pass(pass, which, logits, dev_out));
-    return Status::ok();
-  }
-
-  Status ensure_seen(size_t n) const {
-    if (n <= seen_cap_) return Status::ok();
-    if (seen_dev_) cudaFree(seen_dev_);
-    seen_dev_ = nullptr;
-    seen_cap_ = 0;
-    const size_t want = std::max(n, size_t(4096));
-    if (cudaMalloc(&seen_dev_, want * 4) != cudaSuccess) {
-      cudaGetLastError();
-      return err(Code::OutOfMemory, "step: cudaMalloc of ", want * 4, " bytes for the repetition-penalty ids failed");
-    }
-    seen_cap_ = want;
-    return Status::ok();
-  }
-
   struct Segment {
     CudaSession* s;
     const int32_t* tokens;
@@ -341,6 +360,73 @@ class CudaBackend : public BackendModel {
     int n;
     bool last;  // holds the item's final token
   };
+  using Plan = std::vector<std::vector<Segment>>;  // passes of <= kMaxRows rows and <= kMaxSeqs sessions
+
+  // Splits the items into passes (each item's tokens in order) and builds the CUDA graphs its decode passes
+  // will replay: what may allocate, done before run() writes any cache, so that running out of memory leaves
+  // every session as it was (a failed pass after others could have overwritten ring slots still needed).
+  Status plan_passes(const ForwardItem* items, size_t count, Logits which, float* dev_out, Plan* plan) const {
+    plan->assign(1, {});
+    int rows = 0;
+    for (size_t i = 0; i < count; ++i) {
+      size_t done = 0;
+      while (done < items[i].n) {
+        if (rows == kMaxRows || int(plan->back().size()) == kMaxSeqs) {
+          plan->emplace_back();
+          rows = 0;
+        }
+        const size_t take = std::min(items[i].n - done, size_t(kMaxRows - rows));
+        plan->back().push_back(Segment{&static_cast<CudaSession&>(*items[i].session), items[i].tokens + done,
+                                       items[i].session->pos + done, int(take), done + take == items[i].n});
+        rows += int(take);
+        done += take;
+      }
+    }
+    int row = 0;  // dev_out row of each pass's first logits
+    for (const auto& pass : *plan) {
+      if (replays_graph(pass, which, row)) GEMMA4_T4_TRY(build_graph(int(pass.size()), dev_out ? dev_out : logits_));
+      row += selected_rows(pass, which);
+    }
+    return Status::ok();
+  }
+
+  // Runs a plan's passes (positions are advanced by the caller). Logit rows go to `logits` (host), or stay on
+  // the GPU at dev_out[i * vocab] when dev_out is set.
+  Status run(const Plan& plan, Logits which, std::vector<float>* logits, float* dev_out) const {
+    dev_row_ = 0;
+    for (const auto& pass : plan)
+      if (!pass.empty()) GEMMA4_T4_TRY(run_pass(pass, which, logits, dev_out));
+    return Status::ok();
+  }
+
+  // A decode pass -- one token per session, every row's logits wanted, <= 16 rows -- replays a CUDA graph per
+  // row count, captured for logits at the start of logits_ / dev_out: only a pass whose logits start there.
+  bool replays_graph(const std::vector<Segment>& segs, Logits which, int dev_row) const {
+    if (!use_graphs_ || which == Logits::None || dev_row != 0 || segs.empty() ||
+        int(segs.size()) > kernels::kGemvMaxRows)
+      return false;
+    for (const Segment& g : segs)
+      if (g.n != 1 || (which == Logits::Last && !g.last)) return false;
+    return true;
+  }
+
+  static int selected_rows(const std::vector<Segment>& segs, Logits which) {
+    int n = 0;
+    for (const Segment& g : segs) n += which == Logits::All ? g.n : which == Logits::Last && g.last ? 1 : 0;
+    return n;
+  }
+
+  Status ensure_seen(size_t n) const {
+    if (n <= seen_cap_) return Status::ok();
+    cuda_free(Mem::Device, seen_dev_);
+    seen_dev_ = nullptr;
+    seen_cap_ = 0;
+    const size_t want = std::max(n, size_t(4096));
+    GEMMA4_T4_TRY(
+        cuda_alloc(Mem::Device, want * 4, "step: repetition-penalty ids (" + std::to_string(want) + ")", &seen_dev_));
+    seen_cap_ = want;
+    return Status::ok();
+  }
 
   Status check_shapes(const std::string& where) const {
     const ModelConfig& c = *cfg_;
@@ -381,6 +467,7 @@ class CudaBackend : public BackendModel {
     uint16_t* st = static_cast<uint16_t*>(staging_);
     for (size_t off = 0; off < count; off += chunk) {
       const size_t m = std::min(chunk, count - off);
+      GEMMA4_T4_TRY(check_mapped(t));  // the file may have shrunk since it was mapped (reading would SIGBUS)
       for (size_t i = 0; i < m; ++i) {
         const float v = load_float(t, first + off + i);
         if (!(std::fabs(v) <= kernels::kHalfMax))
@@ -398,6 +485,7 @@ class CudaBackend : public BackendModel {
   Status upload_raw(const TensorInfo& t, void* dst) {
     for (size_t off = 0; off < t.nbytes; off += kStagingBytes) {
       const size_t m = std::min(kStagingBytes, t.nbytes - off);
+      GEMMA4_T4_TRY(check_mapped(t));
       std::memcpy(staging_, t.data + off, m);
       GEMMA4_T4_CUDA_TRY(cudaMemcpy(static_cast<uint8_t*>(dst) + off, staging_, m, cudaMemcpyHostToDevice),
                          "upload of '" + t.name + "'");
@@ -409,6 +497,7 @@ class CudaBackend : public BackendModel {
 
   Status vec_f32(const TensorInfo* t, float** out) {
     std::vector<float> v(static_cast<size_t>(t->numel()));
+    GEMMA4_T4_TRY(check_mapped(*t));
     load_floats(*t, 0, v.size(), v.data());
     GEMMA4_T4_TRY(weights_mem_.alloc(v.size(), "weights: '" + t->name + "'", out));
     GEMMA4_T4_CUDA_TRY(cudaMemcpy(*out, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload of '" + t->name + "'");
@@ -437,6 +526,24 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
+  // LoadOptions::lm_head: a quantized copy of the fp16 head, built on the GPU (kernels/gemv.cuh).
+  Status quantize_head() {
+    const int V = cfg_->vocab_size, H = cfg_->hidden_size;
+    if (opt_.lm_head == LmHead::Int8) {
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V) * H, "weights: int8 LM head", &lm8_));
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V), "weights: int8 LM head scales", &lm8_scale_));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_quantize_int8(lm16_, V, H, lm8_, lm8_scale_, stream_), "LM head int8");
+    } else if (opt_.lm_head == LmHead::Int4) {
+      if (H % 32 != 0)
+        return err(Code::Unsupported, "LmHead::Int4 needs hidden_size % 32 == 0 (hidden_size = ", H, ")");
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V) * H / 8, "weights: int4 LM head", &lm4_));
+      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V) * H / 32, "weights: int4 LM head scales", &lm4_scale_));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_quantize_int4(lm16_, V, H, lm4_, lm4_scale_, stream_), "LM head int4");
+    }
+    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "LM head quantization");
+    return Status::ok();
+  }
+
   Status upload_weights(const std::string& where) {
     (void)where;
     const ModelConfig& c = *cfg_;
@@ -452,6 +559,7 @@ class CudaBackend : public BackendModel {
       release_pages(*w_->lm_head);
     }
     release_pages(*w_->embed);
+    GEMMA4_T4_TRY(quantize_head());
     GEMMA4_T4_TRY(vec_f32(w_->final_norm, &final_norm_));
     if (D > 0) {
       GEMMA4_T4_TRY(linear(w_->ple_model_proj, &ple_model_proj_));
@@ -479,6 +587,7 @@ class CudaBackend : public BackendModel {
       GEMMA4_T4_TRY(vec_f32(lw.q_norm, &d.q_norm));
       if (lw.k_norm) GEMMA4_T4_TRY(vec_f32(lw.k_norm, &d.k_norm));
       if (lw.post_per_layer_input_norm) GEMMA4_T4_TRY(vec_f32(lw.post_per_layer_input_norm, &d.post_ple));
+      GEMMA4_T4_TRY(check_mapped(*lw.layer_scalar));
       d.scalar = load_float(*lw.layer_scalar, 0);
       const std::vector<float> f = rope_inv_freq(c.layers[l]);
       GEMMA4_T4_TRY(weights_mem_.alloc(f.size(), "rope table", &d.inv_freq));
@@ -511,7 +620,9 @@ class CudaBackend : public BackendModel {
     if (D > 0) {
       GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple_));
       GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer tokens", &tok_));
-      GEMMA4_T4_CUDA_TRY(cudaMallocHost(&tok_host_, size_t(R) * L * D * 4), "cudaMallocHost (PLE rows)");
+      GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, size_t(R) * L * D * 4, "workspace: PLE rows (pinned)", &tok_host_));
+      if (!ple_table16_)  // the rows as stored (bf16 / fp16 / fp32), widened on the GPU
+        GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D * ple_elem_bytes(), "workspace: PLE rows (raw)", &ple_raw_));
     }
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o_));
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml_));
@@ -532,9 +643,10 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out_));
     // prefill attention tile tables, one per folded group size (1, 2, 4, 8 query heads per KV head)
     GEMMA4_T4_TRY(m.alloc(size_t(4) * kMaxRows, "workspace: attention tiles", &tiles_));
-    GEMMA4_T4_CUDA_TRY(cudaMallocHost(&tiles_host_, size_t(4) * kMaxRows * sizeof(int2)), "cudaMallocHost (tiles)");
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, size_t(4) * kMaxRows * sizeof(int2), "workspace: attention tiles (pinned)",
+                             &tiles_host_));
     meta_bytes_ = meta_int_bytes() + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
-    GEMMA4_T4_CUDA_TRY(cudaMallocHost(&meta_host_, meta_bytes_), "cudaMallocHost (metadata)");
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, meta_bytes_, "workspace: metadata (pinned)", &meta_host_));
     return Status::ok();
   }
 
@@ -619,14 +731,22 @@ class CudaBackend : public BackendModel {
         cudaMemcpyAsync(kv_ptrs_, ptrs, size_t(kMaxSeqs) * L * 2 * sizeof(void*), cudaMemcpyHostToDevice, stream_),
         "metadata upload");
     if (D > 0 && !ple_table16_) {  // PLE rows from the mapped file (host), before any kernel needs them
-      const size_t LD = size_t(L) * D;
-      for (int r = 0; r < rows; ++r) load_floats(*w_->ple_table, size_t(ids[r]) * LD, LD, tok_host_ + size_t(r) * LD);
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tok_, tok_host_, size_t(rows) * LD * 4, cudaMemcpyHostToDevice, stream_),
+      // Copied as stored (a memcpy per row: 17.5 KB of bf16 on E2B) and widened to fp32 on the GPU; converting
+      // element by element on the host cost ~10 ms per 512-row prefill pass.
+      const size_t LD = size_t(L) * D, es = ple_elem_bytes(), row = LD * es;
+      uint8_t* staging = reinterpret_cast<uint8_t*>(tok_host_);
+      for (int r = 0; r < rows; ++r)
+        std::memcpy(staging + size_t(r) * row, w_->ple_table->data + size_t(ids[r]) * row, row);
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ple_raw_, staging, size_t(rows) * row, cudaMemcpyHostToDevice, stream_),
                          "PLE rows upload");
+      const DType t = w_->ple_table->dtype;
+      const kernels::RawFloat rt = t == DType::BF16  ? kernels::RawFloat::BF16
+                                   : t == DType::F16 ? kernels::RawFloat::F16
+                                                     : kernels::RawFloat::F32;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_widen(ple_raw_, rt, size_t(rows) * LD, tok_, stream_), "PLE rows widen");
     }
     // Decode passes (one token per session, every row selected, <= 16 rows) replay a CUDA graph per batch size.
-    const bool decode = rows == int(segs.size()) && rows <= kernels::kGemvMaxRows && nsel == rows;
-    if (decode && use_graphs_) {
+    if (replays_graph(segs, which, dev_out ? dev_row_ : 0)) {
       float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
       GEMMA4_T4_TRY(replay_decode(rows, dst));
       if (dev_out)
@@ -696,27 +816,42 @@ class CudaBackend : public BackendModel {
     return kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget);
   }
 
-  Status replay_decode(int rows, float* dst) const {
+  // The graph of a `rows`-row decode pass writing logits to dst (logits_ or dev_out), captured and
+  // instantiated on first use (plan_passes). Splits fixed for the graph's life: sized for the longest context
+  // a session may reach.
+  Status build_graph(int rows, float* dst) const {
     Graph& g = graphs_[dst == logits_ ? 0 : 1][rows];
-    if (!g.exec) {
-      // Splits fixed for the graph's life: sized for the longest context a session may reach.
-      const int full = attention_splits(rows, int(opt_.max_context), 0);
-      const int sliding = attention_splits(rows, int(opt_.max_context), cfg_->sliding_window);
-      cudaGraph_t graph = nullptr;
-      GEMMA4_T4_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
-      Status st = encode_layers(rows, sliding, full);
-      if (st) st = encode_head(0, rows, dst);
-      const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
-      if (!st) {
-        if (graph) cudaGraphDestroy(graph);
-        return st;
-      }
-      GEMMA4_T4_CUDA_TRY(e, "graph capture");
-      const cudaError_t ei = cudaGraphInstantiate(&g.exec, graph, 0);
-      cudaGraphDestroy(graph);
-      GEMMA4_T4_CUDA_TRY(ei, "graph instantiate");
+    if (g.exec) return Status::ok();
+    const std::string what = "decode: CUDA graph for " + std::to_string(rows) + " rows";
+    if (alloc_fault(0, what.c_str()))
+      return err(Code::OutOfMemory, what, ": cudaGraphInstantiate failed (allocation fault hook)");
+    const int full = attention_splits(rows, int(opt_.max_context), 0);
+    const int sliding = attention_splits(rows, int(opt_.max_context), cfg_->sliding_window);
+    cudaGraph_t graph = nullptr;
+    GEMMA4_T4_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
+    Status st = encode_layers(rows, sliding, full);
+    if (st) st = encode_head(0, rows, dst);
+    const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
+    if (!st) {
+      if (graph) cudaGraphDestroy(graph);
+      return st;
     }
-    GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(g.exec, stream_), "graph launch");
+    GEMMA4_T4_CUDA_TRY(e, "graph capture");
+    const cudaError_t ei = cudaGraphInstantiate(&g.exec, graph, 0);
+    cudaGraphDestroy(graph);
+    if (ei != cudaSuccess) {
+      g.exec = nullptr;
+      cudaGetLastError();
+      if (ei == cudaErrorMemoryAllocation)
+        return err(Code::OutOfMemory, what, ": cudaGraphInstantiate failed: out of GPU memory");
+      return cuda_status(ei, what + ": cudaGraphInstantiate");
+    }
+    return Status::ok();
+  }
+
+  Status replay_decode(int rows, float* dst) const {
+    GEMMA4_T4_TRY(build_graph(rows, dst));  // built already by plan_passes
+    GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(graphs_[dst == logits_ ? 0 : 1][rows].exec, stream_), "graph launch");
     return Status::ok();
   }
 
@@ -728,7 +863,14 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_CUDA_TRY(
         kernels::launch_rmsnorm(h_, H, d_sel + first, final_norm_, k, H, c.rms_norm_eps, head16_, stream_),
         "final norm");
-    GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, dst, V, stream_), "LM head");
+    if (lm8_)
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(lm8_, lm8_scale_, head16_, k, V, H, dst, V, stream_),
+                         "LM head (int8)");
+    else if (lm4_)
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, lm4_, lm4_scale_, head16_, k, V, H, dst, V, stream_),
+                         "LM head (int4)");
+    else
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, dst, V, stream_), "LM head");
     GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
     return Status::ok();
   }
@@ -893,6 +1035,10 @@ class CudaBackend : public BackendModel {
 
   DeviceMemory weights_mem_, work_mem_;
   half *embed16_ = nullptr, *lm16_ = nullptr, *ple_table16_ = nullptr;
+  int8_t* lm8_ = nullptr;  // LmHead::Int8: [V, H] + row scales
+  float* lm8_scale_ = nullptr;
+  uint32_t* lm4_ = nullptr;  // LmHead::Int4: [V, H / 8] packed + [V, H / 32] fp16 scales
+  half* lm4_scale_ = nullptr;
   float *final_norm_ = nullptr, *ple_norm_ = nullptr;
   DevLinear ple_model_proj_;
   std::vector<DevLayer> layers_;
@@ -910,7 +1056,9 @@ class CudaBackend : public BackendModel {
   half *x16_ = nullptr, *q16_ = nullptr;
   float *mmA_ = nullptr, *mmB_ = nullptr, *mmC_ = nullptr;
   float *ple_ = nullptr, *tok_ = nullptr;
-  float* tok_host_ = nullptr;  // pinned [R, L*D]
+  float* tok_host_ = nullptr;   // pinned [R, L*D]: the raw rows gathered for ple_raw_
+  uint8_t* ple_raw_ = nullptr;  // [R, L*D] PLE rows as the checkpoint stores them (PleLocation::Host)
+  size_t ple_elem_bytes() const { return w_->ple_table->dtype == DType::F32 ? 4 : 2; }
   float *part_o_ = nullptr, *part_ml_ = nullptr;
   unsigned* attn_counters_ = nullptr;  // [kMaxRows, max kv_heads] attention arrival counters, zero between launches
   half* deq16_ = nullptr;

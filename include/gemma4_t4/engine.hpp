@@ -1,9 +1,13 @@
 // gemma4_t4 implementation part: Engine and Session (the public API over the backends).
 #pragma once
 
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace gemma4_t4 {
@@ -49,7 +53,9 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 bool Engine::loaded() const { return impl_ != nullptr; }
 const ModelConfig& Engine::config() const { return impl_->config; }
 Backend Engine::backend() const { return impl_ ? impl_->backend->kind() : Backend::Cpu; }
-double Engine::decode_bytes_per_token() const { return impl_ ? impl_->weights.decode_bytes() : 0.0; }
+double Engine::decode_bytes_per_token() const {
+  return impl_ ? impl_->weights.decode_bytes(impl_->options.lm_head) : 0.0;
+}
 size_t Engine::weight_bytes() const { return impl_ ? impl_->backend->weight_bytes() : 0; }
 size_t Engine::kv_bytes_per_token() const { return impl_ ? impl_->backend->kv_bytes_per_token() : 0; }
 size_t Engine::session_bytes(size_t max_context) const {
@@ -59,6 +65,11 @@ size_t Engine::session_bytes(size_t max_context) const {
 const LoadOptions& Engine::load_options() const { return impl_->options; }
 
 namespace detail {
+
+// What LoadOptions::on_progress threw, carried out of the load (Engine::load makes it Code::CallbackError).
+struct CallbackFailure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
 
 inline Status load_impl(const std::string& dir, const LoadOptions& options, std::unique_ptr<Engine::Impl>* out) {
   auto impl = std::make_unique<Engine::Impl>();
@@ -73,6 +84,7 @@ inline Status load_impl(const std::string& dir, const LoadOptions& options, std:
   GEMMA4_T4_TRY(impl->store.open(dir));
   WeightBinder binder(impl->store, impl->config, dir);
   GEMMA4_T4_TRY(binder.bind(&impl->weights));
+  GEMMA4_T4_TRY(impl->store.check_sizes());  // still whole before the backend reads the weights
 
   Backend want = options.backend;
 #ifdef GEMMA4_T4_NO_CUDA
@@ -89,7 +101,7 @@ inline Status load_impl(const std::string& dir, const LoadOptions& options, std:
 #endif
   if (want == Backend::Cpu) {
     auto cpu = std::make_unique<CpuBackend>();
-    GEMMA4_T4_TRY(cpu->init(impl->config, impl->weights));
+    GEMMA4_T4_TRY(cpu->init(impl->config, impl->weights, options.lm_head));
     impl->backend = std::move(cpu);
   }
   if (options.on_progress) options.on_progress(1.f);
@@ -102,13 +114,29 @@ inline Status load_impl(const std::string& dir, const LoadOptions& options, std:
 Status Engine::load(const std::string& dir, const LoadOptions& options, Engine* out) {
   if (!out) return detail::err(Code::InvalidArgument, "Engine::load: out is null");
   std::unique_ptr<Impl> impl;
+  LoadOptions opt = options;  // on_progress wrapped: what it throws is told apart from the loader's errors
+  if (options.on_progress)
+    opt.on_progress = [user = options.on_progress](float f) {
+      try {
+        user(f);
+      } catch (const std::exception& e) {
+        throw detail::CallbackFailure(e.what());
+      } catch (...) {
+        throw detail::CallbackFailure("an exception that is not a std::exception");
+      }
+    };
   try {
-    GEMMA4_T4_TRY(detail::load_impl(dir, options, &impl));
+    GEMMA4_T4_TRY(detail::load_impl(dir, opt, &impl));
+  } catch (const detail::CallbackFailure& e) {
+    return detail::err(Code::CallbackError, dir, ": load stopped: LoadOptions::on_progress threw: ", e.what());
   } catch (const std::bad_alloc&) {
     return detail::err(Code::OutOfMemory, dir, ": out of host memory while loading");
   } catch (const std::exception& e) {
     return detail::err(Code::BackendError, dir, ": unexpected error while loading: ", e.what());
+  } catch (...) {
+    return detail::err(Code::BackendError, dir, ": unexpected exception while loading");
   }
+  impl->options = options;  // as passed (load_impl kept the wrapped on_progress)
   out->impl_ = std::move(impl);
   return Status::ok();
 }
@@ -180,6 +208,7 @@ Status Engine::forward_batch(const BatchItem* items, size_t count, Logits which,
   std::vector<detail::ForwardItem> fwd;
   GEMMA4_T4_TRY(detail::prepare_batch(impl_.get(), items, count, &fwd));
   GEMMA4_T4_TRY(bind_sessions(items, count, &fwd));
+  GEMMA4_T4_TRY(impl_->backend->check_files(impl_->store));
   if (logits) logits->clear();
   try {
     GEMMA4_T4_TRY(impl_->backend->forward(fwd.data(), count, which, logits));
@@ -209,6 +238,7 @@ Status Engine::step(const BatchItem* items, size_t count, const SamplingOptions*
       si.seen.erase(std::unique(si.seen.begin(), si.seen.end()), si.seen.end());
     }
   }
+  GEMMA4_T4_TRY(impl_->backend->check_files(impl_->store));
   if (logits) logits->clear();
   try {
     GEMMA4_T4_TRY(impl_->backend->step(fwd.data(), count, samples.data(), next, logits));
@@ -241,5 +271,16 @@ void Engine::record_history(const BatchItem* items, size_t count) const {
     h.insert(h.end(), items[b].tokens, items[b].tokens + items[b].n);
   }
 }
+
+// ---- testing hooks (backend.hpp holds the state) ----
+
+void detail::set_alloc_fault_hook(std::function<bool(size_t bytes, const char* what)> hook) {
+  AllocFaultHook& h = alloc_fault_hook();
+  std::lock_guard<std::mutex> lock(h.mu);
+  h.fn = std::move(hook);
+  h.armed.store(static_cast<bool>(h.fn), std::memory_order_release);
+}
+
+size_t detail::live_cuda_allocations() { return alloc_fault_hook().live.load(std::memory_order_acquire); }
 
 }  // namespace gemma4_t4

@@ -2,10 +2,34 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <exception>
+#include <string>
 #include <vector>
 
 namespace gemma4_t4 {
+
+namespace detail {
+
+inline bool cancel_requested(const GenerateOptions& o) { return o.cancel && o.cancel->load(std::memory_order_acquire); }
+
+// Runs a user callback that returns bool into *result. true: it threw instead -- the exception stops here,
+// *thrown gets its what() (generate() and Batch turn it into Code::CallbackError).
+template <typename F>
+bool callback_threw(F&& f, bool* result, std::string* thrown) {
+  try {
+    *result = f();
+    return false;
+  } catch (const std::exception& e) {
+    *thrown = e.what();
+  } catch (...) {
+    *thrown = "an exception that is not a std::exception";
+  }
+  return true;
+}
+
+}  // namespace detail
 
 Status generate(const Engine& engine, Session& session, const std::vector<int32_t>& prompt,
                 const GenerateOptions& options, const std::function<bool(int32_t token)>& on_token,
@@ -25,6 +49,11 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
   Timing t;
   t.prompt_tokens = prompt.size();
   if (timing) *timing = t;
+  const auto cancelled = [&](size_t sampled) {
+    return detail::err(Code::Cancelled, "generate: cancelled (GenerateOptions::cancel) after ", sampled,
+                       " sampled tokens");
+  };
+  if (detail::cancel_requested(options)) return cancelled(0);
   if (options.max_new_tokens == 0) {  // only extend the cache
     BatchItem item{&session, prompt.data(), prompt.size()};
     return engine.forward_batch(&item, 1, Logits::None, nullptr);
@@ -33,6 +62,7 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
   Clock::time_point first = start;
   std::vector<int32_t> feed = prompt;
   for (int i = 0; i < options.max_new_tokens; ++i) {
+    if (i > 0 && detail::cancel_requested(options)) return cancelled(t.generated_tokens);  // feed not fed
     BatchItem item{&session, feed.data(), feed.size()};
     int32_t next = -1;
     GEMMA4_T4_TRY(engine.step(&item, 1, &options.sampling, &next));
@@ -47,7 +77,12 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
     if (timing) *timing = t;
     if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
     if (out) out->push_back(next);
-    const bool more = (!on_token || on_token(next)) && i + 1 < options.max_new_tokens;
+    bool go_on = true;
+    std::string thrown;
+    if (on_token && detail::callback_threw([&] { return on_token(next); }, &go_on, &thrown))
+      return detail::err(Code::CallbackError, "generate: on_token threw on sampled token ", t.generated_tokens, " (id ",
+                         next, "): ", thrown);  // `next` stays unfed, as after a cancel
+    const bool more = go_on && i + 1 < options.max_new_tokens;
     if (!more) {  // the last token is fed too: the session holds prompt + out
       BatchItem last{&session, &next, 1};
       return engine.forward_batch(&last, 1, Logits::None, nullptr);

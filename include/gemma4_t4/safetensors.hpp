@@ -8,6 +8,9 @@
 // length equals dtype size x element count (no overflow), and no two ranges overlap. Sharded checkpoints
 // (`model.safetensors.index.json`) map each tensor to a shard file in the same directory.
 // Tensor data may be unaligned (the header length is arbitrary): readers go through memcpy.
+// A mapped file keeps its descriptor open: readers that touch the map after load first ask check_size()
+// whether the file has shrunk meanwhile (reading a page past the new end would be SIGBUS). A file deleted
+// after mapping stays readable (the mapping holds the inode).
 #pragma once
 
 #include <fcntl.h>
@@ -84,6 +87,8 @@ inline size_t dtype_size(DType t) {
 
 // ---- one tensor ----
 
+class MappedFile;
+
 struct TensorInfo {
   std::string name;
   DType dtype = DType::F32;
@@ -91,6 +96,7 @@ struct TensorInfo {
   const uint8_t* data = nullptr;  // into the mapping; possibly unaligned
   size_t nbytes = 0;
   const std::string* file = nullptr;  // the file it lives in (for messages)
+  const MappedFile* map = nullptr;    // its mapping (TensorStore); null from parse_safetensors alone
 
   int64_t numel() const {
     int64_t n = 1;
@@ -207,21 +213,40 @@ class MappedFile {
       }
       data_ = static_cast<const uint8_t*>(p);
     }
-    ::close(fd);
+    fd_ = fd;
     return Status::ok();
   }
   void close() {
     if (data_) munmap(const_cast<uint8_t*>(data_), size_);
+    if (fd_ >= 0) ::close(fd_);
     data_ = nullptr;
     size_ = 0;
+    fd_ = -1;
   }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
 
+  // IoError when the file is now shorter than when it was mapped (truncated or rewritten in place). One
+  // fstat: cheap enough before every pass. path: for the message.
+  Status check_size(const std::string& path) const {
+    if (fd_ < 0) return Status::ok();
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return err(Code::IoError, path, ": cannot stat the mapped file: ", std::strerror(errno));
+    if (static_cast<uint64_t>(st.st_size) < size_)
+      return err(Code::IoError, "file ", path, " shrank from ", size_, " to ", st.st_size,
+                 " bytes after it was mapped (truncated or rewritten while in use): its weights can no longer be "
+                 "read; reload the checkpoint");
+    return Status::ok();
+  }
+
  private:
   const uint8_t* data_ = nullptr;
   size_t size_ = 0;
+  int fd_ = -1;  // kept open for check_size
 };
+
+// check_size of the file a tensor lives in (ok for a tensor not from a TensorStore).
+inline Status check_mapped(const TensorInfo& t) { return t.map && t.file ? t.map->check_size(*t.file) : Status::ok(); }
 
 // ---- a checkpoint: one file or shards ----
 
@@ -243,12 +268,28 @@ class TensorStore {
     return add_file(single, nullptr);
   }
 
+  // Indexes a safetensors image that is already in memory, as open() does a file: `data` [size bytes] is
+  // borrowed and must outlive the store and every TensorInfo taken from it; `where` names it in messages.
+  // For tests and the fuzzers (a read past the image then hits AddressSanitizer's redzone instead of the rest
+  // of a mapped page).
+  Status open_memory(const uint8_t* data, size_t size, const std::string& where) {
+    files_.clear();
+    by_name_.clear();
+    return add_file(where, nullptr, data, size);
+  }
+
   const TensorInfo* find(const std::string& name) const {
     auto it = by_name_.find(name);
     return it == by_name_.end() ? nullptr : &it->second;
   }
   const std::map<std::string, TensorInfo>& tensors() const { return by_name_; }
   size_t file_count() const { return files_.size(); }
+
+  // MappedFile::check_size of every file: IoError naming the first that shrank since it was mapped.
+  Status check_sizes() const {
+    for (const auto& f : files_) GEMMA4_T4_TRY(f->map.check_size(f->path));
+    return Status::ok();
+  }
 
  private:
   struct File {
@@ -281,13 +322,19 @@ class TensorStore {
   }
 
   // Maps one file and indexes its tensors. `expected`: names the index assigns to it (checked present).
-  Status add_file(const std::string& path, const std::vector<std::string>* expected) {
+  // `image`: the file's contents already in memory (open_memory); then nothing is mapped.
+  Status add_file(const std::string& path, const std::vector<std::string>* expected, const uint8_t* image = nullptr,
+                  size_t image_size = 0) {
     files_.push_back(std::make_unique<File>());
     File& f = *files_.back();
     f.path = path;
-    GEMMA4_T4_TRY(f.map.open(path));
+    if (!image) {
+      GEMMA4_T4_TRY(f.map.open(path));
+      image = f.map.data();
+      image_size = f.map.size();
+    }
     std::vector<TensorInfo> ts;
-    GEMMA4_T4_TRY(parse_safetensors(f.map.data(), f.map.size(), path, &ts));
+    GEMMA4_T4_TRY(parse_safetensors(image, image_size, path, &ts));
     if (expected) {  // every tensor the index assigns to this shard must be in it
       std::vector<std::string> here;
       for (const auto& t : ts) here.push_back(t.name);
@@ -298,6 +345,7 @@ class TensorStore {
     }
     for (auto& t : ts) {
       t.file = &f.path;
+      t.map = &f.map;
       if (by_name_.count(t.name))
         return err(Code::FormatError, path, ": tensor '", t.name, "' also appears in ", *by_name_[t.name].file);
       std::string key = t.name;

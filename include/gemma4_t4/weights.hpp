@@ -14,6 +14,8 @@
 // The views point into the mapped files; nothing is copied here.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -53,6 +55,62 @@ struct LayerW {
   const TensorInfo* post_per_layer_input_norm = nullptr;  // [H]
 };
 
+// ---- the quantized LM head (LoadOptions::lm_head) ----
+// One row of [vocab, hidden] at a time; the CPU backend and the CUDA backend's quantize kernels
+// (kernels/gemv.cuh) compute the same values from the same fp16-representable weights.
+
+// Device bytes a decode step reads for a [rows, cols] head stored as `head`.
+inline double lm_head_bytes(size_t rows, size_t cols, LmHead head) {
+  switch (head) {
+    case LmHead::F16: return double(rows) * cols * 2.0;
+    case LmHead::Int8: return double(rows) * (cols + 4.0);                    // int8 + one fp32 scale
+    case LmHead::Int4: return double(rows) * (cols / 2.0 + cols / 32 * 2.0);  // nibbles + fp16 group scales
+  }
+  return 0.0;
+}
+
+inline const char* lm_head_name(LmHead head) {
+  switch (head) {
+    case LmHead::F16: return "f16";
+    case LmHead::Int8: return "int8";
+    case LmHead::Int4: return "int4";
+  }
+  return "?";
+}
+
+// Per-row symmetric int8: scale = max|w| / 127, q = clamp(rint(w / scale), -127, 127); an all-zero row has
+// scale 0 and q = 0.
+inline void quantize_row_int8(const float* w, size_t n, int8_t* q, float* scale) {
+  float amax = 0.f;
+  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
+  const float s = amax / 127.f;
+  *scale = s;
+  for (size_t i = 0; i < n; ++i)
+    q[i] = s > 0.f ? int8_t(std::min(127.f, std::max(-127.f, std::nearbyint(w[i] / s)))) : int8_t(0);
+}
+
+// Group-32 int4 in the compressed-tensors layout the w4a16 linears use (kernels/gemv.cuh): per group
+// scale = fp16(max|w| / 7), q = clamp(rint(w / scale), -8, 7), column 8j + k in nibble k of word j as q + 8.
+// n % 32 == 0; words: [n / 8], scales: [n / 32] fp16 bits.
+inline void quantize_row_int4(const float* w, size_t n, uint32_t* words, uint16_t* scales) {
+  for (size_t g = 0; g < n / 32; ++g) {
+    const float* x = w + g * 32;
+    float amax = 0.f;
+    for (int i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[i]));
+    const uint16_t sh = f32_to_f16(amax / 7.f);
+    const float s = f16_to_f32(sh);
+    scales[g] = sh;
+    for (int j = 0; j < 4; ++j) {
+      uint32_t word = 0;
+      for (int k = 0; k < 8; ++k) {
+        const float v = s > 0.f ? std::min(7.f, std::max(-8.f, std::nearbyint(x[8 * j + k] / s))) : 0.f;
+        word |= uint32_t(int(v) + 8) << (4 * k);
+      }
+      words[g * 4 + j] = word;
+    }
+  }
+}
+
 struct Weights {
   std::string prefix;                         // the prefix the file uses
   const TensorInfo* embed = nullptr;          // embed_tokens [V, H]
@@ -63,9 +121,9 @@ struct Weights {
   const TensorInfo* ple_proj_norm = nullptr;  // per_layer_projection_norm [D]
   std::vector<LayerW> layers;
 
-  // Every decoder linear + the LM head, as the GPU would read them per decode step.
-  double decode_bytes() const {
-    double b = lm_head ? double(lm_head->shape[0]) * lm_head->shape[1] * 2.0 : 0.0;
+  // Every decoder linear + the LM head (stored as `head` says), as the GPU would read them per decode step.
+  double decode_bytes(LmHead head = LmHead::F16) const {
+    double b = lm_head ? lm_head_bytes(size_t(lm_head->shape[0]), size_t(lm_head->shape[1]), head) : 0.0;
     if (ple_model_proj.out) b += ple_model_proj.device_bytes();
     for (const auto& l : layers)
       for (const LinearW* w : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj})

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "../reference.hpp"
+#include "gemma4_t4/config.hpp"
+#include "gemma4_t4/weights.hpp"
 
 using namespace gemma4_t4;
 using namespace testref;
@@ -148,6 +150,35 @@ TEST_CASE("CUDA matches the CPU backend on a prompt longer than one pass and the
       check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " decode past the window");
     }
   }
+}
+
+TEST_CASE("CUDA quantized LM heads equal the CPU backend's (same quantized values), prefill and graph decode",
+          "[gpu][lm_head]") {
+  for (const char* name : {"mm_bf16", "w4a16"})
+    for (LmHead head : {LmHead::Int8, LmHead::Int4}) {
+      const std::string what = std::string(name) + " lm_head " + detail::lm_head_name(head);
+      INFO(what);
+      Reference ref;
+      load_reference(name, &ref);
+      Engine cuda = load_engine(name, Backend::Cuda, PleLocation::Host, 1024, head);
+      Engine cpu = load_engine(name, Backend::Cpu, PleLocation::Host, 1024, head);
+      CHECK(cuda.decode_bytes_per_token() == cpu.decode_bytes_per_token());
+      const int V = cuda.config().vocab_size;
+      const size_t T = ref.prompt.size(), S = ref.decode_ids.size();
+      Session sg, sc;
+      REQUIRE(cuda.create_session(&sg));
+      REQUIRE(cpu.create_session(&sc));
+      std::vector<float> lg, lc;
+      REQUIRE(cuda.forward(sg, ref.prompt.data(), T, Logits::All, &lg));
+      REQUIRE(cpu.forward(sc, ref.prompt.data(), T, Logits::All, &lc));
+      double worst = check_rows(lg, lc.data(), T, V, kTolRef, what + " prefill");
+      for (size_t step = 0; step < S; ++step) {  // decode steps replay the CUDA graph
+        REQUIRE(cuda.forward(sg, &ref.decode_ids[step], 1, Logits::Last, &lg));
+        REQUIRE(cpu.forward(sc, &ref.decode_ids[step], 1, Logits::Last, &lc));
+        worst = std::max(worst, check_rows(lg, lc.data(), 1, V, kTolRef, what + " decode"));
+      }
+      WARN(what << ": CUDA vs CPU max rel err " << worst);
+    }
 }
 
 TEST_CASE("CUDA: errors leave sessions and engine usable", "[gpu][errors]") {

@@ -926,6 +926,101 @@ TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[
     }
 }
 
+TEST_CASE("quantized LM head: device quantizers equal the host ones bit for bit; int8 and int4 GEMVs", "[gpu]") {
+  // LoadOptions::lm_head: the CUDA backend quantizes the fp16 head with launch_quantize_int8/int4 and the CPU
+  // backend with quantize_row_int8/int4 (weights.hpp); both must give the same bytes. Then the GEMV over the
+  // quantized copy must equal the dense reference of the values they mean (int8: scale * (q . x), int4:
+  // fp16(q * scale) . x). Row 0 is all zeros (scale 0) and row 1 has one zero group.
+  std::mt19937 rng(307);
+  Stream st;
+  for (int in : {32, 96, 1536})
+    for (int out : {2, 33, 1000, 2051}) {
+      std::vector<uint16_t> W = rand_f16(rng, size_t(out) * in, -0.08f, 0.08f);  // [out, in] fp16
+      for (int i = 0; i < in; ++i) W[size_t(i)] = 0;                             // row 0
+      for (int i = 0; i < 32; ++i) W[size_t(in) + i] = 0;                        // row 1, group 0
+      const std::vector<float> Wf = widen(W);
+      Dev<half> dW(W.size());
+      dW.upload(W);
+      // host quantization, row by row
+      std::vector<int8_t> q8(W.size());
+      std::vector<float> r8(static_cast<size_t>(out));
+      std::vector<uint32_t> q4(W.size() / 8);
+      std::vector<uint16_t> s4(W.size() / 32);
+      for (int o = 0; o < out; ++o) {
+        gemma4_t4::detail::quantize_row_int8(&Wf[size_t(o) * in], size_t(in), &q8[size_t(o) * in], &r8[size_t(o)]);
+        gemma4_t4::detail::quantize_row_int4(&Wf[size_t(o) * in], size_t(in), &q4[size_t(o) * in / 8],
+                                             &s4[size_t(o) * in / 32]);
+      }
+      Dev<int8_t> dq8(q8.size());
+      Dev<float> dr8(r8.size());
+      Dev<uint32_t> dq4(q4.size());
+      Dev<half> ds4(s4.size());
+      dq8.poison();
+      dr8.poison();
+      dq4.poison();
+      ds4.poison();
+      REQUIRE_CUDA(kn::launch_quantize_int8(dW.get(), out, in, dq8.get(), dr8.get(), st.s));
+      REQUIRE_CUDA(kn::launch_quantize_int4(dW.get(), out, in, dq4.get(), ds4.get(), st.s));
+      st.sync();
+      const std::string shape = cat(" out ", out, " in ", in);
+      {
+        INFO("int8 quantization" << shape);
+        REQUIRE(dq8.download<int8_t>() == q8);
+        const std::vector<float> got = dr8.download<float>();
+        REQUIRE(std::memcmp(got.data(), r8.data(), r8.size() * 4) == 0);
+        REQUIRE(r8[0] == 0.f);
+      }
+      {
+        INFO("int4 quantization" << shape);
+        REQUIRE(dq4.download<uint32_t>() == q4);
+        REQUIRE(ds4.download<uint16_t>() == s4);
+      }
+      // dense meaning of each copy
+      std::vector<float> dense8(W.size()), dense4 = unpack_w4_ref(q4, s4, out, in);
+      for (size_t i = 0; i < dense8.size(); ++i) dense8[i] = float(q8[i]);
+      for (float& v : dense4) v = f16_to_f32(f32_to_f16(v));  // the kernel's fp16(q * scale)
+      const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);
+      Dev<half> dx(x.size());
+      dx.upload(x);
+      std::vector<double> ref8 = gemv_ref(dense8, widen(x), kn::kGemvMaxRows, out, in);
+      for (int r = 0; r < kn::kGemvMaxRows; ++r)
+        for (int o = 0; o < out; ++o) ref8[size_t(r) * out + o] *= r8[size_t(o)];
+      const std::vector<double> ref4 = gemv_ref(dense4, widen(x), kn::kGemvMaxRows, out, in);
+      const int ldy = out + 1;
+      Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);
+      for (int w8 = 1; w8 >= 0; --w8) {
+        std::vector<float> got16;
+        for (int n : {16, 9, 8, 1}) {
+          dy.poison();
+          if (w8)
+            REQUIRE_CUDA(kn::launch_gemv_w8(dq8.get(), dr8.get(), dx.get(), n, out, in, dy.get(), ldy, st.s));
+          else
+            REQUIRE_CUDA(kn::launch_gemv(nullptr, dq4.get(), ds4.get(), dx.get(), n, out, in, dy.get(), ldy, st.s));
+          st.sync();
+          const std::string what = cat(w8 ? "gemv int8" : "gemv int4 head", shape, " n ", n);
+          const std::vector<float> got = gemv_written(dy.download<float>(), ldy, n, out, what);
+          check_max_rel(got, head_rows(w8 ? ref8 : ref4, n, out), kTolF32Half, what);
+          if (n == 16)
+            got16 = got;
+          else
+            require_same_bits(got, got16, what + " vs the same rows of n = 16");
+        }
+      }
+    }
+  // shapes the int8 GEMV refuses: in % 16 != 0, a fused epilogue, a scale-less matrix
+  Dev<int8_t> w(64 * 24);
+  Dev<float> r(64), y(64 * 16);
+  Dev<half> x(16 * 24);
+  REQUIRE(kn::launch_gemv_w8(w.get(), r.get(), x.get(), 1, 64, 24, y.get(), 64, st.s) == cudaErrorInvalidValue);
+  REQUIRE(kn::launch_gemv_w8(w.get(), nullptr, x.get(), 1, 64, 16, y.get(), 64, st.s) == cudaErrorInvalidValue);
+  kn::GemvMat g;
+  g.w8 = w.get();
+  g.rs = r.get();
+  g.out = 64;
+  REQUIRE(kn::launch_gemv_gelu_mul(g, g, x.get(), 1, 16, reinterpret_cast<half*>(y.get()), 64, st.s) ==
+          cudaErrorInvalidValue);
+}
+
 // ---- attention.cuh ----
 
 // Random q and caches for an AttnHost whose shape, seq, pos and capacity are set: fp16 bits and their widened
@@ -1250,6 +1345,40 @@ TEST_CASE("embed: h[r] = float(E[id[r]]) * scale, exact", "[gpu]") {
     }
 }
 
+TEST_CASE("widen: raw bf16 / fp16 / fp32 bits -> fp32, bit-exact against the host loader", "[gpu]") {
+  std::mt19937 rng(503);
+  std::uniform_int_distribution<uint32_t> bits;
+  Stream st;
+  for (size_t n : {size_t(1), size_t(257), size_t(8960 * 3 + 1)})
+    for (kn::RawFloat type : {kn::RawFloat::F32, kn::RawFloat::F16, kn::RawFloat::BF16}) {
+      const size_t es = type == kn::RawFloat::F32 ? 4 : 2;
+      std::vector<uint8_t> raw(n * es);
+      for (uint8_t& b : raw) b = uint8_t(bits(rng));  // every bit pattern: NaN, inf, subnormals included
+      Dev<uint8_t> dx(raw.size());
+      Dev<float> dout(n);
+      dx.upload(raw);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_widen(dx.get(), type, n, dout.get(), st.s));
+      st.sync();
+      const std::vector<uint32_t> got = dout.download<uint32_t>();
+      gemma4_t4::detail::TensorInfo t;  // the host loader's view of the same bytes
+      t.dtype = type == kn::RawFloat::F32   ? gemma4_t4::detail::DType::F32
+                : type == kn::RawFloat::F16 ? gemma4_t4::detail::DType::F16
+                                            : gemma4_t4::detail::DType::BF16;
+      t.data = raw.data();
+      size_t wrong = 0, first = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const float want = gemma4_t4::detail::load_float(t, i);
+        uint32_t wb;
+        std::memcpy(&wb, &want, 4);
+        const bool nan_both = std::isnan(want) && ((got[i] & 0x7f800000u) == 0x7f800000u && (got[i] & 0x7fffffu));
+        if (got[i] != wb && !nan_both && wrong++ == 0) first = i;
+      }
+      INFO("widen type " << int(type) << " n " << n << ": " << wrong << " floats differ; first at " << first);
+      REQUIRE(wrong == 0);
+    }
+}
+
 TEST_CASE("to_half: saturating fp32 -> fp16, bit-exact", "[gpu]") {
   std::mt19937 rng(502);
   Stream st;
@@ -1522,18 +1651,21 @@ void add_attention(std::vector<KernelUse>& ks) {
       {cat("attention_merge_kernel<", D, ">"), reinterpret_cast<const void*>(&kn::attention_merge_kernel<D>), 32});
 }
 
-template <int NT, bool W4, kn::GemvEpilogue E>
+template <int NT, int WL, kn::GemvEpilogue E>
 void add_gemv_e(std::vector<KernelUse>& ks) {
   const char* names[] = {"Store", "GeluMul", "GeluPle"};
-  ks.push_back({cat("gemv_kernel<", NT, ",", W4 ? "w4" : "f16", ",", names[int(E)], ">"),
-                reinterpret_cast<const void*>(&kn::gemv_kernel<NT, W4, E>), kn::kGemvWarps * 32});
+  const char* layouts[] = {"f16", "w4", "w8"};
+  ks.push_back({cat("gemv_kernel<", NT, ",", layouts[WL], ",", names[int(E)], ">"),
+                reinterpret_cast<const void*>(&kn::gemv_kernel<NT, WL, E>), kn::kGemvWarps * 32});
 }
 
-template <int NT, bool W4>
+template <int NT, int WL>
 void add_gemv(std::vector<KernelUse>& ks) {
-  add_gemv_e<NT, W4, kn::GemvEpilogue::Store>(ks);
-  add_gemv_e<NT, W4, kn::GemvEpilogue::GeluMul>(ks);
-  add_gemv_e<NT, W4, kn::GemvEpilogue::GeluPle>(ks);
+  add_gemv_e<NT, WL, kn::GemvEpilogue::Store>(ks);
+  if constexpr (WL != kn::kGemvW8) {  // int8: Store only
+    add_gemv_e<NT, WL, kn::GemvEpilogue::GeluMul>(ks);
+    add_gemv_e<NT, WL, kn::GemvEpilogue::GeluPle>(ks);
+  }
 }
 
 TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, registers)", "[gpu]") {
@@ -1543,11 +1675,15 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
       {"residual_norm_kernel", reinterpret_cast<const void*>(&kn::residual_norm_kernel), kn::norm_threads(1 << 20)});
   ks.push_back({"head_norm_rope_kernel", reinterpret_cast<const void*>(&kn::head_norm_rope_kernel),
                 kn::head_norm_threads(512)});  // d = 512, the largest head attention supports
-  add_gemv<1, false>(ks);                      // every instantiation the launchers use: 8-row tiles x layout x epilogue
-  add_gemv<2, false>(ks);
-  add_gemv<1, true>(ks);
-  add_gemv<2, true>(ks);
+  add_gemv<1, kn::kGemvF16>(ks);               // every instantiation the launchers use: 8-row tiles x layout x epilogue
+  add_gemv<2, kn::kGemvF16>(ks);
+  add_gemv<1, kn::kGemvW4>(ks);
+  add_gemv<2, kn::kGemvW4>(ks);
+  add_gemv<1, kn::kGemvW8>(ks);
+  add_gemv<2, kn::kGemvW8>(ks);
   ks.push_back({"dequant_w4_kernel", reinterpret_cast<const void*>(&kn::dequant_w4_kernel), 256});
+  ks.push_back({"quantize_int8_kernel", reinterpret_cast<const void*>(&kn::quantize_int8_kernel), 256});
+  ks.push_back({"quantize_int4_kernel", reinterpret_cast<const void*>(&kn::quantize_int4_kernel), 256});
   add_attention<32>(ks);
   add_attention<64>(ks);
   add_attention<128>(ks);
@@ -1555,6 +1691,7 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   add_attention<512>(ks);
   ks.push_back({"embed_kernel", reinterpret_cast<const void*>(&kn::embed_kernel), 256});
   ks.push_back({"to_half_kernel", reinterpret_cast<const void*>(&kn::to_half_kernel), 256});
+  ks.push_back({"widen_kernel", reinterpret_cast<const void*>(&kn::widen_kernel), 256});
   ks.push_back({"gelu_mul_kernel", reinterpret_cast<const void*>(&kn::gelu_mul_kernel), 256});
   ks.push_back({"ple_combine_kernel", reinterpret_cast<const void*>(&kn::ple_combine_kernel), 256});
   ks.push_back({"ple_gate_kernel", reinterpret_cast<const void*>(&kn::ple_gate_kernel), 256});
