@@ -807,6 +807,29 @@ TEST_CASE("TensorStore: broken single files and shard indexes", "[loader][errors
   }
 }
 
+TEST_CASE("TensorStore: open_memory indexes a file's bytes in place, as open() indexes the file", "[loader][errors]") {
+  const fs::path f = fixture("w4a16/model.safetensors");
+  const Bytes b = read_bytes(f);
+  d::TensorStore from_file, in_memory;
+  REQUIRE(from_file.open(f.string()).is_ok());
+  REQUIRE(in_memory.open_memory(b.data(), b.size(), "w4a16 in memory").is_ok());
+  REQUIRE(in_memory.tensors().size() == from_file.tensors().size());
+  for (const auto& kv : from_file.tensors()) {
+    INFO(kv.first);
+    const d::TensorInfo* t = in_memory.find(kv.first);
+    REQUIRE(t != nullptr);
+    CHECK(t->dtype == kv.second.dtype);
+    CHECK(t->shape == kv.second.shape);
+    REQUIRE(t->nbytes == kv.second.nbytes);
+    CHECK((t->data >= b.data() && t->data + t->nbytes <= b.data() + b.size()));  // views into b, not copies
+    CHECK(std::equal(t->data, t->data + t->nbytes, kv.second.data));
+  }
+  const Bytes cut(b.begin(), b.begin() + 100);
+  check_status(in_memory.open_memory(cut.data(), cut.size(), "cut.safetensors"), {Code::FormatError},
+               {"cut.safetensors"});
+  CHECK(in_memory.tensors().empty());
+}
+
 TEST_CASE("TensorStore: the engine-level cases are well-formed safetensors (their errors are semantic)",
           "[loader][errors]") {
   for (const DirCase& c : engine_cases()) {
