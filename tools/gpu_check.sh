@@ -8,8 +8,11 @@
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
 #     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times;
 #     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease);
-#     check: both builds + suite + sanitizers, no benchmarks (full = check + bench, for a 10-minute limit run
-#     check and bench separately); micro: kernel micro-benchmarks only (bench/micro_bench.cu; also part of full, bench and verify)
+#     check: both builds + suite + ptxas, no sanitizers, no benchmarks; sanitize: compute-sanitizer memcheck
+#     (+ leak check), racecheck (per kernel family) and initcheck over the native build (built if missing;
+#     BUILD_BASE keeps builds between calls on a warm machine); micro: kernel micro-benchmarks only
+#     (bench/micro_bench.cu; also part of full, bench and verify); perf: the quantized LM head (sweep per
+#     head + fidelity), the transformers side by side on the same bf16 checkpoint, and the GPU soak.
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -26,9 +29,10 @@ NVFLAGS="-std=c++17 -O2 -Xcompiler -Wall,-Wextra"
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
 nvcc --version | tail -2 | tee -a "$OUT/gpu.txt"
 
+BUILD_BASE=${BUILD_BASE:-$ROOT}
 build() {  # build <name> <gencode flags...>
   local name=$1; shift
-  local dir="build-gpu-$name"
+  local dir="$BUILD_BASE/build-gpu-$name"
   mkdir -p "$dir"
   local srcs=(src/impl.cu tests/gpu/*.cpp)
   [ -z "${SKIP_CU:-}" ] && compgen -G "tests/gpu/*.cu" >/dev/null && srcs+=(tests/gpu/*.cu)
@@ -51,7 +55,7 @@ build() {  # build <name> <gencode flags...>
 run() {  # run <name> [args]
   local name=$1; shift
   local t0=$(date +%s)
-  ./build-gpu-$name/gpu_tests "$@" > "$OUT/run-$name.log" 2>&1
+  "$BUILD_BASE/build-gpu-$name/gpu_tests" "$@" > "$OUT/run-$name.log" 2>&1
   local rc=$?
   echo "run $name rc=$rc ($(( $(date +%s) - t0 )) s): $(tail -3 "$OUT/run-$name.log" | tr '\n' ' ')"
   return $rc
@@ -80,6 +84,75 @@ if [ "$MODE" = micro ] || [ "$MODE" = full ] || [ "$MODE" = bench ]; then
   cat "$OUT/micro.log"
   [ "$MODE" = micro ] && exit $fail
 fi
+if [ "$MODE" = sanitize ]; then
+  [ -x "$BUILD_BASE/build-gpu-native/gpu_tests" ] || build native -gencode arch=compute_90,code=sm_90 || exit 1
+  T="$BUILD_BASE/build-gpu-native/gpu_tests"
+  if [ -n "${FUZZ_DIR:-}" ]; then  # the host's cores fuzz meanwhile (tools/fuzz_campaign.sh; compute-sanitizer
+    # keeps one core busy): a packed folder, run with FUZZ_ARGS, results under $OUT/fuzz
+    ( bash "$FUZZ_DIR/fuzz_campaign.sh" run ${FUZZ_ARGS:--j 12 -r 10000000 -t 80} -o "$OUT/fuzz" "$FUZZ_DIR" \
+        > "$OUT/fuzz-campaign.log" 2>&1; echo "fuzz campaign rc=$?" >> "$OUT/fuzz-campaign.log" ) &
+    FUZZ_PID=$!
+  fi
+  timeout 270 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$T" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(tail -2 "$OUT/memcheck.log" | head -1)"
+  i=0
+  for pat in "attention*" "flash attention: prompt*" "gemv*,quantized*"; do  # one kernel family per call
+    i=$((i + 1))
+    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" "$pat" > "$OUT/racecheck-$i.log" 2>&1
+    echo "racecheck '$pat' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck-$i.log" | tail -1)"
+  done
+  timeout 200 compute-sanitizer --tool initcheck --error-exitcode 9 "$T" > "$OUT/initcheck.log" 2>&1
+  echo "initcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck.log" | tail -1) $(tail -2 "$OUT/initcheck.log" | head -1)"
+  if [ -n "${FUZZ_PID:-}" ]; then
+    wait "$FUZZ_PID"
+    tail -40 "$OUT/fuzz-campaign.log"
+    [ -f "$OUT/fuzz/summary.md" ] && cat "$OUT/fuzz/summary.md"
+  fi
+  exit 0
+fi
+if [ "$MODE" = perf ]; then
+  # One run, one GPU: (1) the decode sweep with each LM head storage on the QAT E2B, (2) the quantized heads'
+  # logit fidelity against the fp16 head, (3) transformers 5.17 (fp16, static and dynamic cache) next to our
+  # bench on the same bf16 E2B, c = 1 and 8, prompt 512, (4) the GPU soak (tests/SOAK.md).
+  g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp || fail=1
+  DEF_MODEL="-DGEMMA4_T4_DEFAULT_MODEL=\"$ROOT/tests/fixtures/mm_bf16\""
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC $DEF_MODEL -x cu -o /tmp/bench_native bench/bench.cpp \
+    src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
+  [ -f bench/soak.cpp ] && nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC $DEF_MODEL -x cu -o /tmp/soak \
+    bench/soak.cpp src/impl.cu -lcublas > "$OUT/build-soak.log" 2>&1 &
+  for fmt in w4a16 bf16; do
+    /tmp/make_synthetic --model e2b --format $fmt --out /tmp/e2b-$fmt > "$OUT/synthetic-$fmt.log" 2>&1 || fail=1
+  done
+  wait
+  [ -x /tmp/bench_native ] || { echo "bench build failed"; tail -20 "$OUT/build-bench-native.log"; exit 1; }
+  for head in f16 int8 int4; do
+    echo "== E2B w4a16, native, LM head $head" | tee -a "$OUT/perf.log"
+    /tmp/bench_native --model /tmp/e2b-w4a16 --lm-head $head --prompts 512 --concurrency 1,8 --tokens 128 \
+      --repeats 3 --quiet --json "$OUT/bench-head-$head.json" 2>&1 | tee -a "$OUT/perf.log"
+  done
+  echo "== LM head fidelity (E2B w4a16, 4096 positions)" | tee -a "$OUT/perf.log"
+  /tmp/bench_native --model /tmp/e2b-w4a16 --lm-head-fidelity 4096 --quiet --json "$OUT/fidelity.json" 2>&1 |
+    tee -a "$OUT/perf.log"
+  echo "== side by side, E2B bf16 (as fp16), prompt 512: gemma4_t4" | tee -a "$OUT/perf.log"
+  /tmp/bench_native --model /tmp/e2b-bf16 --prompts 512 --concurrency 1,8 --tokens 128 --repeats 3 --quiet \
+    --json "$OUT/side-ours.json" 2>&1 | tee -a "$OUT/perf.log"
+  echo "== side by side: transformers" | tee -a "$OUT/perf.log"
+  timeout 400 python3 tools/hf_side_by_side.py --model /tmp/e2b-bf16 --prompt 512 --tokens 128 --batch 1,8 \
+    --cache static,dynamic --budget 60 2>&1 | grep -v Warning | tee -a "$OUT/perf.log"
+  if [ -x /tmp/soak ]; then
+    echo "== soak (GPU)" | tee -a "$OUT/perf.log"
+    timeout 240 /tmp/soak ${SOAK_ARGS:---model /tmp/e2b-w4a16 --backend cuda --max-concurrency 32 --max-context 2048 \
+      --max-new-tokens 128 --rss-limit-mib 32 --max-seconds 200} --json "$OUT/soak-gpu.json" \
+      > "$OUT/soak-gpu.log" 2>&1; echo "soak rc=$?" | tee -a "$OUT/perf.log"; tail -30 "$OUT/soak-gpu.log"
+  fi
+  exit $fail
+fi
+if [ "$MODE" = check ]; then  # the 4096-token TTFT probe, prepared while the suites build
+  ( g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &&
+    /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 ) &
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
+    src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
+fi
 if [ "$MODE" != bench ]; then
 build native -gencode arch=compute_90,code=sm_90 || fail=1
 [ $fail -eq 0 ] && { run native || fail=1; }
@@ -87,18 +160,23 @@ fi
 if [ "$MODE" = full ] || [ "$MODE" = final ] || [ "$MODE" = check ]; then
   build turing -gencode arch=compute_75,code=compute_75 || fail=1
   # compute_75 PTX only: the driver JIT-compiles our kernels (cuBLAS keeps its own SASS)
-  [ -x build-gpu-turing/gpu_tests ] && { run turing || fail=1; }
+  [ -x "$BUILD_BASE/build-gpu-turing/gpu_tests" ] && { run turing || fail=1; }
+  [ "$MODE" = check ] && wait  # the probe's checkpoint and build
+  if [ "$MODE" = check ] && [ -x /tmp/quick_bench_native ] && [ -d /tmp/e2b-w4a16 ]; then
+    echo "== E2B w4a16, native, prompt 4096 (quick_bench: TTFT of the second session)" | tee -a "$OUT/bench.log"
+    /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1,2 2>&1 | tee -a "$OUT/bench.log"
+  fi
   # sm_75 resource usage (registers, spills, shared memory) of the shipped kernels
   nvcc $NVFLAGS -gencode arch=compute_75,code=sm_75 $INC -x cu -c src/impl.cu -o /tmp/impl75.o -Xptxas -v \
     > "$OUT/ptxas-sm75.log" 2>&1 && echo "ptxas sm_75: max smem $(grep -o '[0-9]* bytes smem' "$OUT/ptxas-sm75.log" | sort -n | tail -1), spills: $(grep -c '[1-9][0-9]* bytes spill' "$OUT/ptxas-sm75.log")"
   if [ "$MODE" = final ] && command -v compute-sanitizer >/dev/null; then  # the kernels that changed last
-    compute-sanitizer --tool memcheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*gemv*" \
+    compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" "*gemv*" \
       > "$OUT/memcheck.log" 2>&1; echo "memcheck (gemv) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
   fi
-  if { [ "$MODE" = full ] || [ "$MODE" = check ]; } && command -v compute-sanitizer >/dev/null; then
-    timeout 300 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 ./build-gpu-native/gpu_tests \
+  if [ "$MODE" = full ] && command -v compute-sanitizer >/dev/null; then
+    timeout 300 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" \
       > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
-    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 ./build-gpu-native/gpu_tests "*ttention*,*gemv*" \
+    timeout 150 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" "*ttention*,*gemv*" \
       > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
   fi
 fi

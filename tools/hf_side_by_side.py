@@ -9,13 +9,15 @@ config, loads the bf16 weights as fp16 onto the GPU, and times greedy generation
 bench sweep. Per stream = 1000 / (ms per generated token); the prefill is timed separately (one token) and
 subtracted. Prints one line per concurrency, as `hf c=N prompt=P tok/s/stream=X total=Y ttft_ms=Z`.
 
-Status (2026-12-02, H200): the model builds and loads (fp16, sdpa), but the first warm-up generate with a
-static cache did not finish within 120 s (a compile on first use is the suspect) and the session's GPU time
-ran out; no numbers from it exist yet. Next: time a plain dynamic-cache run as well, and allow the warm-up.
+Each timed call is bounded by --budget seconds (SIGALRM); a call that runs past it is reported as such
+instead of hanging the run. `--cache static` passes disable_compile=True: transformers otherwise compiles
+the forward with torch.compile on the first static-cache call (the 2026-12-02 run spent its 120 s there);
+`--cache dynamic` times the default DynamicCache path for comparison.
 """
 import argparse
 import json
 import os
+import signal
 import time
 
 import torch
@@ -51,14 +53,29 @@ def load_model(path):
     return model.eval(), config
 
 
-def timed_generate(model, ids, new_tokens):
+class Budget(Exception):
+    pass
+
+
+def _alarm(signum, frame):
+    raise Budget()
+
+
+def timed_generate(model, ids, new_tokens, cache, budget):
+    kwargs = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if cache == "static":
+        kwargs.update(cache_implementation="static", disable_compile=True)
     torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                       cache_implementation="static", pad_token_id=0)
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(budget)
+    try:
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, **kwargs)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+    finally:
+        signal.alarm(0)
 
 
 def main():
@@ -67,21 +84,30 @@ def main():
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--batch", default="1,8")
+    ap.add_argument("--cache", default="static,dynamic", help="comma-separated: static, dynamic")
+    ap.add_argument("--budget", type=int, default=90, help="seconds allowed per generate call")
     args = ap.parse_args()
+    t0 = time.perf_counter()
     model, config = load_model(args.model)
     print(f"transformers {__import__('transformers').__version__}, torch {torch.__version__}, "
-          f"{torch.cuda.get_device_name()}, fp16, sdpa, static cache", flush=True)
+          f"{torch.cuda.get_device_name()}, fp16, sdpa; loaded in {time.perf_counter() - t0:.1f} s", flush=True)
     g = torch.Generator().manual_seed(20250101)
-    for c in [int(x) for x in args.batch.split(",")]:
-        ids = torch.randint(5, config.vocab_size, (c, args.prompt), generator=g)
-        ids[:, 0] = 2
-        ids = ids.to("cuda")
-        timed_generate(model, ids, 4)  # warm-up
-        ttft = timed_generate(model, ids, 1)
-        total = timed_generate(model, ids, args.tokens)
-        per_token = (total - ttft) / (args.tokens - 1)
-        print(f"hf c={c} prompt={args.prompt} tok/s/stream={1 / per_token:.1f} total={c / per_token:.1f} "
-              f"ttft_ms={ttft * 1e3:.1f}", flush=True)
+    for cache in args.cache.split(","):
+        for c in [int(x) for x in args.batch.split(",")]:
+            ids = torch.randint(5, config.vocab_size, (c, args.prompt), generator=g)
+            ids[:, 0] = 2
+            ids = ids.to("cuda")
+            try:
+                timed_generate(model, ids, 4, cache, args.budget)  # warm-up
+                ttft = timed_generate(model, ids, 1, cache, args.budget)
+                total = timed_generate(model, ids, args.tokens, cache, args.budget)
+            except Budget:
+                print(f"hf cache={cache} c={c} prompt={args.prompt}: a generate call ran past {args.budget} s",
+                      flush=True)
+                continue
+            per_token = (total - ttft) / (args.tokens - 1)
+            print(f"hf cache={cache} c={c} prompt={args.prompt} tok/s/stream={1 / per_token:.1f} "
+                  f"total={c / per_token:.1f} ttft_ms={ttft * 1e3:.1f}", flush=True)
 
 
 if __name__ == "__main__":
