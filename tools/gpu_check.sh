@@ -93,19 +93,43 @@ if [ "$MODE" = sanitize ]; then
         > "$OUT/fuzz-campaign.log" 2>&1; echo "fuzz campaign rc=$?" >> "$OUT/fuzz-campaign.log" ) &
     FUZZ_PID=$!
   fi
-  timeout 270 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$T" > "$OUT/memcheck.log" 2>&1
+  timeout 220 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$T" > "$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(tail -2 "$OUT/memcheck.log" | head -1)"
   i=0
   for pat in "attention*" "flash attention: prompt*" "gemv*,quantized*"; do  # one kernel family per call
     i=$((i + 1))
-    timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" "$pat" > "$OUT/racecheck-$i.log" 2>&1
+    timeout 70 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" "$pat" > "$OUT/racecheck-$i.log" 2>&1
     echo "racecheck '$pat' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck-$i.log" | tail -1)"
   done
-  timeout 200 compute-sanitizer --tool initcheck --error-exitcode 9 "$T" > "$OUT/initcheck.log" 2>&1
+  timeout 150 compute-sanitizer --tool initcheck --error-exitcode 9 "$T" > "$OUT/initcheck.log" 2>&1
   echo "initcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck.log" | tail -1) $(tail -2 "$OUT/initcheck.log" | head -1)"
   if [ -n "${FUZZ_PID:-}" ]; then
     wait "$FUZZ_PID"
     tail -40 "$OUT/fuzz-campaign.log"
+    [ -f "$OUT/fuzz/summary.md" ] && cat "$OUT/fuzz/summary.md"
+  fi
+  exit 0
+fi
+if [ "$MODE" = initfuzz ]; then
+  # The fuzz campaign on the host's cores (FUZZ_DIR: a tools/fuzz_campaign.sh pack) while initcheck runs on the
+  # GPU: the kernel tests (files test_kernels.cu, test_flash_attention.cu) and tools/initcheck_cublas.cu, which
+  # shows whether initcheck tracks cuBLAS's stores (the engine tests' reports all follow cuBLAS GEMMs).
+  if [ -n "${FUZZ_DIR:-}" ]; then
+    ( bash "$FUZZ_DIR/fuzz_campaign.sh" run ${FUZZ_ARGS:--j 14 -r 10000000 -t 170} -o /tmp/fuzz "$FUZZ_DIR" \
+        > "$OUT/fuzz-campaign.log" 2>&1; echo "fuzz campaign rc=$?" >> "$OUT/fuzz-campaign.log"
+      mkdir -p "$OUT/fuzz" && cp /tmp/fuzz/summary.md "$OUT/fuzz/" 2>/dev/null; cp -r /tmp/fuzz/artifacts "$OUT/fuzz/" 2>/dev/null ) &
+    FUZZ_PID=$!
+  fi
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &&
+    compute-sanitizer --tool initcheck /tmp/initcheck_cublas > "$OUT/initcheck-cublas.log" 2>&1
+  echo "initcheck (cuBLAS probe): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas.log") reports; $(grep -E 'ERROR SUMMARY|sum of' "$OUT/initcheck-cublas.log" | tr '\n' ' ')"
+  [ -x "$BUILD_BASE/build-gpu-native/gpu_tests" ] || build native -gencode arch=compute_90,code=sm_90 || exit 1
+  timeout 240 compute-sanitizer --tool initcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" -# \
+    "[#test_kernels],[#test_flash_attention]" > "$OUT/initcheck-kernels.log" 2>&1
+  echo "initcheck (kernel tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-kernels.log" | tail -1) $(tail -2 "$OUT/initcheck-kernels.log" | head -1)"
+  if [ -n "${FUZZ_PID:-}" ]; then
+    wait "$FUZZ_PID"
+    tail -5 "$OUT/fuzz-campaign.log"
     [ -f "$OUT/fuzz/summary.md" ] && cat "$OUT/fuzz/summary.md"
   fi
   exit 0
