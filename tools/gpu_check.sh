@@ -61,6 +61,24 @@ run() {  # run <name> [args]
   return $rc
 }
 
+# The fuzz campaign in the background when FUZZ_DIR names a tools/fuzz_campaign.sh pack: fuzz_start ARGS,
+# later fuzz_finish. Corpora and worker logs stay in /tmp/fuzz (too many files for $OUT); the summary and
+# any findings are copied to $OUT/fuzz.
+fuzz_start() {
+  [ -n "${FUZZ_DIR:-}" ] || return 0
+  ( bash "$FUZZ_DIR/fuzz_campaign.sh" run "$@" -o /tmp/fuzz "$FUZZ_DIR" > "$OUT/fuzz-campaign.log" 2>&1
+    echo "fuzz campaign rc=$?" >> "$OUT/fuzz-campaign.log"
+    mkdir -p "$OUT/fuzz" && cp /tmp/fuzz/summary.md "$OUT/fuzz/" 2>/dev/null
+    cp -r /tmp/fuzz/artifacts "$OUT/fuzz/" 2>/dev/null ) &
+  FUZZ_PID=$!
+}
+fuzz_finish() {
+  [ -n "${FUZZ_PID:-}" ] || return 0
+  wait "$FUZZ_PID"
+  tail -5 "$OUT/fuzz-campaign.log"
+  [ -f "$OUT/fuzz/summary.md" ] && cat "$OUT/fuzz/summary.md"
+}
+
 fail=0
 if [ "$MODE" = verify ]; then
   # Short lease: both builds of the suite, and in the background the E2B w4a16 decode probe (native).
@@ -87,12 +105,7 @@ fi
 if [ "$MODE" = sanitize ]; then
   [ -x "$BUILD_BASE/build-gpu-native/gpu_tests" ] || build native -gencode arch=compute_90,code=sm_90 || exit 1
   T="$BUILD_BASE/build-gpu-native/gpu_tests"
-  if [ -n "${FUZZ_DIR:-}" ]; then  # the host's cores fuzz meanwhile (tools/fuzz_campaign.sh; compute-sanitizer
-    # keeps one core busy): a packed folder, run with FUZZ_ARGS, results under $OUT/fuzz
-    ( bash "$FUZZ_DIR/fuzz_campaign.sh" run ${FUZZ_ARGS:--j 12 -r 10000000 -t 80} -o "$OUT/fuzz" "$FUZZ_DIR" \
-        > "$OUT/fuzz-campaign.log" 2>&1; echo "fuzz campaign rc=$?" >> "$OUT/fuzz-campaign.log" ) &
-    FUZZ_PID=$!
-  fi
+  fuzz_start ${FUZZ_ARGS:--j 12 -r 10000000 -t 80}  # the host's cores fuzz meanwhile (FUZZ_DIR set)
   timeout 220 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$T" > "$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(tail -2 "$OUT/memcheck.log" | head -1)"
   i=0
@@ -103,23 +116,14 @@ if [ "$MODE" = sanitize ]; then
   done
   timeout 150 compute-sanitizer --tool initcheck --error-exitcode 9 "$T" > "$OUT/initcheck.log" 2>&1
   echo "initcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck.log" | tail -1) $(tail -2 "$OUT/initcheck.log" | head -1)"
-  if [ -n "${FUZZ_PID:-}" ]; then
-    wait "$FUZZ_PID"
-    tail -40 "$OUT/fuzz-campaign.log"
-    [ -f "$OUT/fuzz/summary.md" ] && cat "$OUT/fuzz/summary.md"
-  fi
+  fuzz_finish
   exit 0
 fi
 if [ "$MODE" = initfuzz ]; then
   # The fuzz campaign on the host's cores (FUZZ_DIR: a tools/fuzz_campaign.sh pack) while initcheck runs on the
   # GPU: the kernel tests (files test_kernels.cu, test_flash_attention.cu) and tools/initcheck_cublas.cu, which
   # shows whether initcheck tracks cuBLAS's stores (the engine tests' reports all follow cuBLAS GEMMs).
-  if [ -n "${FUZZ_DIR:-}" ]; then
-    ( bash "$FUZZ_DIR/fuzz_campaign.sh" run ${FUZZ_ARGS:--j 14 -r 10000000 -t 170} -o /tmp/fuzz "$FUZZ_DIR" \
-        > "$OUT/fuzz-campaign.log" 2>&1; echo "fuzz campaign rc=$?" >> "$OUT/fuzz-campaign.log"
-      mkdir -p "$OUT/fuzz" && cp /tmp/fuzz/summary.md "$OUT/fuzz/" 2>/dev/null; cp -r /tmp/fuzz/artifacts "$OUT/fuzz/" 2>/dev/null ) &
-    FUZZ_PID=$!
-  fi
+  fuzz_start ${FUZZ_ARGS:--j 14 -r 10000000 -t 170}
   nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &&
     compute-sanitizer --tool initcheck /tmp/initcheck_cublas > "$OUT/initcheck-cublas.log" 2>&1
   echo "initcheck (cuBLAS probe): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas.log") reports; $(grep -E 'ERROR SUMMARY|sum of' "$OUT/initcheck-cublas.log" | tr '\n' ' ')"
@@ -129,11 +133,7 @@ if [ "$MODE" = initfuzz ]; then
       "[#test_kernels],[#test_flash_attention]" > "$OUT/initcheck-kernels.log" 2>&1
     echo "initcheck (kernel tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-kernels.log" | tail -1) $(tail -2 "$OUT/initcheck-kernels.log" | head -1)"
   fi
-  if [ -n "${FUZZ_PID:-}" ]; then
-    wait "$FUZZ_PID"
-    tail -5 "$OUT/fuzz-campaign.log"
-    [ -f "$OUT/fuzz/summary.md" ] && cat "$OUT/fuzz/summary.md"
-  fi
+  fuzz_finish
   exit 0
 fi
 if [ "$MODE" = perf ]; then
