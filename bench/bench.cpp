@@ -36,7 +36,7 @@ namespace bench = gemma4_t4::bench;
 const char kUsage[] =
     "usage: bench [--model DIR] [--cpu] [--prompts LIST] [--concurrency LIST] [--tokens N] [--repeats N]\n"
     "             [--seed N] [--json FILE] [--csv FILE] [--svg FILE] [--doctor] [--device-only]\n"
-    "             [--lm-head f16|int8|int4] [--lm-head-fidelity POSITIONS]\n"
+    "             [--lm-head f16|int8|int4] [--lm-head-fidelity POSITIONS] [--no-pdl]\n"
     "\n"
     "Measures the device (memory bandwidth, the decode ceiling of the model) and runs the sweep of the\n"
     "published T4 study: every prompt length x every concurrency, greedy decoding, EOS ignored.\n"
@@ -60,6 +60,7 @@ const char kUsage[] =
     "  --lm-head-fidelity POSITIONS\n"
     "                     instead of the sweep: logits of the quantized head (--lm-head, or both int8 and int4)\n"
     "                     vs the fp16 head over POSITIONS random-token positions (max/mean error, top-1/top-5)\n"
+    "  --no-pdl           plain kernel launches on sm_90+ (LoadOptions::programmatic_launch = false)\n"
     "  --no-warmup        skip the untimed warm-up pass of each cell\n"
     "  --doctor           check this machine for the model (GPU, memory, disk) and exit\n"
     "  --device-only      report the device and its bandwidth, load no model, and exit\n"
@@ -80,6 +81,7 @@ struct Args {
   double kv_budget_gib = 0;
   long bandwidth_mib = 0;
   bool ple_device = false;
+  bool no_pdl = false;
   gemma4_t4::LmHead lm_head = gemma4_t4::LmHead::F16;
   long fidelity_positions = 0;
   bool doctor = false;
@@ -135,6 +137,8 @@ int parse_args(int argc, char** argv, Args* a) {
       a->quiet = true;
     } else if (k == "--ple-device") {
       a->ple_device = true;
+    } else if (k == "--no-pdl") {
+      a->no_pdl = true;
     } else if (k == "--no-warmup") {
       a->sweep.warmup = false;
     } else if (!v) {
@@ -238,6 +242,7 @@ int main(int argc, char** argv) {
   opt.device = int(a.device);
   opt.ple = a.ple_device ? gemma4_t4::PleLocation::Device : gemma4_t4::PleLocation::Host;
   opt.lm_head = a.lm_head;
+  opt.programmatic_launch = !a.no_pdl;
   if (a.fidelity_positions > 0) {
     std::string json = "[\n";
     for (gemma4_t4::LmHead h : {gemma4_t4::LmHead::Int8, gemma4_t4::LmHead::Int4}) {

@@ -3,7 +3,8 @@
 // The full benchmark (sweep, JSON/CSV, plots, projections) is bench/ work in progress; this is the probe
 // the performance notes in bench/RESULTS.md were measured with.
 //
-//   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device]
+//   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device] [--no-graphs]
+//               [--no-pdl]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -55,6 +56,8 @@ int main(int argc, char** argv) {
       opt.ple = next() == "device" ? PleLocation::Device : PleLocation::Host;
     else if (a == "--no-graphs")
       opt.cuda_graphs = false;
+    else if (a == "--no-pdl")
+      opt.programmatic_launch = false;
     else if (a == "--batch") {
       batches.clear();
       std::stringstream ss(next());

@@ -245,6 +245,14 @@ struct LoadOptions {
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
   bool cuda_graphs = true;       // replay decode steps (<= 16 sessions) as CUDA graphs
+  // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
+  // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
+  bool programmatic_launch = true;
+  // CUDA: rows of one forward pass (a prompt is prefilled in chunks of this many tokens), 64..16384. Every
+  // chunk re-reads -- and for w4a16 dequantises -- all the weights, so larger chunks prefill long prompts
+  // faster; the cost is workspace (~0.25 MB per row on E2B) and sliding-window KV slots (window + this many
+  // per sliding layer and session).
+  int max_pass_rows = 2048;
   // Called with 0..1 while loading, on the loading thread; may be empty. If it throws, the load stops
   // (Code::CallbackError with the exception's what(), nothing kept).
   std::function<void(float)> on_progress;
@@ -669,6 +677,8 @@ struct DeviceReport {
   // build has no SASS for this GPU, so the driver JIT-compiled the PTX (binary == device cc, ptx < binary).
   int kernel_binary_version = 0, kernel_ptx_version = 0;
   bool jit = false;
+  // Programmatic dependent launch (sm_90+ device running sm_90+ code; LoadOptions::programmatic_launch).
+  bool pdl = false;
   std::string code;  // in words: "native SASS sm_90", "PTX compute_75 JIT-compiled for sm_90", ...
   int driver_version = 0, runtime_version = 0;
   std::string host_cpu;  // /proc/cpuinfo "model name" ("" when unknown)

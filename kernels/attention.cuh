@@ -184,6 +184,7 @@ __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restr
 // partials for attention_merge_kernel; a.splits == 1 writes out directly either way.
 template <int D, int G>
 static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
+  pdl_enter();
   constexpr int WS = attn_slice<D>(), NW = D / WS, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
   constexpr int LPK = WS / 8, KP = 32 / LPK;               // P.V: lanes per key (8 channels each), keys per step
@@ -408,6 +409,7 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
 // keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
 static __global__ void __launch_bounds__(32) attention_merge_kernel(AttnArgs a) {
+  pdl_enter();
   constexpr int CB = D < 64 ? D : 64;  // channels per block
   __shared__ float wt[kAttnMaxSplits];
   const int row = blockIdx.x, h = blockIdx.y, lane = threadIdx.x, c = blockIdx.z * CB + 2 * lane;
@@ -457,11 +459,10 @@ inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim,
 template <int D, int G>
 inline cudaError_t launch_attention_dg(const AttnArgs& a, cudaStream_t stream) {
   const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(a.heads / a.kv_heads, D);
-  attention_split_kernel<D, G><<<dim3(a.rows, a.kv_heads, a.splits), attn_block<D>(), 0, stream>>>(a, fused);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads, a.splits), attn_block<D>(),
+                                      stream, a, int(fused));
   if (e != cudaSuccess || a.splits == 1 || fused) return e;
-  attention_merge_kernel<D><<<dim3(a.rows, a.heads, (D + 63) / 64), 32, 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, stream, a);
 }
 
 template <int D>

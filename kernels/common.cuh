@@ -3,12 +3,25 @@
 // Every kernel in kernels/ is compiled for sm_75 (Tesla T4) and up and uses only sm_75 features: no bf16
 // arithmetic, no cp.async, at most 48 KiB of static shared memory per block. Launchers are
 // `cudaError_t launch_<op>(..., cudaStream_t)`: they never allocate and report launch errors.
+//
+// Programmatic dependent launch (PDL, sm_90+ only). Inside a PdlScope, on a device and a build whose kernel
+// code is sm_90 or newer, launch_kernel sets cudaLaunchAttributeProgrammaticStreamSerialization: a kernel may
+// then be scheduled while its predecessor in the stream is still running (a decode step is ~400 small
+// dependent kernels, so the launch gap and the first loads' latency are most of its time). The contract every
+// kernel here keeps: before pdl_enter() it reads only constants of the forward pass (weights) and writes
+// nothing; pdl_enter() waits until the predecessor grid has completed and its writes are visible (so,
+// transitively, every earlier kernel), then lets the next kernel start its own prologue. Below sm_90 and
+// outside PDL launches both are no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a newer GPU)
+// has no griddepcontrol, so it is never launched this way (pdl_available checks the loaded code's PTX
+// version, not just the device).
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
+#include <utility>
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -85,6 +98,81 @@ __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
 }
 
 inline unsigned ceil_div(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+__device__ __forceinline__ void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
+// L2 prefetch of a constant input (a weight line) before pdl_enter(); sm_90 builds only (without PDL there
+// is nothing to overlap it with).
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+
+template <int>
+__global__ void pdl_probe_kernel() {}
+
+// Whether the current device runs this build's kernels as sm_90+ code (checked once per device).
+inline bool pdl_available() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices];  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
+  int v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    int major = 0;
+    cudaFuncAttributes fa{};
+    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+                    major >= 9 && cudaFuncGetAttributes(&fa, pdl_probe_kernel<0>) == cudaSuccess && fa.ptxVersion >= 90;
+    (void)cudaGetLastError();
+    v = ok ? 1 : -1;
+    known[dev].store(v, std::memory_order_relaxed);
+  }
+  return v > 0;
+}
+
+inline bool& pdl_requested() {
+  static thread_local bool on = false;
+  return on;
+}
+
+// PDL for the launches this thread makes while the scope lives (the CUDA backend's forward passes and the
+// graphs they capture), where pdl_available().
+class PdlScope {
+ public:
+  explicit PdlScope(bool on) : prev_(pdl_requested()) { pdl_requested() = on && pdl_available(); }
+  ~PdlScope() { pdl_requested() = prev_; }
+  PdlScope(const PdlScope&) = delete;
+  PdlScope& operator=(const PdlScope&) = delete;
+
+ private:
+  bool prev_;
+};
+
+// Every kernel launch of kernels/ (no dynamic shared memory): plain, or PDL inside an active PdlScope.
+template <typename... P, typename... A>
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, cudaStream_t stream, A&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_requested() ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+  const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
+  return e != cudaSuccess ? e : last;
+}
 
 }  // namespace kernels
 }  // namespace gemma4_t4

@@ -22,6 +22,7 @@ namespace kernels {
 
 static __global__ void embed_kernel(const half* __restrict__ E, const int* __restrict__ ids, int H, float scale,
                                     float* __restrict__ h) {
+  pdl_enter();
   const half* e = E + size_t(ids[blockIdx.x]) * H;
   float* o = h + size_t(blockIdx.x) * H;
   for (int c = threadIdx.x; c < H; c += blockDim.x) o[c] = __half2float(e[c]) * scale;
@@ -30,25 +31,25 @@ static __global__ void embed_kernel(const half* __restrict__ E, const int* __res
 inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, float scale, float* h,
                                 cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  embed_kernel<<<rows, 256, 0, stream>>>(E, ids, H, scale, h);
-  return cudaGetLastError();
+  return launch_kernel(embed_kernel, rows, 256, stream, E, ids, H, scale, h);
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
+  pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = to_half_sat(x[i]);
 }
 
 inline cudaError_t launch_to_half(const float* x, size_t n, half* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  to_half_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n, out);
-  return cudaGetLastError();
+  return launch_kernel(to_half_kernel, ceil_div(n, 256), 256, stream, x, n, out);
 }
 
 // Raw element types of launch_widen (the safetensors dtypes a float tensor may have).
 enum class RawFloat { F32, F16, BF16 };
 
 static __global__ void widen_kernel(const void* __restrict__ x, RawFloat type, size_t n, float* __restrict__ out) {
+  pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   if (type == RawFloat::F32) {
@@ -61,26 +62,26 @@ static __global__ void widen_kernel(const void* __restrict__ x, RawFloat type, s
 
 inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  widen_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, type, n, out);
-  return cudaGetLastError();
+  return launch_kernel(widen_kernel, ceil_div(n, 256), 256, stream, x, type, n, out);
 }
 
 static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
                                        half* __restrict__ out) {
+  pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
 }
 
 inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
-  gelu_mul_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(g, u, n, out);
-  return cudaGetLastError();
+  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, stream, g, u, n, out);
 }
 
 // Grid (rows, L); block 32..256 threads over D.
 static __global__ void ple_combine_kernel(const float* __restrict__ proj, const float* __restrict__ tok,
                                           const float* __restrict__ w, int L, int D, float pscale, float tscale,
                                           float mix, float eps, float* __restrict__ ple) {
+  pdl_enter();
   const size_t off = (size_t(blockIdx.x) * L + blockIdx.y) * D;
   float ss = 0.f;
   for (int k = threadIdx.x; k < D; k += blockDim.x) {
@@ -97,12 +98,13 @@ inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const
                                       cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
   const int threads = D >= 256 ? 256 : (D >= 64 ? 64 : 32);
-  ple_combine_kernel<<<dim3(rows, L), threads, 0, stream>>>(proj, tok, w, L, D, pscale, tscale, mix, eps, ple);
-  return cudaGetLastError();
+  return launch_kernel(ple_combine_kernel, dim3(rows, L), threads, stream, proj, tok, w, L, D, pscale, tscale, mix, eps,
+                       ple);
 }
 
 static __global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L,
                                        int D, int layer, half* __restrict__ out) {
+  pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
   const size_t r = i / D, k = i % D;
@@ -112,23 +114,23 @@ static __global__ void ple_gate_kernel(const float* __restrict__ g, const float*
 inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, int L, int D, int layer, half* out,
                                    cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  ple_gate_kernel<<<ceil_div(size_t(rows) * D, 256), 256, 0, stream>>>(g, ple, rows, L, D, layer, out);
-  return cudaGetLastError();
+  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, stream, g, ple, rows, L, D, layer, out);
 }
 
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
+  pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
 inline cudaError_t launch_softcap(float* x, size_t n, float cap, cudaStream_t stream) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  softcap_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(x, n, cap);
-  return cudaGetLastError();
+  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, stream, x, n, cap);
 }
 
 // One block (256 threads) per row.
 static __global__ void argmax_rows_kernel(const float* __restrict__ x, int V, int* __restrict__ out) {
+  pdl_enter();
   __shared__ float bv[256];
   __shared__ int bi[256];
   const float* xr = x + size_t(blockIdx.x) * V;
@@ -158,8 +160,7 @@ static __global__ void argmax_rows_kernel(const float* __restrict__ x, int V, in
 
 inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  argmax_rows_kernel<<<rows, 256, 0, stream>>>(x, V, out);
-  return cudaGetLastError();
+  return launch_kernel(argmax_rows_kernel, rows, 256, stream, x, V, out);
 }
 
 }  // namespace kernels

@@ -155,6 +155,7 @@ __device__ __forceinline__ uint32_t flash_pack_half2(half lo, half hi) {
 template <int D, int G>
 static __global__ void __launch_bounds__(flash_threads<D>())
     flash_attention_kernel(AttnArgs a, const int2* __restrict__ tiles) {
+  pdl_enter();
   constexpr int W = D / kFlashSlice, KG = flash_key_groups<D>(), GT = 32 * W;  // warps / threads per group
   constexpr int BM = kFlashRows, BN = kFlashKeys, MT = BM / 16;
   constexpr int NS = kFlashSlice / 8;  // 8-wide k-steps (scores) / n-tiles (output) in a warp's slice
@@ -530,12 +531,11 @@ inline cudaError_t launch_flash_attention_d(const AttnArgs& a, const int2* tiles
   const dim3 grid(unsigned(num_tiles), unsigned(a.kv_heads));
   constexpr int T = flash_threads<D>();
   switch (flash_group_pad(group)) {
-    case 1: flash_attention_kernel<D, 1><<<grid, T, 0, stream>>>(a, tiles); break;
-    case 2: flash_attention_kernel<D, 2><<<grid, T, 0, stream>>>(a, tiles); break;
-    case 4: flash_attention_kernel<D, 4><<<grid, T, 0, stream>>>(a, tiles); break;
-    default: flash_attention_kernel<D, 8><<<grid, T, 0, stream>>>(a, tiles); break;
+    case 1: return launch_kernel(flash_attention_kernel<D, 1>, grid, T, stream, a, tiles);
+    case 2: return launch_kernel(flash_attention_kernel<D, 2>, grid, T, stream, a, tiles);
+    case 4: return launch_kernel(flash_attention_kernel<D, 4>, grid, T, stream, a, tiles);
+    default: return launch_kernel(flash_attention_kernel<D, 8>, grid, T, stream, a, tiles);
   }
-  return cudaGetLastError();
 }
 
 // Prefill attention over the caches described by `a` (q, kbase, vbase, capacity, seq, pos, layer, layers,

@@ -226,6 +226,23 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
     xr[t] = reinterpret_cast<const uint4*>(a.x + size_t(okx[t] ? r : 0) * a.in);
   }
 
+  // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
+  // warp's first 2U k-tiles of them (and their scales) are pulled into L2; x is read only after pdl_enter().
+  for (int i = 0, kt = ks; i < 2 * U && kt < ktiles; ++i, kt += kw) {
+    const int unit = kt * 4 + tig;
+    if (unit >= units) break;
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      if (oka) prefetch_l2(wa[m] + unit);
+      if (okb) prefetch_l2(wb[m] + unit);
+      if (W4 && tig == 0 && (i == 0 || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
+        if (oka) prefetch_l2(sa[m] + unit);
+        if (okb) prefetch_l2(sb[m] + unit);
+      }
+    }
+  }
+  pdl_enter();
+
   float acc[M][NT][4];
 #pragma unroll
   for (int m = 0; m < M; ++m)
@@ -367,11 +384,8 @@ inline int gemv_split(int ktiles) {
 
 template <int WL, GemvEpilogue E>
 inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, cudaStream_t stream) {
-  if (a.n <= 8)
-    gemv_kernel<1, WL, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
-  else
-    gemv_kernel<2, WL, E><<<blocks, kGemvWarps * 32, 0, stream>>>(a);
-  return cudaGetLastError();
+  if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, stream, a);
+  return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, stream, a);
 }
 
 inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -510,6 +524,7 @@ inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* 
 // One warp per row: scale = max|w| / 127, q = clamp(rint(w / scale), -127, 127).
 static __global__ void quantize_int8_kernel(const half* __restrict__ W, int out, int in, int8_t* __restrict__ q,
                                             float* __restrict__ scale) {
+  pdl_enter();
   const int row = int(blockIdx.x) * (blockDim.x / 32) + int(threadIdx.x / 32), lane = int(threadIdx.x & 31);
   if (row >= out) return;
   const half* w = W + size_t(row) * in;
@@ -527,6 +542,7 @@ static __global__ void quantize_int8_kernel(const half* __restrict__ W, int out,
 // w4a16 layout (column 8j + k in nibble k of word j, q + 8).
 static __global__ void quantize_int4_kernel(const half* __restrict__ W, int out, int in, uint32_t* __restrict__ Wq,
                                             half* __restrict__ S) {
+  pdl_enter();
   const int groups = in / 32;
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= size_t(out) * groups) return;
@@ -549,21 +565,20 @@ static __global__ void quantize_int4_kernel(const half* __restrict__ W, int out,
 inline cudaError_t launch_quantize_int8(const half* W, int out, int in, int8_t* q, float* scale, cudaStream_t stream) {
   if (out <= 0) return cudaSuccess;
   if (in <= 0) return cudaErrorInvalidValue;
-  quantize_int8_kernel<<<ceil_div(size_t(out), 8), 256, 0, stream>>>(W, out, in, q, scale);
-  return cudaGetLastError();
+  return launch_kernel(quantize_int8_kernel, ceil_div(size_t(out), 8), 256, stream, W, out, in, q, scale);
 }
 
 inline cudaError_t launch_quantize_int4(const half* W, int out, int in, uint32_t* Wq, half* S, cudaStream_t stream) {
   const size_t groups = size_t(out) * (in / 32);
   if (in % 32 != 0) return cudaErrorInvalidValue;
   if (groups == 0) return cudaSuccess;
-  quantize_int4_kernel<<<ceil_div(groups, 256), 256, 0, stream>>>(W, out, in, Wq, S);
-  return cudaGetLastError();
+  return launch_kernel(quantize_int4_kernel, ceil_div(groups, 256), 256, stream, W, out, in, Wq, S);
 }
 
 // Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per scale group.
 static __global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const half* __restrict__ S, int out, int in,
                                          half* __restrict__ out16) {
+  pdl_enter();
   // one thread per scale group: a 16-byte load of 4 words (32 columns) -> four 16-byte stores
   const int groups = in / 32;
   const size_t idx = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -590,8 +605,7 @@ inline cudaError_t launch_dequant_w4(const uint32_t* Wq, const half* S, int out,
   const size_t groups = size_t(out) * (in / 32);
   if (groups == 0) return cudaSuccess;
   if (in % 32 != 0) return cudaErrorInvalidValue;
-  dequant_w4_kernel<<<ceil_div(groups, 256), 256, 0, stream>>>(Wq, S, out, in, out16);
-  return cudaGetLastError();
+  return launch_kernel(dequant_w4_kernel, ceil_div(groups, 256), 256, stream, Wq, S, out, in, out16);
 }
 
 }  // namespace kernels

@@ -10,7 +10,13 @@
 // NextNorm::Norm computes norm(h[r]) exactly as rmsnorm_kernel would on the updated row (same block size,
 // same per-thread order, same reduction), so the CUDA backend folds every layer's input rmsnorm but the
 // first into the previous layer's last residual_norm bit for bit (tested in tests/gpu/test_kernels.cu).
-// One block per row; any cols. sm_75: plain loads, block reductions in static shared memory (132 B).
+// One block per row; any cols. Rows of cols % 4 == 0 (row strides too, 16-byte aligned pointers) and
+// cols <= 4 * 256 * kNormVec take the vectorised kernels: each thread issues all its 16-byte loads (x or h, y,
+// and the weights) before it uses any, so a row costs one memory round trip per reduction instead of one per
+// element it owns (a decode step runs ~100 of these one-row norms: latency is all they cost). Other rows take
+// the scalar kernels. The path is a function of (cols, row stride, alignment) only, and rmsnorm and
+// residual_norm's NextNorm::Norm use the same block size, per-thread order and reduction on either path.
+// sm_75: plain loads, block reductions in static shared memory (132 B).
 #pragma once
 
 #include "common.cuh"
@@ -22,6 +28,7 @@ enum class NextNorm { None, Norm, Copy };
 
 static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
                                       const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  pdl_enter();
   const float* xr = x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx;
   float ss = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
@@ -33,6 +40,7 @@ static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, cons
 static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y,
                                             const float* __restrict__ w_post, int cols, float eps, float scalar,
                                             NextNorm next, const float* __restrict__ w_next, half* __restrict__ out16) {
+  pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
   float ss = 0.f;
@@ -54,21 +62,127 @@ static __global__ void residual_norm_kernel(float* __restrict__ h, const float* 
   for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(hr[c] * r2 * w_next[c]);
 }
 
+constexpr int kNormVec = 8;  // float4 chunks per thread, vectorised kernels
+
+// Thread t owns chunks t, t + T, ..., t + (kNormVec - 1) T of the row (4 floats each; zeros past the end,
+// and everywhere for a null row).
+__device__ __forceinline__ void norm_load(const float* row, int n4, float4 (&v)[kNormVec]) {
+  const float4* p = reinterpret_cast<const float4*>(row);
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int j = int(threadIdx.x) + k * int(blockDim.x);
+    v[k] = p && j < n4 ? p[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+__device__ __forceinline__ float norm_sumsq(const float4 (&v)[kNormVec]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    ss += v[k].x * v[k].x;
+    ss += v[k].y * v[k].y;
+    ss += v[k].z * v[k].z;
+    ss += v[k].w * v[k].w;
+  }
+  return ss;
+}
+
+// out[j] = half4(v[k] * r * w[k]) (or half4(v[k]) when w is null) for the thread's chunks.
+__device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[kNormVec], float r,
+                                           const float4 (&w)[kNormVec], bool weighted) {
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int j = int(threadIdx.x) + k * int(blockDim.x);
+    if (j >= n4) continue;
+    const float4 a = v[k];
+    const float4 b = weighted ? make_float4(a.x * r * w[k].x, a.y * r * w[k].y, a.z * r * w[k].z, a.w * r * w[k].w) : a;
+    half2 lo = __halves2half2(to_half_sat(b.x), to_half_sat(b.y)),
+          hi = __halves2half2(to_half_sat(b.z), to_half_sat(b.w));
+    uint2 u;
+    memcpy(&u.x, &lo, 4);
+    memcpy(&u.y, &hi, 4);
+    reinterpret_cast<uint2*>(out)[j] = u;
+  }
+}
+
+static __global__ void __launch_bounds__(256)
+    rmsnorm_vec_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
+                       const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  const int n4 = cols / 4;
+  float4 wv[kNormVec];
+  norm_load(w, n4, wv);  // a constant: before pdl_enter
+  pdl_enter();
+  float4 v[kNormVec];
+  norm_load(x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx, n4, v);
+  const float r = rsqrtf(block_sum(norm_sumsq(v)) / cols + eps);
+  norm_store(out16 + size_t(blockIdx.x) * cols, n4, v, r, wv, true);
+}
+
+static __global__ void __launch_bounds__(256)
+    residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_post,
+                             int cols, float eps, float scalar, NextNorm next, const float* __restrict__ w_next,
+                             half* __restrict__ out16) {
+  const int n4 = cols / 4;
+  float4 wp[kNormVec], wn[kNormVec];
+  norm_load(w_post, n4, wp);  // constants: before pdl_enter
+  norm_load(next == NextNorm::Norm ? w_next : nullptr, n4, wn);
+  pdl_enter();
+  float* hr = h + size_t(blockIdx.x) * cols;
+  float4 yv[kNormVec], hv[kNormVec];
+  norm_load(y + size_t(blockIdx.x) * cols, n4, yv);
+  norm_load(hr, n4, hv);
+  const float r = rsqrtf(block_sum(norm_sumsq(yv)) / cols + eps);
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int j = int(threadIdx.x) + k * int(blockDim.x);
+    if (j >= n4) continue;
+    const float4 a = hv[k], b = yv[k], c = wp[k];
+    hv[k] = make_float4((a.x + b.x * r * c.x) * scalar, (a.y + b.y * r * c.y) * scalar, (a.z + b.z * r * c.z) * scalar,
+                        (a.w + b.w * r * c.w) * scalar);
+    reinterpret_cast<float4*>(hr)[j] = hv[k];
+  }
+  if (next == NextNorm::None) return;
+  half* o = out16 + size_t(blockIdx.x) * cols;
+  if (next == NextNorm::Copy) {
+    norm_store(o, n4, hv, 1.f, wn, false);
+    return;
+  }
+  const float r2 = rsqrtf(block_sum(norm_sumsq(hv)) / cols + eps);  // zeros past the end add nothing
+  norm_store(o, n4, hv, r2, wn, true);
+}
+
 inline int norm_threads(int cols) { return cols >= 1024 ? 256 : (cols >= 256 ? 128 : 32); }
+
+// The vectorised kernels' block: 32..256 threads, the fewest that hold the row in kNormVec chunks each.
+inline int norm_vec_threads(int cols) {
+  const int n4 = cols / 4;
+  return n4 <= 32 * kNormVec ? 32 : (n4 <= 128 * kNormVec ? 128 : 256);
+}
+
+inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const void* c) {
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && al(a) && al(b) && al(c);
+}
 
 inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index, const float* w, int rows, int cols,
                                   float eps, half* out16, cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  rmsnorm_kernel<<<rows, norm_threads(cols), 0, stream>>>(x, ldx, row_index, w, cols, eps, out16);
-  return cudaGetLastError();
+  if (norm_vec_ok(cols, ldx, x, w, out16))
+    return launch_kernel(rmsnorm_vec_kernel, rows, norm_vec_threads(cols), stream, x, ldx, row_index, w, cols, eps,
+                         out16);
+  return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), stream, x, ldx, row_index, w, cols, eps, out16);
 }
 
+// w_next: read only by NextNorm::Norm (may be null otherwise).
 inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w_post, int rows, int cols, float eps,
                                         float scalar, NextNorm next, const float* w_next, half* out16,
                                         cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  residual_norm_kernel<<<rows, norm_threads(cols), 0, stream>>>(h, y, w_post, cols, eps, scalar, next, w_next, out16);
-  return cudaGetLastError();
+  if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr))
+    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), stream, h, y, w_post, cols, eps,
+                         scalar, next, w_next, out16);
+  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), stream, h, y, w_post, cols, eps, scalar, next,
+                       w_next, out16);
 }
 
 }  // namespace kernels

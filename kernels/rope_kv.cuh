@@ -51,6 +51,7 @@ struct HeadNormArgs {
 
 // Grid (rows, sum of the targets' heads): blockIdx.y walks the heads of target 0, then 1, then 2.
 static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
+  pdl_enter();
   const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
   // Target and head of this block; constant indices only (a dynamic index into the parameter array would
   // copy it to local memory).
@@ -112,8 +113,7 @@ inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, in
   a.d = d;
   a.eps = eps;
   a.pos = pos;
-  head_norm_rope_kernel<<<dim3(rows, heads), head_norm_threads(d), 0, stream>>>(a);
-  return cudaGetLastError();
+  return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), stream, a);
 }
 
 inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, int heads, int d, const float* w,

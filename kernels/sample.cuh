@@ -35,6 +35,7 @@ __device__ __forceinline__ uint32_t key_of(float v) { return detail::float_key(_
 static __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(float* __restrict__ logits, int V, const SampleParams* __restrict__ params,
                   const int* __restrict__ seen, int* __restrict__ out) {
+  pdl_enter();
   __shared__ float scan[kSampleThreads];
   __shared__ int pick;
   float* x = logits + size_t(blockIdx.x) * V;
@@ -47,21 +48,60 @@ static __global__ void __launch_bounds__(kSampleThreads)
       x[t] = v > 0.f ? v / P.penalty : v * P.penalty;
     }
   __syncthreads();
+  if (P.temperature <= 0.f || P.top_k == 1) {  // greedy: the first index holding the max, in one pass
+    float best = -INFINITY;
+    int bi = V;  // this thread's first index holding `best` (it visits its indices in increasing order); a row
+                 // with nothing above -inf ends at V: index 0, as the reference's argmax
+    const auto see = [&](float v, int i) {
+      if (v > best) {
+        best = v;
+        bi = i;
+      }
+    };
+    if ((V & 3) == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0) {  // 16-byte loads, 8 in flight
+      const float4* x4 = reinterpret_cast<const float4*>(x);
+#pragma unroll 8
+      for (int j = tid; j < V / 4; j += kSampleThreads) {
+        const float4 v = x4[j];
+        see(v.x, 4 * j);
+        see(v.y, 4 * j + 1);
+        see(v.z, 4 * j + 2);
+        see(v.w, 4 * j + 3);
+      }
+    } else {
+      for (int i = tid; i < V; i += kSampleThreads) see(x[i], i);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {  // larger value, then smaller index
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (ob > best || (ob == best && oi < bi)) {
+        best = ob;
+        bi = oi;
+      }
+    }
+    __shared__ float wbest[kSampleThreads / 32];
+    __shared__ int wbi[kSampleThreads / 32];
+    if ((tid & 31) == 0) {
+      wbest[tid >> 5] = best;
+      wbi[tid >> 5] = bi;
+    }
+    __syncthreads();
+    if (tid == 0) {
+      for (int w = 1; w < kSampleThreads / 32; ++w)
+        if (wbest[w] > best || (wbest[w] == best && wbi[w] < bi)) {
+          best = wbest[w];
+          bi = wbi[w];
+        }
+      out[blockIdx.x] = bi < V ? bi : 0;
+    }
+    return;
+  }
   float m = -INFINITY;
   for (int i = tid; i < V; i += kSampleThreads) m = fmaxf(m, x[i]);
   m = block_max(m);
   if (tid == 0) pick = V;
   __syncthreads();
-  if (P.temperature <= 0.f || P.top_k == 1) {  // greedy: the first index holding the max
-    for (int i = tid; i < V; i += kSampleThreads)
-      if (x[i] == m) {
-        atomicMin(&pick, i);
-        break;
-      }
-    __syncthreads();
-    if (tid == 0) out[blockIdx.x] = pick < V ? pick : 0;
-    return;
-  }
   const float T = P.temperature;
   uint32_t thr = 0;
   if (P.min_p > 0.f) thr = max(thr, key_of(m + T * logf(P.min_p)));
@@ -139,8 +179,7 @@ static __global__ void __launch_bounds__(kSampleThreads)
 inline cudaError_t launch_sample(float* logits, int rows, int V, const SampleParams* params, const int* seen, int* out,
                                  cudaStream_t stream) {
   if (rows <= 0) return cudaSuccess;
-  sample_kernel<<<rows, kSampleThreads, 0, stream>>>(logits, V, params, seen, out);
-  return cudaGetLastError();
+  return launch_kernel(sample_kernel, rows, kSampleThreads, stream, logits, V, params, seen, out);
 }
 
 }  // namespace kernels

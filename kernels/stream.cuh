@@ -24,6 +24,7 @@ constexpr int kStreamThreads = 512;  // threads per block of stream_read (a mult
 
 static __global__ void __launch_bounds__(kStreamThreads)
     stream_read_kernel(const uint4* __restrict__ p, size_t n, uint32_t* __restrict__ out) {
+  pdl_enter();
   __shared__ uint32_t partial[kStreamThreads / 32];
   uint32_t acc = 0;
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -45,8 +46,7 @@ static __global__ void __launch_bounds__(kStreamThreads)
 // p: [n] uint4 in device memory; out: [blocks] uint32 (XOR them for the XOR of all of p). Never allocates.
 inline cudaError_t launch_stream_read(const uint4* p, size_t n, uint32_t* out, int blocks, cudaStream_t stream) {
   if (blocks < 1 || !out || (n && !p)) return cudaErrorInvalidValue;
-  stream_read_kernel<<<blocks, kStreamThreads, 0, stream>>>(p, n, out);
-  return cudaGetLastError();
+  return launch_kernel(stream_read_kernel, blocks, kStreamThreads, stream, p, n, out);
 }
 
 // The host reference: the XOR of all 32-bit words of p[n] (what the XOR of out[] must equal).

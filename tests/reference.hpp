@@ -98,10 +98,12 @@ inline std::vector<float> forward_in_chunks(const gemma4_t4::Engine& engine, gem
 
 inline gemma4_t4::Engine load_engine(const std::string& name, gemma4_t4::Backend backend,
                                      gemma4_t4::PleLocation ple = gemma4_t4::PleLocation::Host,
-                                     size_t max_context = 1024, gemma4_t4::LmHead lm_head = gemma4_t4::LmHead::F16) {
+                                     size_t max_context = 1024, gemma4_t4::LmHead lm_head = gemma4_t4::LmHead::F16,
+                                     int max_pass_rows = 0) {  // 0: LoadOptions' default
   gemma4_t4::Engine e;
   gemma4_t4::LoadOptions opt;
   opt.backend = backend;
+  if (max_pass_rows > 0) opt.max_pass_rows = max_pass_rows;
   opt.max_context = max_context;
   opt.ple = ple;
   opt.lm_head = lm_head;

@@ -6,7 +6,8 @@
 #
 #   bash tools/gpu_check.sh [full|quick|bench|final|profile]
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
-#     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times;
+#     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times
+#     (decode and prefill); build: the native suite only;
 #     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease);
 #     check: both builds + suite + ptxas, no sanitizers, no benchmarks; sanitize: compute-sanitizer memcheck
 #     (+ leak check), racecheck (per kernel family) and initcheck over the native build (built if missing;
@@ -124,12 +125,14 @@ if [ "$MODE" = initfuzz ]; then
   # GPU: the kernel tests (files test_kernels.cu, test_flash_attention.cu) and tools/initcheck_cublas.cu, which
   # shows whether initcheck tracks cuBLAS's stores (the engine tests' reports all follow cuBLAS GEMMs).
   fuzz_start ${FUZZ_ARGS:--j 14 -r 10000000 -t 170}
-  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &&
-    compute-sanitizer --tool initcheck /tmp/initcheck_cublas > "$OUT/initcheck-cublas.log" 2>&1
-  echo "initcheck (cuBLAS probe): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas.log") reports; $(grep -E 'ERROR SUMMARY|sum of' "$OUT/initcheck-cublas.log" | tr '\n' ' ')"
+  if [ -z "${SKIP_CUBLAS_PROBE:-}" ]; then
+    nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &&
+      compute-sanitizer --tool initcheck /tmp/initcheck_cublas > "$OUT/initcheck-cublas.log" 2>&1
+    echo "initcheck (cuBLAS probe): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas.log") reports; $(grep -E 'ERROR SUMMARY|sum of' "$OUT/initcheck-cublas.log" | tr '\n' ' ')"
+  fi
   if [ -z "${SKIP_KERNEL_INITCHECK:-}" ]; then  # needs the suite's build: minutes beside the fuzzers
     [ -x "$BUILD_BASE/build-gpu-native/gpu_tests" ] || build native -gencode arch=compute_90,code=sm_90 || exit 1
-    timeout 240 compute-sanitizer --tool initcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" -# \
+    timeout 200 compute-sanitizer --tool initcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" -# \
       "[#test_kernels],[#test_flash_attention]" > "$OUT/initcheck-kernels.log" 2>&1
     echo "initcheck (kernel tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-kernels.log" | tail -1) $(tail -2 "$OUT/initcheck-kernels.log" | head -1)"
   fi
@@ -179,6 +182,10 @@ if [ "$MODE" = check ]; then  # the 4096-token TTFT probe, prepared while the su
   nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
     src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
 fi
+if [ "$MODE" = build ]; then  # the native suite only (e.g. in the background while another mode measures)
+  build native -gencode arch=compute_90,code=sm_90
+  exit $?
+fi
 if [ "$MODE" != bench ]; then
 build native -gencode arch=compute_90,code=sm_90 || fail=1
 [ $fail -eq 0 ] && { run native || fail=1; }
@@ -191,6 +198,15 @@ if [ "$MODE" = full ] || [ "$MODE" = final ] || [ "$MODE" = check ]; then
   if [ "$MODE" = check ] && [ -x /tmp/quick_bench_native ] && [ -d /tmp/e2b-w4a16 ]; then
     echo "== E2B w4a16, native, prompt 4096 (quick_bench: TTFT of the second session)" | tee -a "$OUT/bench.log"
     /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1,2 2>&1 | tee -a "$OUT/bench.log"
+    for pdl in "" --no-pdl; do  # decode with and without programmatic dependent launch (sm_90 build)
+      echo "== E2B w4a16, native, prompt 512 ${pdl:-(PDL on)}" | tee -a "$OUT/bench.log"
+      /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 64 --batch 1,8 $pdl 2>&1 | tee -a "$OUT/bench.log"
+    done
+    if [ -n "${PROFILE:-}" ]; then  # per-kernel time of ~2 eager decode steps (ncu; clocks locked to base)
+      timeout 120 ncu --metrics gpu__time_duration.sum --launch-skip 2500 --launch-count 800 --print-summary per-kernel \
+        /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 8 --batch 1 --no-graphs > "$OUT/ncu.txt" 2>&1
+      echo "ncu decode rc=$?"
+    fi
   fi
   # sm_75 resource usage (registers, spills, shared memory) of the shipped kernels
   nvcc $NVFLAGS -gencode arch=compute_75,code=sm_75 $INC -x cu -c src/impl.cu -o /tmp/impl75.o -Xptxas -v \
@@ -226,7 +242,6 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
   SWEEP=${SWEEP:-"--prompts 512,4096 --concurrency 1,4,8,16 --tokens 128 --repeats 3"}
   for fmt in w4a16 bf16; do
     for arch in native turing; do
-      [ $fmt = bf16 ] && [ $arch = turing ] && continue  # the Turing-only comparison is made on w4a16
       echo "== E2B $fmt, $arch build" | tee -a "$OUT/bench.log"
       /tmp/bench_$arch --model /tmp/e2b-$fmt $SWEEP --quiet --json "$OUT/bench-$fmt-$arch.json" \
         --csv "$OUT/bench-$fmt-$arch.csv" --svg "$OUT/bench-$fmt-$arch.svg" 2>&1 | tee -a "$OUT/bench.log"
@@ -236,14 +251,21 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
   /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1,2 2>&1 | tee -a "$OUT/bench.log"
 fi
 if [ "$MODE" = profile ]; then
-  # Per-kernel GPU time of eager decode steps (E2B w4a16, c=1): where a decode step's time goes.
-  g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &
-  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/qb bench/quick_bench.cpp src/impl.cu -lcublas \
-    > "$OUT/build-profile.log" 2>&1 || fail=1
+  # Per-kernel GPU time (ncu) of (1) eager decode steps, E2B w4a16, c=1, prompt 512 -- where a decode step's
+  # time goes -- and (2) the first 4096-token prefill (8 passes of 512 rows) -- where TTFT goes. Builds
+  # are skipped when a previous call on this warm machine left them.
+  [ -x /tmp/make_synthetic ] || g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &
+  [ -x /tmp/qb ] || nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/qb bench/quick_bench.cpp \
+    src/impl.cu -lcublas > "$OUT/build-profile.log" 2>&1 || fail=1
   wait
-  /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 || fail=1
+  [ -d /tmp/e2b-w4a16 ] || /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 || fail=1
   ncu --metrics gpu__time_duration.sum --launch-skip 2500 --launch-count 700 --print-summary per-kernel \
     /tmp/qb --model /tmp/e2b-w4a16 --prompt 512 --tokens 8 --batch 1 --no-graphs > "$OUT/ncu.txt" 2>&1
   grep -E "^  [a-zA-Z_]|gpu__time_duration.sum|Invocations" "$OUT/ncu.txt" | head -150
+  timeout ${PREFILL_NCU_S:-230} ncu --metrics gpu__time_duration.sum --launch-count ${PREFILL_LAUNCHES:-9000} --print-summary per-kernel \
+    /tmp/qb --model /tmp/e2b-w4a16 --prompt 4096 --tokens 1 --batch 1 --no-graphs > "$OUT/ncu-prefill.txt" 2>&1
+  echo "ncu prefill rc=$?"
+  grep -E "^  [a-zA-Z_]|gpu__time_duration.sum|Invocations" "$OUT/ncu-prefill.txt" | head -150
+  [ "$MODE" = profile ] && exit $fail
 fi
 exit $fail

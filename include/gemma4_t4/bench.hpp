@@ -465,6 +465,7 @@ inline bench::DeviceReport cuda_report(int device) {
   }
   r.kernel_binary_version = a.binaryVersion;
   r.kernel_ptx_version = a.ptxVersion;
+  r.pdl = kernels::pdl_available();
   if (a.binaryVersion == cc && a.ptxVersion < cc) {
     r.jit = true;
     r.code = strf("PTX compute_%d JIT-compiled for sm_%d", a.ptxVersion, cc);
@@ -524,14 +525,14 @@ inline Status inspect_model(const std::string& dir, bench::DoctorReport* d) {
   for (const LayerW& l : w.layers)
     for (const LinearW* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) see(*x);
   const double ctx = std::min(8192.0, double(cfg.max_position_embeddings));
+  const double rows = LoadOptions().max_pass_rows;  // the CUDA backend's pass size at the default options
   for (const LayerConfig& lc : cfg.layers) {
     qw = std::max(qw, double(cfg.num_heads) * lc.head_dim);
     dmax = std::max(dmax, double(lc.head_dim));
     if (lc.kv_shared) continue;
-    const double cap = lc.type == LayerType::Sliding ? std::min(ctx, double(cfg.sliding_window) + 512) : ctx;
+    const double cap = lc.type == LayerType::Sliding ? std::min(ctx, double(cfg.sliding_window) + rows) : ctx;
     kv += 2 * cap * lc.num_kv_heads * lc.head_dim * 2;
   }
-  const double rows = 512;  // CudaBackend::kMaxRows
   const double workspace = rows * (wide * 14 + qw * 2 + L * D * 12 + H * 4) + 1024 * cfg.num_heads * (dmax + 2) * 4 +
                            largest + 80 * V * 4 + 512.0 * 1024 * 1024;  // + CUDA context / cuBLAS
   d->model_gpu_bytes = uint64_t(weights + workspace + kv);
@@ -758,6 +759,7 @@ inline Json device_json(const bench::DeviceReport& d) {
               {"kernel_binary_version", d.kernel_binary_version},
               {"kernel_ptx_version", d.kernel_ptx_version},
               {"jit", d.jit},
+              {"pdl", d.pdl},
               {"code", d.code},
               {"driver_version", d.driver_version},
               {"runtime_version", d.runtime_version},
@@ -943,8 +945,8 @@ std::string to_text(const DeviceReport& d) {
     s += strf("  shared memory: %s per block, %s opt-in per block, %s per SM\n",
               human_bytes(double(d.smem_per_block)).c_str(), human_bytes(double(d.smem_per_block_optin)).c_str(),
               human_bytes(double(d.smem_per_sm)).c_str());
-    s += strf("  library code: %s (kernel binary %d, PTX %d)\n", d.code.c_str(), d.kernel_binary_version,
-              d.kernel_ptx_version);
+    s += strf("  library code: %s (kernel binary %d, PTX %d); programmatic dependent launch: %s\n", d.code.c_str(),
+              d.kernel_binary_version, d.kernel_ptx_version, d.pdl ? "yes" : "no (needs sm_90+ code)");
   } else {
     s += d.note + "\n";
   }

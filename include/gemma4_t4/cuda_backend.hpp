@@ -7,7 +7,7 @@
 // PLE table stays in the mapped file (rows gathered per step) unless LoadOptions::ple asks for the GPU.
 //
 // Forward: the rows of all items (prefill chunks and decode tokens alike) go through each layer together,
-// in passes of at most kMaxRows rows and kMaxSeqs sessions. "decode" below = a pass of <= 16 rows
+// in passes of at most LoadOptions::max_pass_rows rows and kMaxSeqs sessions. "decode" below = a pass of <= 16 rows
 // (kernels::kGemvMaxRows): tensor-core GEMVs with fused epilogues; larger passes use cuBLAS (fp16 GEMM,
 // fp32 accumulation; w4a16 dequantised to fp16 first) and the separate element-wise kernels. Per layer:
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
@@ -30,7 +30,7 @@
 // down, residual_norm, PLE gate GEMV, ple_proj, residual_norm (was 20; KV-shared layers 16: their first
 // two launches serve q only).
 // Residual stream fp32 throughout.
-// K/V are written before attention reads them, so sliding layers keep a ring of window + kMaxRows slots:
+// K/V are written before attention reads them, so sliding layers keep a ring of window + max_pass_rows slots:
 // a pass never overwrites a key one of its own queries still needs. Positions advance only when every
 // pass succeeded.
 #pragma once
@@ -170,7 +170,6 @@ struct CudaSession : BackendSession {
 
 class CudaBackend : public BackendModel {
  public:
-  static constexpr int kMaxRows = 512;       // rows per pass (prefill chunk)
   static constexpr int kMaxSeqs = 64;        // sessions per pass
   static constexpr int kSplitBudget = 1024;  // rows x key-splits of attention scratch
   static constexpr size_t kStagingBytes = size_t(16) << 20;
@@ -196,6 +195,8 @@ class CudaBackend : public BackendModel {
     opt_ = opt;
     device_ = opt.device;
     use_graphs_ = opt.cuda_graphs;
+    use_pdl_ = opt.programmatic_launch;
+    max_rows_ = opt.max_pass_rows;
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
       cudaGetLastError();
@@ -203,6 +204,9 @@ class CudaBackend : public BackendModel {
     }
     if (device_ < 0 || device_ >= n)
       return err(Code::InvalidArgument, where, ": CUDA device ", device_, " does not exist (", n, " present)");
+    if (max_rows_ < 64 || max_rows_ > 16384)
+      return err(Code::InvalidArgument, where, ": LoadOptions::max_pass_rows is ", max_rows_,
+                 "; it must be in [64, 16384]");
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     cudaDeviceProp prop;
     GEMMA4_T4_CUDA_TRY(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
@@ -242,7 +246,7 @@ class CudaBackend : public BackendModel {
       const LayerConfig& lc = cfg_->layers[l];
       if (lc.kv_shared) continue;
       size_t cap = max_ctx;
-      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + kMaxRows);
+      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + max_rows_);
       const size_t count = cap * size_t(lc.num_kv_heads) * lc.head_dim;
       const std::string what =
           "create_session: KV cache of layer " + std::to_string(l) + " (" + std::to_string(cap) + " slots)";
@@ -257,6 +261,7 @@ class CudaBackend : public BackendModel {
   Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
     std::lock_guard<std::mutex> lock(mu_);
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    const kernels::PdlScope pdl(use_pdl_);  // after cudaSetDevice: decided for device_
     Plan plan;
     GEMMA4_T4_TRY(plan_passes(items, count, which, nullptr, &plan));
     GEMMA4_T4_TRY(run(plan, which, logits, nullptr));
@@ -268,6 +273,7 @@ class CudaBackend : public BackendModel {
               std::vector<float>* logits) const override {
     std::lock_guard<std::mutex> lock(mu_);
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    const kernels::PdlScope pdl(use_pdl_);  // after cudaSetDevice: decided for device_
     const int V = cfg_->vocab_size;
     // All that may allocate -- the chunks' CUDA graphs, the repetition-penalty ids -- before the first pass
     // writes a cache: running out of memory leaves every session as it was.
@@ -329,7 +335,7 @@ class CudaBackend : public BackendModel {
 
   // Memory accounting (Engine::weight_bytes etc.): the device allocations made for the weights, and the KV
   // cache as new_session sizes it (keep the two in step): fp16 K and V per non-shared layer, sliding layers
-  // capped at window + kMaxRows slots, each buffer at least DeviceMemory's 256 bytes.
+  // capped at window + max_rows_ slots, each buffer at least DeviceMemory's 256 bytes.
   size_t weight_bytes() const override { return weights_mem_.total(); }
   // Only the PLE table is read from the mapped file after load, and only with PleLocation::Host.
   Status check_files(const TensorStore&) const override {
@@ -346,7 +352,7 @@ class CudaBackend : public BackendModel {
     for (const LayerConfig& lc : cfg_->layers) {
       if (lc.kv_shared) continue;
       size_t cap = max_ctx;
-      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + kMaxRows);
+      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + max_rows_);
       b += 2 * std::max<size_t>(cap * lc.num_kv_heads * lc.head_dim * sizeof(half), 256);
     }
     return b;
@@ -360,7 +366,7 @@ class CudaBackend : public BackendModel {
     int n;
     bool last;  // holds the item's final token
   };
-  using Plan = std::vector<std::vector<Segment>>;  // passes of <= kMaxRows rows and <= kMaxSeqs sessions
+  using Plan = std::vector<std::vector<Segment>>;  // passes of <= max_rows_ rows and <= kMaxSeqs sessions
 
   // Splits the items into passes (each item's tokens in order) and builds the CUDA graphs its decode passes
   // will replay: what may allocate, done before run() writes any cache, so that running out of memory leaves
@@ -371,11 +377,11 @@ class CudaBackend : public BackendModel {
     for (size_t i = 0; i < count; ++i) {
       size_t done = 0;
       while (done < items[i].n) {
-        if (rows == kMaxRows || int(plan->back().size()) == kMaxSeqs) {
+        if (rows == max_rows_ || int(plan->back().size()) == kMaxSeqs) {
           plan->emplace_back();
           rows = 0;
         }
-        const size_t take = std::min(items[i].n - done, size_t(kMaxRows - rows));
+        const size_t take = std::min(items[i].n - done, size_t(max_rows_ - rows));
         plan->back().push_back(Segment{&static_cast<CudaSession&>(*items[i].session), items[i].tokens + done,
                                        items[i].session->pos + done, int(take), done + take == items[i].n});
         rows += int(take);
@@ -600,7 +606,7 @@ class CudaBackend : public BackendModel {
 
   Status alloc_workspace() {
     const ModelConfig& c = *cfg_;
-    const int R = kMaxRows, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
+    const int R = max_rows_, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
     int qw = 0, kvw = 0, dmax = 0;
     for (const auto& lc : c.layers) {
       qw = std::max(qw, c.num_heads * lc.head_dim);
@@ -642,8 +648,8 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params_));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out_));
     // prefill attention tile tables, one per folded group size (1, 2, 4, 8 query heads per KV head)
-    GEMMA4_T4_TRY(m.alloc(size_t(4) * kMaxRows, "workspace: attention tiles", &tiles_));
-    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, size_t(4) * kMaxRows * sizeof(int2), "workspace: attention tiles (pinned)",
+    GEMMA4_T4_TRY(m.alloc(size_t(4) * max_rows_, "workspace: attention tiles", &tiles_));
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, size_t(4) * max_rows_ * sizeof(int2), "workspace: attention tiles (pinned)",
                              &tiles_host_));
     meta_bytes_ = meta_int_bytes() + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, meta_bytes_, "workspace: metadata (pinned)", &meta_host_));
@@ -705,8 +711,8 @@ class CudaBackend : public BackendModel {
     const int L = c.num_layers, D = c.hidden_size_per_layer_input, V = c.vocab_size;
     // Host metadata: ids, seq, pos per row; rows that want logits; cache table per (seq, layer).
     int32_t* mi = static_cast<int32_t*>(meta_host_);
-    int32_t *ids = mi, *seq = mi + kMaxRows, *pos = mi + 2 * kMaxRows, *sel = mi + 3 * kMaxRows;
-    int32_t* cap = mi + 4 * kMaxRows;
+    int32_t *ids = mi, *seq = mi + max_rows_, *pos = mi + 2 * max_rows_, *sel = mi + 3 * max_rows_;
+    int32_t* cap = mi + 4 * max_rows_;
     half** ptrs = reinterpret_cast<half**>(static_cast<uint8_t*>(meta_host_) + meta_int_bytes());
     int rows = 0, nsel = 0, max_pos = 0;
     for (size_t s = 0; s < segs.size(); ++s) {
@@ -760,9 +766,9 @@ class CudaBackend : public BackendModel {
       for (int gi = 0; gi < 4; ++gi) {
         flash_tiles_[gi] = 0;
         if (!prefill || !(flash_groups_ & (1 << gi))) continue;
-        int2* th = tiles_host_ + size_t(gi) * kMaxRows;
-        flash_tiles_[gi] = kernels::flash_attention_tiles(seq, pos, rows, 1 << gi, th, kMaxRows);
-        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tiles_ + size_t(gi) * kMaxRows, th, size_t(flash_tiles_[gi]) * sizeof(int2),
+        int2* th = tiles_host_ + size_t(gi) * max_rows_;
+        flash_tiles_[gi] = kernels::flash_attention_tiles(seq, pos, rows, 1 << gi, th, max_rows_);
+        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tiles_ + size_t(gi) * max_rows_, th, size_t(flash_tiles_[gi]) * sizeof(int2),
                                            cudaMemcpyHostToDevice, stream_),
                            "attention tiles upload");
       }
@@ -784,7 +790,7 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
-  size_t meta_int_bytes() const { return (size_t(kMaxRows) * 4 + size_t(kMaxSeqs) * cfg_->num_layers * 3 + 16) * 4; }
+  size_t meta_int_bytes() const { return (size_t(max_rows_) * 4 + size_t(kMaxSeqs) * cfg_->num_layers * 3 + 16) * 4; }
 
   Status download(int k, std::vector<float>* logits) const {
     const size_t V = size_t(cfg_->vocab_size), at = logits->size();
@@ -859,7 +865,7 @@ class CudaBackend : public BackendModel {
   Status encode_head(int first, int k, float* dst) const {
     const ModelConfig& c = *cfg_;
     const int H = c.hidden_size, V = c.vocab_size;
-    const int* d_sel = meta_i32_ + 3 * kMaxRows;
+    const int* d_sel = meta_i32_ + 3 * max_rows_;
     GEMMA4_T4_CUDA_TRY(
         kernels::launch_rmsnorm(h_, H, d_sel + first, final_norm_, k, H, c.rms_norm_eps, head16_, stream_),
         "final norm");
@@ -881,8 +887,8 @@ class CudaBackend : public BackendModel {
     const ModelConfig& c = *cfg_;
     const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, nh = c.num_heads;
     const float eps = c.rms_norm_eps;
-    const int *d_ids = meta_i32_, *d_seq = meta_i32_ + kMaxRows, *d_pos = meta_i32_ + 2 * kMaxRows,
-              *d_cap = meta_i32_ + 4 * kMaxRows;
+    const int *d_ids = meta_i32_, *d_seq = meta_i32_ + max_rows_, *d_pos = meta_i32_ + 2 * max_rows_,
+              *d_cap = meta_i32_ + 4 * max_rows_;
     half* const* d_k = kv_ptrs_;
     half* const* d_v = kv_ptrs_ + size_t(kMaxSeqs) * L;
 
@@ -969,7 +975,7 @@ class CudaBackend : public BackendModel {
       const int group = nh / kvh, gi = group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
       if (flash_tiles_[gi] > 0 && kernels::flash_attention_supported(hd, group))
         GEMMA4_T4_CUDA_TRY(
-            kernels::launch_flash_attention(a, tiles_ + size_t(gi) * kMaxRows, flash_tiles_[gi], hd, stream_),
+            kernels::launch_flash_attention(a, tiles_ + size_t(gi) * max_rows_, flash_tiles_[gi], hd, stream_),
             "attention (flash)");
       else
         GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, hd, stream_), "attention");
@@ -1045,9 +1051,9 @@ class CudaBackend : public BackendModel {
   int max_in_ = 0, max_out_ = 0;
   size_t max_deq_ = 0;
 
-  // workspace ([rows, ...] buffers hold kMaxRows rows)
+  // workspace ([rows, ...] buffers hold max_rows_ rows)
   int* meta_i32_ = nullptr;
-  int2* tiles_ = nullptr;                      // [4][kMaxRows] prefill attention tiles by folded group (1, 2, 4, 8)
+  int2* tiles_ = nullptr;                      // [4][max_rows_] prefill attention tiles by folded group (1, 2, 4, 8)
   int2* tiles_host_ = nullptr;                 // pinned mirror
   mutable int flash_tiles_[4] = {0, 0, 0, 0};  // tiles per table in the current pass; 0: split kernel
   int flash_groups_ = 0;                       // bit gi: some layer folds 2^gi query heads per KV head
@@ -1060,7 +1066,7 @@ class CudaBackend : public BackendModel {
   uint8_t* ple_raw_ = nullptr;  // [R, L*D] PLE rows as the checkpoint stores them (PleLocation::Host)
   size_t ple_elem_bytes() const { return w_->ple_table->dtype == DType::F32 ? 4 : 2; }
   float *part_o_ = nullptr, *part_ml_ = nullptr;
-  unsigned* attn_counters_ = nullptr;  // [kMaxRows, max kv_heads] attention arrival counters, zero between launches
+  unsigned* attn_counters_ = nullptr;  // [max_rows_, max kv_heads] attention arrival counters, zero between launches
   half* deq16_ = nullptr;
   half* head16_ = nullptr;
   half* act16_ = nullptr;    // [16, I or D] fp16: decode GEMV epilogue output (gate/up GELU, PLE gate)
@@ -1074,6 +1080,8 @@ class CudaBackend : public BackendModel {
   mutable size_t seen_cap_ = 0;
   mutable int dev_row_ = 0;  // next row of dev_out in run()
   bool use_graphs_ = true;
+  bool use_pdl_ = true;                                 // LoadOptions::programmatic_launch
+  int max_rows_ = 2048;                                 // rows per pass (LoadOptions::max_pass_rows)
   mutable Graph graphs_[2][kernels::kGemvMaxRows + 1];  // [to host logits / to device logits][rows]
 };
 

@@ -2,6 +2,7 @@
 // for fp16 (bf16/f32 checkpoints run as fp16) and w4a16. Run by the GPU suite (label gpu).
 #include <catch2/catch.hpp>
 
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -126,30 +127,31 @@ TEST_CASE("CUDA batched decode: each session's greedy tokens equal running it al
 }
 
 TEST_CASE("CUDA matches the CPU backend on a prompt longer than one pass and the sliding ring", "[gpu][cpu-vs-cuda]") {
-  for (const char* name : kFixtureNames) {
-    INFO(name);
-    Engine gpu = load_engine(name, Backend::Cuda);
-    Engine cpu = load_engine(name, Backend::Cpu);
-    const int V = gpu.config().vocab_size;
-    std::mt19937 rng(1234);
-    std::uniform_int_distribution<int> id(5, V - 1);
-    std::vector<int32_t> prompt(700);  // > 512 rows per pass, >> window + ring slack
-    for (auto& t : prompt) t = id(rng);
-    prompt[0] = 2;
-    Session sg, sc;
-    REQUIRE(gpu.create_session(&sg));
-    REQUIRE(cpu.create_session(&sc));
-    std::vector<float> lg, lc;
-    REQUIRE(gpu.forward(sg, prompt.data(), prompt.size(), Logits::Last, &lg));
-    REQUIRE(cpu.forward(sc, prompt.data(), prompt.size(), Logits::Last, &lc));
-    check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " 700-token prefill");
-    for (int i = 0; i < 8; ++i) {
-      const int32_t t = argmax(lc.data(), size_t(V));
-      REQUIRE(gpu.forward(sg, &t, 1, Logits::Last, &lg));
-      REQUIRE(cpu.forward(sc, &t, 1, Logits::Last, &lc));
-      check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " decode past the window");
+  for (const char* name : kFixtureNames)
+    for (int pass_rows : {256, 2048}) {  // three passes (ring of window + 256), one pass
+      INFO(name << ", max_pass_rows " << pass_rows);
+      Engine gpu = load_engine(name, Backend::Cuda, PleLocation::Host, 1024, LmHead::F16, pass_rows);
+      Engine cpu = load_engine(name, Backend::Cpu);
+      const int V = gpu.config().vocab_size;
+      std::mt19937 rng(1234);
+      std::uniform_int_distribution<int> id(5, V - 1);
+      std::vector<int32_t> prompt(700);  // >> window + ring slack
+      for (auto& t : prompt) t = id(rng);
+      prompt[0] = 2;
+      Session sg, sc;
+      REQUIRE(gpu.create_session(&sg));
+      REQUIRE(cpu.create_session(&sc));
+      std::vector<float> lg, lc;
+      REQUIRE(gpu.forward(sg, prompt.data(), prompt.size(), Logits::Last, &lg));
+      REQUIRE(cpu.forward(sc, prompt.data(), prompt.size(), Logits::Last, &lc));
+      check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " 700-token prefill");
+      for (int i = 0; i < 8; ++i) {
+        const int32_t t = argmax(lc.data(), size_t(V));
+        REQUIRE(gpu.forward(sg, &t, 1, Logits::Last, &lg));
+        REQUIRE(cpu.forward(sc, &t, 1, Logits::Last, &lc));
+        check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " decode past the window");
+      }
     }
-  }
 }
 
 TEST_CASE("CUDA quantized LM heads equal the CPU backend's (same quantized values), prefill and graph decode",
@@ -197,6 +199,17 @@ TEST_CASE("CUDA: errors leave sessions and engine usable", "[gpu][errors]") {
   check_rows(lg, ref.decode.data(), 1, engine.config().vocab_size, kTolRef, "after errors");
   BatchItem twice[2] = {{&s, ref.decode_ids.data(), 1}, {&s, ref.decode_ids.data(), 1}};
   CHECK(engine.forward_batch(twice, 2, Logits::Last, &lg).code == Code::InvalidArgument);
+  for (int rows : {0, 63, 16385}) {  // LoadOptions::max_pass_rows out of range: named, nothing loaded
+    LoadOptions opt;
+    opt.backend = Backend::Cuda;
+    opt.max_pass_rows = rows;
+    Engine bad_engine;
+    const Status st = Engine::load(fixtures() + "/mm_bf16", opt, &bad_engine);
+    INFO(st.message);
+    CHECK(st.code == Code::InvalidArgument);
+    CHECK(st.message.find("max_pass_rows") != std::string::npos);
+    CHECK(!bad_engine.loaded());
+  }
 }
 
 TEST_CASE("CUDA graphs: decode replays equal eager launches", "[gpu][graphs]") {
@@ -236,6 +249,60 @@ TEST_CASE("CUDA graphs: decode replays equal eager launches", "[gpu][graphs]") {
       for (size_t i = 0; i < lg.size(); ++i) worst = std::max(worst, double(std::fabs(lg[i] - le[i])));
       INFO("step " << step << " max |graph - eager| " << worst);
       CHECK(worst <= 1e-3);  // the same kernels; only the attention split count (summation order) differs
+    }
+  }
+}
+
+// Programmatic dependent launch lets a kernel start before its predecessor ends (kernels/common.cuh); a kernel
+// that touched the pass's data before pdl_enter() would race. The same kernels run in the same order either
+// way, so every logit must be bit-identical to plain launches: prefill passes (cuBLAS, flash attention) and
+// graph-replayed decode at 1 and 3 sessions, every fixture layout.
+TEST_CASE("CUDA programmatic launch: logits equal plain launches bit for bit", "[gpu][pdl]") {
+  const bench::DeviceReport dev = bench::device_report(0);
+  INFO("programmatic dependent launch in use: " << (dev.pdl ? "yes" : "no") << " (" << dev.code << ")");
+  if (!dev.pdl) WARN("this device / build has no PDL: both engines launch plainly (the test still compares them)");
+  for (const char* name : kFixtureNames) {
+    INFO(name);
+    LoadOptions opt;
+    opt.backend = Backend::Cuda;
+    opt.max_context = 1024;
+    Engine pdl, plain;
+    REQUIRE(Engine::load(fixtures() + "/" + name, opt, &pdl));
+    opt.programmatic_launch = false;
+    REQUIRE(Engine::load(fixtures() + "/" + name, opt, &plain));
+    const int V = pdl.config().vocab_size;
+    std::mt19937 rng(7);
+    std::uniform_int_distribution<int32_t> tok(0, V - 1);
+    for (int batch : {1, 3}) {
+      INFO("batch " << batch);
+      std::vector<Session> sp(static_cast<size_t>(batch)), sq(static_cast<size_t>(batch));
+      std::vector<std::vector<int32_t>> prompts(static_cast<size_t>(batch));
+      std::vector<BatchItem> ip, iq;
+      for (int b = 0; b < batch; ++b) {
+        REQUIRE(pdl.create_session(&sp[b]));
+        REQUIRE(plain.create_session(&sq[b]));
+        for (int i = 0; i < 300 + 37 * b; ++i) prompts[b].push_back(tok(rng));
+        ip.push_back(BatchItem{&sp[b], prompts[b].data(), prompts[b].size()});
+        iq.push_back(BatchItem{&sq[b], prompts[b].data(), prompts[b].size()});
+      }
+      std::vector<float> lp, lq;
+      REQUIRE(pdl.forward_batch(ip.data(), ip.size(), Logits::All, &lp));
+      REQUIRE(plain.forward_batch(iq.data(), iq.size(), Logits::All, &lq));
+      REQUIRE(lp.size() == lq.size());
+      CHECK(std::memcmp(lp.data(), lq.data(), lp.size() * sizeof(float)) == 0);
+      std::vector<int32_t> next(static_cast<size_t>(batch));
+      for (int step = 0; step < 12; ++step) {
+        INFO("decode step " << step);
+        for (int b = 0; b < batch; ++b) {
+          next[b] = tok(rng);
+          ip[b] = BatchItem{&sp[b], &next[b], 1};
+          iq[b] = BatchItem{&sq[b], &next[b], 1};
+        }
+        REQUIRE(pdl.forward_batch(ip.data(), ip.size(), Logits::Last, &lp));
+        REQUIRE(plain.forward_batch(iq.data(), iq.size(), Logits::Last, &lq));
+        REQUIRE(lp.size() == lq.size());
+        CHECK(std::memcmp(lp.data(), lq.data(), lp.size() * sizeof(float)) == 0);
+      }
     }
   }
 }

@@ -32,7 +32,7 @@
 #include "../../kernels/gemv.cuh"
 #include "../../kernels/rmsnorm.cuh"
 #include "../../kernels/rope_kv.cuh"
-#include "../../kernels/sample.cuh"  // resources only: sampling is tested against sampler.hpp elsewhere
+#include "../../kernels/sample.cuh"  // greedy here; sampling is tested against sampler.hpp elsewhere
 
 #include "gemma4_t4.hpp"
 #include "gemma4_t4/common.hpp"
@@ -245,7 +245,9 @@ TEST_CASE("rmsnorm: fp16 rows from fp32 rows, contiguous and gathered with a row
   Stream st;
   const float eps = 1e-6f;
   for (int rows : {1, 3, 17})
-    for (int cols : {8, 24, 300, 1544, 2056})  // 32-, 128- and 256-thread blocks
+    // vectorised (cols % 4 == 0, contiguous: 32-, 128-, 256-thread blocks) and scalar (cols % 4 != 0, the
+    // gathered rows' stride cols + 5, cols > 8192) kernels
+    for (int cols : {8, 24, 300, 1538, 1544, 2056, 9000})
       for (bool gather : {false, true}) {
         const int src_rows = gather ? rows + 5 : rows, ldx = gather ? cols + 5 : cols;
         std::vector<float> x = rand_f32(rng, size_t(src_rows) * ldx, -3.f, 3.f);  // [src_rows, ldx] fp32
@@ -277,7 +279,7 @@ TEST_CASE("residual_norm: h += norm(y) * w_post, scaled, then the next norm / co
   const float eps = 1e-6f;
   const kn::NextNorm modes[] = {kn::NextNorm::None, kn::NextNorm::Norm, kn::NextNorm::Copy};
   for (int rows : {1, 3, 17})
-    for (int cols : {8, 24, 300, 1544, 2056})
+    for (int cols : {8, 24, 300, 1538, 1544, 2056, 9000})  // vectorised and scalar kernels (see rmsnorm)
       for (kn::NextNorm next : modes)
         for (float scalar : {1.f, 0.73f}) {
           const size_t n = size_t(rows) * cols;
@@ -333,7 +335,7 @@ TEST_CASE("residual_norm NextNorm::Norm equals rmsnorm of the updated residual, 
   Stream st;
   const float eps = 1e-6f;
   for (int rows : {1, 3, 17})
-    for (int cols : {8, 300, 1536, 2056})
+    for (int cols : {8, 300, 1536, 1538, 2056, 9000})  // vectorised and scalar kernels
       for (float scalar : {1.f, 0.73f}) {
         const size_t n = size_t(rows) * cols;
         const std::vector<float> h = rand_f32(rng, n, -4.f, 4.f);    // [rows, cols] fp32 residual
@@ -1528,6 +1530,68 @@ TEST_CASE("argmax_rows: first index of the row maximum, exact", "[gpu]") {
       for (int r = 0; r < rows; ++r) {
         INFO("argmax_rows V " << V << " rows " << rows << " row " << r);
         REQUIRE(got[size_t(r)] == gemma4_t4::argmax(&x[size_t(r) * V], size_t(V)));
+      }
+    }
+}
+
+// The sampling kernel's greedy path (temperature <= 0 or top_k == 1): one pass, 16-byte loads when the row
+// allows them (V % 4 == 0), scalar otherwise; the same first-index-of-the-maximum as gemma4_t4::argmax, after the
+// repetition penalty.
+TEST_CASE("sample_kernel greedy: first index of the row maximum after the penalty, exact", "[gpu]") {
+  std::mt19937 rng(509);
+  Stream st;
+  for (int V : {1, 7, 256, 1000, 1001, 262144, 262145})
+    for (int rows : {1, 6}) {
+      std::vector<float> x = rand_f32(rng, size_t(rows) * V, -10.f, 10.f);  // [rows, V] fp32
+      std::uniform_int_distribution<int> ui(0, V - 1);
+      std::vector<kn::SampleParams> params(static_cast<size_t>(rows));
+      std::vector<int> seen;
+      for (int r = 0; r < rows; ++r) {
+        float* xr = &x[size_t(r) * V];
+        kn::SampleParams& p = params[size_t(r)];
+        p.temperature = r % 2 ? 0.f : 0.8f;
+        p.top_k = r % 2 ? 0 : 1;  // both spellings of greedy
+        switch (r) {
+          case 1:  // the maximum 1..3 times: the first wins
+            for (int t = 0; t < 3; ++t) xr[ui(rng)] = 20.f;
+            break;
+          case 2: xr[V - 1] = 100.f; break;            // at the end
+          case 3: std::fill(xr, xr + V, 1.5f); break;  // all equal: 0
+          case 4: std::fill(xr, xr + V, -INFINITY); break;
+          case 5:  // the penalty (1.5) demotes the top ids seen: the next best wins
+            p.penalty = 1.5f;
+            p.seen_offset = int(seen.size());
+            for (int t = 0; t < std::min(V, 4); ++t) {  // distinct ids, as the engine passes them
+              const int id = int((size_t(t) * 7919 + 13) % size_t(V));
+              xr[id] = 15.f - t;
+              seen.push_back(id);
+            }
+            p.seen_count = int(seen.size()) - p.seen_offset;
+            break;
+          default: break;
+        }
+      }
+      std::vector<float> want = x;  // the reference: penalty as sampler.hpp applies it, then argmax
+      for (int r = 0; r < rows; ++r) {
+        const kn::SampleParams& p = params[size_t(r)];
+        for (int i = 0; i < p.seen_count; ++i) {
+          float& v = want[size_t(r) * V + size_t(seen[size_t(p.seen_offset + i)])];
+          v = v > 0.f ? v / p.penalty : v * p.penalty;
+        }
+      }
+      Dev<float> dx(x.size());
+      Dev<kn::SampleParams> dp(params.size());
+      Dev<int> dseen(std::max<size_t>(seen.size(), 1)), dout(static_cast<size_t>(rows));
+      dx.upload(x);
+      dp.upload(params);
+      if (!seen.empty()) dseen.upload(seen);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_sample(dx.get(), rows, V, dp.get(), dseen.get(), dout.get(), st.s));
+      st.sync();
+      const std::vector<int> got = dout.download<int>();
+      for (int r = 0; r < rows; ++r) {
+        INFO("sample_kernel greedy V " << V << " row " << r);
+        REQUIRE(got[size_t(r)] == gemma4_t4::argmax(&want[size_t(r) * V], size_t(V)));
       }
     }
 }
