@@ -6,7 +6,8 @@
 #
 #   bash tools/gpu_check.sh [full|quick|bench|final|profile]
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
-#     bench: benchmarks only; final: full less the complete sanitizer runs; profile: ncu per-kernel times
+#     bench: benchmarks only (SKIP_MICRO: no kernel micro-benchmarks; SWEEP / SWEEP_S: the sweep and its
+#     time limit per checkpoint and build); final: full less the complete sanitizer runs; profile: ncu per-kernel times
 #     (decode and prefill); build: the native suite only;
 #     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease);
 #     check: both builds + suite + ptxas, no sanitizers, no benchmarks; sanitize: compute-sanitizer memcheck
@@ -97,7 +98,7 @@ if [ "$MODE" = verify ]; then
   /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 48 --batch 1,8,16 2>&1 | tee "$OUT/bench.log"
   exit $fail
 fi
-if [ "$MODE" = micro ] || [ "$MODE" = full ] || [ "$MODE" = bench ]; then
+if [ "$MODE" = micro ] || [ "$MODE" = full ] || { [ "$MODE" = bench ] && [ -z "${SKIP_MICRO:-}" ]; }; then
   nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/micro_bench bench/micro_bench.cu -lcublas \
     > "$OUT/build-micro.log" 2>&1 && /tmp/micro_bench > "$OUT/micro.log" 2>&1 || { echo "micro_bench failed"; fail=1; }
   cat "$OUT/micro.log"
@@ -243,7 +244,7 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
   for fmt in w4a16 bf16; do
     for arch in native turing; do
       echo "== E2B $fmt, $arch build" | tee -a "$OUT/bench.log"
-      /tmp/bench_$arch --model /tmp/e2b-$fmt $SWEEP --quiet --json "$OUT/bench-$fmt-$arch.json" \
+      timeout ${SWEEP_S:-300} /tmp/bench_$arch --model /tmp/e2b-$fmt $SWEEP --quiet --json "$OUT/bench-$fmt-$arch.json" \
         --csv "$OUT/bench-$fmt-$arch.csv" --svg "$OUT/bench-$fmt-$arch.svg" 2>&1 | tee -a "$OUT/bench.log"
     done
   done
