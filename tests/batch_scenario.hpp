@@ -12,8 +12,11 @@
 #include <vector>
 
 #include "gemma4_t4.hpp"
+#include "reference.hpp"
 
 namespace testbatch {
+
+using testref::greedy;
 
 // One session of the scenario.
 struct Spec {
@@ -35,14 +38,6 @@ struct Turn {
   size_t position = 0;  // the session's position afterwards
   bool callback_stopped = false;
 };
-
-inline gemma4_t4::GenerateOptions greedy(int max_new_tokens) {
-  gemma4_t4::GenerateOptions o;
-  o.sampling = gemma4_t4::SamplingOptions::greedy();
-  o.stop_at_eos = false;
-  o.max_new_tokens = max_new_tokens;
-  return o;
-}
 
 // generate() alone on a fresh session: the first turn, then the second when there is one.
 inline std::vector<Turn> run_alone(const gemma4_t4::Engine& engine, const Spec& spec) {

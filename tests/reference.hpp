@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -111,6 +112,45 @@ inline gemma4_t4::Engine load_engine(const std::string& name, gemma4_t4::Backend
   INFO(st.message);
   REQUIRE(st);
   return e;
+}
+
+// Greedy generation of n new tokens, EOS ignored (with a repetition penalty when asked).
+inline gemma4_t4::GenerateOptions greedy(int n, float penalty = 1.f) {
+  gemma4_t4::GenerateOptions opt;
+  opt.sampling = gemma4_t4::SamplingOptions::greedy();
+  opt.sampling.repetition_penalty = penalty;
+  opt.max_new_tokens = n;
+  opt.stop_at_eos = false;
+  return opt;
+}
+
+// generate() on session s (fed from its current position): the tokens, REQUIRE-ing success.
+inline std::vector<int32_t> tokens_of(const gemma4_t4::Engine& engine, gemma4_t4::Session& s,
+                                      const std::vector<int32_t>& prompt, const gemma4_t4::GenerateOptions& opt) {
+  std::vector<int32_t> out;
+  const gemma4_t4::Status st = gemma4_t4::generate(engine, s, prompt, opt, nullptr, &out);
+  INFO(st.message);
+  REQUIRE(st);
+  return out;
+}
+
+// generate() on a fresh session, no callback: what an undisturbed run gives.
+inline std::vector<int32_t> fresh_tokens(const gemma4_t4::Engine& engine, const std::vector<int32_t>& prompt,
+                                         const gemma4_t4::GenerateOptions& opt) {
+  gemma4_t4::Session s;
+  REQUIRE(engine.create_session(&s));
+  return tokens_of(engine, s, prompt, opt);
+}
+
+// The fixture's checkpoint files (not its reference outputs) copied into dir / name, a copy a test may
+// damage. Returns that directory.
+inline std::filesystem::path copy_fixture(const std::string& name, const std::filesystem::path& dir) {
+  namespace fs = std::filesystem;
+  const fs::path dst = dir / name;
+  fs::create_directories(dst);
+  for (const auto& e : fs::directory_iterator(fs::path(fixtures()) / name))
+    if (e.path().filename() != "reference.safetensors") fs::copy_file(e.path(), dst / e.path().filename());
+  return dst;
 }
 
 }  // namespace testref

@@ -27,25 +27,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-GenerateOptions greedy(int n) {
-  GenerateOptions opt;
-  opt.sampling = SamplingOptions::greedy();
-  opt.max_new_tokens = n;
-  opt.stop_at_eos = false;
-  return opt;
-}
-
-// generate() on a fresh session, no callback: what an undisturbed run gives.
-std::vector<int32_t> run_alone(const Engine& engine, const std::vector<int32_t>& prompt, int n) {
-  Session s;
-  REQUIRE(engine.create_session(&s));
-  std::vector<int32_t> out;
-  const Status st = generate(engine, s, prompt, greedy(n), nullptr, &out);
-  INFO(st.message);
-  REQUIRE(st);
-  return out;
-}
-
 std::vector<int32_t> prefix(const std::vector<int32_t>& v, size_t n) { return {v.begin(), v.begin() + long(n)}; }
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
@@ -86,15 +67,6 @@ class Canceller {
   std::thread thread_;  // last: starts once the members above exist
 };
 
-// The fixture's checkpoint files copied to a temp dir the test may damage.
-fs::path copy_fixture(const std::string& name, const testutil::TempDir& tmp) {
-  const fs::path dst = tmp.path() / name;
-  fs::create_directories(dst);
-  for (const auto& e : fs::directory_iterator(fs::path(fixtures()) / name))
-    if (e.path().filename() != "reference.safetensors") fs::copy_file(e.path(), dst / e.path().filename());
-  return dst;
-}
-
 Engine load_cpu(const fs::path& dir) {
   Engine e;
   LoadOptions opt;
@@ -116,7 +88,7 @@ TEST_CASE("faults: an on_token that throws ends generate() with CallbackError; t
   Reference ref;
   load_reference("mm_bf16", &ref);
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
-  const std::vector<int32_t> expected = run_alone(engine, ref.prompt, 10);
+  const std::vector<int32_t> expected = fresh_tokens(engine, ref.prompt, greedy(10));
 
   SECTION("a std::exception: its what() is in the message") {
     Session s;
@@ -160,7 +132,7 @@ TEST_CASE("faults: an on_token that throws ends generate() with CallbackError; t
   }
 
   // the engine serves other sessions as before
-  CHECK(run_alone(engine, ref.prompt, 10) == expected);
+  CHECK(fresh_tokens(engine, ref.prompt, greedy(10)) == expected);
 }
 
 TEST_CASE("faults: an on_token that throws in a Batch ends only its session", "[faults][cpu][batch]") {
@@ -170,7 +142,7 @@ TEST_CASE("faults: an on_token that throws in a Batch ends only its session", "[
   const std::vector<std::vector<int32_t>> prompts = {ref.prompt, prefix(ref.prompt, 9), prefix(ref.prompt, 14)};
   constexpr int kTokens = 8, kThrowAt = 2;  // session 1 throws on its 2nd token
   std::vector<std::vector<int32_t>> expected;
-  for (const auto& p : prompts) expected.push_back(run_alone(engine, p, kTokens));
+  for (const auto& p : prompts) expected.push_back(fresh_tokens(engine, p, greedy(kTokens)));
 
   for (int rows : {4, 256}) {  // prompts in chunks beside decode rows, or whole
     INFO("prefill_rows " << rows);
@@ -258,7 +230,7 @@ TEST_CASE("faults: GenerateOptions::cancel set by another thread stops generate(
   load_reference("mm_bf16", &ref);
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   constexpr int kTokens = 12, kCancelAt = 4;
-  const std::vector<int32_t> expected = run_alone(engine, ref.prompt, kTokens);
+  const std::vector<int32_t> expected = fresh_tokens(engine, ref.prompt, greedy(kTokens));
 
   SECTION("after some tokens came out") {
     Canceller canceller;
@@ -318,8 +290,8 @@ TEST_CASE("faults: GenerateOptions::cancel set by another thread finishes a Batc
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   constexpr int kTokens = 10, kCancelAt = 3;
   const std::vector<int32_t> other = prefix(ref.prompt, 11);
-  const std::vector<int32_t> expected = run_alone(engine, ref.prompt, kTokens);
-  const std::vector<int32_t> expected_other = run_alone(engine, other, kTokens);
+  const std::vector<int32_t> expected = fresh_tokens(engine, ref.prompt, greedy(kTokens));
+  const std::vector<int32_t> expected_other = fresh_tokens(engine, other, greedy(kTokens));
 
   Canceller canceller;
   std::atomic<bool> never{false};
@@ -379,7 +351,7 @@ TEST_CASE("faults: a checkpoint file truncated after load is an IoError, not a c
     Reference ref;
     load_reference(fx.first, &ref);
     testutil::TempDir tmp;
-    const fs::path dir = copy_fixture(fx.first, tmp);
+    const fs::path dir = copy_fixture(fx.first, tmp.path());
     const fs::path victim = dir / fx.second;
     const auto full = fs::file_size(victim);
     {
@@ -426,10 +398,10 @@ TEST_CASE("faults: a checkpoint file deleted after load keeps working", "[faults
     REQUIRE(original.create_session(&s));
     REQUIRE(original.forward(s, ref.prompt.data(), ref.prompt.size(), Logits::All, &expected));
   }
-  const std::vector<int32_t> tokens = run_alone(original, ref.prompt, 6);
+  const std::vector<int32_t> tokens = fresh_tokens(original, ref.prompt, greedy(6));
 
   auto tmp = std::make_unique<testutil::TempDir>();
-  Engine engine = load_cpu(copy_fixture("mm_bf16", *tmp));
+  Engine engine = load_cpu(copy_fixture("mm_bf16", tmp->path()));
   tmp.reset();  // the files and their directory are gone; the mapping keeps the data
   Session s;
   REQUIRE(engine.create_session(&s));
@@ -438,5 +410,5 @@ TEST_CASE("faults: a checkpoint file deleted after load keeps working", "[faults
   INFO(st.message);
   REQUIRE(st);
   CHECK(logits == expected);
-  CHECK(run_alone(engine, ref.prompt, 6) == tokens);
+  CHECK(fresh_tokens(engine, ref.prompt, greedy(6)) == tokens);
 }

@@ -24,22 +24,6 @@ std::vector<int32_t> prompt_for(const std::vector<int32_t>& base, size_t k) {
   return p;
 }
 
-GenerateOptions greedy(int n) {
-  GenerateOptions opt;
-  opt.sampling = SamplingOptions::greedy();
-  opt.max_new_tokens = n;
-  opt.stop_at_eos = false;
-  return opt;
-}
-
-std::vector<int32_t> run_alone(const Engine& engine, const std::vector<int32_t>& prompt, int n) {
-  Session s;
-  REQUIRE(engine.create_session(&s));
-  std::vector<int32_t> out;
-  REQUIRE(generate(engine, s, prompt, greedy(n), nullptr, &out));
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("threads: one Engine, several threads with their own Sessions, results equal one thread", "[threads][cpu]") {
@@ -50,7 +34,8 @@ TEST_CASE("threads: one Engine, several threads with their own Sessions, results
     constexpr size_t kThreads = 4, kPerThread = 3;
     constexpr int kTokens = 8;
     std::vector<std::vector<int32_t>> expected(kThreads * kPerThread);
-    for (size_t k = 0; k < expected.size(); ++k) expected[k] = run_alone(engine, prompt_for(ref.prompt, k), kTokens);
+    for (size_t k = 0; k < expected.size(); ++k)
+      expected[k] = fresh_tokens(engine, prompt_for(ref.prompt, k), greedy(kTokens));
 
     std::vector<std::vector<int32_t>> got(expected.size());
     std::vector<Status> status(expected.size());
@@ -82,7 +67,7 @@ TEST_CASE("threads: a Batch on one thread beside generate() on others shares the
   constexpr int kTokens = 6;
   constexpr size_t kSessions = 4;
   std::vector<std::vector<int32_t>> expected(kSessions);
-  for (size_t k = 0; k < kSessions; ++k) expected[k] = run_alone(engine, prompt_for(ref.prompt, k), kTokens);
+  for (size_t k = 0; k < kSessions; ++k) expected[k] = fresh_tokens(engine, prompt_for(ref.prompt, k), greedy(kTokens));
 
   std::vector<std::vector<int32_t>> batch_out(kSessions);
   std::atomic<bool> batch_ok{true};

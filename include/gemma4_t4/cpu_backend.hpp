@@ -195,10 +195,15 @@ class CpuModel {
     } else if (head_ == LmHead::Int8) {
       for (size_t i = 0; i < H; ++i) row[i] = float(head_q8_[o * H + i]);
     } else {
-      for (size_t i = 0; i < H; ++i) {  // fp16(q * scale): the weight the GPU's tensor cores get
-        const uint32_t word = head_q4_[(o * H + i) / 8];
-        const float q = float(int((word >> (4 * (i % 8))) & 0xFu) - 8);
-        row[i] = f16_to_f32(f32_to_f16(q * f16_to_f32(head_s4_[(o * H + i) / 32])));
+      // fp16(q * scale): the weight the GPU's tensor cores get. H % 32 == 0 (quantize_head), so a row is
+      // whole groups of 4 words.
+      const uint32_t* words = &head_q4_[o * H / 8];
+      const uint16_t* scales = &head_s4_[o * H / 32];
+      for (size_t g = 0; g < H / 32; ++g) {
+        const float s = f16_to_f32(scales[g]);
+        for (size_t j = 4 * g; j < 4 * g + 4; ++j)
+          for (int k = 0; k < 8; ++k)
+            row[8 * j + size_t(k)] = f16_to_f32(f32_to_f16(float(int((words[j] >> (4 * k)) & 0xFu) - 8) * s));
       }
     }
   }

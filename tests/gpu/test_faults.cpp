@@ -113,40 +113,6 @@ LoadOptions cuda_options(PleLocation ple = PleLocation::Host) {
   return opt;
 }
 
-GenerateOptions greedy(int n, float penalty = 1.f) {
-  GenerateOptions opt;
-  opt.sampling = SamplingOptions::greedy();
-  opt.sampling.repetition_penalty = penalty;
-  opt.max_new_tokens = n;
-  opt.stop_at_eos = false;
-  return opt;
-}
-
-// generate() on session s (fed from its current position): the tokens, REQUIRE-ing success.
-std::vector<int32_t> tokens_of(const Engine& engine, Session& s, const std::vector<int32_t>& prompt,
-                               const GenerateOptions& opt) {
-  std::vector<int32_t> out;
-  const Status st = generate(engine, s, prompt, opt, nullptr, &out);
-  INFO(st.message);
-  REQUIRE(st);
-  return out;
-}
-
-std::vector<int32_t> fresh_tokens(const Engine& engine, const std::vector<int32_t>& prompt,
-                                  const GenerateOptions& opt) {
-  Session s;
-  REQUIRE(engine.create_session(&s));
-  return tokens_of(engine, s, prompt, opt);
-}
-
-fs::path copy_fixture(const std::string& name, const testutil::TempDir& tmp) {
-  const fs::path dst = tmp.path() / name;
-  fs::create_directories(dst);
-  for (const auto& e : fs::directory_iterator(fs::path(fixtures()) / name))
-    if (e.path().filename() != "reference.safetensors") fs::copy_file(e.path(), dst / e.path().filename());
-  return dst;
-}
-
 }  // namespace
 
 TEST_CASE("CUDA faults: each allocation failing at load is OutOfMemory naming it, and frees the rest",
@@ -376,7 +342,7 @@ TEST_CASE("CUDA faults: a checkpoint truncated while the backend streams it at l
           "[gpu][faults][io]") {
   const Engine warm = load_engine("mm_bf16", Backend::Cuda);  // context, kernels, cuBLAS made already
   testutil::TempDir tmp;
-  const fs::path dir = copy_fixture("mm_bf16", tmp);
+  const fs::path dir = copy_fixture("mm_bf16", tmp.path());
   const fs::path file = dir / "model.safetensors";
   const auto full = fs::file_size(file);
   LoadOptions opt = cuda_options();
@@ -404,7 +370,7 @@ TEST_CASE("CUDA faults: a truncated checkpoint is an IoError with the PLE table 
     const bool host = ple == PleLocation::Host;
     INFO((host ? "PLE on the host: read from the mapped file every pass" : "PLE on the GPU: the file is not read"));
     testutil::TempDir tmp;
-    const fs::path dir = copy_fixture("mm_bf16", tmp);
+    const fs::path dir = copy_fixture("mm_bf16", tmp.path());
     const fs::path file = dir / "model.safetensors";
     Engine engine;
     REQUIRE(Engine::load(dir.string(), cuda_options(ple), &engine));
