@@ -6,8 +6,8 @@
 #
 #   bash tools/gpu_check.sh [full|quick|bench|final|profile]
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
-#     bench: benchmarks only (SKIP_MICRO: no kernel micro-benchmarks; SWEEP / SWEEP_S: the sweep and its
-#     time limit per checkpoint and build); final: full less the complete sanitizer runs; profile: ncu per-kernel times
+#     bench: benchmarks only (SKIP_MICRO: no kernel micro-benchmarks; SWEEP / SWEEP_TURING / SWEEP_S: the sweep,
+#     the Turing-only build's sweep, the time limit per checkpoint and build); final: full less the complete sanitizer runs; profile: ncu per-kernel times
 #     (decode and prefill); build: the native suite only;
 #     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease);
 #     check: both builds + suite + ptxas, no sanitizers, no benchmarks; sanitize: compute-sanitizer memcheck
@@ -244,7 +244,8 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
   for fmt in w4a16 bf16; do
     for arch in native turing; do
       echo "== E2B $fmt, $arch build" | tee -a "$OUT/bench.log"
-      timeout ${SWEEP_S:-300} /tmp/bench_$arch --model /tmp/e2b-$fmt $SWEEP --quiet --json "$OUT/bench-$fmt-$arch.json" \
+      sweep=$SWEEP; [ $arch = turing ] && sweep=${SWEEP_TURING:-$SWEEP}
+      timeout ${SWEEP_S:-300} /tmp/bench_$arch --model /tmp/e2b-$fmt $sweep --quiet --json "$OUT/bench-$fmt-$arch.json" \
         --csv "$OUT/bench-$fmt-$arch.csv" --svg "$OUT/bench-$fmt-$arch.svg" 2>&1 | tee -a "$OUT/bench.log"
     done
   done
