@@ -72,6 +72,8 @@
 //   GEMMA4_T4_IMPLEMENTATION   compile the implementation in this translation unit
 //   GEMMA4_T4_NO_CUDA          leave the CUDA backend out (implied when the compiler is not nvcc)
 //   GEMMA4_T4_SENTENCEPIECE    load SentencePiece .model tokenizers too (link -lsentencepiece)
+//   GEMMA4_T4_SANITIZER_NVTX   for compute-sanitizer initcheck (`--nvtx yes`): mark cuBLAS outputs as
+//                              initialised through the NVTX memory API (the tool does not see cuBLAS's stores)
 //
 // SUPPORTED CHECKPOINTS
 //   config.json model_type `gemma4` (multimodal; text_config used, towers ignored) or `gemma4_text`;

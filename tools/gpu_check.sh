@@ -8,7 +8,8 @@
 #     full: both builds, suite, memcheck + racecheck, benchmarks; quick: native build + suite;
 #     bench: benchmarks only (SKIP_MICRO: no kernel micro-benchmarks; SWEEP / SWEEP_TURING / SWEEP_S: the sweep,
 #     the Turing-only build's sweep, the time limit per checkpoint and build); final: full less the complete sanitizer runs; profile: ncu per-kernel times
-#     (decode and prefill); build: the native suite only;
+#     (decode and prefill); build: the native suite only; initcheck: the engine tests under initcheck with
+#     cuBLAS outputs marked initialised (GEMMA4_T4_SANITIZER_NVTX);
 #     verify: both builds of the suite + a short E2B w4a16 decode probe (for a short lease);
 #     check: both builds + suite + ptxas, no sanitizers, no benchmarks; sanitize: compute-sanitizer memcheck
 #     (+ leak check), racecheck (per kernel family) and initcheck over the native build (built if missing;
@@ -138,6 +139,23 @@ if [ "$MODE" = initfuzz ]; then
     echo "initcheck (kernel tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-kernels.log" | tail -1) $(tail -2 "$OUT/initcheck-kernels.log" | head -1)"
   fi
   fuzz_finish
+  exit 0
+fi
+if [ "$MODE" = initcheck ]; then
+  # initcheck over the engine tests with cuBLAS outputs marked initialised (GEMMA4_T4_SANITIZER_NVTX, NVTX
+  # memory API, `--nvtx yes`): first the probe without and with the marking (expected: 100 reports, then 0),
+  # then the suite's engine test files.
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &
+  build nvtx -gencode arch=compute_90,code=sm_90 -DGEMMA4_T4_SANITIZER_NVTX || exit 1
+  wait
+  for m in "" --mark; do
+    compute-sanitizer --tool initcheck --nvtx yes /tmp/initcheck_cublas $m > "$OUT/initcheck-cublas$m.log" 2>&1
+    echo "initcheck (cuBLAS probe $m): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas$m.log") reports"
+  done
+  timeout ${INITCHECK_S:-420} compute-sanitizer --tool initcheck --nvtx yes --error-exitcode 9 \
+    "$BUILD_BASE/build-gpu-nvtx/gpu_tests" -# "[#test_cuda_parity],[#test_batch],[#test_faults]" \
+    > "$OUT/initcheck-engine.log" 2>&1
+  echo "initcheck (engine tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-engine.log" | tail -1) $(tail -2 "$OUT/initcheck-engine.log" | head -1)"
   exit 0
 fi
 if [ "$MODE" = perf ]; then

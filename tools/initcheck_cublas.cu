@@ -3,12 +3,17 @@
 // then a kernel that reads every output element. Under `compute-sanitizer --tool initcheck` a report here
 // means the tool does not track the GEMM's stores (used by tools/gpu_check.sh sanitize to read the engine
 // tests' initcheck reports). Exit status 0 whatever the tool says; prints the sum so nothing is optimised out.
+// With --mark the output is then marked initialised the way the backend does under GEMMA4_T4_SANITIZER_NVTX
+// (run with `compute-sanitizer --tool initcheck --nvtx yes`): no report expected.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <cstdio>
+#include <cstring>
 #include <vector>
+
+#include <nvtx3/nvToolsExtMemCudaRt.h>
 
 __global__ void read_all(const float* y, size_t n, float* sum) {
   float s = 0.f;
@@ -16,7 +21,8 @@ __global__ void read_all(const float* y, size_t n, float* sum) {
   atomicAdd(sum, s);
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const bool mark = argc > 1 && std::strcmp(argv[1], "--mark") == 0;
   const int rows = 20, in = 64, out = 7 * 32;  // n > 16 rows: the backend's cuBLAS path
   std::vector<__half> w(size_t(out) * in), x(size_t(rows) * in);
   for (size_t i = 0; i < w.size(); ++i) w[i] = __float2half(float(int(i % 13) - 6) * 0.01f);
@@ -36,10 +42,25 @@ int main() {
   const cublasStatus_t st =
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, dw, CUDA_R_16F, in, dx, CUDA_R_16F, in, &beta,
                    dy, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  if (mark) {  // as gemma4_t4::detail::sanitizer_mark_initialized (include/gemma4_t4/cuda_backend.hpp)
+    const nvtxDomainHandle_t domain = nvtxDomainCreateA("gemma4_t4");
+    nvtxMemVirtualRangeDesc_t range;
+    range.size = size_t(rows) * out * 4;
+    range.ptr = dy;
+    nvtxMemMarkInitializedBatch_t batch{};
+    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+    batch.structSize = sizeof(batch);
+    batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+    batch.regionDescCount = 1;
+    batch.regionDescElementSize = sizeof(range);
+    batch.regionDescElements = &range;
+    nvtxMemCudaMarkInitialized(domain, nullptr, 0, &batch);
+  }
   read_all<<<1, 256>>>(dy, size_t(rows) * out, dsum);
   float sum = 0.f;
   cudaMemcpy(&sum, dsum, 4, cudaMemcpyDeviceToHost);
-  std::printf("cublasGemmEx status %d, sum of outputs %g\n", int(st), double(sum));
+  std::printf("cublasGemmEx status %d, sum of outputs %g%s\n", int(st), double(sum),
+              mark ? " (output marked initialised through NVTX)" : "");
   cublasDestroy(h);
   cudaFree(dw);
   cudaFree(dx);
