@@ -760,7 +760,8 @@ struct SweepOptions {
   Bandwidth bandwidth;
   double t4_bandwidth_gbs = 277;  // the T4 projection's bandwidth (T4: 320 GB/s peak, ~277 GB/s streamed)
   std::string label;              // names the checkpoint in every output (e.g. its directory)
-  std::function<bool(const Progress&)> on_progress;  // may be empty; returning false cancels the sweep
+  // May be empty; returning false cancels the sweep; throwing stops it too (run() returns CallbackError).
+  std::function<bool(const Progress&)> on_progress;
 };
 
 // One (prompt, concurrency) cell. Times are wall-clock ms on the calling thread around Engine::step calls,
@@ -815,7 +816,8 @@ struct Report {
 
 // Runs the sweep on a loaded engine. A cell that fails (out of memory, context) carries its error and the
 // sweep goes on. Returns ok with *out filled; InvalidArgument (nothing run) for an unloaded engine or
-// empty/non-positive options; Cancelled, with *out holding what was measured, when on_progress returned false.
+// empty/non-positive options; Cancelled, with *out holding what was measured, when on_progress returned false;
+// CallbackError (likewise, the message carrying the exception's what()) when on_progress threw.
 // Uses the engine from this thread only; don't run other work on the engine meanwhile.
 Status run(const Engine& engine, const SweepOptions& options, Report* out);
 

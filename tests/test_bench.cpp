@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -297,6 +298,39 @@ TEST_CASE("bench: prompts too long for the context are clamped, or fail only the
     CHECK(Json::parse(bench::to_json(r))["cells"][0]["error"] != "");
     CHECK(bench::to_csv(r).find("exceed") != std::string::npos);
   }
+}
+
+TEST_CASE("bench: an on_progress that throws stops the sweep with CallbackError; the engine goes on", "[bench]") {
+  Engine engine = testref::load_engine("mm_bf16", Backend::Cpu);
+  bench::SweepOptions o = tiny_sweep();
+  o.measure_bandwidth = false;
+  o.bandwidth.read_gbs = 10;
+  for (bool std_exception : {true, false}) {
+    INFO((std_exception ? "std::runtime_error" : "an int"));
+    int calls = 0;
+    o.on_progress = [&](const bench::Progress& p) -> bool {
+      ++calls;
+      if (p.cell == 1 && p.repeat == 0) {
+        if (std_exception) throw std::runtime_error("progress bar gone");
+        throw 7;
+      }
+      return true;
+    };
+    bench::Report r;
+    const Status st = bench::run(engine, o, &r);
+    INFO(st.message);
+    CHECK(st.code == Code::CallbackError);
+    CHECK(st.message.find(std_exception ? "progress bar gone" : "not a std::exception") != std::string::npos);
+    CHECK(calls == 3);  // never called again after the throw
+    REQUIRE(r.cells.size() == 4);
+    CHECK(r.cells[0].ok());
+    CHECK(r.cells[1].error.find("on_progress threw") != std::string::npos);
+    CHECK(r.cells[2].error.find("not run") != std::string::npos);
+  }
+  o.on_progress = nullptr;  // the engine still runs a whole sweep
+  bench::Report again;
+  REQUIRE(bench::run(engine, o, &again));
+  for (const bench::Cell& c : again.cells) CHECK(c.ok());
 }
 
 TEST_CASE("bench: on_progress can cancel; what was measured is kept", "[bench]") {

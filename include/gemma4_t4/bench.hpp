@@ -638,8 +638,10 @@ Status measure_bandwidth(Backend backend, int device, const BandwidthOptions& op
 namespace detail {
 namespace bench_impl {
 
-// Measures one cell into *cell (errors land in cell->error). Returns false when on_progress asked to stop.
-inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index, size_t ncells, bench::Cell* cell) {
+// Measures one cell into *cell (errors land in cell->error). Returns false when on_progress asked to stop or
+// threw; a throw's message goes to *callback_error (the sweep ends as if cancelled, run() says CallbackError).
+inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index, size_t ncells, bench::Cell* cell,
+                     std::string* callback_error) {
   const ModelConfig& cfg = e.config();
   const int P = cell->prompt, C = cell->concurrency, N = cell->tokens;
   auto progress = [&](int repeat) {
@@ -652,7 +654,14 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
     p.repeat = repeat;
     p.repeats = o.repeats;
     p.fraction = (double(index) + double(repeat) / o.repeats) / double(ncells);
-    return o.on_progress(p);
+    try {
+      return o.on_progress(p);
+    } catch (const std::exception& ex) {
+      *callback_error = ex.what();
+    } catch (...) {
+      *callback_error = "an exception that is not a std::exception";
+    }
+    return false;
   };
   std::vector<Session> s(static_cast<size_t>(C));
   for (int b = 0; b < C; ++b) {
@@ -737,7 +746,9 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
     cell->prefill_tok_s = median(prefill_rate);
   }
   if (!go_on) {
-    if (cell->ok()) cell->error = strf("cancelled after %d of %d repeats", cell->repeats, o.repeats);
+    if (cell->ok())
+      cell->error = strf("%s after %d of %d repeats", callback_error->empty() ? "cancelled" : "on_progress threw",
+                         cell->repeats, o.repeats);
     return false;
   }
   return progress(o.repeats);
@@ -901,6 +912,7 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
              "attention for %zu keys, so long-context decode may be slower than it could be",
              engine.load_options().max_context, max_ctx, engine.load_options().max_context));
 
+  std::string callback_error;  // what on_progress threw, if it did
   for (size_t i = 0; i < r.cells.size(); ++i) {
     Cell& cell = r.cells[i];
     if (r.cancelled) {
@@ -910,7 +922,7 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
     if (!cell.ok()) continue;
     bool go_on = true;
     try {
-      go_on = run_cell(engine, o, i, r.cells.size(), &cell);
+      go_on = run_cell(engine, o, i, r.cells.size(), &cell, &callback_error);
     } catch (const std::bad_alloc&) {
       cell.error = "out of host memory";
     } catch (const std::exception& e) {
@@ -926,6 +938,9 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
   const size_t done = size_t(std::count_if(r.cells.begin(), r.cells.end(), [](const Cell& c) { return c.ok(); }));
   const bool cancelled = r.cancelled;
   *out = std::move(r);
+  if (!callback_error.empty())
+    return err(Code::CallbackError, "bench::run: on_progress threw: ", callback_error, " (", done, " of ",
+               out->cells.size(), " cells complete; the sweep stopped there)");
   if (cancelled)
     return err(Code::Cancelled, "bench::run: cancelled by on_progress (", done, " of ", out->cells.size(),
                " cells complete)");
