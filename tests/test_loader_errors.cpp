@@ -1098,6 +1098,34 @@ TEST_CASE("Engine::load: a directory that does not exist is NotFound", "[loader]
   CHECK_FALSE(engine.loaded());
 }
 
+TEST_CASE("Engine::load: out-of-range LoadOptions are refused by name, whatever the backend",
+          "[loader][engine][errors]") {
+  gemma4_t4::Engine engine;
+  REQUIRE(load_dir(fixture("flat_keqv"), &engine).is_ok());
+  for (int rows : {-1, 0, 63, 16385}) {
+    gemma4_t4::LoadOptions opt;
+    opt.backend = gemma4_t4::Backend::Cpu;
+    opt.max_pass_rows = rows;
+    const Status st = gemma4_t4::Engine::load(fixture("mm_bf16").string(), opt, &engine);
+    check_status(st, {Code::InvalidArgument}, {"max_pass_rows", std::to_string(rows)});
+  }
+  gemma4_t4::LoadOptions opt;
+  opt.backend = gemma4_t4::Backend::Cpu;
+  opt.max_context = 0;
+  check_status(gemma4_t4::Engine::load(fixture("mm_bf16").string(), opt, &engine), {Code::InvalidArgument},
+               {"max_context"});
+  REQUIRE(engine.loaded());  // the engine loaded before is untouched
+  CHECK(engine.config().num_layers == 5);
+  for (int rows : {64, 16384}) {  // the bounds themselves load
+    gemma4_t4::Engine edge;
+    opt.max_context = 256;
+    opt.max_pass_rows = rows;
+    const Status st = gemma4_t4::Engine::load(fixture("mm_bf16").string(), opt, &edge);
+    INFO(st.message);
+    CHECK(st.is_ok());
+  }
+}
+
 TEST_CASE("Engine::load: the engine stays usable after a failed load", "[loader][engine][errors]") {
   TempDir tmp;
   const fs::path missing = tmp.path() / "no_such_checkpoint";

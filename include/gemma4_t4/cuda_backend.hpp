@@ -233,9 +233,6 @@ class CudaBackend : public BackendModel {
     }
     if (device_ < 0 || device_ >= n)
       return err(Code::InvalidArgument, where, ": CUDA device ", device_, " does not exist (", n, " present)");
-    if (max_rows_ < 64 || max_rows_ > 16384)
-      return err(Code::InvalidArgument, where, ": LoadOptions::max_pass_rows is ", max_rows_,
-                 "; it must be in [64, 16384]");
     GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
     cudaDeviceProp prop;
     GEMMA4_T4_CUDA_TRY(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");

@@ -76,6 +76,9 @@ inline Status load_impl(const std::string& dir, const LoadOptions& options, std:
   impl->dir = dir;
   impl->options = options;
   if (options.max_context == 0) return err(Code::InvalidArgument, "LoadOptions::max_context must be > 0");
+  if (options.max_pass_rows < 64 || options.max_pass_rows > 16384)  // checked whatever the backend
+    return err(Code::InvalidArgument, "LoadOptions::max_pass_rows is ", options.max_pass_rows,
+               "; it must be in [64, 16384]");
   if (options.on_progress) options.on_progress(0.f);
   std::string text;
   const std::string cfg_path = dir + "/config.json";
