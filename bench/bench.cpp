@@ -36,7 +36,7 @@ namespace bench = gemma4_t4::bench;
 const char kUsage[] =
     "usage: bench [--model DIR] [--cpu] [--prompts LIST] [--concurrency LIST] [--tokens N] [--repeats N]\n"
     "             [--seed N] [--json FILE] [--csv FILE] [--svg FILE] [--doctor] [--device-only]\n"
-    "             [--lm-head f16|int8|int4] [--lm-head-fidelity POSITIONS] [--no-pdl]\n"
+    "             [--lm-head f16|int8|int4] [--lm-head-fidelity POSITIONS] [--no-pdl] [--sampling greedy|gemma]\n"
     "\n"
     "Measures the device (memory bandwidth, the decode ceiling of the model) and runs the sweep of the\n"
     "published T4 study: every prompt length x every concurrency, greedy decoding, EOS ignored.\n"
@@ -57,6 +57,7 @@ const char kUsage[] =
     "  --bandwidth-mib N  buffer for the bandwidth measurement (default: 1024 on a GPU, 256 on the host)\n"
     "  --ple-device       keep the per-layer-embedding table on the GPU (LoadOptions::ple)\n"
     "  --lm-head KIND     LM head storage: f16 (default), int8 (per row) or int4 (group 32) (LoadOptions::lm_head)\n"
+    "  --sampling MODE    greedy (default) or gemma: temperature 1, top-k 64, top-p 0.95 (generation_config)\n"
     "  --lm-head-fidelity POSITIONS\n"
     "                     instead of the sweep: logits of the quantized head (--lm-head, or both int8 and int4)\n"
     "                     vs the fp16 head over POSITIONS random-token positions (max/mean error, top-1/top-5)\n"
@@ -185,6 +186,14 @@ int parse_args(int argc, char** argv, Args* a) {
           a->lm_head = gemma4_t4::LmHead::Int4;
         else
           return bad("needs f16, int8 or int4");
+      } else if (k == "--sampling") {
+        const std::string m = v;
+        if (m == "greedy")
+          a->sweep.sampling = gemma4_t4::SamplingOptions::greedy();
+        else if (m == "gemma")
+          a->sweep.sampling = gemma4_t4::SamplingOptions();
+        else
+          return bad("needs greedy or gemma");
       } else if (k == "--lm-head-fidelity") {
         if (!parse_long(v, 1, 1 << 24, &a->fidelity_positions)) return bad("needs a position count >= 1");
       } else if (k == "--bandwidth-mib") {

@@ -753,6 +753,9 @@ struct SweepOptions {
   bool clamp_prompts = true;
   size_t max_context = 0;
   bool warmup = true;  // an untimed short pass per cell first (CUDA lazy loading, cuBLAS, graph capture)
+  // How each output token is chosen (greedy by default; SamplingOptions() = Gemma 4's generation_config:
+  // temperature 1, top-k 64, top-p 0.95). Every stream uses it with its own seed (sampling.seed + stream).
+  SamplingOptions sampling = SamplingOptions::greedy();
   // KV capacity is reported at this budget; 0: GPU memory free after load (CUDA) / MemAvailable (CPU).
   uint64_t kv_budget_bytes = 0;
   bool measure_bandwidth = true;  // false: take `bandwidth` as given (measured once for several checkpoints)
@@ -807,6 +810,7 @@ struct Report {
   std::vector<int> prompts, concurrency;
   int tokens = 0, repeats = 0;
   uint64_t seed = 0;
+  std::string sampling;            // SweepOptions::sampling in words ("greedy", "temperature 1, top-k 64, ...")
   std::vector<std::string> notes;  // clamped prompts, bandwidth failures, ...
   std::vector<Cell> cells;         // prompts outer, concurrency inner, in the order asked
   double t4_bandwidth_gbs = 0;     // T4 projection, NOT measured

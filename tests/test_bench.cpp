@@ -300,6 +300,33 @@ TEST_CASE("bench: prompts too long for the context are clamped, or fail only the
   }
 }
 
+TEST_CASE("bench: the sweep samples as SweepOptions::sampling says, and reports it", "[bench]") {
+  Engine engine = testref::load_engine("mm_bf16", Backend::Cpu);
+  bench::SweepOptions o = tiny_sweep();
+  o.measure_bandwidth = false;
+  o.bandwidth.read_gbs = 10;
+  bench::Report greedy;
+  REQUIRE(bench::run(engine, o, &greedy));
+  CHECK(greedy.sampling == "greedy");
+  CHECK(bench::to_table(greedy).find("sampling    greedy\n") != std::string::npos);
+  o.sampling = SamplingOptions();  // Gemma 4's generation_config
+  o.sampling.repetition_penalty = 1.1f;
+  bench::Report sampled;
+  REQUIRE(bench::run(engine, o, &sampled));
+  CHECK(sampled.sampling == "temperature 1, top-k 64, top-p 0.95, repetition penalty 1.1");
+  CHECK(Json::parse(bench::to_json(sampled))["options"]["sampling"] == sampled.sampling);
+  REQUIRE(sampled.cells.size() == greedy.cells.size());
+  for (const bench::Cell& c : sampled.cells) {
+    INFO("prompt " << c.prompt << " concurrency " << c.concurrency << ": " << c.error);
+    CHECK(c.ok());
+    CHECK(c.tok_s_per_stream > 0);
+  }
+  o.sampling.temperature = -1.f;  // <= 0 is greedy, whatever else is set
+  bench::Report again;
+  REQUIRE(bench::run(engine, o, &again));
+  CHECK(again.sampling == "greedy");
+}
+
 TEST_CASE("bench: an on_progress that throws stops the sweep with CallbackError; the engine goes on", "[bench]") {
   Engine engine = testref::load_engine("mm_bf16", Backend::Cpu);
   bench::SweepOptions o = tiny_sweep();

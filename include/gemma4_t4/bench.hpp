@@ -21,8 +21,9 @@
 //                  loading, cuBLAS, graph capture for C rows), then per repeat: prompt ids drawn from the
 //                  (cell, repeat) seed; each stream's prompt fed in its own Engine::step (prefill + first
 //                  token) in stream order, its TTFT taken when that step returns; then tokens - 1 decode
-//                  steps of all C streams, each timed. Greedy sampling on the device (only ids cross PCIe),
-//                  EOS ignored. ms per token = median over repeats of the median step time.
+//                  steps of all C streams, each timed. Sampling (SweepOptions::sampling, greedy by default) on
+//                  the device (only ids cross PCIe), EOS ignored. ms per token = median over repeats of the
+//                  median step time.
 //   statistics     median: the mean of the two middle values for an even count; p90: nearest rank (the
 //                  ceil(0.9 n)-th smallest).
 //   T4 projection  277 GB/s / decode bytes per token, times this run's % of ceiling: what the same kernels
@@ -672,6 +673,8 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
     }
   }
   std::vector<int32_t> next(static_cast<size_t>(C)), feed(static_cast<size_t>(C));
+  std::vector<SamplingOptions> sampling(static_cast<size_t>(C), o.sampling);
+  for (int b = 0; b < C; ++b) sampling[size_t(b)].seed = o.sampling.seed + uint64_t(b);
   std::vector<BatchItem> items(static_cast<size_t>(C));
   auto decode_items = [&] {
     feed = next;
@@ -684,10 +687,10 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
       prompt_ids(cell_seed(o.seed, P, C, -1), b, wn, cfg, &wp[size_t(b)]);
       items[size_t(b)] = BatchItem{&s[size_t(b)], wp[size_t(b)].data(), size_t(wn)};
     }
-    Status st = e.step(items.data(), size_t(C), nullptr, next.data());
+    Status st = e.step(items.data(), size_t(C), sampling.data(), next.data());
     for (int k = 0; k < 2 && st; ++k) {
       decode_items();
-      st = e.step(items.data(), size_t(C), nullptr, next.data());
+      st = e.step(items.data(), size_t(C), sampling.data(), next.data());
     }
     if (!st) {
       cell->error = "warm-up: " + st.message;
@@ -711,7 +714,7 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
     const auto t0 = Clock::now();
     for (int b = 0; b < C; ++b) {
       const BatchItem it{&s[size_t(b)], prompts[size_t(b)].data(), size_t(P)};
-      const Status st = e.step(&it, 1, nullptr, &next[size_t(b)]);
+      const Status st = e.step(&it, 1, &sampling[size_t(b)], &next[size_t(b)]);
       if (!st) {
         cell->error = strf("repeat %d, prefill of stream %d: ", r + 1, b + 1) + st.message;
         break;
@@ -723,7 +726,7 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
     for (int k = 1; k < N; ++k) {
       decode_items();
       const auto t = Clock::now();
-      const Status st = e.step(items.data(), size_t(C), nullptr, next.data());
+      const Status st = e.step(items.data(), size_t(C), sampling.data(), next.data());
       if (!st) {
         cell->error = strf("repeat %d, decode step %d: ", r + 1, k) + st.message;
         break;
@@ -789,6 +792,16 @@ inline Json bandwidth_json(const bench::Bandwidth& b) {
 }
 
 // "512", or "3968*" when clamped (the * explained in the notes).
+inline std::string sampling_summary(const SamplingOptions& o) {
+  if (o.temperature <= 0.f || o.top_k == 1) return "greedy";
+  std::string s = strf("temperature %g", double(o.temperature));
+  if (o.top_k > 0) s += strf(", top-k %d", o.top_k);
+  if (o.top_p < 1.f) s += strf(", top-p %g", double(o.top_p));
+  if (o.min_p > 0.f) s += strf(", min-p %g", double(o.min_p));
+  if (o.repetition_penalty != 1.f) s += strf(", repetition penalty %g", double(o.repetition_penalty));
+  return s;
+}
+
 inline std::string prompt_label(const bench::Cell& c) {
   return std::to_string(c.prompt) + (c.prompt != c.requested_prompt ? "*" : "");
 }
@@ -844,6 +857,7 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
   r.version = GEMMA4_T4_VERSION_STRING;
   r.timestamp = utc_now();
   r.label = o.label;
+  r.sampling = sampling_summary(o.sampling);
   r.model = model_summary(cfg);
   r.backend = engine.backend();
   r.device =
@@ -1019,6 +1033,7 @@ std::string to_table(const Report& r) {
             human_bytes(double(r.kv_budget_bytes)).c_str(), with_commas(r.kv_capacity_tokens).c_str());
   s += strf("sweep       %d output tokens per stream (EOS ignored), repeats %d, seed %llu, context limit %zu\n",
             r.tokens, r.repeats, static_cast<unsigned long long>(r.seed), r.context_limit);
+  s += "sampling    " + r.sampling + "\n";
   for (const std::string& n : r.notes) s += "note: " + n + "\n";
   s += "\n";
   // Columns as wide as their widest entry; a failed cell shows its error after the first two.
@@ -1128,7 +1143,8 @@ std::string to_json(const Report& r) {
               {"concurrency", r.concurrency},
               {"tokens", r.tokens},
               {"repeats", r.repeats},
-              {"seed", r.seed}}},
+              {"seed", r.seed},
+              {"sampling", r.sampling}}},
             {"notes", r.notes},
             {"cells", cells},
             {"t4_projection",

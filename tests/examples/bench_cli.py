@@ -9,7 +9,8 @@
   positive tok/s and TTFT, the T4 projection labelled "projection, not measured";
 - the CSV has a header and one line per cell; the SVG opens with <svg and closes;
 - the table on stdout carries the projection label;
-- `--doctor` and `--device-only --cpu` run and exit 0; a bad flag exits 2.
+- `--sampling gemma` samples and says so (greedy by default, in options.sampling);
+- `--doctor` and `--device-only --cpu` run and exit 0; a bad flag (or --sampling value) exits 2.
 Python 3 standard library only.
 """
 
@@ -73,6 +74,14 @@ def main():
                 fail(f"cell field {k} missing or not positive: {c!r}")
     if j["t4_projection"]["label"] != LABEL or len(j["t4_projection"]["cells"]) != len(cells):
         fail(f"t4_projection: {j['t4_projection']!r}")
+
+    if j["options"].get("sampling") != "greedy":
+        fail(f"options.sampling: wanted 'greedy' by default: {j['options']!r}")
+    out2, err2 = run(exe, "--cpu", "--prompts", "8", "--concurrency", "1", "--tokens", "4", "--repeats", "1",
+                     "--bandwidth-mib", "16", "--sampling", "gemma")
+    if "sampling    temperature 1, top-k 64, top-p 0.95" not in out2:
+        fail("--sampling gemma: the table does not say so", out2, err2)
+    run(exe, "--cpu", "--sampling", "nucleus", want_rc=2)
 
     with open(paths["csv"], encoding="utf-8") as f:
         lines = f.read().splitlines()
