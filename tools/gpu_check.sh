@@ -267,6 +267,9 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
         --csv "$OUT/bench-$fmt-$arch.csv" --svg "$OUT/bench-$fmt-$arch.svg" 2>&1 | tee -a "$OUT/bench.log"
     done
   done
+  echo "== E2B w4a16, native build, sampled decode (Gemma 4's generation_config)" | tee -a "$OUT/bench.log"
+  timeout ${SWEEP_S:-300} /tmp/bench_native --model /tmp/e2b-w4a16 --sampling gemma --prompts 512 --concurrency 1,8 \
+    --tokens 128 --repeats 3 --quiet --json "$OUT/bench-w4a16-native-sampled.json" 2>&1 | tee -a "$OUT/bench.log"
   echo "== E2B w4a16, native, prompt 4096 (quick_bench: TTFT of the second session)" | tee -a "$OUT/bench.log"
   /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1,2 2>&1 | tee -a "$OUT/bench.log"
 fi
