@@ -112,7 +112,7 @@ if [ "$MODE" = sanitize ]; then
   timeout 220 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$T" > "$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(tail -2 "$OUT/memcheck.log" | head -1)"
   i=0
-  for pat in "attention*" "flash attention: prompt*" "gemv*,quantized*"; do  # one kernel family per call
+  for pat in "attention*" "flash attention: prompt*" "gemv*,quantized*" "rmsnorm*,residual_norm*,sample_kernel*"; do
     i=$((i + 1))
     timeout 70 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" "$pat" > "$OUT/racecheck-$i.log" 2>&1
     echo "racecheck '$pat' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck-$i.log" | tail -1)"
