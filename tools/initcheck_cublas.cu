@@ -3,8 +3,8 @@
 // then a kernel that reads every output element. Under `compute-sanitizer --tool initcheck` a report here
 // means the tool does not track the GEMM's stores (used by tools/gpu_check.sh sanitize to read the engine
 // tests' initcheck reports). Exit status 0 whatever the tool says; prints the sum so nothing is optimised out.
-// With --mark the output is then marked initialised the way the backend does under GEMMA4_T4_SANITIZER_NVTX
-// (run with `compute-sanitizer --tool initcheck --nvtx yes`): no report expected.
+// With --mark the output is then marked initialised by the backend's own helper (include/gemma4_t4/sanitizer.hpp,
+// GEMMA4_T4_SANITIZER_NVTX; run with `compute-sanitizer --tool initcheck --nvtx yes`): no report expected.
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -13,7 +13,8 @@
 #include <cstring>
 #include <vector>
 
-#include <nvtx3/nvToolsExtMemCudaRt.h>
+#define GEMMA4_T4_SANITIZER_NVTX
+#include "../include/gemma4_t4/sanitizer.hpp"
 
 __global__ void read_all(const float* y, size_t n, float* sum) {
   float s = 0.f;
@@ -42,20 +43,7 @@ int main(int argc, char** argv) {
   const cublasStatus_t st =
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, out, rows, in, &alpha, dw, CUDA_R_16F, in, dx, CUDA_R_16F, in, &beta,
                    dy, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-  if (mark) {  // as gemma4_t4::detail::sanitizer_mark_initialized (include/gemma4_t4/cuda_backend.hpp)
-    const nvtxDomainHandle_t domain = nvtxDomainCreateA("gemma4_t4");
-    nvtxMemVirtualRangeDesc_t range;
-    range.size = size_t(rows) * out * 4;
-    range.ptr = dy;
-    nvtxMemMarkInitializedBatch_t batch{};
-    batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-    batch.structSize = sizeof(batch);
-    batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-    batch.regionDescCount = 1;
-    batch.regionDescElementSize = sizeof(range);
-    batch.regionDescElements = &range;
-    nvtxMemCudaMarkInitialized(domain, nullptr, 0, &batch);
-  }
+  if (mark) gemma4_t4::detail::sanitizer_mark_initialized(dy, size_t(rows) * out * 4, nullptr);
   read_all<<<1, 256>>>(dy, size_t(rows) * out, dsum);
   float sum = 0.f;
   cudaMemcpy(&sum, dsum, 4, cudaMemcpyDeviceToHost);

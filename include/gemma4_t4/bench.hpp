@@ -791,7 +791,7 @@ inline Json bandwidth_json(const bench::Bandwidth& b) {
               {"method", b.method}};
 }
 
-// "512", or "3968*" when clamped (the * explained in the notes).
+// SweepOptions::sampling in words: "greedy", or the filters that are on.
 inline std::string sampling_summary(const SamplingOptions& o) {
   if (o.temperature <= 0.f || o.top_k == 1) return "greedy";
   std::string s = strf("temperature %g", double(o.temperature));
@@ -802,6 +802,7 @@ inline std::string sampling_summary(const SamplingOptions& o) {
   return s;
 }
 
+// "512", or "3968*" when clamped (the * explained in the notes).
 inline std::string prompt_label(const bench::Cell& c) {
   return std::to_string(c.prompt) + (c.prompt != c.requested_prompt ? "*" : "");
 }

@@ -52,38 +52,10 @@
 #include "../../kernels/rmsnorm.cuh"
 #include "../../kernels/rope_kv.cuh"
 #include "../../kernels/sample.cuh"
-
-#ifdef GEMMA4_T4_SANITIZER_NVTX
-#include <nvtx3/nvToolsExtMemCudaRt.h>
-#endif
+#include "sanitizer.hpp"
 
 namespace gemma4_t4 {
 namespace detail {
-
-// compute-sanitizer initcheck does not track the stores of cuBLAS's kernels (tools/initcheck_cublas.cu shows
-// it), so every read of a GEMM's output would be reported. With GEMMA4_T4_SANITIZER_NVTX the output range is
-// marked initialised in stream order through the NVTX memory API (`compute-sanitizer --nvtx yes`); otherwise
-// this is nothing.
-inline void sanitizer_mark_initialized(const void* p, size_t bytes, cudaStream_t stream) {
-#ifdef GEMMA4_T4_SANITIZER_NVTX
-  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("gemma4_t4");
-  nvtxMemVirtualRangeDesc_t range;
-  range.size = bytes;
-  range.ptr = p;
-  nvtxMemMarkInitializedBatch_t batch{};
-  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-  batch.structSize = sizeof(batch);
-  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  batch.regionDescCount = 1;
-  batch.regionDescElementSize = sizeof(range);
-  batch.regionDescElements = &range;
-  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
-#else
-  (void)p;
-  (void)bytes;
-  (void)stream;
-#endif
-}
 
 inline Status cuda_status(cudaError_t e, const std::string& what) {
   return err(Code::BackendError, what, ": CUDA error ", cudaGetErrorName(e), " (", cudaGetErrorString(e), ")");
