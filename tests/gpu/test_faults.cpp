@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <mutex>
@@ -32,6 +33,19 @@ namespace {
 // (modules loaded on a kernel's first launch, cuBLAS) land in it too, so free memory is compared after a
 // warm-up and within this slack; detail::live_cuda_allocations() is exact.
 constexpr size_t kSlack = size_t(4) << 20;
+
+// Under compute-sanitizer (tools/gpu_check.sh exports GEMMA4_T4_UNDER_TOOL for those runs) the tool keeps
+// device memory of its own that grows as ours comes and goes (initcheck's shadow state: ~30-70 MiB over the
+// fault tests), so free memory says nothing about our leaks there; the exact allocation count still does.
+bool free_memory_comparable() {
+  static const bool comparable = [] {
+    const bool tool = std::getenv("GEMMA4_T4_UNDER_TOOL") != nullptr;
+    if (tool)
+      WARN("GEMMA4_T4_UNDER_TOOL set: free GPU memory not compared (a sanitizer holds its own); allocation counts are");
+    return !tool;
+  }();
+  return comparable;
+}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
@@ -102,7 +116,7 @@ void check_level(const MemLevel& before, const std::string& what) {
   INFO(what << ": backend allocations " << before.live << " -> " << now.live << ", free GPU memory " << before.free
             << " -> " << now.free << " bytes");
   CHECK(now.live == before.live);
-  CHECK(now.free + kSlack >= before.free);
+  if (free_memory_comparable()) CHECK(now.free + kSlack >= before.free);
 }
 
 LoadOptions cuda_options(PleLocation ple = PleLocation::Host) {
