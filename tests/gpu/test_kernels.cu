@@ -8,6 +8,7 @@
 //   fp32 outputs from fp16 inputs     max |got - ref| / max |ref|   <= 1e-3
 //   fp32 outputs from fp32 inputs     max |got - ref| / max |ref|   <= 1e-5
 //   dequantisation, saturation, embedding rows, argmax               exact
+//   sampled tokens: the CPU sampler's (sampler.hpp) where no decision is at rounding level; identical run to run
 //   invariants the CUDA backend relies on: a GEMV row of an n-row batch vs the same row of a 16-row
 //   batch, a matrix of a multi-matrix GEMV vs its own launch, residual_norm's next norm vs rmsnorm   bit-exact
 // Every case is tagged [gpu]; tests/gpu/main.cpp skips the suite visibly where no GPU is present.
@@ -32,7 +33,7 @@
 #include "../../kernels/gemv.cuh"
 #include "../../kernels/rmsnorm.cuh"
 #include "../../kernels/rope_kv.cuh"
-#include "../../kernels/sample.cuh"  // greedy here; sampling is tested against sampler.hpp elsewhere
+#include "../../kernels/sample.cuh"
 
 #include "gemma4_t4.hpp"
 #include "gemma4_t4/common.hpp"
@@ -1596,6 +1597,317 @@ TEST_CASE("sample_kernel greedy: first index of the row maximum after the penalt
     }
 }
 
+// ---- sampling: the candidate path, the full-row path and the CPU sampler ----
+
+// One parameter set of the sampling tests.
+struct SampleCase {
+  const char* name;
+  float temperature;
+  int top_k;
+  float top_p, min_p, penalty;
+  bool ties;  // a group of equal logits holds the top-k threshold: more than kSampleCand keys >= it where V allows
+};
+
+const SampleCase kSampleCases[] = {
+    {"Gemma defaults: T 1, top-k 64, top-p 0.95", 1.f, 64, 0.95f, 0.f, 1.f, false},
+    {"T 0.7, top-k 40, top-p 0.5", 0.7f, 40, 0.5f, 0.f, 1.f, false},
+    {"top-k 64 on a tie group (candidate overflow)", 1.f, 64, 0.95f, 0.f, 1.f, true},
+    {"top-p 0.9 alone", 1.f, 0, 0.9f, 0.f, 1.f, false},
+    {"min-p 0.05, top-k 64", 1.f, 64, 1.f, 0.05f, 1.f, false},
+    {"repetition penalty 1.3", 1.f, 64, 0.95f, 0.f, 1.3f, false},
+    {"T 1.5, top-k 500, top-p 0.9 (block-sum top-p)", 1.5f, 500, 0.9f, 0.f, 1.f, false},
+    {"top-k 1000, top-p 0.95 (radix passes)", 1.f, 1000, 0.95f, 0.f, 1.f, false},
+    {"top-k 2000, top-p 0.95 (above kSampleCand)", 1.f, 2000, 0.95f, 0.f, 1.f, false},
+    {"T 0.01", 0.01f, 64, 0.95f, 0.f, 1.f, false},
+};
+
+// One launch's rows: logits ~ N(0, 2.5^2) (a spread of several units, so decisions rarely sit on a float
+// boundary), parameters, seen ids (sorted, unique per row, as the engine passes them).
+struct SampleBatch {
+  int V = 0, rows = 0;
+  std::vector<float> x;                  // [rows, V] fp32
+  std::vector<kn::SampleParams> params;  // [rows]
+  std::vector<int> seen;                 // every row's seen ids
+};
+
+SampleBatch make_sample_batch(std::mt19937& rng, int V, int rows, const SampleCase& c, uint64_t seed) {
+  SampleBatch b;
+  b.V = V;
+  b.rows = rows;
+  b.x.resize(size_t(rows) * V);
+  b.params.resize(size_t(rows));
+  std::normal_distribution<float> nd(0.f, 2.5f);
+  for (int r = 0; r < rows; ++r) {
+    float* xr = &b.x[size_t(r) * V];
+    for (int i = 0; i < V; ++i) xr[i] = nd(rng);
+    if (c.ties) {  // a few distinct logits above min(1500, V / 2) equal ones, every other logit below them
+      std::vector<int> perm(static_cast<size_t>(V));
+      for (int i = 0; i < V; ++i) perm[size_t(i)] = i;
+      std::shuffle(perm.begin(), perm.end(), rng);
+      const int high = std::min(40, V / 8), tied = std::min(1500, V / 2);
+      for (int t = 0; t < V; ++t) {
+        float& v = xr[perm[size_t(t)]];
+        v = t < high ? 14.f + 0.05f * float(t) : t < high + tied ? 12.5f : std::min(v, 12.f);
+      }
+    }
+    kn::SampleParams& p = b.params[size_t(r)];
+    p.temperature = c.temperature;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    p.penalty = c.penalty;
+    p.seed = seed + uint64_t(r);
+    p.counter = 1000 + 7 * uint64_t(r);
+    p.seen_offset = int(b.seen.size());
+    if (c.penalty != 1.f) {  // the 10 largest logits (the penalty moves the draw) and 20 random ids
+      std::vector<int> ids(static_cast<size_t>(V));
+      for (int i = 0; i < V; ++i) ids[size_t(i)] = i;
+      const int top = std::min(V, 10);
+      std::partial_sort(ids.begin(), ids.begin() + top, ids.end(), [&](int a, int e) { return xr[a] > xr[e]; });
+      std::vector<int> s(ids.begin(), ids.begin() + top);
+      std::uniform_int_distribution<int> ui(0, V - 1);
+      for (int t = 0; t < 20; ++t) s.push_back(ui(rng));
+      std::sort(s.begin(), s.end());
+      s.erase(std::unique(s.begin(), s.end()), s.end());
+      b.seen.insert(b.seen.end(), s.begin(), s.end());
+    }
+    p.seen_count = int(b.seen.size()) - p.seen_offset;
+  }
+  return b;
+}
+
+gemma4_t4::SamplingOptions sampling_options(const kn::SampleParams& p) {
+  gemma4_t4::SamplingOptions o;
+  o.temperature = p.temperature;
+  o.top_k = p.top_k;
+  o.top_p = p.top_p;
+  o.min_p = p.min_p;
+  o.repetition_penalty = p.penalty;
+  o.seed = p.seed;
+  return o;
+}
+
+// The kernel's tokens for a batch (the logits are uploaded afresh: the penalty changes them in place).
+template <bool kCandidates>
+std::vector<int> run_sample(const SampleBatch& b, const Stream& st) {
+  Dev<float> dx(b.x.size());
+  Dev<kn::SampleParams> dp(b.params.size());
+  Dev<int> dseen(std::max<size_t>(b.seen.size(), 1)), dout(static_cast<size_t>(b.rows));  // [rows] int
+  dx.upload(b.x);
+  dp.upload(b.params);
+  if (!b.seen.empty()) dseen.upload(b.seen);
+  dout.poison();
+  REQUIRE_CUDA(kn::launch_sample<kCandidates>(dx.get(), b.rows, b.V, dp.get(), dseen.get(), dout.get(), st.s));
+  st.sync();
+  return dout.download<int>();
+}
+
+// The CPU sampler's token for one row, and how far its decisions lie from a float boundary: the min-p
+// threshold from the nearest logit (relative, where min-p is the binding threshold), the top-p target from
+// the cumulative masses of the groups of equal logits on either side (relative to the mass), u from the ends
+// of the drawn token's share (relative to the total). The kernel sums in float (__expf, other orders), so it
+// may decide otherwise only where a margin is at rounding level.
+struct RefSample {
+  int token = -1;
+  double minp = 1.0, cut = 1.0, draw = 1.0;
+};
+
+RefSample ref_sample(const SampleBatch& b, int r) {
+  namespace d = gemma4_t4::detail;
+  const kn::SampleParams& p = b.params[size_t(r)];
+  const gemma4_t4::SamplingOptions o = sampling_options(p);
+  const int V = b.V;
+  const int32_t* seen = b.seen.data() + p.seen_offset;
+  std::vector<float> x(b.x.begin() + ptrdiff_t(r) * V, b.x.begin() + ptrdiff_t(r + 1) * V);
+  RefSample out;
+  std::vector<float> y = x;
+  out.token = d::sample_ref(y.data(), V, o, seen, size_t(p.seen_count), p.counter);
+  d::apply_repetition_penalty(x.data(), seen, size_t(p.seen_count), o.repetition_penalty);
+  const float T = o.temperature, m = *std::max_element(x.begin(), x.end());
+  float thr = -INFINITY, kth = -INFINITY;
+  if (o.top_k > 0 && o.top_k < V) {
+    std::vector<float> v = x;
+    std::nth_element(v.begin(), v.begin() + (o.top_k - 1), v.end(), std::greater<float>());
+    kth = v[size_t(o.top_k - 1)];
+  }
+  if (o.min_p > 0.f) {
+    const float t = m + T * std::log(o.min_p);
+    if (t > kth) {
+      double near = INFINITY;
+      for (float v : x) near = std::min(near, std::fabs(double(v) - double(t)));
+      out.minp = near / std::max(1.0, std::fabs(double(t)));
+    }
+    thr = std::max(thr, t);
+  }
+  thr = std::max(thr, kth);
+  if (o.top_p < 1.f) {
+    std::vector<float> kept;
+    for (float v : x)
+      if (v >= thr) kept.push_back(v);
+    std::sort(kept.begin(), kept.end(), std::greater<float>());
+    double z0 = 0.0;
+    for (float v : kept) z0 += std::exp(double(v - m) / T);
+    const double target = double(o.top_p) * z0;
+    double cum = 0.0;
+    for (size_t i = 0; i < kept.size();) {
+      size_t j = i;
+      double g = 0.0;
+      for (; j < kept.size() && kept[j] == kept[i]; ++j) g += std::exp(double(kept[j] - m) / T);
+      if (cum + g >= target) {  // the first group has no group above it to take the cut instead
+        out.cut = (i == 0 ? cum + g - target : std::min(cum + g - target, target - cum)) / z0;
+        thr = std::max(thr, kept[i]);
+        break;
+      }
+      cum += g;
+      i = j;
+    }
+  }
+  double z = 0.0;
+  for (float v : x)
+    if (v >= thr) z += std::exp(double(v - m) / T);
+  const double u = d::uniform01(o.seed, p.counter) * z;
+  double cum = 0.0;
+  for (int i = 0; i < V; ++i)
+    if (x[size_t(i)] >= thr) {
+      const double before = cum;
+      cum += std::exp(double(x[size_t(i)] - m) / T);
+      if (cum > u) {
+        out.draw = std::min(u - before, cum - u) / z;
+        REQUIRE(i == out.token);  // this walk is sample_ref's
+        break;
+      }
+    }
+  return out;
+}
+
+constexpr double kMinpMargin = 1e-6;  // ~16 ulps: logf on the device vs std::log on the host
+constexpr double kMassMargin = 3e-5;  // float sums of __expf over up to ~1e5 kept ids, in the kernel's orders
+
+bool away_from_boundary(const RefSample& r) {
+  return r.minp >= kMinpMargin && r.cut >= kMassMargin && r.draw >= kMassMargin;
+}
+constexpr int kSampleSizes[] = {262144, 1000, 4099, 64};  // 4099: odd rows, scalar loads; 64, 1000: all candidates
+
+// Every path of the non-greedy kernel: candidates found in pass 2, after radix passes, candidate overflow
+// (ties) into the full-row path, top-k above kSampleCand, no top-k; top-p by per-candidate sums and by block
+// sums; min-p; the penalty. Where no decision is at rounding level the token is the CPU sampler's.
+TEST_CASE("sample_kernel: sampled tokens equal the CPU sampler's away from float boundaries", "[gpu]") {
+  std::mt19937 rng(513);
+  Stream st;
+  int checked = 0, total = 0;
+  for (int V : kSampleSizes)
+    for (const SampleCase& c : kSampleCases) {
+      const SampleBatch b = make_sample_batch(rng, V, 8, c, 77);
+      const std::vector<int> got = run_sample<true>(b, st);
+      for (int r = 0; r < b.rows; ++r) {
+        const RefSample ref = ref_sample(b, r);
+        INFO("sample_kernel V " << V << ", " << c.name << ", row " << r << ": got " << got[size_t(r)]
+                                << ", CPU sampler " << ref.token << "; margins min-p " << ref.minp << ", top-p "
+                                << ref.cut << ", draw " << ref.draw);
+        REQUIRE(got[size_t(r)] >= 0);
+        REQUIRE(got[size_t(r)] < V);
+        ++total;
+        if (away_from_boundary(ref)) {
+          ++checked;
+          REQUIRE(got[size_t(r)] == ref.token);
+        }
+      }
+    }
+  INFO(checked << " of " << total << " draws away from a float boundary");
+  REQUIRE(checked >= total * 3 / 4);  // top-p alone keeps thousands of ids: its cut is often at rounding level
+}
+
+// Rows at the edges of the algorithm: nothing above -inf, every logit equal (ties overflow the candidates),
+// T near 0, top-p 0 (keeps the top key), top-k at the candidate capacity and just above it, half the row
+// -inf (the per-thread maxima bound is weak). Both paths draw the same token, the CPU sampler's where no
+// decision is at rounding level (262144 equal logits: u's float rounding alone moves it by ~0.01 ids).
+TEST_CASE("sample_kernel: edge rows draw the same token on both paths, the CPU sampler's", "[gpu]") {
+  struct Edge {
+    const char* name;
+    int V;
+    float temperature;
+    int top_k;
+    float top_p;
+    int fill;  // 0 N(0, 2.5^2), 1 all -inf, 2 all 1.5, 3 odd ids -inf
+  };
+  const Edge edges[] = {
+      {"all -inf", 262144, 1.f, 64, 0.95f, 1},     {"all -inf", 4099, 1.f, 64, 0.95f, 1},
+      {"all -inf", 64, 1.f, 64, 0.95f, 1},         {"all -inf, top-p alone", 262144, 1.f, 0, 0.9f, 1},
+      {"all equal", 262144, 1.f, 64, 0.95f, 2},    {"all equal", 1000, 1.f, 64, 0.95f, 2},
+      {"T 1e-30", 262144, 1e-30f, 64, 0.95f, 0},   {"top-p 0", 262144, 1.f, 64, 0.f, 0},
+      {"top-p 0", 1000, 1.f, 0, 0.f, 0},           {"top-k V - 1", 1000, 1.f, 999, 0.95f, 0},
+      {"top-k 1024", 262144, 1.f, 1024, 0.95f, 0}, {"top-k 1025", 262144, 1.f, 1025, 0.95f, 0},
+      {"top-k 1024", 1025, 1.f, 1024, 0.95f, 0},   {"half -inf", 262144, 1.f, 64, 0.95f, 3},
+  };
+  std::mt19937 rng(516);
+  Stream st;
+  for (const Edge& e : edges) {
+    SampleBatch b;
+    b.V = e.V;
+    b.rows = 4;
+    b.x.resize(size_t(b.rows) * e.V);
+    b.params.resize(size_t(b.rows));
+    std::normal_distribution<float> nd(0.f, 2.5f);
+    for (size_t i = 0; i < b.x.size(); ++i) {
+      const float v = nd(rng);
+      b.x[i] = e.fill == 1 || (e.fill == 3 && i % 2 == 1) ? -INFINITY : e.fill == 2 ? 1.5f : v;
+    }
+    for (int r = 0; r < b.rows; ++r) {
+      kn::SampleParams& p = b.params[size_t(r)];
+      p.temperature = e.temperature;
+      p.top_k = e.top_k;
+      p.top_p = e.top_p;
+      p.seed = 5 + uint64_t(r);
+      p.counter = 11 * uint64_t(r);
+    }
+    const std::vector<int> fast = run_sample<true>(b, st), full = run_sample<false>(b, st);
+    for (int r = 0; r < b.rows; ++r) {
+      const RefSample ref = ref_sample(b, r);
+      INFO("sample_kernel edge: " << e.name << ", V " << e.V << ", row " << r << ": candidate path " << fast[size_t(r)]
+                                  << ", full-row path " << full[size_t(r)] << ", CPU sampler " << ref.token
+                                  << "; margins min-p " << ref.minp << ", top-p " << ref.cut << ", draw " << ref.draw);
+      REQUIRE(fast[size_t(r)] == full[size_t(r)]);
+      if (away_from_boundary(ref)) REQUIRE(fast[size_t(r)] == ref.token);
+    }
+  }
+}
+
+TEST_CASE("sample_kernel: the same logits and parameters give the same token on every run", "[gpu]") {
+  std::mt19937 rng(514);
+  Stream st;
+  for (int V : {262144, 4099, 1000})
+    for (const SampleCase& c : kSampleCases) {
+      const SampleBatch b = make_sample_batch(rng, V, 16, c, 91);
+      const std::vector<int> first = run_sample<true>(b, st);
+      for (int rep = 0; rep < 2; ++rep) {
+        INFO("sample_kernel V " << V << ", " << c.name << ", run " << rep + 2);
+        REQUIRE(run_sample<true>(b, st) == first);
+      }
+    }
+}
+
+// The candidate path against the full-row path (kCandidates = false: bitwise top-k, top-p and the draw over the
+// whole row, the kernel as it was before the candidate path): the same token but where their float sums
+// round differently right at a boundary.
+TEST_CASE("sample_kernel: the candidate path draws the full-row path's token", "[gpu]") {
+  std::mt19937 rng(515);
+  Stream st;
+  int agree = 0, total = 0;
+  for (int V : kSampleSizes)
+    for (const SampleCase& c : kSampleCases) {
+      const SampleBatch b = make_sample_batch(rng, V, 32, c, 1234);
+      const std::vector<int> fast = run_sample<true>(b, st), full = run_sample<false>(b, st);
+      int same = 0;
+      for (int r = 0; r < b.rows; ++r) same += fast[size_t(r)] == full[size_t(r)];
+      if (same < b.rows)
+        WARN("sample_kernel V " << V << ", " << c.name << ": paths agree on " << same << " of " << b.rows);
+      agree += same;
+      total += b.rows;
+    }
+  INFO("candidate and full-row paths agree on " << agree << " of " << total << " draws");
+  REQUIRE(agree * 100 >= total * 99);
+}
+
 // ---- launchers: empty work and refused shapes ----
 
 TEST_CASE("launchers: empty work is a no-op, unsupported shapes are refused before any launch", "[gpu]") {
@@ -1761,7 +2073,9 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back({"ple_gate_kernel", reinterpret_cast<const void*>(&kn::ple_gate_kernel), 256});
   ks.push_back({"softcap_kernel", reinterpret_cast<const void*>(&kn::softcap_kernel), 256});
   ks.push_back({"argmax_rows_kernel", reinterpret_cast<const void*>(&kn::argmax_rows_kernel), 256});
-  ks.push_back({"sample_kernel", reinterpret_cast<const void*>(&kn::sample_kernel), kn::kSampleThreads});
+  ks.push_back({"sample_kernel", reinterpret_cast<const void*>(&kn::sample_kernel<true>), kn::kSampleThreads});
+  ks.push_back(
+      {"sample_kernel full-row", reinterpret_cast<const void*>(&kn::sample_kernel<false>), kn::kSampleThreads});
 
   constexpr size_t kTuringSmem = 64 * 1024;        // per block, static + dynamic
   constexpr size_t kStaticSmem = 48 * 1024;        // static shared memory per block, any architecture
