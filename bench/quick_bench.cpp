@@ -1,10 +1,11 @@
 // quick_bench: load a checkpoint and time it the way a user would -- load time and peak host RSS, time to
-// first token for one prompt, and decode throughput for several concurrent sessions (greedy, EOS ignored).
+// first token for one prompt, and decode throughput for several concurrent sessions (greedy, or with
+// --sampled Gemma 4's sampling defaults: temperature 1, top-k 64, top-p 0.95, on the GPU; EOS ignored).
 // The full benchmark (sweep, JSON/CSV, plots, projections) is bench/ work in progress; this is the probe
 // the performance notes in bench/RESULTS.md were measured with.
 //
 //   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device] [--no-graphs]
-//               [--no-pdl]
+//               [--no-pdl] [--sampled]
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -34,6 +35,9 @@ int main(int argc, char** argv) {
   bool cpu = false;
   int prompt_len = 512, tokens = 128;
   std::vector<int> batches = {1, 4, 8};
+  bool sampled = false;
+  SamplingOptions sampling;  // the defaults are Gemma 4's generation_config
+  sampling.seed = 7;
   LoadOptions opt;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -58,6 +62,8 @@ int main(int argc, char** argv) {
       opt.cuda_graphs = false;
     else if (a == "--no-pdl")
       opt.programmatic_launch = false;
+    else if (a == "--sampled")
+      sampled = true;
     else if (a == "--batch") {
       batches.clear();
       std::stringstream ss(next());
@@ -65,7 +71,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: quick_bench --model DIR [--cpu] [--prompt N] [--tokens N] [--batch 1,4,8] "
-                   "[--ple host|device] [--no-graphs]\n");
+                   "[--ple host|device] [--no-graphs] [--no-pdl] [--sampled]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -126,7 +132,7 @@ int main(int argc, char** argv) {
     Clock::time_point td;
     for (int i = 0; i < tokens; ++i) {
       if (i == warm) td = Clock::now();
-      if (!(st = engine.step(items.data(), size_t(B), nullptr, next.data()))) {
+      if (!(st = engine.step(items.data(), size_t(B), sampled ? &sampling : nullptr, next.data()))) {
         std::fprintf(stderr, "%s\n", st.message.c_str());
         return 1;
       }

@@ -233,6 +233,8 @@ if [ "$MODE" = full ] || [ "$MODE" = final ] || [ "$MODE" = check ]; then
       echo "== E2B w4a16, native, prompt 512 ${pdl:-(PDL on)}" | tee -a "$OUT/bench.log"
       /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 64 --batch 1,8 $pdl 2>&1 | tee -a "$OUT/bench.log"
     done
+    echo "== E2B w4a16, native, prompt 512, sampled on the GPU (top-k 64, top-p 0.95)" | tee -a "$OUT/bench.log"
+    /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 64 --batch 1,8 --sampled 2>&1 | tee -a "$OUT/bench.log"
     if [ -n "${PROFILE:-}" ]; then  # per-kernel time of ~2 eager decode steps (ncu; clocks locked to base)
       timeout 120 ncu --metrics gpu__time_duration.sum --launch-skip 2500 --launch-count 800 --print-summary per-kernel \
         /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 8 --batch 1 --no-graphs > "$OUT/ncu.txt" 2>&1
