@@ -112,6 +112,8 @@ int main(int argc, char** argv) {
       prompts[b][0] = c.bos_token_id;
     }
     std::vector<int32_t> next(static_cast<size_t>(B));
+    std::vector<SamplingOptions> opts(static_cast<size_t>(B), sampling);  // step takes one per item
+    for (int b = 0; b < B; ++b) opts[size_t(b)].seed = sampling.seed + uint64_t(b);
     std::vector<BatchItem> items(static_cast<size_t>(B));
     // TTFT: the first session alone (prefill + first token), then the others' prefills
     auto tp = Clock::now();
@@ -132,7 +134,7 @@ int main(int argc, char** argv) {
     Clock::time_point td;
     for (int i = 0; i < tokens; ++i) {
       if (i == warm) td = Clock::now();
-      if (!(st = engine.step(items.data(), size_t(B), sampled ? &sampling : nullptr, next.data()))) {
+      if (!(st = engine.step(items.data(), size_t(B), sampled ? opts.data() : nullptr, next.data()))) {
         std::fprintf(stderr, "%s\n", st.message.c_str());
         return 1;
       }

@@ -18,7 +18,9 @@
 #     (tests/gpu/test_faults.cpp then compares allocation counts, not free GPU memory, which the tool's own
 #     device memory moves); micro: kernel micro-benchmarks only
 #     (bench/micro_bench.cu; also part of full, bench and verify); perf: the quantized LM head (sweep per
-#     head + fidelity), the transformers side by side on the same bf16 checkpoint, and the GPU soak.
+#     head + fidelity), the transformers side by side on the same bf16 checkpoint, and the GPU soak; harden:
+#     issue 6's sanitizer set (initcheck probe + engine tests with NVTX marking, memcheck, racecheck families)
+#     on one build, then greedy vs sampled decode.
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -162,6 +164,47 @@ if [ "$MODE" = initcheck ]; then
     "$BUILD_BASE/build-gpu-nvtx/gpu_tests" -# "[#test_cuda_parity],[#test_batch],[#test_faults]" \
     > "$OUT/initcheck-engine.log" 2>&1
   echo "initcheck (engine tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-engine.log" | tail -1) $(tail -2 "$OUT/initcheck-engine.log" | head -1)"
+  exit 0
+fi
+if [ "$MODE" = harden ]; then
+  # Issue 6's sanitizer set in one call on one build (native + GEMMA4_T4_SANITIZER_NVTX, which is the native
+  # build plus cuBLAS outputs marked initialised): the initcheck probe without and with the marking, initcheck
+  # over the engine tests (--nvtx yes), memcheck + leak check over the whole suite, racecheck per kernel family
+  # (RACE: "pattern:seconds;..."), then the sampled decode probe (quick_bench --sampled, c = 1 and 8).
+  ( g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &&
+    /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 ) &
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
+    src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &
+  PROBE_PID=$!
+  build nvtx -gencode arch=compute_90,code=sm_90 -DGEMMA4_T4_SANITIZER_NVTX || exit 1
+  T="$BUILD_BASE/build-gpu-nvtx/gpu_tests"
+  wait "$PROBE_PID"
+  for m in "" --mark; do
+    compute-sanitizer --tool initcheck --nvtx yes /tmp/initcheck_cublas $m > "$OUT/initcheck-cublas$m.log" 2>&1
+    echo "initcheck (cuBLAS probe $m): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas$m.log") reports"
+  done
+  timeout ${INITCHECK_S:-150} env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool initcheck --nvtx yes --error-exitcode 9 \
+    "$T" -# "[#test_cuda_parity],[#test_batch],[#test_faults]" > "$OUT/initcheck-engine.log" 2>&1
+  echo "initcheck (engine tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-engine.log" | tail -1) $(grep -E 'All tests|test cases' "$OUT/initcheck-engine.log" | tail -1)"
+  timeout ${MEMCHECK_S:-170} env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
+    "$T" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ') $(grep -E 'All tests|test cases' "$OUT/memcheck.log" | tail -1)"
+  i=0
+  IFS=';' read -ra races <<< "${RACE:-rmsnorm*,residual_norm*,sample_kernel*:80}"
+  for r in "${races[@]}"; do
+    i=$((i + 1))
+    timeout "${r##*:}" env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" "${r%:*}" \
+      > "$OUT/racecheck-$i.log" 2>&1
+    echo "racecheck '${r%:*}' rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck-$i.log" | tail -1) $(grep -E 'All tests|test cases' "$OUT/racecheck-$i.log" | tail -1)"
+  done
+  wait  # the probe's checkpoint and build
+  if [ -x /tmp/quick_bench_native ] && [ -d /tmp/e2b-w4a16 ]; then
+    echo "== E2B w4a16, native, prompt 512, greedy and sampled on the GPU" | tee -a "$OUT/bench.log"
+    for smp in "" --sampled; do
+      /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 512 --tokens 64 --batch 1,8 $smp 2>&1 | tee -a "$OUT/bench.log"
+    done
+  fi
   exit 0
 fi
 if [ "$MODE" = perf ]; then
