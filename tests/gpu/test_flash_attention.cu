@@ -56,34 +56,6 @@ std::vector<uint16_t> rand_f16(std::mt19937& rng, size_t n, float amp) {
   return h;
 }
 
-std::vector<float> widen(const std::vector<uint16_t>& h) {
-  std::vector<float> f(h.size());
-  for (size_t i = 0; i < h.size(); ++i) f[i] = f16_to_f32(h[i]);
-  return f;
-}
-
-// Every element finite (the poison is NaN) and max |got - ref| / max |ref| <= tol.
-void check_max_rel(const std::vector<float>& got, const std::vector<double>& ref, double tol, const std::string& what) {
-  REQUIRE(got.size() == ref.size());
-  size_t unwritten = 0, first_unwritten = 0, worst = 0;
-  double max_ref = 0, worst_err = -1;
-  for (size_t i = 0; i < got.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(ref[i]));
-    if (!std::isfinite(got[i])) {
-      if (unwritten++ == 0) first_unwritten = i;
-      continue;
-    }
-    const double e = std::fabs(double(got[i]) - ref[i]);
-    if (e > worst_err) worst_err = e, worst = i;
-  }
-  const double rel = max_ref > 0 ? worst_err / max_ref : worst_err;
-  INFO(what << ": " << unwritten << " of " << got.size() << " elements not written or not finite (first at "
-            << first_unwritten << "); max |err| / max |ref| = " << rel << " (tolerance " << tol << "); worst element "
-            << worst << ": got " << got[worst] << ", ref " << ref[worst]);
-  REQUIRE(unwritten == 0);
-  REQUIRE(rel <= tol);
-}
-
 // ---- a prefill pass: sequences' prompt chunks over their caches ----
 
 constexpr int kLayers = 2, kLayer = 1;  // caches of layer 1 are read; layer 0's are NaN
