@@ -69,6 +69,44 @@ run() {  # run <name> [args]
   return $rc
 }
 
+# Every compute-sanitizer run: GEMMA4_T4_UNDER_TOOL tells tests/gpu/test_faults.cpp that a tool holds device
+# memory of its own (it then compares allocation counts, not free GPU memory).
+SAN=(env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer)
+
+# memcheck + leak check over the whole suite: memcheck_suite BINARY SECONDS
+memcheck_suite() {
+  timeout "$2" "${SAN[@]}" --tool memcheck --leak-check full --error-exitcode 9 "$1" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')" \
+    "$(grep -E 'All tests|test cases' "$OUT/memcheck.log" | tail -1)"
+}
+
+# racecheck, one run and log per kernel family: racecheck_families BINARY "PATTERN:SECONDS;PATTERN:SECONDS..."
+racecheck_families() {
+  local i=0 r races
+  IFS=';' read -ra races <<< "$2"
+  for r in "${races[@]}"; do
+    i=$((i + 1))
+    timeout "${r##*:}" "${SAN[@]}" --tool racecheck --error-exitcode 9 "$1" "${r%:*}" > "$OUT/racecheck-$i.log" 2>&1
+    echo "racecheck '${r%:*}' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck-$i.log" | tail -1)" \
+      "$(grep -E 'All tests|test cases' "$OUT/racecheck-$i.log" | tail -1)"
+  done
+}
+
+# initcheck with cuBLAS outputs marked initialised (a GEMMA4_T4_SANITIZER_NVTX build, `--nvtx yes`): the probe
+# /tmp/initcheck_cublas without and with the marking (expected: 100 reports, then 0), then the engine test
+# files: initcheck_marked BINARY SECONDS
+initcheck_marked() {
+  local m
+  for m in "" --mark; do
+    "${SAN[@]}" --tool initcheck --nvtx yes /tmp/initcheck_cublas $m > "$OUT/initcheck-cublas$m.log" 2>&1
+    echo "initcheck (cuBLAS probe $m): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas$m.log") reports"
+  done
+  timeout "$2" "${SAN[@]}" --tool initcheck --nvtx yes --error-exitcode 9 "$1" \
+    -# "[#test_cuda_parity],[#test_batch],[#test_faults]" > "$OUT/initcheck-engine.log" 2>&1
+  echo "initcheck (engine tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-engine.log" | tail -1)" \
+    "$(grep -E 'All tests|test cases' "$OUT/initcheck-engine.log" | tail -1)"
+}
+
 # The fuzz campaign in the background when FUZZ_DIR names a tools/fuzz_campaign.sh pack: fuzz_start ARGS,
 # later fuzz_finish. Corpora and worker logs stay in /tmp/fuzz (too many files for $OUT); the summary and
 # any findings are copied to $OUT/fuzz.
@@ -115,16 +153,10 @@ if [ "$MODE" = sanitize ]; then
   [ -x "$BUILD_BASE/build-gpu-$SB/gpu_tests" ] || build $SB -gencode arch=compute_90,code=sm_90 || exit 1
   T="$BUILD_BASE/build-gpu-$SB/gpu_tests"
   fuzz_start ${FUZZ_ARGS:--j 12 -r 10000000 -t 80}  # the host's cores fuzz meanwhile (FUZZ_DIR set)
-  timeout 220 env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$T" > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1) $(tail -2 "$OUT/memcheck.log" | head -1)"
-  i=0
-  for pat in "attention*" "flash attention: prompt*" "gemv*,quantized*" "rmsnorm*,residual_norm*,sample_kernel*"; do
-    i=$((i + 1))
-    timeout 70 env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" "$pat" > "$OUT/racecheck-$i.log" 2>&1
-    echo "racecheck '$pat' rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck-$i.log" | tail -1)"
-  done
+  memcheck_suite "$T" 220
+  racecheck_families "$T" "attention*:70;flash attention: prompt*:70;gemv*,quantized*:70;rmsnorm*,residual_norm*,sample_kernel*:70"
   if [ -z "${SKIP_INITCHECK:-}" ]; then  # without the NVTX marking: cuBLAS outputs are reported (tool limit)
-    timeout 150 env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool initcheck --error-exitcode 9 "$T" > "$OUT/initcheck.log" 2>&1
+    timeout 150 "${SAN[@]}" --tool initcheck --error-exitcode 9 "$T" > "$OUT/initcheck.log" 2>&1
     echo "initcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck.log" | tail -1) $(tail -2 "$OUT/initcheck.log" | head -1)"
   fi
   fuzz_finish
@@ -137,12 +169,12 @@ if [ "$MODE" = initfuzz ]; then
   fuzz_start ${FUZZ_ARGS:--j 14 -r 10000000 -t 170}
   if [ -z "${SKIP_CUBLAS_PROBE:-}" ]; then
     nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &&
-      env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool initcheck /tmp/initcheck_cublas > "$OUT/initcheck-cublas.log" 2>&1
+      "${SAN[@]}" --tool initcheck /tmp/initcheck_cublas > "$OUT/initcheck-cublas.log" 2>&1
     echo "initcheck (cuBLAS probe): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas.log") reports; $(grep -E 'ERROR SUMMARY|sum of' "$OUT/initcheck-cublas.log" | tr '\n' ' ')"
   fi
   if [ -z "${SKIP_KERNEL_INITCHECK:-}" ]; then  # needs the suite's build: minutes beside the fuzzers
     [ -x "$BUILD_BASE/build-gpu-native/gpu_tests" ] || build native -gencode arch=compute_90,code=sm_90 || exit 1
-    timeout 200 env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool initcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" -# \
+    timeout 200 "${SAN[@]}" --tool initcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" -# \
       "[#test_kernels],[#test_flash_attention]" > "$OUT/initcheck-kernels.log" 2>&1
     echo "initcheck (kernel tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-kernels.log" | tail -1) $(tail -2 "$OUT/initcheck-kernels.log" | head -1)"
   fi
@@ -156,14 +188,7 @@ if [ "$MODE" = initcheck ]; then
   nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -o /tmp/initcheck_cublas tools/initcheck_cublas.cu -lcublas &
   build nvtx -gencode arch=compute_90,code=sm_90 -DGEMMA4_T4_SANITIZER_NVTX || exit 1
   wait
-  for m in "" --mark; do
-    env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool initcheck --nvtx yes /tmp/initcheck_cublas $m > "$OUT/initcheck-cublas$m.log" 2>&1
-    echo "initcheck (cuBLAS probe $m): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas$m.log") reports"
-  done
-  timeout ${INITCHECK_S:-420} env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool initcheck --nvtx yes --error-exitcode 9 \
-    "$BUILD_BASE/build-gpu-nvtx/gpu_tests" -# "[#test_cuda_parity],[#test_batch],[#test_faults]" \
-    > "$OUT/initcheck-engine.log" 2>&1
-  echo "initcheck (engine tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-engine.log" | tail -1) $(tail -2 "$OUT/initcheck-engine.log" | head -1)"
+  initcheck_marked "$BUILD_BASE/build-gpu-nvtx/gpu_tests" "${INITCHECK_S:-420}"
   exit 0
 fi
 if [ "$MODE" = harden ]; then
@@ -180,24 +205,9 @@ if [ "$MODE" = harden ]; then
   build nvtx -gencode arch=compute_90,code=sm_90 -DGEMMA4_T4_SANITIZER_NVTX || exit 1
   T="$BUILD_BASE/build-gpu-nvtx/gpu_tests"
   wait "$PROBE_PID"
-  for m in "" --mark; do
-    compute-sanitizer --tool initcheck --nvtx yes /tmp/initcheck_cublas $m > "$OUT/initcheck-cublas$m.log" 2>&1
-    echo "initcheck (cuBLAS probe $m): $(grep -c 'Uninitialized' "$OUT/initcheck-cublas$m.log") reports"
-  done
-  timeout ${INITCHECK_S:-150} env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool initcheck --nvtx yes --error-exitcode 9 \
-    "$T" -# "[#test_cuda_parity],[#test_batch],[#test_faults]" > "$OUT/initcheck-engine.log" 2>&1
-  echo "initcheck (engine tests) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/initcheck-engine.log" | tail -1) $(grep -E 'All tests|test cases' "$OUT/initcheck-engine.log" | tail -1)"
-  timeout ${MEMCHECK_S:-170} env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
-    "$T" > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ') $(grep -E 'All tests|test cases' "$OUT/memcheck.log" | tail -1)"
-  i=0
-  IFS=';' read -ra races <<< "${RACE:-rmsnorm*,residual_norm*,sample_kernel*:80}"
-  for r in "${races[@]}"; do
-    i=$((i + 1))
-    timeout "${r##*:}" env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$T" "${r%:*}" \
-      > "$OUT/racecheck-$i.log" 2>&1
-    echo "racecheck '${r%:*}' rc=$? $(grep -E 'RACECHECK SUMMARY' "$OUT/racecheck-$i.log" | tail -1) $(grep -E 'All tests|test cases' "$OUT/racecheck-$i.log" | tail -1)"
-  done
+  initcheck_marked "$T" "${INITCHECK_S:-150}"
+  memcheck_suite "$T" "${MEMCHECK_S:-170}"
+  racecheck_families "$T" "${RACE:-rmsnorm*,residual_norm*,sample_kernel*:80}"
   wait  # the probe's checkpoint and build
   if [ -x /tmp/quick_bench_native ] && [ -d /tmp/e2b-w4a16 ]; then
     echo "== E2B w4a16, native, prompt 512, greedy and sampled on the GPU" | tee -a "$OUT/bench.log"
@@ -288,14 +298,12 @@ if [ "$MODE" = full ] || [ "$MODE" = final ] || [ "$MODE" = check ]; then
   nvcc $NVFLAGS -gencode arch=compute_75,code=sm_75 $INC -x cu -c src/impl.cu -o /tmp/impl75.o -Xptxas -v \
     > "$OUT/ptxas-sm75.log" 2>&1 && echo "ptxas sm_75: max smem $(grep -o '[0-9]* bytes smem' "$OUT/ptxas-sm75.log" | sort -n | tail -1), spills: $(grep -c '[1-9][0-9]* bytes spill' "$OUT/ptxas-sm75.log")"
   if [ "$MODE" = final ] && command -v compute-sanitizer >/dev/null; then  # the kernels that changed last
-    env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool memcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" "*gemv*" \
+    "${SAN[@]}" --tool memcheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" "*gemv*" \
       > "$OUT/memcheck.log" 2>&1; echo "memcheck (gemv) rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
   fi
   if [ "$MODE" = full ] && command -v compute-sanitizer >/dev/null; then
-    timeout 300 env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" \
-      > "$OUT/memcheck.log" 2>&1; echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
-    timeout 150 env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$BUILD_BASE/build-gpu-native/gpu_tests" "*ttention*,*gemv*" \
-      > "$OUT/racecheck.log" 2>&1; echo "racecheck rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
+    memcheck_suite "$BUILD_BASE/build-gpu-native/gpu_tests" 300
+    racecheck_families "$BUILD_BASE/build-gpu-native/gpu_tests" "*ttention*,*gemv*:150"
   fi
 fi
 if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
