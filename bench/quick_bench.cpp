@@ -5,7 +5,9 @@
 // the performance notes in bench/RESULTS.md were measured with.
 //
 //   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device] [--no-graphs]
-//               [--no-pdl] [--sampled]
+//               [--no-pdl] [--sampled] [--pass-rows N] [--ttft N]
+// --ttft N: before the batches, N prefills of fresh prompts in one session (reset between), each timed to the
+// first token; prints every time and the median (the first one pays one-time costs: page faults, cuBLAS).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -36,6 +38,7 @@ int main(int argc, char** argv) {
   int prompt_len = 512, tokens = 128;
   std::vector<int> batches = {1, 4, 8};
   bool sampled = false;
+  int ttft_runs = 0;
   SamplingOptions sampling;  // the defaults are Gemma 4's generation_config
   sampling.seed = 7;
   LoadOptions opt;
@@ -64,6 +67,10 @@ int main(int argc, char** argv) {
       opt.programmatic_launch = false;
     else if (a == "--sampled")
       sampled = true;
+    else if (a == "--pass-rows")
+      opt.max_pass_rows = std::atoi(next().c_str());
+    else if (a == "--ttft")
+      ttft_runs = std::atoi(next().c_str());
     else if (a == "--batch") {
       batches.clear();
       std::stringstream ss(next());
@@ -71,7 +78,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: quick_bench --model DIR [--cpu] [--prompt N] [--tokens N] [--batch 1,4,8] "
-                   "[--ple host|device] [--no-graphs] [--no-pdl] [--sampled]\n");
+                   "[--ple host|device] [--no-graphs] [--no-pdl] [--sampled] [--pass-rows N] [--ttft N]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -98,6 +105,33 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> id(5, c.vocab_size - 1);
+  if (ttft_runs > 0) {
+    Session s;
+    if (!(st = engine.create_session(&s))) {
+      std::fprintf(stderr, "%s\n", st.message.c_str());
+      return 1;
+    }
+    std::vector<double> ms;
+    std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
+    std::printf("TTFT, prompt %d, pass rows %d, PLE on the %s:", prompt_len, opt.max_pass_rows,
+                opt.ple == PleLocation::Device ? "GPU" : "host");
+    for (int r = 0; r < ttft_runs; ++r) {
+      for (auto& t : prompt) t = id(rng);
+      prompt[0] = c.bos_token_id;
+      s.reset();
+      int32_t next = 0;
+      BatchItem item{&s, prompt.data(), prompt.size()};
+      const auto tp = Clock::now();
+      if (!(st = engine.step(&item, 1, nullptr, &next))) {
+        std::fprintf(stderr, "\n%s\n", st.message.c_str());
+        return 1;
+      }
+      ms.push_back(seconds_since(tp) * 1e3);
+      std::printf(" %.1f", ms.back());
+    }
+    std::sort(ms.begin(), ms.end());
+    std::printf(" ms; median %.1f ms\n", ms[ms.size() / 2]);
+  }
   std::printf("%6s %8s %12s %14s %14s\n", "batch", "prompt", "TTFT ms", "tok/s/stream", "tok/s total");
   for (int B : batches) {
     std::vector<Session> s(static_cast<size_t>(B));

@@ -20,7 +20,10 @@
 #     (bench/micro_bench.cu; also part of full, bench and verify); perf: the quantized LM head (sweep per
 #     head + fidelity), the transformers side by side on the same bf16 checkpoint, and the GPU soak; harden:
 #     issue 6's sanitizer set (initcheck probe + engine tests with NVTX marking, memcheck, racecheck families)
-#     on one build, then greedy vs sampled decode.
+#     on one build, then greedy vs sampled decode; ttft: both suites, then TTFT of a 4096-token prompt (PLE on the
+#     host / GPU, 2048- / 4096-row passes) and c=1 / c=8 decode of this tree against BASE (default tmp_base/: an
+#     earlier tree's include/ kernels/ src/, e.g. `git archive REV include kernels src | tar -x -C tmp_base`),
+#     one prefill under ncu, and memcheck of the multi-pass and fault tests.
 #
 # Needs nvcc and a GPU; header dependencies (Catch2 v2, nlohmann/json) are taken from .deps/ (copied there
 # from this machine's Debian packages: `mkdir -p .deps && cp -r /usr/include/catch2 /usr/include/nlohmann
@@ -262,6 +265,16 @@ if [ "$MODE" = check ]; then  # the 4096-token TTFT probe and the Turing-only su
   nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
     src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
 fi
+if [ "$MODE" = ttft ]; then  # everything the ttft block needs, built while the native suite builds and runs
+  BASE=${BASE:-tmp_base}
+  ( build turing -gencode arch=compute_75,code=compute_75 > "$OUT/build-turing.out" 2>&1 ) &
+  ( g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &&
+    /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 ) &
+  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/qb bench/quick_bench.cpp src/impl.cu \
+    -lcublas > "$OUT/build-qb.log" 2>&1 &
+  [ -d "$BASE/include" ] && nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -I"$BASE/include" -x cu -o /tmp/qb_base \
+    bench/quick_bench.cpp "$BASE/src/impl.cu" -lcublas > "$OUT/build-qb-base.log" 2>&1 &
+fi
 if [ "$MODE" = build ]; then  # the native suite only (e.g. in the background while another mode measures)
   build native -gencode arch=compute_90,code=sm_90
   exit $?
@@ -337,6 +350,39 @@ if [ "$MODE" = full ] || [ "$MODE" = bench ] || [ "$MODE" = final ]; then
     --tokens 128 --repeats 3 --quiet --json "$OUT/bench-w4a16-native-sampled.json" 2>&1 | tee -a "$OUT/bench.log"
   echo "== E2B w4a16, native, prompt 4096 (quick_bench: TTFT of the second session)" | tee -a "$OUT/bench.log"
   /tmp/quick_bench_native --model /tmp/e2b-w4a16 --prompt 4096 --tokens 16 --batch 1,2 2>&1 | tee -a "$OUT/bench.log"
+fi
+if [ "$MODE" = ttft ]; then
+  # The native suite (above) and the Turing-only one; then time to first token of a 4096-token prompt, E2B
+  # w4a16, one lease: this tree against BASE (a copy of an earlier tree's include/ kernels/ src/ made with git
+  # archive, when present), PLE rows on the host or the GPU, passes of 2048 or 4096 rows (quick_bench --ttft:
+  # 5 fresh prompts in one session, median); c=1 / c=8 decode of both; then the per-kernel GPU time of one
+  # prefill (ncu).
+  wait
+  cat "$OUT/build-turing.out"
+  [ -x "$BUILD_BASE/build-gpu-turing/gpu_tests" ] && { run turing || fail=1; }
+  [ -x /tmp/qb ] || { echo "BUILD FAILED"; tail -20 "$OUT/build-qb.log"; exit 1; }
+  Q="--model /tmp/e2b-w4a16 --prompt 4096 --tokens 6 --batch 1 --ttft ${TTFT_RUNS:-5}"
+  for bin in /tmp/qb_base /tmp/qb; do
+    [ -x $bin ] || continue
+    for extra in "" "--ple device" "--pass-rows 4096" "--ple device --pass-rows 4096"; do
+      echo "== $bin $extra" | tee -a "$OUT/ttft.log"
+      $bin $Q $extra 2>&1 | grep -E "TTFT|load|failed" | tee -a "$OUT/ttft.log"
+    done
+    echo "== $bin decode, prompt 512" | tee -a "$OUT/ttft.log"
+    $bin --model /tmp/e2b-w4a16 --prompt 512 --tokens 64 --batch 1,8 2>&1 | tail -3 | tee -a "$OUT/ttft.log"
+  done
+  timeout ${PREFILL_NCU_S:-200} ncu --metrics gpu__time_duration.sum --launch-count ${PREFILL_LAUNCHES:-1400} \
+    --print-summary per-kernel /tmp/qb --model /tmp/e2b-w4a16 --prompt 4096 --tokens 4 --batch 1 --no-graphs \
+    > "$OUT/ncu-prefill.txt" 2>&1
+  echo "ncu prefill rc=$?"
+  grep -E "^  [a-zA-Z_]|gpu__time_duration.sum|Invocations" "$OUT/ncu-prefill.txt" | grep -A1 dequant | head -40
+  # the engine tests that run multi-pass prompts and the fault tests, under memcheck + leak check
+  timeout ${MEMCHECK_S:-150} "${SAN[@]}" --tool memcheck --leak-check full --error-exitcode 9 \
+    "$BUILD_BASE/build-gpu-native/gpu_tests" "[cpu-vs-cuda],[faults]" > "$OUT/memcheck.log" 2>&1
+  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')" \
+    "$(grep -E 'All tests|test cases' "$OUT/memcheck.log" | tail -1)"
+  [ $fail -eq 0 ] && rm -f "$OUT"/build-*.log "$OUT"/build-turing.out  # the transfer brings back a few files only
+  exit $fail
 fi
 if [ "$MODE" = profile ]; then
   # Per-kernel GPU time (ncu) of (1) eager decode steps, E2B w4a16, c=1, prompt 512 -- where a decode step's

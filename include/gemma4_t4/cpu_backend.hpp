@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -46,7 +47,12 @@ inline void parallel_for(size_t n, double work, const std::function<void(size_t,
   const size_t step = (n + T - 1) / T;
   for (unsigned t = 1; t < T; ++t) {
     const size_t b = t * step, e = std::min(n, b + step);
-    if (b < e) pool.emplace_back(fn, b, e);
+    if (b >= e) continue;
+    try {
+      pool.emplace_back(fn, b, e);
+    } catch (const std::system_error&) {  // no thread to be had (resource limits): this part here
+      fn(b, e);
+    }
   }
   fn(0, std::min(n, step));
   for (auto& th : pool) th.join();

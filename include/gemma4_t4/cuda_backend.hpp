@@ -180,11 +180,14 @@ class CudaBackend : public BackendModel {
       for (auto& g : per_dst)
         if (g.exec) cudaGraphExecDestroy(g.exec);
     if (blas_) cublasDestroy(blas_);
+    for (cudaEvent_t e : ple_copied_)
+      if (e) cudaEventDestroy(e);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
     if (stream_) cudaStreamDestroy(stream_);
     cuda_free(Mem::Pinned, staging_);
     cuda_free(Mem::Pinned, meta_host_);
     cuda_free(Mem::Device, seen_dev_);
-    cuda_free(Mem::Pinned, tok_host_);
+    cuda_free(Mem::Pinned, ple_host_);
     cuda_free(Mem::Pinned, tiles_host_);
   }
 
@@ -396,10 +399,22 @@ class CudaBackend : public BackendModel {
 
   // Runs a plan's passes (positions are advanced by the caller). Logit rows go to `logits` (host), or stay on
   // the GPU at dev_out[i * vocab] when dev_out is set.
+  // With the PLE table on the host, the rows of the next pass are gathered (into the other half of ple_host_)
+  // while the GPU runs this one.
   Status run(const Plan& plan, Logits which, std::vector<float>* logits, float* dev_out) const {
     dev_row_ = 0;
-    for (const auto& pass : plan)
-      if (!pass.empty()) GEMMA4_T4_TRY(run_pass(pass, which, logits, dev_out));
+    PleStage stage;
+    for (size_t p = 0; p < plan.size(); ++p) {
+      if (plan[p].empty()) continue;
+      const std::vector<Segment>* next = nullptr;
+      for (size_t q = p + 1; q < plan.size() && !next; ++q)
+        if (!plan[q].empty()) next = &plan[q];
+      const Status st = run_pass(plan[p], next, &stage, which, logits, dev_out);
+      if (!st) {  // no upload of a pass that will not run may still be reading ple_host_ when the next call writes it
+        if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+        return st;
+      }
+    }
     return Status::ok();
   }
 
@@ -624,9 +639,15 @@ class CudaBackend : public BackendModel {
     if (D > 0) {
       GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple_));
       GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer tokens", &tok_));
-      GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, size_t(R) * L * D * 4, "workspace: PLE rows (pinned)", &tok_host_));
-      if (!ple_table16_)  // the rows as stored (bf16 / fp16 / fp32), widened on the GPU
-        GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D * ple_elem_bytes(), "workspace: PLE rows (raw)", &ple_raw_));
+      if (!ple_table16_) {  // the rows as stored (bf16 / fp16 / fp32), gathered on the host, widened on the GPU
+        GEMMA4_T4_TRY(m.alloc(2 * ple_pass_bytes(), "workspace: PLE rows (raw, 2 passes)", &ple_raw_));
+        GEMMA4_T4_TRY(
+            cuda_alloc(Mem::Pinned, 2 * ple_pass_bytes(), "workspace: PLE rows (pinned, 2 passes)", &ple_host_));
+        GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
+                           "cudaStreamCreate (copies)");
+        for (cudaEvent_t& e : ple_copied_)
+          GEMMA4_T4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+      }
     }
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o_));
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml_));
@@ -705,7 +726,50 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
-  Status run_pass(const std::vector<Segment>& segs, Logits which, std::vector<float>* logits, float* dev_out) const {
+  struct PleStage {
+    int buf = 0;         // the half of ple_host_ / ple_raw_ that holds (or will hold) this pass's rows
+    bool ready = false;  // gathered and uploaded (on copy_stream_) already, while the previous pass ran
+  };
+
+  static bool large_ple_pass(const std::vector<Segment>& segs) {  // more rows than a decode step
+    size_t rows = 0;
+    for (const Segment& g : segs) rows += size_t(g.n);
+    return rows > size_t(kernels::kGemvMaxRows);
+  }
+
+  // Brings the PLE rows of a pass's tokens, as stored, from the mapped table to half `buf` of ple_raw_, through
+  // half `buf` of ple_host_: 17.5 KB per token on E2B, so a 2048-row prefill pass moves 36 MB. Decode steps:
+  // one memcpy per row and an upload on stream_. Larger passes: gathered by the host's threads (parallel_for),
+  // uploaded on copy_stream_, then ple_copied_[buf] is recorded (stream_ waits for it before the widen).
+  // (Measured on the H200 host: gathering in two chunks, the first uploaded while the second is gathered,
+  // took longer than one: each chunk pays the thread start-ups.)
+  Status stage_ple(const std::vector<Segment>& segs, int buf, bool* async) const {
+    const size_t row = ple_row_bytes();
+    uint8_t* host = ple_host_ + size_t(buf) * ple_pass_bytes();
+    uint8_t* dev = ple_raw_ + size_t(buf) * ple_pass_bytes();
+    const uint8_t* table = w_->ple_table->data;
+    std::vector<int32_t> ids;
+    ids.reserve(size_t(max_rows_));
+    for (const Segment& g : segs) ids.insert(ids.end(), g.tokens, g.tokens + g.n);
+    auto copy = [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids[r]) * row, row);
+    };
+    *async = large_ple_pass(segs);
+    if (!*async) {  // not worth a thread or a second stream
+      copy(0, ids.size());
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids.size() * row, cudaMemcpyHostToDevice, stream_),
+                         "PLE rows upload");
+      return Status::ok();
+    }
+    parallel_for(ids.size(), double(ids.size() * row), copy);
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids.size() * row, cudaMemcpyHostToDevice, copy_stream_),
+                       "PLE rows upload");
+    GEMMA4_T4_CUDA_TRY(cudaEventRecord(ple_copied_[buf], copy_stream_), "PLE rows upload");
+    return Status::ok();
+  }
+
+  Status run_pass(const std::vector<Segment>& segs, const std::vector<Segment>* next, PleStage* stage, Logits which,
+                  std::vector<float>* logits, float* dev_out) const {
     const ModelConfig& c = *cfg_;
     const int L = c.num_layers, D = c.hidden_size_per_layer_input, V = c.vocab_size;
     // Host metadata: ids, seq, pos per row; rows that want logits; cache table per (seq, layer).
@@ -735,20 +799,21 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_CUDA_TRY(
         cudaMemcpyAsync(kv_ptrs_, ptrs, size_t(kMaxSeqs) * L * 2 * sizeof(void*), cudaMemcpyHostToDevice, stream_),
         "metadata upload");
-    if (D > 0 && !ple_table16_) {  // PLE rows from the mapped file (host), before any kernel needs them
-      // Copied as stored (a memcpy per row: 17.5 KB of bf16 on E2B) and widened to fp32 on the GPU; converting
-      // element by element on the host cost ~10 ms per 512-row prefill pass.
-      const size_t LD = size_t(L) * D, es = ple_elem_bytes(), row = LD * es;
-      uint8_t* staging = reinterpret_cast<uint8_t*>(tok_host_);
-      for (int r = 0; r < rows; ++r)
-        std::memcpy(staging + size_t(r) * row, w_->ple_table->data + size_t(ids[r]) * row, row);
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ple_raw_, staging, size_t(rows) * row, cudaMemcpyHostToDevice, stream_),
-                         "PLE rows upload");
+    const bool host_ple = D > 0 && !ple_table16_;
+    if (host_ple) {  // PLE rows from the mapped file (host), before any kernel needs them
+      // Copied as stored and widened to fp32 on the GPU; converting element by element on the host cost ~10 ms
+      // per 512-row prefill pass.
+      const size_t LD = size_t(L) * D;
+      bool async = stage->ready;
+      if (!stage->ready) GEMMA4_T4_TRY(stage_ple(segs, stage->buf, &async));
+      if (async) GEMMA4_T4_CUDA_TRY(cudaStreamWaitEvent(stream_, ple_copied_[stage->buf], 0), "PLE rows upload");
       const DType t = w_->ple_table->dtype;
       const kernels::RawFloat rt = t == DType::BF16  ? kernels::RawFloat::BF16
                                    : t == DType::F16 ? kernels::RawFloat::F16
                                                      : kernels::RawFloat::F32;
-      GEMMA4_T4_CUDA_TRY(kernels::launch_widen(ple_raw_, rt, size_t(rows) * LD, tok_, stream_), "PLE rows widen");
+      GEMMA4_T4_CUDA_TRY(
+          kernels::launch_widen(ple_raw_ + size_t(stage->buf) * ple_pass_bytes(), rt, size_t(rows) * LD, tok_, stream_),
+          "PLE rows widen");
     }
     // Decode passes (one token per session, every row selected, <= 16 rows) replay a CUDA graph per batch size.
     if (replays_graph(segs, which, dev_out ? dev_row_ : 0)) {
@@ -785,7 +850,15 @@ class CudaBackend : public BackendModel {
           GEMMA4_T4_TRY(download(k, logits));
       }
     }
+    // A large next pass's rows go to the other halves (this pass's widen may not have run yet), uploaded on
+    // copy_stream_ while this pass runs.
+    stage->ready = host_ple && next && large_ple_pass(*next);
+    if (stage->ready) {
+      bool async = true;
+      GEMMA4_T4_TRY(stage_ple(*next, stage->buf ^ 1, &async));
+    }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
+    if (stage->ready) stage->buf ^= 1;
     return Status::ok();
   }
 
@@ -1061,9 +1134,15 @@ class CudaBackend : public BackendModel {
   half *x16_ = nullptr, *q16_ = nullptr;
   float *mmA_ = nullptr, *mmB_ = nullptr, *mmC_ = nullptr;
   float *ple_ = nullptr, *tok_ = nullptr;
-  float* tok_host_ = nullptr;   // pinned [R, L*D]: the raw rows gathered for ple_raw_
-  uint8_t* ple_raw_ = nullptr;  // [R, L*D] PLE rows as the checkpoint stores them (PleLocation::Host)
+  uint8_t* ple_raw_ = nullptr;          // 2 x [R, L*D] PLE rows as the checkpoint stores them (PleLocation::Host)
+  uint8_t* ple_host_ = nullptr;         // pinned mirror: the rows gathered for ple_raw_ (this pass, the next)
+  cudaStream_t copy_stream_ = nullptr;  // their uploads (with the PLE table on the host)
+  cudaEvent_t ple_copied_[2] = {};      // recorded on copy_stream_ after a half's upload
   size_t ple_elem_bytes() const { return w_->ple_table->dtype == DType::F32 ? 4 : 2; }
+  size_t ple_row_bytes() const {
+    return size_t(cfg_->num_layers) * cfg_->hidden_size_per_layer_input * ple_elem_bytes();
+  }
+  size_t ple_pass_bytes() const { return size_t(max_rows_) * ple_row_bytes(); }
   float *part_o_ = nullptr, *part_ml_ = nullptr;
   unsigned* attn_counters_ = nullptr;  // [max_rows_, max kv_heads] attention arrival counters, zero between launches
   half* deq16_ = nullptr;
