@@ -4,7 +4,9 @@
 // (kStagingBytes) to the GPU -- bf16/f32 -> fp16 with a range check, w4a16 words copied as they are
 // (kernels/gemv.cuh documents why that is the kernel's layout) with bf16 scales -> fp16 -- and the pages
 // just read are released (madvise), so host RSS stays near the staging size whatever the model size. The
-// PLE table stays in the mapped file (rows gathered per step) unless LoadOptions::ple asks for the GPU.
+// PLE table stays in the mapped file (rows gathered per step) unless LoadOptions::ple asks for the GPU; a
+// prefill pass's rows are gathered by the host's threads and uploaded on a second stream, the next pass's
+// while the GPU runs this one (stage_ple).
 //
 // Forward: the rows of all items (prefill chunks and decode tokens alike) go through each layer together,
 // in passes of at most LoadOptions::max_pass_rows rows and kMaxSeqs sessions. "decode" below = a pass of <= 16 rows
