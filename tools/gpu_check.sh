@@ -76,11 +76,19 @@ run() {  # run <name> [args]
 # memory of its own (it then compares allocation counts, not free GPU memory).
 SAN=(env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer)
 
-# memcheck + leak check over the whole suite: memcheck_suite BINARY SECONDS
+# memcheck + leak check over the whole suite, or the tests named: memcheck_suite BINARY SECONDS [TEST SPEC]
 memcheck_suite() {
-  timeout "$2" "${SAN[@]}" --tool memcheck --leak-check full --error-exitcode 9 "$1" > "$OUT/memcheck.log" 2>&1
+  timeout "$2" "${SAN[@]}" --tool memcheck --leak-check full --error-exitcode 9 "$1" ${3:+"$3"} > "$OUT/memcheck.log" 2>&1
   echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')" \
     "$(grep -E 'All tests|test cases' "$OUT/memcheck.log" | tail -1)"
+}
+
+# per-kernel GPU time of the first 4096-token prefill (ncu, clocks locked to base) into $OUT/ncu-prefill.txt:
+# ncu_prefill QUICK_BENCH SECONDS LAUNCHES
+ncu_prefill() {
+  timeout "$2" ncu --metrics gpu__time_duration.sum --launch-count "$3" --print-summary per-kernel \
+    "$1" --model /tmp/e2b-w4a16 --prompt 4096 --tokens 1 --batch 1 --no-graphs > "$OUT/ncu-prefill.txt" 2>&1
+  echo "ncu prefill rc=$?"
 }
 
 # racecheck, one run and log per kernel family: racecheck_families BINARY "PATTERN:SECONDS;PATTERN:SECONDS..."
@@ -257,23 +265,18 @@ if [ "$MODE" = perf ]; then
   fi
   exit $fail
 fi
-if [ "$MODE" = check ]; then  # the 4096-token TTFT probe and the Turing-only suite, built while the native one builds
+if [ "$MODE" = check ] || [ "$MODE" = ttft ]; then
+  # the Turing-only suite, the synthetic E2B and quick_bench, built while the native suite builds and runs
   ( build turing -gencode arch=compute_75,code=compute_75 > "$OUT/build-turing.out" 2>&1 ) &
   TURING_PID=$!
   ( g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &&
     /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 ) &
   nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/quick_bench_native bench/quick_bench.cpp \
     src/impl.cu -lcublas > "$OUT/build-bench-native.log" 2>&1 &
-fi
-if [ "$MODE" = ttft ]; then  # everything the ttft block needs, built while the native suite builds and runs
-  BASE=${BASE:-tmp_base}
-  ( build turing -gencode arch=compute_75,code=compute_75 > "$OUT/build-turing.out" 2>&1 ) &
-  ( g++ -std=c++17 -O2 -pthread -I.deps -o /tmp/make_synthetic tools/make_synthetic.cpp &&
-    /tmp/make_synthetic --model e2b --format w4a16 --out /tmp/e2b-w4a16 > /dev/null 2>&1 ) &
-  nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 $INC -x cu -o /tmp/qb bench/quick_bench.cpp src/impl.cu \
-    -lcublas > "$OUT/build-qb.log" 2>&1 &
-  [ -d "$BASE/include" ] && nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 -I"$BASE/include" -x cu -o /tmp/qb_base \
-    bench/quick_bench.cpp "$BASE/src/impl.cu" -lcublas > "$OUT/build-qb-base.log" 2>&1 &
+  BASE=${BASE:-tmp_base}  # ttft: quick_bench on an earlier tree too
+  [ "$MODE" = ttft ] && [ -d "$BASE/include" ] && nvcc $NVFLAGS -gencode arch=compute_90,code=sm_90 \
+    -I"$BASE/include" -x cu -o /tmp/qb_base bench/quick_bench.cpp "$BASE/src/impl.cu" -lcublas \
+    > "$OUT/build-qb-base.log" 2>&1 &
 fi
 if [ "$MODE" = build ]; then  # the native suite only (e.g. in the background while another mode measures)
   build native -gencode arch=compute_90,code=sm_90
@@ -360,9 +363,9 @@ if [ "$MODE" = ttft ]; then
   wait
   cat "$OUT/build-turing.out"
   [ -x "$BUILD_BASE/build-gpu-turing/gpu_tests" ] && { run turing || fail=1; }
-  [ -x /tmp/qb ] || { echo "BUILD FAILED"; tail -20 "$OUT/build-qb.log"; exit 1; }
+  [ -x /tmp/quick_bench_native ] || { echo "BUILD FAILED"; tail -20 "$OUT/build-bench-native.log"; exit 1; }
   Q="--model /tmp/e2b-w4a16 --prompt 4096 --tokens 6 --batch 1 --ttft ${TTFT_RUNS:-5}"
-  for bin in /tmp/qb_base /tmp/qb; do
+  for bin in /tmp/qb_base /tmp/quick_bench_native; do
     [ -x $bin ] || continue
     for extra in "" "--ple device" "--pass-rows 4096" "--ple device --pass-rows 4096"; do
       echo "== $bin $extra" | tee -a "$OUT/ttft.log"
@@ -371,16 +374,10 @@ if [ "$MODE" = ttft ]; then
     echo "== $bin decode, prompt 512" | tee -a "$OUT/ttft.log"
     $bin --model /tmp/e2b-w4a16 --prompt 512 --tokens 64 --batch 1,8 2>&1 | tail -3 | tee -a "$OUT/ttft.log"
   done
-  timeout ${PREFILL_NCU_S:-200} ncu --metrics gpu__time_duration.sum --launch-count ${PREFILL_LAUNCHES:-1400} \
-    --print-summary per-kernel /tmp/qb --model /tmp/e2b-w4a16 --prompt 4096 --tokens 4 --batch 1 --no-graphs \
-    > "$OUT/ncu-prefill.txt" 2>&1
-  echo "ncu prefill rc=$?"
+  ncu_prefill /tmp/quick_bench_native "${PREFILL_NCU_S:-200}" "${PREFILL_LAUNCHES:-1400}"
   grep -E "^  [a-zA-Z_]|gpu__time_duration.sum|Invocations" "$OUT/ncu-prefill.txt" | grep -A1 dequant | head -40
-  # the engine tests that run multi-pass prompts and the fault tests, under memcheck + leak check
-  timeout ${MEMCHECK_S:-150} "${SAN[@]}" --tool memcheck --leak-check full --error-exitcode 9 \
-    "$BUILD_BASE/build-gpu-native/gpu_tests" "[cpu-vs-cuda],[faults]" > "$OUT/memcheck.log" 2>&1
-  echo "memcheck rc=$? $(grep -E 'ERROR SUMMARY|LEAK SUMMARY' "$OUT/memcheck.log" | tail -2 | tr '\n' ' ')" \
-    "$(grep -E 'All tests|test cases' "$OUT/memcheck.log" | tail -1)"
+  # the engine tests that run multi-pass prompts and the fault tests
+  memcheck_suite "$BUILD_BASE/build-gpu-native/gpu_tests" "${MEMCHECK_S:-150}" "[cpu-vs-cuda],[faults]"
   [ $fail -eq 0 ] && rm -f "$OUT"/build-*.log "$OUT"/build-turing.out  # the transfer brings back a few files only
   exit $fail
 fi
@@ -396,9 +393,7 @@ if [ "$MODE" = profile ]; then
   ncu --metrics gpu__time_duration.sum --launch-skip 2500 --launch-count 700 --print-summary per-kernel \
     /tmp/qb --model /tmp/e2b-w4a16 --prompt 512 --tokens 8 --batch 1 --no-graphs > "$OUT/ncu.txt" 2>&1
   grep -E "^  [a-zA-Z_]|gpu__time_duration.sum|Invocations" "$OUT/ncu.txt" | head -150
-  timeout ${PREFILL_NCU_S:-230} ncu --metrics gpu__time_duration.sum --launch-count ${PREFILL_LAUNCHES:-9000} --print-summary per-kernel \
-    /tmp/qb --model /tmp/e2b-w4a16 --prompt 4096 --tokens 1 --batch 1 --no-graphs > "$OUT/ncu-prefill.txt" 2>&1
-  echo "ncu prefill rc=$?"
+  ncu_prefill /tmp/qb "${PREFILL_NCU_S:-230}" "${PREFILL_LAUNCHES:-9000}"
   grep -E "^  [a-zA-Z_]|gpu__time_duration.sum|Invocations" "$OUT/ncu-prefill.txt" | head -150
   [ "$MODE" = profile ] && exit $fail
 fi
