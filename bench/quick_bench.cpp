@@ -105,6 +105,12 @@ int main(int argc, char** argv) {
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> id(5, c.vocab_size - 1);
+  auto random_prompt = [&] {  // BOS, then random ids
+    std::vector<int32_t> p(static_cast<size_t>(prompt_len));
+    for (auto& t : p) t = id(rng);
+    p[0] = c.bos_token_id;
+    return p;
+  };
   if (ttft_runs > 0) {
     Session s;
     if (!(st = engine.create_session(&s))) {
@@ -112,12 +118,10 @@ int main(int argc, char** argv) {
       return 1;
     }
     std::vector<double> ms;
-    std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
     std::printf("TTFT, prompt %d, pass rows %d, PLE on the %s:", prompt_len, opt.max_pass_rows,
                 opt.ple == PleLocation::Device ? "GPU" : "host");
     for (int r = 0; r < ttft_runs; ++r) {
-      for (auto& t : prompt) t = id(rng);
-      prompt[0] = c.bos_token_id;
+      const std::vector<int32_t> prompt = random_prompt();
       s.reset();
       int32_t next = 0;
       BatchItem item{&s, prompt.data(), prompt.size()};
@@ -141,9 +145,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", st.message.c_str());
         return 1;
       }
-      prompts[b].resize(size_t(prompt_len));
-      for (auto& t : prompts[b]) t = id(rng);
-      prompts[b][0] = c.bos_token_id;
+      prompts[b] = random_prompt();
     }
     std::vector<int32_t> next(static_cast<size_t>(B));
     std::vector<SamplingOptions> opts(static_cast<size_t>(B), sampling);  // step takes one per item
