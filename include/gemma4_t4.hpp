@@ -362,6 +362,21 @@ class Engine {
   Status step(const BatchItem* items, size_t count, const SamplingOptions* options, int32_t* next,
               std::vector<float>* logits = nullptr) const;
 
+  // Prefix reuse (a long shared system prompt computed once, as a server's prefix cache does): makes `dst`
+  // hold the first n tokens of `src` -- the K/V of those positions are copied (host memory on the CPU,
+  // device-to-device on CUDA), dst's position becomes n and its repetition-penalty history src's first n
+  // tokens; what dst held before is dropped, src is unchanged. Afterwards dst continues exactly as a session
+  // that was fed those n tokens itself (bit for bit on the CPU backend; on CUDA the copied fp16 entries are
+  // src's own, so up to how src's prefill was split into passes). The sessions may differ in max_context.
+  // Sliding-window layers keep only the last R positions in a ring (CPU: R = sliding_window; CUDA:
+  // R = sliding_window + LoadOptions::max_pass_rows; a session whose max_context is <= R keeps them all), and
+  // dst needs src's positions [max(0, n - sliding_window), n) there: the copy is refused when src has moved on
+  // too far, i.e. when src.position() - R > max(0, n - sliding_window). n == src.position() is always valid.
+  // Errors (dst untouched): InvalidArgument -- engine not loaded, an invalid session or one of another engine,
+  // src and dst the same session, n > src.position(), n > dst.max_context(), or the ring condition above;
+  // BackendError (CUDA copy failed; dst then holds nothing: position 0). Not thread-safe for the two sessions.
+  Status copy_prefix(const Session& src, Session& dst, size_t n) const;
+
   // Bytes of weights a decode step reads (every decoder linear + the LM head as LoadOptions::lm_head stores
   // it): the bandwidth roofline.
   double decode_bytes_per_token() const;

@@ -1,6 +1,7 @@
 // gemma4_t4 implementation part: the interface every backend implements.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -48,6 +49,32 @@ struct BackendSession {
   size_t max_ctx = 0;  // tokens it can hold
 };
 
+// ---- prefix copies (BackendModel::copy_prefix) ----
+
+// The first position of a prefix of n tokens that later tokens can still attend to in this layer's cache:
+// 0 on full layers, n - window on sliding ones (their queries see keys in (pos - window, pos]).
+inline size_t kv_prefix_start(const ModelConfig& cfg, const LayerConfig& lc, size_t n) {
+  const size_t w = size_t(cfg.sliding_window);
+  return lc.type == LayerType::Sliding && n > w ? n - w : 0;
+}
+
+// A cache of `capacity` slots keeps position j at slot j % capacity; after `pos` tokens it holds positions
+// [pos - capacity, pos). Whether positions [lo, n) are all still there:
+inline bool kv_holds(size_t capacity, size_t pos, size_t lo) { return pos <= capacity || pos - capacity <= lo; }
+
+// Positions [lo, n) of a cache of src_cap slots copied to one of dst_cap slots, as contiguous runs:
+// fn(src_slot, dst_slot, count) for each (at most 4 runs: each ring wraps at most once per pass over it,
+// as n - lo <= both capacities).
+template <typename F>
+void for_each_slot_run(size_t lo, size_t n, size_t src_cap, size_t dst_cap, F&& fn) {
+  for (size_t j = lo; j < n;) {
+    const size_t s = j % src_cap, d = j % dst_cap;
+    const size_t len = std::min(n - j, std::min(src_cap - s, dst_cap - d));
+    fn(s, d, len);
+    j += len;
+  }
+}
+
 struct ForwardItem {
   BackendSession* session;
   const int32_t* tokens;
@@ -78,6 +105,10 @@ class BackendModel {
   // Items were validated by the Engine (ids in range, context not exceeded, sessions distinct). Appends
   // per item 1 (Last) or n (All) rows of logits. On error no session has advanced.
   virtual Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const = 0;
+  // Engine::copy_prefix, validated there (both sessions this backend's and distinct, n <= src.pos,
+  // n <= dst.max_ctx): dst gets src's K/V of positions [kv_prefix_start(layer, n), n) of every layer that is not
+  // KV-shared, then dst.pos = n. InvalidArgument (dst untouched) when a ring of src no longer holds them.
+  virtual Status copy_prefix(const BackendSession& src, BackendSession& dst, size_t n) const = 0;
   // forward + one sampled token per item. The default runs the CPU sampler over host logits.
   virtual Status step(const ForwardItem* items, size_t count, const SampleItem* samples, int32_t* next,
                       std::vector<float>* logits) const {

@@ -473,6 +473,31 @@ class CpuBackend : public BackendModel {
     *out = std::move(s);
     return Status::ok();
   }
+  Status copy_prefix(const BackendSession& src_base, BackendSession& dst_base, size_t n) const override {
+    const auto& src = static_cast<const CpuSession&>(src_base);
+    auto& dst = static_cast<CpuSession&>(dst_base);
+    for (size_t l = 0; l < cfg_->layers.size(); ++l) {
+      const CpuLayerCache& c = src.caches[l];
+      const size_t lo = kv_prefix_start(*cfg_, cfg_->layers[l], n);
+      if (!cfg_->layers[l].kv_shared && !kv_holds(size_t(c.capacity), src.pos, lo))
+        return err(Code::InvalidArgument, "copy_prefix: layer ", l, " of the source session keeps its last ",
+                   c.capacity, " positions and is at ", src.pos, ": positions [", lo, ", ", n,
+                   ") of the prefix have been overwritten");
+    }
+    for (size_t l = 0; l < cfg_->layers.size(); ++l) {
+      if (cfg_->layers[l].kv_shared) continue;
+      const CpuLayerCache& from = src.caches[l];
+      CpuLayerCache& to = dst.caches[l];
+      const size_t row = size_t(from.row);
+      for_each_slot_run(kv_prefix_start(*cfg_, cfg_->layers[l], n), n, size_t(from.capacity), size_t(to.capacity),
+                        [&](size_t s, size_t d, size_t len) {
+                          std::copy_n(&from.k[s * row], len * row, &to.k[d * row]);
+                          std::copy_n(&from.v[s * row], len * row, &to.v[d * row]);
+                        });
+    }
+    dst.pos = n;
+    return Status::ok();
+  }
   Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
     for (size_t i = 0; i < count; ++i)
       model_.forward(static_cast<CpuSession&>(*items[i].session), items[i].tokens, items[i].n, which, logits);

@@ -336,6 +336,46 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
+  // Engine::copy_prefix. Self-contained on purpose: it needs only the session layout above (per non-shared layer
+  // l, K and V of [capacity[l], kv_heads, head_dim] fp16 with position j at slot j % capacity[l]; sliding layers
+  // a ring of min(max_ctx, window + max_rows_) slots, full layers max_ctx slots) and the stream the passes run
+  // on. Positions [kv_prefix_start, n) of each layer are copied device-to-device on stream_ (ordered after every
+  // pass already queued there), at most 4 contiguous runs per buffer, then the stream is synchronised. A ring of
+  // src still holds them while src.pos - capacity <= kv_prefix_start (always when n == src.pos).
+  Status copy_prefix(const BackendSession& src_base, BackendSession& dst_base, size_t n) const override {
+    const auto& src = static_cast<const CudaSession&>(src_base);
+    auto& dst = static_cast<CudaSession&>(dst_base);
+    const int L = cfg_->num_layers;
+    for (int l = 0; l < L; ++l) {
+      const size_t lo = kv_prefix_start(*cfg_, cfg_->layers[l], n);
+      if (src.k[l] && !kv_holds(size_t(src.capacity[l]), src.pos, lo))
+        return err(Code::InvalidArgument, "copy_prefix: layer ", l, " of the source session keeps its last ",
+                   src.capacity[l], " positions and is at ", src.pos, ": positions [", lo, ", ", n,
+                   ") of the prefix have been overwritten");
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
+    dst.pos = 0;  // until every copy is done
+    for (int l = 0; l < L; ++l) {
+      if (!src.k[l]) continue;
+      const size_t row = size_t(cfg_->layers[l].num_kv_heads) * cfg_->layers[l].head_dim;  // halves per position
+      cudaError_t e = cudaSuccess;
+      for_each_slot_run(
+          kv_prefix_start(*cfg_, cfg_->layers[l], n), n, size_t(src.capacity[l]), size_t(dst.capacity[l]),
+          [&](size_t s, size_t d, size_t len) {
+            const size_t bytes = len * row * sizeof(half);
+            if (e == cudaSuccess)
+              e = cudaMemcpyAsync(dst.k[l] + d * row, src.k[l] + s * row, bytes, cudaMemcpyDeviceToDevice, stream_);
+            if (e == cudaSuccess)
+              e = cudaMemcpyAsync(dst.v[l] + d * row, src.v[l] + s * row, bytes, cudaMemcpyDeviceToDevice, stream_);
+          });
+      GEMMA4_T4_CUDA_TRY(e, "copy_prefix: KV of layer " + std::to_string(l));
+    }
+    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "copy_prefix");
+    dst.pos = n;
+    return Status::ok();
+  }
+
   // Memory accounting (Engine::weight_bytes etc.): the device allocations made for the weights, and the KV
   // cache as new_session sizes it (keep the two in step): fp16 K and V per non-shared layer, sliding layers
   // capped at window + max_rows_ slots, each buffer at least DeviceMemory's 256 bytes.

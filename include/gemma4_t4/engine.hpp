@@ -252,6 +252,29 @@ Status Engine::step(const BatchItem* items, size_t count, const SamplingOptions*
   return Status::ok();
 }
 
+Status Engine::copy_prefix(const Session& src, Session& dst, size_t n) const {
+  if (!impl_) return detail::err(Code::InvalidArgument, "copy_prefix: engine is not loaded");
+  if (!src.valid() || !dst.valid()) return detail::err(Code::InvalidArgument, "copy_prefix: invalid session");
+  if (src.impl_->owner != impl_.get() || dst.impl_->owner != impl_.get())
+    return detail::err(Code::InvalidArgument, "copy_prefix: a session was not created by this engine");
+  if (&src == &dst) return detail::err(Code::InvalidArgument, "copy_prefix: source and destination are one session");
+  const detail::BackendSession& s = *src.impl_->state;
+  detail::BackendSession& d = *dst.impl_->state;
+  if (n > s.pos)
+    return detail::err(Code::InvalidArgument, "copy_prefix: ", n, " tokens asked, the source session holds ", s.pos);
+  if (n > d.max_ctx)
+    return detail::err(Code::InvalidArgument, "copy_prefix: ", n, " tokens pass the destination's context of ",
+                       d.max_ctx);
+  const std::vector<int32_t>& h = src.impl_->history;
+  std::vector<int32_t> history(h.begin(), h.begin() + std::ptrdiff_t(std::min(n, h.size())));
+  if (Status st = impl_->backend->copy_prefix(s, d, n); !st) {
+    if (d.pos == 0) dst.impl_->history.clear();  // a failed device copy leaves dst empty
+    return st;
+  }
+  dst.impl_->history = std::move(history);
+  return Status::ok();
+}
+
 // Sessions must belong to this engine and have room for their tokens.
 Status Engine::bind_sessions(const BatchItem* items, size_t count, std::vector<detail::ForwardItem>* lowered) const {
   std::vector<detail::ForwardItem>& fwd = *lowered;
