@@ -165,6 +165,7 @@ class Server {
       info_.vocab_size = std::min(info_.vocab_size, cfg.vocab_size_per_layer_input);
     info_.bos_id = cfg.bos_token_id;
     info_.defaults = model.generate;
+    turn_id_ = model.tokenizer.token_id("<|turn>");
     created_ = int64_t(std::time(nullptr));
   }
 
@@ -387,8 +388,7 @@ class Server {
   }
 
   // Chat: the template's text, then ids; the prefix worth caching is everything before the last message (a
-  // system prompt, earlier turns) when its own tokens start the prompt's. Completions: the text's ids after
-  // <bos>, or the ids given.
+  // system prompt, earlier turns). Completions: the text's ids after <bos>, or the ids given.
   bool tokenize(const server::Request& r, std::vector<int32_t>* ids, size_t* cache_prefix, ApiError* err) const {
     const gemma4_t4::Tokenizer& tok = model_.tokenizer;
     if (r.endpoint == server::Endpoint::Completion) {
@@ -414,20 +414,20 @@ class Server {
       *err = api_error(400, "invalid_value", "The messages are not valid UTF-8", "messages");
       return false;
     }
+    // The template opens every turn with <|turn>: the last message's turn starts at the second-to-last one (the
+    // last opens the generation prompt). Any token boundary is a valid cache key; this one is where requests
+    // sharing a system prompt (or earlier turns) part ways.
     *cache_prefix = 0;
-    if (r.messages.size() >= 2 && driver_options_prefix_min() > 0) {
-      chat.add_generation_prompt = false;
-      std::string head;
-      const std::vector<gemma4_t4::Message> before(r.messages.begin(), r.messages.end() - 1);
-      std::vector<int32_t> head_ids;
-      if (gemma4_t4::format_chat(before, chat, &head) && head.size() >= driver_options_prefix_min() &&
-          tok.encode(head, &head_ids) && head_ids.size() < ids->size() &&
-          std::equal(head_ids.begin(), head_ids.end(), ids->begin()))
-        *cache_prefix = head_ids.size();
+    if (r.messages.size() >= 2 && turn_id_ >= 0) {
+      size_t seen = 0;
+      for (size_t i = ids->size(); i-- > 0;)
+        if ((*ids)[i] == turn_id_ && ++seen == 2) {
+          *cache_prefix = i;
+          break;
+        }
     }
     return true;
   }
-  size_t driver_options_prefix_min() const { return opt_.prefix_cache > 0 ? size_t(opt_.prefix_min) : 0; }
 
   static uint64_t random_seed() {
     static std::atomic<uint64_t> counter{0};
@@ -584,8 +584,17 @@ class Server {
   server::Metrics metrics_;
   server::Driver driver_;
   int64_t created_ = 0;
+  int32_t turn_id_ = -1;  // "<|turn>"
   std::atomic<bool> shutting_down_{false};
   std::atomic<int> open_responses_{0};
+};
+
+// httplib::Server with a deeper accept queue: the library listens with a backlog of 5 (a compile-time constant of
+// the built library), so a burst of clients connecting at once -- 64 streams starting together -- overflows it and
+// the kernel drops their handshakes (1 s retries, resets). Calling listen() again on the bound socket raises it.
+class HttpServer : public httplib::Server {
+ public:
+  bool deepen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
 };
 
 bool parse_server_flag(int argc, char** argv, int* i, Options* o, int* rc) {
@@ -686,7 +695,7 @@ int main(int argc, char** argv) {
   d.prefix_cache = int(opt.prefix_cache);
   d.prefix_min = size_t(opt.prefix_min);
 
-  httplib::Server svr;
+  HttpServer svr;
   const size_t threads = opt.threads > 0 ? size_t(opt.threads) : size_t(opt.parallel + opt.max_queue + 8);
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_read_timeout(time_t(opt.read_timeout), 0);
@@ -701,6 +710,7 @@ int main(int argc, char** argv) {
                  opt.host.c_str(), opt.port);
     return 1;
   }
+  if (!svr.deepen_backlog(1024)) std::fprintf(stderr, "server: listen(backlog 1024) failed; the backlog stays 5\n");
 
   Server server(model, opt, d);
   server.install(svr);
