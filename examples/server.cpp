@@ -160,7 +160,8 @@ class Server {
     info_.model_name = o.model_name;
     info_.context = d.context;
     info_.default_max_tokens = model.generate.max_new_tokens > 0 ? model.generate.max_new_tokens : 512;
-    info_.vocab_size = int(std::min<size_t>(size_t(cfg.vocab_size), model.tokenizer.vocab_size()));
+    // ids a prompt may hold: what the model embeds (a smaller tokenizer only leaves later ids without text)
+    info_.vocab_size = cfg.vocab_size;
     if (cfg.hidden_size_per_layer_input > 0)
       info_.vocab_size = std::min(info_.vocab_size, cfg.vocab_size_per_layer_input);
     info_.bos_id = cfg.bos_token_id;
@@ -337,6 +338,8 @@ class Server {
     const server::Clock::time_point arrival = server::Clock::now();
     std::string body;
     if (!read_body(req, res, reader, &body)) return;
+    if (!server::json_depth_ok(body, 64))
+      return set_error(res, api_error(400, "invalid_json", "The request body nests deeper than 64 levels"));
     const Json j = Json::parse(body, nullptr, false);
     if (j.is_discarded()) return set_error(res, api_error(400, "invalid_json", "The request body is not valid JSON"));
     server::Request r;

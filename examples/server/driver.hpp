@@ -245,7 +245,33 @@ class Driver {
     return b;
   }
 
+  // The driver thread. Nothing in the loop is expected to throw; if something does (out of host memory), every
+  // job in flight fails and the server refuses new ones (503) instead of terminating.
   void run() {
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      fail_all(e.what());
+    } catch (...) {
+      fail_all("an exception that is not a std::exception");
+    }
+  }
+
+  void fail_all(const std::string& what) {
+    std::fprintf(stderr, "server: the engine driver failed (%s); refusing new requests\n", what.c_str());
+    std::vector<std::shared_ptr<Job>> live;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+      live = live_;
+      inbox_.clear();
+    }
+    for (const auto& j : live)
+      complete(*j, FinishReason::Error, gemma4_t4::Status(gemma4_t4::Code::BackendError, "engine driver: " + what), 0,
+               0);
+  }
+
+  void loop() {
     for (;;) {
       std::vector<std::shared_ptr<Job>> joining, dropped;
       bool stopping = false;

@@ -54,6 +54,30 @@ inline Json error_json(const ApiError& e) {
 
 // ---- requests ----------------------------------------------------------------------------------------------
 
+// Whether the JSON text nests arrays and objects at most `limit` deep (strings skipped). Checked before parsing:
+// a body of a million '[' is valid JSON that would exhaust the stack of the code building and freeing the tree.
+inline bool json_depth_ok(const std::string& text, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped)
+        escaped = false;
+      else if (c == '\\')
+        escaped = true;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
+
 enum class Endpoint { Chat, Completion };
 
 // What the server knows when it checks a request.
@@ -359,6 +383,10 @@ inline bool parse_request(const Json& body, Endpoint endpoint, const ServerInfo&
       *err = api_error(400, "invalid_type", "'stop' must be a string or an array of at most 16 strings", "stop");
       return false;
     }
+    if (std::any_of(r.stop.begin(), r.stop.end(), [](const std::string& x) { return x.size() > 256; })) {
+      *err = api_error(400, "invalid_value", "a 'stop' string is longer than 256 bytes", "stop");
+      return false;
+    }
     r.stop.erase(std::remove(r.stop.begin(), r.stop.end(), std::string()), r.stop.end());
   }
   if (!optional_field(
@@ -418,7 +446,6 @@ class TextOutput {
       open_ = tok.token_id("<|channel>");
       close_ = tok.token_id("<channel|>");
     }
-    for (const std::string& s : stop_) longest_ = std::max(longest_, s.size());
   }
 
   // Appends the text id makes final to *content / *reasoning. true: a stop string matched -- the content ends
@@ -484,12 +511,13 @@ class TextOutput {
       stopped_ = true;
       return true;
     }
-    // keep the longest tail of held_ that is a proper prefix of a stop string
+    // keep the longest tail of held_ that is a proper prefix of a stop string (for each, the earliest start)
     size_t keep = 0;
-    for (size_t k = std::min(held_.size(), longest_ ? longest_ - 1 : 0); k > 0 && keep == 0; --k)
-      for (const std::string& s : stop_)
-        if (s.size() > k && held_.compare(held_.size() - k, k, s, 0, k) == 0) {
-          keep = k;
+    const size_t n = held_.size();
+    for (const std::string& s : stop_)
+      for (size_t p = n - std::min(n, s.size() - 1); p < n; ++p)
+        if (held_.compare(p, n - p, s, 0, n - p) == 0) {
+          keep = std::max(keep, n - p);
           break;
         }
     *content += held_.substr(0, held_.size() - keep);
@@ -515,8 +543,7 @@ class TextOutput {
 
   const gemma4_t4::Tokenizer& tok_;
   gemma4_t4::Tokenizer::Streamer content_, thought_;
-  std::vector<std::string> stop_;
-  size_t longest_ = 0;
+  std::vector<std::string> stop_;  // none empty
   bool keep_special_ = false;
   int32_t open_ = -1, close_ = -1;
   bool in_thought_ = false, head_done_ = false, stopped_ = false;
