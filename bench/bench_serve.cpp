@@ -9,13 +9,17 @@
 // seeds: <bos> then ids uniform over [4, vocab)), max_tokens N, ignore_eos, greedy unless --temperature,
 // return_token_ids -- and read the server-sent events as they come. Per stream: TTFT = the repeat's start to
 // the first event carrying a token (so, as in `bench`, it includes waiting for the streams prefilled before
-// it); ms per token = (last token's arrival - first token's arrival) / (N - 1). Per cell: ms_per_token = the
-// median over repeats of the median over streams; tok_s_per_stream = 1000 / ms_per_token; tok_s_total =
-// C * tok_s_per_stream (bench's definition); tok_s_wall = C * N / the repeat's wall time (median over
-// repeats; what `vllm bench serve` calls output throughput); TTFT p50 (median), p90, p99 (nearest rank) over
-// streams x repeats. Each response must carry exactly N tokens, end with finish_reason "length" and
+// it). Two per-token times per stream: the steady one, over the tokens that arrive once every stream of the
+// repeat has its first token (all C decoding together, as `bench` times its decode steps): (last - first of
+// those) / (their count - 1); and TPOT, `vllm bench serve`'s, over the whole answer: (last - first) / (N - 1),
+// which also counts the steps the stream shared with other streams' prefill. Per cell: ms_per_token = the
+// median over repeats of the median over streams of the steady time (TPOT where no stream has two tokens in
+// the steady part); tpot_ms likewise; tok_s_per_stream = 1000 / ms_per_token; tok_s_total = C *
+// tok_s_per_stream (bench's definition); tok_s_wall = C * N / the repeat's wall time (median over repeats;
+// what `vllm bench serve` calls output throughput); TTFT p50 (median), p90, p99 (nearest rank) over streams x
+// repeats. Each response must carry exactly N tokens, end with finish_reason "length" and
 // "data: [DONE]", else the cell reports an error. An untimed warm-up request per stream precedes each cell.
-// Output: an aligned table on stdout, --json and --csv with bench's column names (plus tok_s_wall and
+// Output: an aligned table on stdout, --json and --csv with bench's column names (plus tpot_ms, tok_s_wall and
 // ttft_ms_p99).
 #include <httplib.h>
 
@@ -183,7 +187,7 @@ StreamResult run_stream(const Options& o, const std::vector<int32_t>& prompt, in
 
 struct Cell {
   int prompt = 0, requested_prompt = 0, concurrency = 0, tokens = 0, repeats = 0;
-  double ms_per_token = 0, tok_s_per_stream = 0, tok_s_total = 0, tok_s_wall = 0;
+  double ms_per_token = 0, tpot_ms = 0, tok_s_per_stream = 0, tok_s_total = 0, tok_s_wall = 0;
   double ttft_ms_median = 0, ttft_ms_p90 = 0, ttft_ms_p99 = 0;
   std::string error;
 };
@@ -241,7 +245,7 @@ Cell run_cell(const Options& o, int P, int requested, int C, int vocab, int bos)
         return cell;
       }
   }
-  std::vector<double> ttft, rep_ms, rep_wall;
+  std::vector<double> ttft, rep_ms, rep_tpot, rep_wall;
   for (int rep = 0; rep < o.repeats; ++rep) {
     const uint64_t seed = cell_seed(o.seed, P, C, rep);
     std::vector<std::vector<int32_t>> prompts;
@@ -249,22 +253,31 @@ Cell run_cell(const Options& o, int P, int requested, int C, int vocab, int bos)
     Clock::time_point start;
     double wall = 0;
     const std::vector<StreamResult> res = run_concurrent(o, prompts, N, seed, &start, &wall);
-    std::vector<double> per_stream;
+    std::vector<double> steady, tpot;
+    Clock::time_point all_started = start;  // every stream has its first token
     for (size_t b = 0; b < res.size(); ++b) {
       if (!res[b].error.empty()) {
         cell.error = "repeat " + std::to_string(rep + 1) + ", stream " + std::to_string(b + 1) + ": " + res[b].error;
         break;
       }
-      ttft.push_back(ms(start, res[b].arrivals.front()));
-      if (N > 1) per_stream.push_back(ms(res[b].arrivals.front(), res[b].arrivals.back()) / (N - 1));
+      all_started = std::max(all_started, res[b].arrivals.front());
     }
     if (!cell.error.empty()) break;
-    rep_ms.push_back(median(per_stream));
+    for (const StreamResult& r : res) {
+      ttft.push_back(ms(start, r.arrivals.front()));
+      if (N > 1) tpot.push_back(ms(r.arrivals.front(), r.arrivals.back()) / (N - 1));
+      const auto first = std::lower_bound(r.arrivals.begin(), r.arrivals.end(), all_started);
+      const auto n = r.arrivals.end() - first;
+      if (n >= 2) steady.push_back(ms(*first, r.arrivals.back()) / double(n - 1));
+    }
+    rep_ms.push_back(median(steady.empty() ? tpot : steady));
+    rep_tpot.push_back(median(tpot));
     rep_wall.push_back(double(C) * N / std::max(wall, 1e-6) * 1e3);
     ++cell.repeats;
   }
   if (cell.repeats > 0) {
     cell.ms_per_token = median(rep_ms);
+    cell.tpot_ms = median(rep_tpot);
     cell.tok_s_per_stream = cell.ms_per_token > 0 ? 1e3 / cell.ms_per_token : 0;
     cell.tok_s_total = C * cell.tok_s_per_stream;
     cell.tok_s_wall = median(rep_wall);
@@ -290,17 +303,18 @@ std::string to_table(const Options& o, const std::vector<Cell>& cells, const std
                   (o.temperature > 0 ? "temperature " + fmt("%g", o.temperature) : std::string("greedy")) + "\n";
   for (const std::string& n : notes) s += "note: " + n + "\n";
   char line[256];
-  std::snprintf(line, sizeof line, "%7s %5s %9s %12s %11s %10s %9s %9s %9s  %s\n", "prompt", "conc", "ms/token",
-                "tok/s/stream", "tok/s total", "tok/s wall", "TTFT p50", "TTFT p90", "TTFT p99", "error");
+  std::snprintf(line, sizeof line, "%7s %5s %9s %8s %12s %11s %10s %9s %9s %9s  %s\n", "prompt", "conc", "ms/token",
+                "TPOT ms", "tok/s/stream", "tok/s total", "tok/s wall", "TTFT p50", "TTFT p90", "TTFT p99", "error");
   s += line;
   for (const Cell& c : cells) {
-    std::snprintf(line, sizeof line, "%7d %5d %9.2f %12.1f %11.1f %10.1f %9.1f %9.1f %9.1f  %s\n", c.prompt,
-                  c.concurrency, c.ms_per_token, c.tok_s_per_stream, c.tok_s_total, c.tok_s_wall, c.ttft_ms_median,
-                  c.ttft_ms_p90, c.ttft_ms_p99, c.error.c_str());
+    std::snprintf(line, sizeof line, "%7d %5d %9.2f %8.2f %12.1f %11.1f %10.1f %9.1f %9.1f %9.1f  %s\n", c.prompt,
+                  c.concurrency, c.ms_per_token, c.tpot_ms, c.tok_s_per_stream, c.tok_s_total, c.tok_s_wall,
+                  c.ttft_ms_median, c.ttft_ms_p90, c.ttft_ms_p99, c.error.c_str());
     s += line;
   }
-  s += "(ms/token: median over streams of (last - first token) / (tokens - 1); tok/s total = concurrency x "
-       "tok/s/stream, as bench; tok/s wall = tokens of all streams / wall time; TTFT in ms from the repeat's start)\n";
+  s += "(ms/token: per stream, once every stream decodes (as bench); TPOT: per stream over its whole answer (as vllm "
+       "bench serve); tok/s total = concurrency x tok/s/stream, as bench; tok/s wall = tokens of all streams / wall "
+       "time; TTFT in ms from the repeat's start)\n";
   return s;
 }
 
@@ -316,6 +330,7 @@ Json to_json(const Options& o, const std::vector<Cell>& cells, const std::vector
                   {"tokens", c.tokens},
                   {"repeats", c.repeats},
                   {"ms_per_token", c.ms_per_token},
+                  {"tpot_ms", c.tpot_ms},
                   {"tok_s_per_stream", c.tok_s_per_stream},
                   {"tok_s_total", c.tok_s_total},
                   {"tok_s_wall", c.tok_s_wall},
@@ -342,15 +357,15 @@ Json to_json(const Options& o, const std::vector<Cell>& cells, const std::vector
 
 std::string to_csv(const std::vector<Cell>& cells) {
   std::string s =
-      "prompt,requested_prompt,concurrency,tokens,repeats,ms_per_token,tok_s_per_stream,tok_s_total,tok_s_wall,"
-      "ttft_ms_median,ttft_ms_p90,ttft_ms_p99,error\n";
+      "prompt,requested_prompt,concurrency,tokens,repeats,ms_per_token,tpot_ms,tok_s_per_stream,tok_s_total,"
+      "tok_s_wall,ttft_ms_median,ttft_ms_p90,ttft_ms_p99,error\n";
   for (const Cell& c : cells) {
     std::string err = c.error;
     for (char& ch : err)
       if (ch == '"' || ch == '\n') ch = '\'';
     char line[512];
-    std::snprintf(line, sizeof line, "%d,%d,%d,%d,%d,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,\"%s\"\n", c.prompt,
-                  c.requested_prompt, c.concurrency, c.tokens, c.repeats, c.ms_per_token, c.tok_s_per_stream,
+    std::snprintf(line, sizeof line, "%d,%d,%d,%d,%d,%.4f,%.4f,%.3f,%.3f,%.3f,%.3f,%.3f,%.3f,\"%s\"\n", c.prompt,
+                  c.requested_prompt, c.concurrency, c.tokens, c.repeats, c.ms_per_token, c.tpot_ms, c.tok_s_per_stream,
                   c.tok_s_total, c.tok_s_wall, c.ttft_ms_median, c.ttft_ms_p90, c.ttft_ms_p99, err.c_str());
     s += line;
   }

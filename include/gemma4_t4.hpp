@@ -59,6 +59,13 @@
 //   prompt is invalid or that reaches its context limit finishes alone with FinishReason::Error
 //   (ContextOverflow) while the others go on.
 //
+// PREFIX REUSE
+//   Many requests share a long prefix (a system prompt): compute it once in a session of its own, then start
+//   each conversation from a copy of its KV instead of prefilling it again (examples/server.cpp's prefix cache):
+//       engine.forward(shared, system_ids.data(), system_ids.size(), gemma4_t4::Logits::None, nullptr);
+//       engine.copy_prefix(shared, session, system_ids.size());     // session now holds the system prompt
+//       gemma4_t4::generate(engine, session, user_ids, gen, on_token, &out);  // feeds only the rest
+//
 // BENCHMARK
 //   gemma4_t4::bench measures the machine and the loaded model: device report, memory bandwidth, decode bytes
 //   per token and the ceiling they imply, and the sweep of the published T4 study, as a table, JSON, CSV or
