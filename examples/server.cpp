@@ -63,7 +63,9 @@ const char kUsage[] =
     "  --served-model-name NAME the model's name in the API (default: the model directory's name)\n"
     "  --parallel N             requests generating at once, one session each (default 64)\n"
     "  --max-queue N            requests waiting beyond those; more get 429 (default 64)\n"
-    "  --prefill-rows N         prompt tokens per engine step, all joining requests together (default 2048)\n"
+    "  --prefill-rows N         prompt tokens per engine step, all joining requests together (default: the\n"
+    "                           CUDA pass size, 2048, less --parallel: prompt chunks and every decode row in one "
+    "pass)\n"
     "  --prefix-cache N         prefixes kept for reuse (default 8; 0: off)\n"
     "  --prefix-cache-min N     shortest prefix worth keeping, tokens (default 256)\n"
     "  --max-body-bytes N       larger request bodies get 413 (default 4194304)\n"
@@ -91,7 +93,7 @@ struct Options {
   std::string host = "127.0.0.1";
   long port = 8080;
   std::string api_key, model_name;
-  long parallel = 64, max_queue = 64, prefill_rows = 2048, prefix_cache = 8, prefix_min = 256;
+  long parallel = 64, max_queue = 64, prefill_rows = 0, prefix_cache = 8, prefix_min = 256;
   long max_body = 4 << 20, read_timeout = 10, body_timeout = 30, keep_alive = 5, shutdown_timeout = 30;
   long threads = 0;
   bool log_requests = false;
@@ -693,7 +695,10 @@ int main(int argc, char** argv) {
   server::DriverOptions d;
   d.parallel = int(opt.parallel);
   d.max_queue = int(opt.max_queue);
-  d.prefill_rows = int(opt.prefill_rows);
+  // A step's rows are its prompt chunks plus one decode row per generating session; past LoadOptions::max_pass_rows
+  // the CUDA backend splits the step into two passes, each reading every weight.
+  d.prefill_rows = opt.prefill_rows > 0 ? int(opt.prefill_rows)
+                                        : std::max(256, model.engine.load_options().max_pass_rows - int(opt.parallel));
   d.context = model.context;
   d.prefix_cache = int(opt.prefix_cache);
   d.prefix_min = size_t(opt.prefix_min);

@@ -749,6 +749,40 @@ def case_prefix():
     srv.stop()
 
 
+def case_bench_serve():
+    """bench_serve (next to the server binary) against a server: a small sweep, its table, JSON and CSV."""
+    exe = os.path.join(os.path.dirname(ARGS.server), "bench_serve")
+    if not os.path.exists(exe):
+        skip(f"{exe} was not built")
+    srv = Server("--max-context", "256")
+    out = os.path.join(ARGS.work, f"bench_serve.{os.getpid()}")
+    p = subprocess.run([exe, "--url", f"http://{srv.host}:{srv.port}", "--prompts", "16,300", "--concurrency", "1,3",
+                        "--tokens", "4", "--repeats", "2", "--json", out + ".json", "--csv", out + ".csv"],
+                       capture_output=True, text=True, timeout=240)
+    check(p.returncode == 0, f"bench_serve failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    j = json.load(open(out + ".json"))
+    check(j["schema"] == "gemma4_t4.bench_serve/1" and j["model"] == "mm_bf16", f"{j!r}")
+    check(any("shortened" in n for n in j["notes"]), "the 300-token prompt must be shortened to fit 256 with 4 tokens")
+    cells = j["cells"]
+    check([(c["prompt"], c["concurrency"]) for c in cells] == [(16, 1), (16, 3), (252, 1), (252, 3)],
+          f"cells: {[(c['prompt'], c['concurrency']) for c in cells]}")
+    for c in cells:
+        check(not c["error"] and c["repeats"] == 2 and c["tokens"] == 4, f"cell {c!r}")
+        # (per-token times may be 0 here: a few tokens of the tiny model can arrive in one read)
+        check(c["ms_per_token"] >= 0 and c["tpot_ms"] >= 0 and c["ttft_ms_p99"] >= c["ttft_ms_p90"] >=
+              c["ttft_ms_median"] > 0 and c["tok_s_wall"] > 0, f"cell {c!r}")
+        check(abs(c["tok_s_total"] - c["concurrency"] * c["tok_s_per_stream"]) < 1e-6 * c["tok_s_total"] + 1e-9,
+              f"tok_s_total = concurrency x tok_s_per_stream: {c!r}")
+    csv = open(out + ".csv").read().splitlines()
+    check(csv[0].startswith("prompt,requested_prompt,concurrency,tokens,repeats,ms_per_token,tpot_ms,tok_s_per_stream,"
+                            "tok_s_total") and len(csv) == 5, f"CSV: {csv[:2]!r}")
+    check("TTFT p99" in p.stdout, f"table: {p.stdout!r}")
+    m = srv.metrics()
+    check(m["gemma4_t4_generation_tokens_total"] == 4 * 2 * 2 * (1 + 3) + 2 * 2 * (1 + 3),
+          f"tokens generated: {m['gemma4_t4_generation_tokens_total']}")  # timed + warm-up (2 tokens a stream)
+    srv.stop()
+
+
 CASES = {name[len("case_"):]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
