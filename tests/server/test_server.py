@@ -754,17 +754,17 @@ def case_bench_serve():
     exe = os.path.join(os.path.dirname(ARGS.server), "bench_serve")
     if not os.path.exists(exe):
         skip(f"{exe} was not built")
-    srv = Server("--max-context", "256")
+    srv = Server("--max-context", "64")
     out = os.path.join(ARGS.work, f"bench_serve.{os.getpid()}")
-    p = subprocess.run([exe, "--url", f"http://{srv.host}:{srv.port}", "--prompts", "16,300", "--concurrency", "1,3",
+    p = subprocess.run([exe, "--url", f"http://{srv.host}:{srv.port}", "--prompts", "8,100", "--concurrency", "1,3",
                         "--tokens", "4", "--repeats", "2", "--json", out + ".json", "--csv", out + ".csv"],
                        capture_output=True, text=True, timeout=240)
     check(p.returncode == 0, f"bench_serve failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     j = json.load(open(out + ".json"))
     check(j["schema"] == "gemma4_t4.bench_serve/1" and j["model"] == "mm_bf16", f"{j!r}")
-    check(any("shortened" in n for n in j["notes"]), "the 300-token prompt must be shortened to fit 256 with 4 tokens")
+    check(any("shortened" in n for n in j["notes"]), "the 100-token prompt must be shortened to fit 64 with 4 tokens")
     cells = j["cells"]
-    check([(c["prompt"], c["concurrency"]) for c in cells] == [(16, 1), (16, 3), (252, 1), (252, 3)],
+    check([(c["prompt"], c["concurrency"]) for c in cells] == [(8, 1), (8, 3), (60, 1), (60, 3)],
           f"cells: {[(c['prompt'], c['concurrency']) for c in cells]}")
     for c in cells:
         check(not c["error"] and c["repeats"] == 2 and c["tokens"] == 4, f"cell {c!r}")
