@@ -466,7 +466,7 @@ inline bench::DeviceReport cuda_report(int device) {
   }
   r.kernel_binary_version = a.binaryVersion;
   r.kernel_ptx_version = a.ptxVersion;
-  r.pdl = kernels::pdl_available();
+  r.pdl = kernels::pdl_supported(device);
   if (a.binaryVersion == cc && a.ptxVersion < cc) {
     r.jit = true;
     r.code = strf("PTX compute_%d JIT-compiled for sm_%d", a.ptxVersion, cc);

@@ -53,6 +53,7 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 bool Engine::loaded() const { return impl_ != nullptr; }
 const ModelConfig& Engine::config() const { return impl_->config; }
 Backend Engine::backend() const { return impl_ ? impl_->backend->kind() : Backend::Cpu; }
+std::string Engine::decode_path() const { return impl_ ? impl_->backend->decode_path() : std::string(); }
 double Engine::decode_bytes_per_token() const {
   return impl_ ? impl_->weights.decode_bytes(impl_->options.lm_head) : 0.0;
 }
