@@ -796,7 +796,8 @@ struct Cell {
   double prefill_tok_s = 0;        // prompt tokens / prefill time (median over repeats)
   double pct_of_ceiling = 0;       // tok_s_per_stream / Report::ceiling_tok_s * 100
   uint64_t sessions_fit = 0;       // sessions of this context (prompt + tokens) that fit in the KV budget
-  double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: T4 ceiling * pct_of_ceiling / 100
+  double fixed_ms = 0;             // ms_per_token - decode bytes / measured read bandwidth (>= 0)
+  double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: 1000 / (decode bytes / T4 bandwidth + fixed_ms)
   double t4_tok_s_total = 0;       // T4 projection, NOT measured: concurrency * t4_tok_s_per_stream
   std::string error;               // non-empty: what went wrong (numbers from completed repeats, if any)
   bool ok() const { return error.empty(); }
