@@ -242,9 +242,10 @@ enum class LmHead {
 
 // How the CUDA backend runs a decode pass (one token per session, <= 16 sessions).
 enum class DecodePath {
-  Persistent,  // the whole step as one persistent kernel (kernels/decode_step.cuh) where the model and GPU
-               // allow it (Engine::decode_path() tells), else Kernels
-  Kernels,     // one kernel per operation (~11 per layer), replayed as a CUDA graph when cuda_graphs
+  Kernels,     // one kernel per operation (~11 per layer), replayed as a CUDA graph when cuda_graphs (default:
+               // the faster one today, bench/RESULTS.md)
+  Persistent,  // EXPERIMENTAL: the whole step as one persistent kernel (kernels/decode_step.cuh) where the model
+               // and GPU allow it (Engine::decode_path() tells), else Kernels
 };
 
 struct LoadOptions {
@@ -253,7 +254,7 @@ struct LoadOptions {
   size_t max_context = 8192;        // default context of new sessions (tokens)
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
-  DecodePath decode_path = DecodePath::Persistent;
+  DecodePath decode_path = DecodePath::Kernels;
   bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 16 sessions) as CUDA graphs
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.

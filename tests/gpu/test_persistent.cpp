@@ -71,9 +71,8 @@ double max_abs(const float* x, int V) {
 
 }  // namespace
 
-TEST_CASE("persistent decode: each step equals the per-kernel path (1, 3, 9 and 16 rows; bf16 and w4a16)",
-          "[gpu][persistent]") {
-  for (const std::string format : {"bf16", "w4a16"}) {
+TEST_CASE("persistent decode: each step equals the per-kernel path (1, 3, 9 and 16 rows; w4a16)", "[gpu][persistent]") {
+  for (const std::string format : {"w4a16"}) {  // fp16 models fall back to the per-kernel path (unsupported())
     INFO("format " << format);
     testutil::TempDir tmp;
     make_model(tmp.path().string(), format);
@@ -134,9 +133,10 @@ TEST_CASE("persistent decode: each step equals the per-kernel path (1, 3, 9 and 
   }
 }
 
-TEST_CASE("persistent decode: 1- and 2-layer models, both formats, equal the per-kernel path", "[gpu][persistent]") {
+TEST_CASE("persistent decode: 1- and 2-layer models equal the per-kernel path and the CPU backend",
+          "[gpu][persistent]") {
   for (int layers : {1, 2})
-    for (const std::string format : {"bf16", "w4a16"}) {
+    for (const std::string format : {"w4a16"}) {
       INFO(format << ", " << layers << " layers");
       testutil::TempDir tmp;
       make_model(tmp.path().string(), format, layers);
@@ -174,7 +174,7 @@ TEST_CASE("persistent decode: 1- and 2-layer models, both formats, equal the per
 
 TEST_CASE("persistent decode: logits match the CPU backend past the sliding window", "[gpu][persistent]") {
   testutil::TempDir tmp;
-  make_model(tmp.path().string(), "bf16");
+  make_model(tmp.path().string(), "w4a16");
   Engine gpu = load(tmp.path().string(), Backend::Cuda, DecodePath::Persistent);
   Engine cpu = load(tmp.path().string(), Backend::Cpu, DecodePath::Persistent);
   REQUIRE(gpu.decode_path().rfind("persistent kernel", 0) == 0);
@@ -199,7 +199,7 @@ TEST_CASE("persistent decode: logits match the CPU backend past the sliding wind
     INFO("decode step " << i);
     CHECK(e <= kTolCpu);
   }
-  WARN("persistent decode vs the CPU backend (bf16 as fp16, 7 E2B layers): max rel err " << worst);
+  WARN("persistent decode vs the CPU backend (w4a16, 7 E2B layers): max rel err " << worst);
 }
 
 TEST_CASE("persistent decode: sampled steps draw the per-kernel path's tokens for the same seed", "[gpu][persistent]") {

@@ -33,6 +33,9 @@ class PersistentDecoder {
       return "hidden_size " + std::to_string(c.hidden_size) + " (the persistent kernel takes multiples of 128 up to " +
              std::to_string(kernels::kStepChunks * 128) + ")";
     if (w.lm8 || w.lm4) return "a quantized LM head (LoadOptions::lm_head)";
+    if (!w.layers.empty() && !w.layers[0].q.wq)
+      return "fp16 weights (their persistent step disagrees with the per-kernel path on models with KV-shared, "
+             "double-wide layers: open, tests/gpu/test_persistent.cpp)";
     int group = 0;
     for (const LayerConfig& lc : c.layers) {
       if (lc.head_dim != 256 && lc.head_dim != 512) return "head_dim " + std::to_string(lc.head_dim);
