@@ -54,15 +54,17 @@ class DevBuf {
   T* get() const { return p_; }
   size_t size() const { return n_; }
   // Every byte 0xFF: a NaN in fp32 and fp16, so an element a kernel did not write is visible.
-  void poison() { LAB_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T))); }
+  void poison() {
+    if (n_) LAB_CHECK(cudaMemset(p_, 0xFF, n_ * sizeof(T)));
+  }
   std::vector<T> download(size_t count) const {
     std::vector<T> h(count);
-    LAB_CHECK(cudaMemcpy(h.data(), p_, count * sizeof(T), cudaMemcpyDeviceToHost));
+    if (count) LAB_CHECK(cudaMemcpy(h.data(), p_, count * sizeof(T), cudaMemcpyDeviceToHost));
     return h;
   }
   std::vector<T> download() const { return download(n_); }
   void upload(const std::vector<T>& h) {
-    LAB_CHECK(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    if (!h.empty()) LAB_CHECK(cudaMemcpy(p_, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
   }
 
  private:
