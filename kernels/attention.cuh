@@ -14,7 +14,7 @@
 // dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so per-thread state does not
 // grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is requested at once -- one
 // memory latency per tile. Per tile, with no barrier between the loads and their use:
-//   1. scores: the warp's partial q . k over its channels on the tensor cores (mma.sync m16n8k8: 16 keys x
+//   1. scores: the warp's partial q . k over its channels on the tensor cores (m16n8k8 tensor-core mma: 16 keys x
 //      8 heads x 8 channels, fp16 products exact, fp32 sums), K fragments straight from 16-byte global
 //      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
 //      q uses the same order) -> shared; the next tile's K loads issued                           | barrier
@@ -32,7 +32,7 @@
 // Shared memory (static): warps x 8 x 36 fp32 partial scores + 32 x G fp32 p + G x 64 fp32 merge weights:
 // 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
 //
-// sm_75 rules: fp16 mma.sync.aligned.m16n8k8 with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
+// sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
 // (plain 16-byte loads issued a phase ahead of use), no bf16. Fragment layouts (PTX ISA, "Matrix Fragments
 // for mma.m16n8k8"; g = lane / 4, t = lane % 4; the low half of an .f16x2 register holds the lower index):
 //   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)   <- K: rows keys, cols channels

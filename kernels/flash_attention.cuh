@@ -1,4 +1,4 @@
-// gemma4_t4 kernels: prefill attention on Turing tensor cores (flash attention with mma.sync m16n8k8).
+// gemma4_t4 kernels: prefill attention on Turing tensor cores (flash attention with m16n8k8 tensor-core mma).
 //
 // Same result as attention_split_kernel (attention.cuh), for prompt chunks. For row r (a query at position
 // p = pos[r] of sequence seq[r]) and query head h:
@@ -50,7 +50,7 @@
 // Registers: q 32 + o 64 + two staging sets 64 + 16 score accumulators; ptxas needs ~235 and uses up to 255
 // (launch bounds), no spills on sm_75 .. sm_120, so a T4 SM runs one 256-thread block (8 warps).
 //
-// sm_75 rules: fp16 mma.sync.aligned.m16n8k8 with fp32 accumulators and ldmatrix (kernels/mma.cuh, both sm_75);
+// sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators and ldmatrix (kernels/mma.cuh, both sm_75);
 // no m16n8k16, cp.async, bf16 or anything newer.
 //
 // Fragment layouts: kernels/mma.cuh.

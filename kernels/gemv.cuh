@@ -14,7 +14,7 @@
 //   GeluMul   out16[r, o] = half(gelu_tanh(x Wg[o]) * (x Wu[o]))        (MLP gate/up; Wg, Wu: [I, in])
 //   GeluPle   out16[r, o] = half(gelu_tanh(x Wg[o]) * ple[r, layer, o])  (PLE gate; ple: [n, L, D], D = out)
 //
-// Math: mma.sync.m16n8k8 (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
+// Math: m16n8k8 tensor-core mma (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
 // dequant_w4 builds; int8: two bytes, offset by 128, into the mantissa of 1024.0 minus 1152.0 -- exact, the
@@ -228,7 +228,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = kt0 + u * kw;
-      if (kt >= ktiles) break;  // warp-uniform: every lane reaches each mma.sync
+      if (kt >= ktiles) break;  // warp-uniform: every lane reaches each warp-wide mma
       const int unit = kt * 4 + tig;
       const bool ok = unit < units;
       if (W4) {
