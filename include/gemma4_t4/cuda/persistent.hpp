@@ -237,16 +237,12 @@ class PersistentDecoder {
   PersistentDecoder& operator=(const PersistentDecoder&) = delete;
 
  private:
-  // The instantiations: 8-row tiles (rows <= 8 / <= 16) x the body's weight layout; GQA groups padded to 8
-  // (E2B's; unsupported() refuses others until an instantiation for them is worth its compile time).
-  const void* kernel(int nt) const {
+  // The instantiations: 8-row tiles (rows <= 8 / <= 16) of w4a16 bodies with GQA groups padded to 8 (E2B's;
+  // unsupported() refuses the rest until an instantiation for them is worth its compile time).
+  static const void* kernel(int nt) {
     using kernels::decode_step_kernel;
-    const bool w4 = w_->layers[0].q.wq != nullptr;
-    if (nt == 1)
-      return w4 ? reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8>)
-                : reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvF16, 8>);
-    return w4 ? reinterpret_cast<const void*>(&decode_step_kernel<2, kernels::kGemvW4, 8>)
-              : reinterpret_cast<const void*>(&decode_step_kernel<2, kernels::kGemvF16, 8>);
+    return nt == 1 ? reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8>)
+                   : reinterpret_cast<const void*>(&decode_step_kernel<2, kernels::kGemvW4, 8>);
   }
   size_t smem_bytes(int nt) const {
     const int H = c_->hidden_size;
