@@ -20,9 +20,11 @@ import select
 import signal
 import subprocess
 import sys
+import termios
 import time
 
 TIMEOUT = float(os.environ.get("CHAT_PTY_TIMEOUT", "120"))  # seconds per expected output (sanitizers are slow)
+EDITING = False  # chat has line editing (libedit); set by main() from chat --help
 
 
 class Chat:
@@ -70,7 +72,16 @@ class Chat:
                     return m
                 self.fail(f"chat exited while waiting for {pattern!r}")
 
-    def send(self, text):
+    def send(self, text, at_prompt=True):
+        """Types text. at_prompt: chat waits at its prompt; with line editing, first wait until the editor has
+        the terminal (canonical mode off). libedit writes the prompt before it switches modes, and keys typed in
+        between are taken by the terminal's line discipline (Ctrl-D there becomes a NUL byte for the editor)."""
+        if at_prompt and EDITING:
+            deadline = time.monotonic() + TIMEOUT
+            while termios.tcgetattr(self.fd)[3] & termios.ICANON:
+                if time.monotonic() > deadline:
+                    self.fail("the line editor never took the terminal")
+                time.sleep(0.005)
         os.write(self.fd, text.encode())
 
     def line(self, text):
@@ -180,7 +191,7 @@ def ctrl_c(exe):
     chat.line("Tell me a very long story.")
     chat.expect(r"gemma> ")
     chat.read_some(TIMEOUT)  # the answer has begun
-    chat.send("\x03")  # the terminal's interrupt character: SIGINT to chat
+    chat.send("\x03", at_prompt=False)  # the terminal's interrupt character: SIGINT to chat
     m = chat.expect(r" \[stopped\]\n")
     answer = chat.out[: m.start()].rsplit("gemma> ", 1)[1]
     check(len(answer) > 0, "some of the answer was printed before Ctrl-C", chat)
@@ -251,7 +262,8 @@ def main():
     if len(sys.argv) != 2:
         sys.exit("usage: chat_pty.py PATH_TO_CHAT")
     exe = sys.argv[1]
-    editing = has_line_editing(exe)
+    global EDITING
+    EDITING = editing = has_line_editing(exe)
     tests = [conversation, ctrl_c, lambda e: ctrl_d(e, editing)]
     names = ["conversation", "ctrl_c", "ctrl_d"]
     if editing:

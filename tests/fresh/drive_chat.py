@@ -16,6 +16,7 @@ import re
 import select
 import signal
 import sys
+import termios
 import time
 
 TIMEOUT = float(os.environ.get("QUICK_START_TIMEOUT", "1800"))
@@ -81,10 +82,19 @@ def main():
         sys.stderr.write(f"FAIL: {why}\n---- last output ----\n{out[-3000:]}\n")
         sys.exit(1)
 
+    def type_at_prompt(keys):
+        # libedit writes the prompt before it takes the terminal (canonical mode off); keys typed in between go
+        # through the line discipline (Ctrl-D there reaches the editor as a NUL). Without libedit it never does.
+        deadline = time.monotonic() + 5
+        while termios.tcgetattr(fd)[3] & termios.ICANON and time.monotonic() < deadline:
+            pump(0.005)
+        os.write(fd, keys)
+
     m = wait_for(r"\nyou> ", 0)
     if not m:
         give_up("chat's prompt never came")
-    os.write(fd, b"Hello! Who are you?\r")
+    seen["chat's prompt"] = time.monotonic() - t0
+    type_at_prompt(b"Hello! Who are you?\r")
     m = wait_for(r"gemma> ", m.end())
     if not m:
         give_up("no answer began")
@@ -92,7 +102,7 @@ def main():
     if not m:
         give_up("the answer never ended")
     seen["chat's first answer"] = time.monotonic() - t0
-    os.write(fd, b"\x04")
+    type_at_prompt(b"\x04")
     status = None
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
