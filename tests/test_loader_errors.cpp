@@ -270,8 +270,7 @@ std::vector<BadBytes> bad_safetensors_table() {
        make_safetensors(R"({"w": {"dtype": "U8", "shape": [8], "data_offsets": [0, 18446744073709551616]}})", data8),
        {"'w'", "data_offsets value 18446744073709551616 is beyond 2^64-1"}},
       {"data_offsets begin beyond 2^64-1",
-       make_safetensors(R"({"w": {"dtype": "U8", "shape": [8], "data_offsets": [99999999999999999999999, 8]}})",
-                        data8),
+       make_safetensors(R"({"w": {"dtype": "U8", "shape": [8], "data_offsets": [99999999999999999999999, 8]}})", data8),
        {"'w'", "data_offsets value 99999999999999999999999 is beyond 2^64-1"}},
       {"shape dimension beyond 2^64-1",
        make_safetensors(R"({"w": {"dtype": "U8", "shape": [18446744073709551616], "data_offsets": [0, 8]}})", data8),
@@ -306,9 +305,9 @@ std::vector<BadBytes> bad_safetensors_table() {
                         data8),
        {"header byte 61 (of 75) is NUL", "spaces only"}},
       {"NUL padding",
-       make_safetensors(std::string(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})") +
-                            std::string(5, '\0'),
-                        data8),
+       make_safetensors(
+           std::string(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})") + std::string(5, '\0'),
+           data8),
        {"header byte 61 (of 66) is NUL"}},
       {"text after the JSON object",
        make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}   x)", data8),
@@ -1267,4 +1266,36 @@ TEST_CASE("Engine::load: after each bad model.safetensors the loaded engine stil
   CHECK(load_dir(ckpt, &fresh).code == Code::FormatError);
   REQUIRE(load_dir(fixture("mm_bf16"), &fresh).is_ok());
   CHECK(logits_of(fresh) == before);
+}
+
+// Issue 14: a directory given with a trailing slash is named as a person would write the path, not "ckpt//x".
+TEST_CASE("Engine::load: paths in messages have no doubled slash when the directory ends in /",
+          "[loader][engine][errors]") {
+  TempDir tmp;
+  const fs::path ckpt = tmp.path() / "ckpt";
+  copy_fixture("flat_keqv", ckpt);
+  REQUIRE(fs::remove(ckpt / kShard2));
+  for (const std::string slash : {"/", "//"}) {
+    INFO("directory given as ckpt" << slash);
+    gemma4_t4::Engine engine;
+    Status st = gemma4_t4::Engine::load(ckpt.string() + slash, cpu_options(), &engine);
+    check_status(st, {Code::NotFound}, {"ckpt/" + std::string(kShard2)});
+    CHECK(st.message.find("//") == std::string::npos);
+    fs::rename(ckpt / "config.json", ckpt / "config.json.away");
+    st = gemma4_t4::Engine::load(ckpt.string() + slash, cpu_options(), &engine);
+    check_status(st, {Code::NotFound}, {"ckpt/config.json"});
+    CHECK(st.message.find("//") == std::string::npos);
+    fs::rename(ckpt / "config.json.away", ckpt / "config.json");
+    gemma4_t4::SamplingOptions so;
+    std::vector<int> eos;
+    write_text(ckpt / "generation_config.json", "{ not json");
+    st = gemma4_t4::load_generation_config(ckpt.string() + slash, &so, &eos);
+    check_status(st, {Code::FormatError}, {"ckpt/generation_config.json"});
+    CHECK(st.message.find("//") == std::string::npos);
+    fs::remove(ckpt / "generation_config.json");
+  }
+  CHECK(gemma4_t4::detail::path_join("/", "a") == "/a");
+  CHECK(gemma4_t4::detail::path_join("", "a") == "a");
+  CHECK(gemma4_t4::detail::path_join("d///", "a") == "d/a");
+  CHECK(gemma4_t4::detail::path_join("d", "a") == "d/a");
 }

@@ -519,9 +519,9 @@ class TensorStore {
     struct stat st;
     if (stat(dir.c_str(), &st) != 0) return err(Code::NotFound, dir, ": no such file or directory");
     if (S_ISREG(st.st_mode)) return add_file(dir, nullptr);
-    const std::string index = dir + "/model.safetensors.index.json";
+    const std::string index = path_join(dir, "model.safetensors.index.json");
     if (stat(index.c_str(), &st) == 0) return open_index(dir, index);
-    const std::string single = dir + "/model.safetensors";
+    const std::string single = path_join(dir, "model.safetensors");
     if (stat(single.c_str(), &st) != 0)
       return err(Code::NotFound, dir, ": neither model.safetensors nor model.safetensors.index.json is there");
     return add_file(single, nullptr);
@@ -575,7 +575,7 @@ class TensorStore {
     }
     if (shard_names.empty()) return err(Code::FormatError, index, ": weight_map is empty");
     for (const auto& s : shard_names) {
-      GEMMA4_T4_TRY(add_file(dir + "/" + s.first, &s.second));
+      GEMMA4_T4_TRY(add_file(path_join(dir, s.first), &s.second));
     }
     return Status::ok();
   }
