@@ -195,9 +195,12 @@ if [[ $FRESH_MODE == check ]]; then
   (
     fresh_layers
     purge "${FRESH[@]}"
-    if [[ -d /usr/local/cuda ]]; then  # a whiteout: CI's build stays CPU-only, as on a machine without CUDA
-      rm -rf /usr/local/cuda
-    fi
+    # No CUDA either (whiteouts in the overlay): CI's build stays CPU-only, as on a machine without the toolkit.
+    rm -rf /usr/local/cuda /usr/local/cuda-*
+    for f in /usr/local/bin/*; do
+      if [[ -f $f ]] && grep -qs "/usr/local/cuda" "$f"; then rm -f "$f"; fi
+    done
+    unset CUDACXX CUDA_HOME CUDA_PATH
     quick_start
     say "4. the README's second command: tools/setup --tests, then the tests configure"
     "$ROOT/tools/setup" --tests
