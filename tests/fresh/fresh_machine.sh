@@ -12,12 +12,14 @@
 #
 # check:
 #   1. tools/setup --dry-run names every purged package; `tools/setup --tests --dry-run` adds the test ones.
-#   2. With one package missing at a time, configure stops and names the package and the option that avoids
-#      it (nlohmann-json3-dev, libsentencepiece-dev, libedit-dev, catch2), and with that option it passes;
-#      without cpp-httplib it passes and says the server example is not built.
+#   2. configure stops and names each missing package and the option that avoids it (nlohmann-json3-dev in 1;
+#      libsentencepiece-dev, libedit-dev, catch2 in turn, each option moving it on to the next), and passes
+#      with the options; without cpp-httplib it passes and says the server example is not built; without
+#      catch2 alone the quick start's configure (tests off) passes.
 #   3. The README's first command, from a fresh clone, with nothing installed and no CUDA (/usr/local/cuda
-#      hidden too, so CI's build stays short): tools/setup installs, configure, build chat, chat answers a
-#      line typed at its prompt (through a pseudo-terminal), Ctrl-D leaves.
+#      hidden too, so CI's build stays short): tools/setup installs, configure, build chat (a Release build:
+#      no warning may appear), chat answers a line typed at its prompt (through a pseudo-terminal), Ctrl-D
+#      leaves.
 #   4. `tools/setup --tests` then installs the test packages and the tests configure (the README's second
 #      command up to the build; build-ci builds and runs the tests themselves).
 # quick-start: 3. alone, CUDA left visible (nvcc builds for this machine's GPU, or sm_75 without one), timed
@@ -133,6 +135,10 @@ quick_start() {
   echo "+ (in a fresh clone) $cmd"
   python3 "$ROOT/tests/fresh/drive_chat.py" "$clone" "$cmd" "$SCRATCH/quick_start.log" ||
     die "the README's first command did not end in an answering chat (log: $(tail -40 "$SCRATCH/quick_start.log"))"
+  # A Release build (the quick start's) prints no warning either: CI's -Werror builds are RelWithDebInfo.
+  if grep -n "warning:" "$SCRATCH/quick_start.log"; then die "the quick start's Release build printed warnings"; fi
+  echo "ok: the Release build of the library and chat printed no warning"
+  if [[ -n ${OUT:-} ]]; then cp "$SCRATCH/quick_start.log" "$OUT/"; fi
 }
 
 say "private overlays of /usr, /etc, /var (scratch $SCRATCH)"
@@ -161,34 +167,23 @@ if [[ $FRESH_MODE == check ]]; then
     expect_configure_fails "nothing installed" "nlohmann-json3-dev|tools/setup" -- -DGEMMA4_T4_BUILD_TESTS=OFF
     drop_layers
   )
-  say "2. one package missing at a time"
+  say "2. the packages of the options missing: configure names each in turn, then passes with the options"
+  (
+    fresh_layers
+    purge libsentencepiece-dev libedit-dev catch2 libcpp-httplib-dev
+    # configure stops at the first missing one; the option that avoids it moves it on to the next.
+    expect_configure_fails "no libsentencepiece" "libsentencepiece-dev|-DGEMMA4_T4_SENTENCEPIECE=OFF" --
+    expect_configure_fails "no libedit" "libedit-dev|-DGEMMA4_T4_LIBEDIT=OFF" -- -DGEMMA4_T4_SENTENCEPIECE=OFF
+    expect_configure_fails "no catch2, tests on" "catch2|-DGEMMA4_T4_BUILD_TESTS=OFF" -- \
+      -DGEMMA4_T4_SENTENCEPIECE=OFF -DGEMMA4_T4_LIBEDIT=OFF
+    expect_configure_passes "all four missing, their options off" "cpp-httplib not found|libcpp-httplib-dev" -- \
+      -DGEMMA4_T4_SENTENCEPIECE=OFF -DGEMMA4_T4_LIBEDIT=OFF -DGEMMA4_T4_BUILD_TESTS=OFF
+    drop_layers
+  )
   (
     fresh_layers
     purge catch2
-    expect_configure_fails "no catch2, tests on" "catch2|-DGEMMA4_T4_BUILD_TESTS=OFF" --
-    expect_configure_passes "no catch2, tests off (the quick start)" "" -- -DGEMMA4_T4_BUILD_TESTS=OFF
-    drop_layers
-  )
-  (
-    fresh_layers
-    purge libsentencepiece-dev
-    expect_configure_fails "no libsentencepiece" "libsentencepiece-dev|-DGEMMA4_T4_SENTENCEPIECE=OFF" -- \
-      -DGEMMA4_T4_BUILD_TESTS=OFF
-    expect_configure_passes "no libsentencepiece, option off" "" -- -DGEMMA4_T4_BUILD_TESTS=OFF \
-      -DGEMMA4_T4_SENTENCEPIECE=OFF
-    drop_layers
-  )
-  (
-    fresh_layers
-    purge libedit-dev
-    expect_configure_fails "no libedit" "libedit-dev|-DGEMMA4_T4_LIBEDIT=OFF" -- -DGEMMA4_T4_BUILD_TESTS=OFF
-    expect_configure_passes "no libedit, option off" "" -- -DGEMMA4_T4_BUILD_TESTS=OFF -DGEMMA4_T4_LIBEDIT=OFF
-    drop_layers
-  )
-  (
-    fresh_layers
-    purge libcpp-httplib-dev
-    expect_configure_passes "no cpp-httplib" "cpp-httplib not found|libcpp-httplib-dev" -- -DGEMMA4_T4_BUILD_TESTS=OFF
+    expect_configure_passes "no catch2, tests off (the quick start's configure)" "" -- -DGEMMA4_T4_BUILD_TESTS=OFF
     drop_layers
   )
   say "3. the README's first command on a machine without the packages and without CUDA"
