@@ -89,6 +89,8 @@
 //
 // LIMITS
 //   Context per session: LoadOptions::max_context (default 8192), at most max_position_embeddings.
+//   safetensors files are read as strictly as the reference implementation: headers of at most 100,000,000
+//   bytes (detail::kMaxSafetensorsHeaderBytes), tensors covering the data section exactly.
 //   Errors are returned as Status values; the library never exits, aborts or prints to stdout.
 //
 // FAULTS

@@ -465,6 +465,10 @@ TEST_CASE("bench: device report and doctor without a GPU do not crash and say so
   if (!d.cuda) {  // the CPU build, or a CUDA build on a machine without a GPU
     CHECK(d.note.find("no CUDA device") != std::string::npos);
     CHECK(text.find("no CUDA device") != std::string::npos);
+    // A CUDA build on a machine without a driver (CI): said in words, not as cudaErrorInsufficientDriver.
+    const bool cuda_build = d.note.find("GEMMA4_T4_NO_CUDA") == std::string::npos;
+    if (cuda_build && d.driver_version == 0) CHECK(d.note.find("no NVIDIA driver found") != std::string::npos);
+    CHECK(d.note.find("cudaErrorInsufficientDriver") == std::string::npos);
   }
   CHECK(d.host_threads > 0);
 

@@ -428,8 +428,19 @@ inline bench::DeviceReport cuda_report(int device) {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     cudaGetLastError();
-    r.note = e != cudaSuccess ? strf("no CUDA device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e))
-                              : std::string("no CUDA device (none found)");
+    // In words a person can act on: the runtime says "insufficient driver" when there is none at all (then
+    // cudaDriverGetVersion gives 0) as well as when it is too old.
+    if (e == cudaErrorInsufficientDriver && r.driver_version == 0)
+      r.note = "no CUDA device: no NVIDIA driver found (libcuda.so.1 is not installed, or not loadable)";
+    else if (e == cudaErrorInsufficientDriver)
+      r.note = strf(
+          "no CUDA device: the NVIDIA driver (CUDA %s) is older than this build's CUDA runtime (%s); "
+          "update the driver",
+          cuda_version_string(r.driver_version).c_str(), cuda_version_string(r.runtime_version).c_str());
+    else if (e == cudaErrorNoDevice || e == cudaSuccess)
+      r.note = "no CUDA device: the NVIDIA driver finds no GPU";
+    else
+      r.note = strf("no CUDA device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
     return r;
   }
   if (device < 0 || device >= n) {
@@ -506,7 +517,7 @@ inline uint64_t free_memory(Backend backend, int device) {
 inline Status inspect_model(const std::string& dir, bench::DoctorReport* d) {
   ModelConfig cfg;
   std::string text;
-  const std::string cfg_path = dir + "/config.json";
+  const std::string cfg_path = path_join(dir, "config.json");
   GEMMA4_T4_TRY(read_text_file(cfg_path, &text));
   GEMMA4_T4_TRY(parse_config(text, cfg_path, &cfg));
   TensorStore store;

@@ -82,7 +82,7 @@ inline Status load_impl(const std::string& dir, const LoadOptions& options, std:
                "; it must be in [64, 16384]");
   if (options.on_progress) options.on_progress(0.f);
   std::string text;
-  const std::string cfg_path = dir + "/config.json";
+  const std::string cfg_path = path_join(dir, "config.json");
   GEMMA4_T4_TRY(read_text_file(cfg_path, &text));
   GEMMA4_T4_TRY(parse_config(text, cfg_path, &impl->config));
   GEMMA4_T4_TRY(impl->store.open(dir));
