@@ -243,13 +243,22 @@ enum class LmHead {
   Int4,  // w4a16 layout, group 32: scale = fp16(max|w| / 7), q = round(w / scale) in [-8, 7]; w = fp16(q * scale)
 };
 
+// How the CUDA backend runs a decode pass (one token per session, <= 16 sessions).
+enum class DecodePath {
+  Kernels,     // one kernel per operation (~11 per layer), replayed as a CUDA graph when cuda_graphs (default:
+               // the faster one today, bench/RESULTS.md)
+  Persistent,  // EXPERIMENTAL: the whole step as one persistent kernel (kernels/decode_step.cuh) where the model
+               // and GPU allow it (Engine::decode_path() tells), else Kernels
+};
+
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
   int device = 0;                   // CUDA device ordinal
   size_t max_context = 8192;        // default context of new sessions (tokens)
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
-  bool cuda_graphs = true;       // replay decode steps (<= 16 sessions) as CUDA graphs
+  DecodePath decode_path = DecodePath::Kernels;
+  bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 16 sessions) as CUDA graphs
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
   bool programmatic_launch = true;
@@ -343,6 +352,9 @@ class Engine {
   bool loaded() const;
   const ModelConfig& config() const;  // only valid when loaded()
   Backend backend() const;            // Cpu or Cuda once loaded
+  // How decode steps run, in words (e.g. "persistent kernel (132 blocks, <= 16 rows; ...)", or the per-kernel
+  // path and why the persistent kernel is not used): for logs and bench. Empty when not loaded.
+  std::string decode_path() const;
 
   // A new, empty session with room for max_context tokens (0 = LoadOptions::max_context). Errors:
   // InvalidArgument, OutOfMemory naming the KV-cache buffer (what was allocated is freed); *out untouched.
@@ -788,7 +800,8 @@ struct Cell {
   double prefill_tok_s = 0;        // prompt tokens / prefill time (median over repeats)
   double pct_of_ceiling = 0;       // tok_s_per_stream / Report::ceiling_tok_s * 100
   uint64_t sessions_fit = 0;       // sessions of this context (prompt + tokens) that fit in the KV budget
-  double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: T4 ceiling * pct_of_ceiling / 100
+  double fixed_ms = 0;             // ms_per_token - decode bytes / measured read bandwidth (>= 0)
+  double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: 1000 / (decode bytes / T4 bandwidth + fixed_ms)
   double t4_tok_s_total = 0;       // T4 projection, NOT measured: concurrency * t4_tok_s_per_stream
   std::string error;               // non-empty: what went wrong (numbers from completed repeats, if any)
   bool ok() const { return error.empty(); }
@@ -2048,6 +2061,17 @@ inline Status read_text_file(const std::string& path, std::string* out) {
   out->assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   if (in.bad()) return err(Code::IoError, path, ": read failed");
   return Status::ok();
+}
+
+// The RoPE frequencies of a layer (LayerConfig's rope_*): inv_freq[k] = theta^(-2k / denominator) / factor for
+// the rotated pairs, 0 (identity) for the rest. [head_dim / 2] fp32; both backends use this table.
+inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
+  std::vector<float> f(size_t(lc.head_dim / 2), 0.f);
+  for (int k = 0; k < lc.rope_pairs; ++k) {
+    const float e = float(2 * k) / float(lc.rope_denominator);
+    f[k] = (1.0f / std::pow(lc.rope_theta, e)) / lc.rope_factor;
+  }
+  return f;
 }
 
 }  // namespace detail
@@ -4037,9 +4061,10 @@ inline void load_floats(const TensorInfo& t, size_t first, size_t n, float* dst)
 }  // namespace detail
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/weights.hpp ----
-// ---- begin include/gemma4_t4/rng.hpp ----
-// gemma4_t4 implementation part: the sampler's counter-based RNG, shared by the CPU sampler and the CUDA
-// sampling kernel so both draw the same number for the same (seed, counter).
+// ---- begin kernels/rng.cuh ----
+// gemma4_t4 kernels: the sampler's counter-based RNG, shared by the CUDA sampling kernel (sample.cuh) and the
+// CPU sampler (include/gemma4_t4/sampler.hpp) so both draw the same number for the same (seed, counter).
+// Plain C++ as well as CUDA: the CPU-only build includes it too (no CUDA header is needed).
 
 #include <cstdint>
 
@@ -4069,7 +4094,7 @@ GEMMA4_T4_HD inline uint32_t float_key(uint32_t bits) { return (bits & 0x8000000
 
 }  // namespace detail
 }  // namespace gemma4_t4
-// ---- end include/gemma4_t4/rng.hpp ----
+// ---- end kernels/rng.cuh ----
 // ---- begin include/gemma4_t4/sampler.hpp ----
 // gemma4_t4 implementation part: the CPU sampler (the reference for kernels/sample.cuh).
 //
@@ -4146,6 +4171,46 @@ inline int sample_ref(float* x, int V, const SamplingOptions& o, const int32_t* 
 }  // namespace detail
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/sampler.hpp ----
+// ---- begin include/gemma4_t4/threads.hpp ----
+// gemma4_t4 implementation part: host threads for the CPU backend's matmuls and the CUDA backend's PLE gathers.
+
+#include <algorithm>
+#include <functional>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace gemma4_t4 {
+namespace detail {
+
+// Runs fn(begin, end) over [0, n) split across hardware threads when the work is large enough.
+inline void parallel_for(size_t n, double work, const std::function<void(size_t, size_t)>& fn) {
+  unsigned hw = std::thread::hardware_concurrency();
+  unsigned T = std::max(1u, std::min(hw, 32u));
+  if (T == 1 || work < 2e5 || n < 2) {
+    fn(0, n);
+    return;
+  }
+  T = static_cast<unsigned>(std::min<size_t>(T, n));
+  std::vector<std::thread> pool;
+  pool.reserve(T - 1);
+  const size_t step = (n + T - 1) / T;
+  for (unsigned t = 1; t < T; ++t) {
+    const size_t b = t * step, e = std::min(n, b + step);
+    if (b >= e) continue;
+    try {
+      pool.emplace_back(fn, b, e);
+    } catch (const std::system_error&) {  // no thread to be had (resource limits): this part here
+      fn(b, e);
+    }
+  }
+  fn(0, std::min(n, step));
+  for (auto& th : pool) th.join();
+}
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/threads.hpp ----
 // ---- begin include/gemma4_t4/backend.hpp ----
 // gemma4_t4 implementation part: the interface every backend implements.
 
@@ -4153,6 +4218,7 @@ inline int sample_ref(float* x, int V, const SamplingOptions& o, const int32_t* 
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -4168,7 +4234,7 @@ struct AllocFaultHook {
   std::atomic<bool> armed{false};
   std::mutex mu;
   std::function<bool(size_t, const char*)> fn;
-  std::atomic<size_t> live{0};  // cudaMalloc / cudaMallocHost blocks held (cuda_backend.hpp counts them)
+  std::atomic<size_t> live{0};  // cudaMalloc / cudaMallocHost blocks held (cuda/device.hpp counts them)
 };
 
 inline AllocFaultHook& alloc_fault_hook() {
@@ -4219,6 +4285,8 @@ class BackendModel {
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_bytes_per_token() const = 0;
   virtual size_t session_bytes(size_t max_ctx) const = 0;
+  // How decode steps run, in words (Engine::decode_path).
+  virtual std::string decode_path() const { return "CPU reference (fp32)"; }
   // Before each pass (Engine::forward_batch / step): IoError when a checkpoint file the pass would read in
   // place has shrunk since it was mapped (reading it would fault the process). The default, for backends
   // that read weights from the map at run time, checks every file.
@@ -4246,6 +4314,74 @@ class BackendModel {
 }  // namespace detail
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/backend.hpp ----
+// ---- begin include/gemma4_t4/block.hpp ----
+// gemma4_t4 implementation part: the Gemma 4 decoder layer, written once.
+//
+// Every executor runs a layer through gemma4_layer(): it names the steps of the block in the model's order,
+// and each executor's Ops implements them -- the CPU backend in fp32 (cpu_backend.hpp), the CUDA backend as
+// kernel launches with the norms folded into the residual kernels (cuda/layers.hpp), and the persistent decode
+// executor as instructions of one kernel (cuda/persistent.hpp). A variant of the block (another norm, another
+// residual branch) is a change here and to each Ops, not a fourth copy of the layer.
+//
+//   x = input_layernorm(h)                                   norm(l, Norm::Input)
+//   q, k, v = q_proj x, k_proj x, v_proj x                   qkv(l)      KV-shared layers: q only; k_eq_v: v = k
+//   q = rope(q_norm q); k = rope(k_norm k); v = rms(v)       heads(l)    k, v into the layer's own cache
+//   a = softmax(q K^T) V                                     attend(l)   over kv_source's cache; sliding window
+//   h += post_attention_layernorm(o_proj a)                  residual(l, Branch::Attention)
+//   x = pre_feedforward_layernorm(h)                         norm(l, Norm::PreMlp)
+//   g = gelu_tanh(gate_proj x) * up_proj x                   gate(l, Branch::Mlp)
+//   h += post_feedforward_layernorm(down_proj g)             residual(l, Branch::Mlp)
+// per-layer input (hidden_size_per_layer_input > 0; ple[l] from the token's row and the embedding):
+//   x = h                                                    norm(l, Norm::Copy)
+//   g = gelu_tanh(per_layer_input_gate x) * ple[l]           gate(l, Branch::Ple)
+//   h += post_per_layer_input_norm(per_layer_projection g)   residual(l, Branch::Ple)
+//   h *= layer_scalar                                        scale(l)
+// All norms are RMSNorms in fp32 that multiply by the weight directly (x * rsqrt(mean(x^2) + eps) * w).
+
+namespace gemma4_t4 {
+namespace detail {
+
+enum class Norm {
+  Input,   // input_layernorm
+  PreMlp,  // pre_feedforward_layernorm
+  Copy,    // no norm: the per-layer-input gate reads h itself
+};
+
+enum class Branch {
+  Attention,  // o_proj, post_attention_layernorm
+  Mlp,        // gate_proj / up_proj, down_proj, post_feedforward_layernorm
+  Ple,        // per_layer_input_gate, per_layer_projection, post_per_layer_input_norm
+};
+
+// One decoder layer of Gemma 4 through `ops` (see the header for what each step means).
+template <class Ops>
+Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l) {
+  GEMMA4_T4_TRY(ops.norm(l, Norm::Input));
+  GEMMA4_T4_TRY(ops.qkv(l));
+  GEMMA4_T4_TRY(ops.heads(l));
+  GEMMA4_T4_TRY(ops.attend(l));
+  GEMMA4_T4_TRY(ops.residual(l, Branch::Attention));
+  GEMMA4_T4_TRY(ops.norm(l, Norm::PreMlp));
+  GEMMA4_T4_TRY(ops.gate(l, Branch::Mlp));
+  GEMMA4_T4_TRY(ops.residual(l, Branch::Mlp));
+  if (cfg.hidden_size_per_layer_input > 0) {
+    GEMMA4_T4_TRY(ops.norm(l, Norm::Copy));
+    GEMMA4_T4_TRY(ops.gate(l, Branch::Ple));
+    GEMMA4_T4_TRY(ops.residual(l, Branch::Ple));
+  }
+  return ops.scale(l);
+}
+
+// Every layer, in order.
+template <class Ops>
+Status gemma4_layers(Ops& ops, const ModelConfig& cfg) {
+  for (int l = 0; l < cfg.num_layers; ++l) GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l));
+  return Status::ok();
+}
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/block.hpp ----
 // ---- begin include/gemma4_t4/cpu_backend.hpp ----
 // gemma4_t4 implementation part: the CPU reference backend (fp32 math).
 //
@@ -4272,39 +4408,13 @@ class BackendModel {
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <system_error>
-#include <thread>
 #include <vector>
+
+// (include/gemma4_t4/block.hpp: already inlined above)
+// (include/gemma4_t4/threads.hpp: already inlined above)
 
 namespace gemma4_t4 {
 namespace detail {
-
-// ---- threads ----
-
-// Runs fn(begin, end) over [0, n) split across hardware threads when the work is large enough.
-inline void parallel_for(size_t n, double work, const std::function<void(size_t, size_t)>& fn) {
-  unsigned hw = std::thread::hardware_concurrency();
-  unsigned T = std::max(1u, std::min(hw, 32u));
-  if (T == 1 || work < 2e5 || n < 2) {
-    fn(0, n);
-    return;
-  }
-  T = static_cast<unsigned>(std::min<size_t>(T, n));
-  std::vector<std::thread> pool;
-  pool.reserve(T - 1);
-  const size_t step = (n + T - 1) / T;
-  for (unsigned t = 1; t < T; ++t) {
-    const size_t b = t * step, e = std::min(n, b + step);
-    if (b >= e) continue;
-    try {
-      pool.emplace_back(fn, b, e);
-    } catch (const std::system_error&) {  // no thread to be had (resource limits): this part here
-      fn(b, e);
-    }
-  }
-  fn(0, std::min(n, step));
-  for (auto& th : pool) th.join();
-}
 
 // ---- math helpers (the `_ref` building blocks the kernels are tested against) ----
 
@@ -4353,15 +4463,6 @@ inline void rope_ref(float* x, int d, const float* inv_freq, int64_t pos) {
     x[i] = x1 * c - x2 * s;
     x[i + h] = x2 * c + x1 * s;
   }
-}
-
-inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
-  std::vector<float> f(size_t(lc.head_dim / 2), 0.f);
-  for (int k = 0; k < lc.rope_pairs; ++k) {
-    const float e = float(2 * k) / float(lc.rope_denominator);
-    f[k] = (1.0f / std::pow(lc.rope_theta, e)) / lc.rope_factor;
-  }
-  return f;
 }
 
 // ---- sessions ----
@@ -4479,7 +4580,7 @@ class CpuModel {
   }
 
   // tokens[n] at positions s.pos.. ; appends logits per `which`. Validated by the caller (ids, context).
-  void forward(CpuSession& s, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const {
+  Status forward(CpuSession& s, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const {
     const ModelConfig& cfg = *cfg_;
     const int H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
     const size_t p = s.pos;
@@ -4514,44 +4615,133 @@ class CpuModel {
       }
     }
 
-    std::vector<std::vector<float>> chunk_k(static_cast<size_t>(L)),
-        chunk_v(static_cast<size_t>(L));  // [n, kvh, d] per owning layer
-    std::vector<float> x(n * H), y(n * H);
-    for (int li = 0; li < L; ++li) {
-      const LayerConfig& lc = cfg.layers[li];
-      const LayerW& lw = w_->layers[li];
-      const Layer& l = layers_[li];
-      const int d = lc.head_dim, nh = cfg.num_heads, kvh = lc.num_kv_heads;
+    Ops ops{*this, s, n, p, std::move(h), std::move(ple)};
+    GEMMA4_T4_TRY(gemma4_layers(ops, cfg));
+    h = std::move(ops.h);
+    std::vector<std::vector<float>>& chunk_k = ops.chunk_k;
+    std::vector<std::vector<float>>& chunk_v = ops.chunk_v;
 
-      // ---- attention ----
-      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H], l.in_norm.data(), H, eps, &x[t * H]);
-      std::vector<float> q(n * nh * d);
+    // ---- commit the chunk's K/V ----
+    for (int li = 0; li < L; ++li) {
+      if (cfg.layers[li].kv_shared) continue;
+      CpuLayerCache& c = s.caches[size_t(li)];
+      for (size_t t = 0; t < n; ++t) {
+        if (c.ring && n - t > size_t(c.capacity)) continue;  // overwritten within this chunk anyway
+        const size_t slot = c.ring ? (p + t) % size_t(c.capacity) : p + t;
+        std::copy_n(&chunk_k[li][t * c.row], c.row, &c.k[slot * c.row]);
+        std::copy_n(&chunk_v[li][t * c.row], c.row, &c.v[slot * c.row]);
+      }
+    }
+    s.pos = p + n;
+
+    // ---- head ----
+    if (which == Logits::None || !logits) return Status::ok();
+    const size_t first = which == Logits::All ? 0 : n - 1;
+    const size_t rows = n - first;
+    const int V = cfg.vocab_size;
+    std::vector<float> xn(rows * H);
+    for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
+    const size_t at = logits->size();
+    logits->resize(at + rows * size_t(V));
+    const float cap = cfg.final_logit_softcapping;
+    float* out = logits->data() + at;
+    parallel_for(size_t(V), double(V) * H * rows, [&](size_t b, size_t e) {
+      std::vector<float> row(static_cast<size_t>(H));
+      for (size_t o = b; o < e; ++o) {
+        head_row(o, row.data());
+        const float scale = head_ == LmHead::Int8 ? head_scale_[o] : 1.f;
+        for (size_t r = 0; r < rows; ++r) {
+          float v = dot_ref(row.data(), &xn[r * H], H) * scale;
+          if (cap > 0.f) v = std::tanh(v / cap) * cap;
+          out[r * V + o] = v;
+        }
+      }
+    });
+    return Status::ok();
+  }
+
+ private:
+  // One forward's activations, and the block's steps over them (block.hpp): n tokens at positions p...
+  struct Ops {
+    const CpuModel& m;
+    CpuSession& s;
+    size_t n, p;
+    std::vector<float> h;                              // [n, H] residual stream
+    std::vector<float> ple;                            // [n, L, D] per-layer inputs
+    std::vector<float> x, y, q, att, g;                // [n, H], [n, H], [n, heads, d], [n, heads, d], [n, I | D]
+    std::vector<std::vector<float>> chunk_k, chunk_v;  // per owning layer: the chunk's [n, kv_heads, d]
+
+    Ops(const CpuModel& model, CpuSession& session, size_t tokens, size_t pos, std::vector<float>&& h0,
+        std::vector<float>&& ple0)
+        : m(model), s(session), n(tokens), p(pos), h(std::move(h0)), ple(std::move(ple0)) {
+      const size_t H = size_t(m.cfg_->hidden_size), L = size_t(m.cfg_->num_layers);
+      x.resize(n * H);
+      y.resize(n * H);
+      chunk_k.resize(L);
+      chunk_v.resize(L);
+    }
+    int H() const { return m.cfg_->hidden_size; }
+    float eps() const { return m.cfg_->rms_norm_eps; }
+
+    Status norm(int l, Norm which) {
+      const Layer& ly = m.layers_[size_t(l)];
+      if (which == Norm::Copy) {
+        x = h;
+        return Status::ok();
+      }
+      const float* w = which == Norm::Input ? ly.in_norm.data() : ly.pre_ff_norm.data();
+      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H()], w, H(), eps(), &x[t * H()]);
+      return Status::ok();
+    }
+
+    Status qkv(int l) {
+      const LayerConfig& lc = m.cfg_->layers[size_t(l)];
+      const LayerW& lw = m.w_->layers[size_t(l)];
+      q.resize(n * size_t(m.cfg_->num_heads) * lc.head_dim);
       matmul_ref(lw.q, x.data(), n, q.data());
+      if (lc.kv_shared) return Status::ok();
+      std::vector<float>& k = chunk_k[size_t(l)];
+      std::vector<float>& v = chunk_v[size_t(l)];
+      k.resize(n * size_t(lc.num_kv_heads) * lc.head_dim);
+      v.resize(k.size());
+      matmul_ref(lw.k, x.data(), n, k.data());
+      if (lc.k_eq_v)
+        v = k;  // V is the raw k_proj output
+      else
+        matmul_ref(lw.v, x.data(), n, v.data());
+      return Status::ok();
+    }
+
+    Status heads(int l) {
+      const LayerConfig& lc = m.cfg_->layers[size_t(l)];
+      const Layer& ly = m.layers_[size_t(l)];
+      const int d = lc.head_dim, nh = m.cfg_->num_heads, kvh = lc.num_kv_heads;
       for (size_t t = 0; t < n; ++t)
         for (int hh = 0; hh < nh; ++hh) {
           float* qh = &q[(t * nh + hh) * d];
-          rmsnorm_ref(qh, l.q_norm.data(), d, eps, qh);
-          rope_ref(qh, d, l.inv_freq.data(), int64_t(p + t));
+          rmsnorm_ref(qh, ly.q_norm.data(), d, eps(), qh);
+          rope_ref(qh, d, ly.inv_freq.data(), int64_t(p + t));
         }
-      if (!lc.kv_shared) {
-        std::vector<float>& k = chunk_k[li];
-        std::vector<float>& v = chunk_v[li];
-        k.resize(n * kvh * d);
-        v.resize(n * kvh * d);
-        matmul_ref(lw.k, x.data(), n, k.data());
-        if (lc.k_eq_v)
-          v = k;  // V is the raw k_proj output
-        else
-          matmul_ref(lw.v, x.data(), n, v.data());
-        for (size_t t = 0; t < n; ++t)
-          for (int g = 0; g < kvh; ++g) {
-            float* kh = &k[(t * kvh + g) * d];
-            rmsnorm_ref(kh, l.k_norm.data(), d, eps, kh);
-            rope_ref(kh, d, l.inv_freq.data(), int64_t(p + t));
-            float* vh = &v[(t * kvh + g) * d];
-            rmsnorm_ref(vh, nullptr, d, eps, vh);
-          }
-      }
+      if (lc.kv_shared) return Status::ok();
+      std::vector<float>& k = chunk_k[size_t(l)];
+      std::vector<float>& v = chunk_v[size_t(l)];
+      for (size_t t = 0; t < n; ++t)
+        for (int g = 0; g < kvh; ++g) {
+          float* kh = &k[(t * kvh + g) * d];
+          rmsnorm_ref(kh, ly.k_norm.data(), d, eps(), kh);
+          rope_ref(kh, d, ly.inv_freq.data(), int64_t(p + t));
+          float* vh = &v[(t * kvh + g) * d];
+          rmsnorm_ref(vh, nullptr, d, eps(), vh);
+        }
+      return Status::ok();
+    }
+
+    // Keys below p come from the session's cache, keys from p on from this chunk (committed after the last
+    // layer).
+    Status attend(int l) {
+      const ModelConfig& cfg = *m.cfg_;
+      const LayerConfig& lc = cfg.layers[size_t(l)];
+      const int d = lc.head_dim, nh = cfg.num_heads, kvh = lc.num_kv_heads;
       const int src = lc.kv_source;
       const CpuLayerCache& cache = s.caches[size_t(src)];
       const std::vector<float>& ck = chunk_k[size_t(src)];
@@ -4567,7 +4757,7 @@ class CpuModel {
         const size_t slot = cache.ring ? j % size_t(cache.capacity) : j;
         return &cache.v[slot * row + size_t(g) * d];
       };
-      std::vector<float> att(n * nh * d);
+      att.assign(n * nh * d, 0.f);
       const int group = nh / kvh;
       parallel_for(n * nh, double(n) * nh * (p + n) * d, [&](size_t b, size_t e) {
         std::vector<float> sc;
@@ -4591,7 +4781,6 @@ class CpuModel {
             sum += v;
           }
           float* out = &att[(t * nh + hh) * d];
-          std::fill(out, out + d, 0.f);
           for (size_t j = lo; j <= qp; ++j) {
             const float pw = static_cast<float>(sc[j - lo] / sum);
             const float* vh = val_at(j, g);
@@ -4599,80 +4788,49 @@ class CpuModel {
           }
         }
       });
-      matmul_ref(lw.o, att.data(), n, y.data());
-      for (size_t t = 0; t < n; ++t) {
-        rmsnorm_ref(&y[t * H], l.post_attn_norm.data(), H, eps, &y[t * H]);
-        for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
-      }
-
-      // ---- MLP ----
-      const int I = lc.intermediate_size;
-      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H], l.pre_ff_norm.data(), H, eps, &x[t * H]);
-      std::vector<float> gt(n * I), up(n * I);
-      matmul_ref(lw.gate, x.data(), n, gt.data());
-      matmul_ref(lw.up, x.data(), n, up.data());
-      for (size_t i = 0; i < gt.size(); ++i) gt[i] = gelu_tanh_ref(gt[i]) * up[i];
-      matmul_ref(lw.down, gt.data(), n, y.data());
-      for (size_t t = 0; t < n; ++t) {
-        rmsnorm_ref(&y[t * H], l.post_ff_norm.data(), H, eps, &y[t * H]);
-        for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
-      }
-
-      // ---- per-layer input ----
-      if (D > 0) {
-        std::vector<float> gd(n * D);
-        matmul_ref(lw.ple_gate, h.data(), n, gd.data());
-        for (size_t t = 0; t < n; ++t)
-          for (int k = 0; k < D; ++k)
-            gd[t * D + k] = gelu_tanh_ref(gd[t * D + k]) * ple[t * size_t(L) * D + size_t(li) * D + k];
-        matmul_ref(lw.ple_proj, gd.data(), n, y.data());
-        for (size_t t = 0; t < n; ++t) {
-          rmsnorm_ref(&y[t * H], l.post_ple_norm.data(), H, eps, &y[t * H]);
-          for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
-        }
-      }
-      for (float& v : h) v *= l.scalar;
+      return Status::ok();
     }
 
-    // ---- commit the chunk's K/V ----
-    for (int li = 0; li < L; ++li) {
-      if (cfg.layers[li].kv_shared) continue;
-      CpuLayerCache& c = s.caches[size_t(li)];
-      for (size_t t = 0; t < n; ++t) {
-        if (c.ring && n - t > size_t(c.capacity)) continue;  // overwritten within this chunk anyway
-        const size_t slot = c.ring ? (p + t) % size_t(c.capacity) : p + t;
-        std::copy_n(&chunk_k[li][t * c.row], c.row, &c.k[slot * c.row]);
-        std::copy_n(&chunk_v[li][t * c.row], c.row, &c.v[slot * c.row]);
+    Status gate(int l, Branch b) {
+      const LayerW& lw = m.w_->layers[size_t(l)];
+      if (b == Branch::Mlp) {
+        const size_t I = size_t(m.cfg_->layers[size_t(l)].intermediate_size);
+        std::vector<float> up(n * I);
+        g.resize(n * I);
+        matmul_ref(lw.gate, x.data(), n, g.data());
+        matmul_ref(lw.up, x.data(), n, up.data());
+        for (size_t i = 0; i < g.size(); ++i) g[i] = gelu_tanh_ref(g[i]) * up[i];
+        return Status::ok();
       }
+      const size_t L = size_t(m.cfg_->num_layers), D = size_t(m.cfg_->hidden_size_per_layer_input);
+      g.resize(n * D);
+      matmul_ref(lw.ple_gate, x.data(), n, g.data());
+      for (size_t t = 0; t < n; ++t)
+        for (size_t k = 0; k < D; ++k) g[t * D + k] = gelu_tanh_ref(g[t * D + k]) * ple[t * L * D + size_t(l) * D + k];
+      return Status::ok();
     }
-    s.pos = p + n;
 
-    // ---- head ----
-    if (which == Logits::None || !logits) return;
-    const size_t first = which == Logits::All ? 0 : n - 1;
-    const size_t rows = n - first;
-    const int V = cfg.vocab_size;
-    std::vector<float> xn(rows * H);
-    for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
-    const size_t at = logits->size();
-    logits->resize(at + rows * size_t(V));
-    const float cap = cfg.final_logit_softcapping;
-    float* out = logits->data() + at;
-    parallel_for(size_t(V), double(V) * H * rows, [&](size_t b, size_t e) {
-      std::vector<float> row(static_cast<size_t>(H));
-      for (size_t o = b; o < e; ++o) {
-        head_row(o, row.data());
-        const float scale = head_ == LmHead::Int8 ? head_scale_[o] : 1.f;
-        for (size_t r = 0; r < rows; ++r) {
-          float v = dot_ref(row.data(), &xn[r * H], H) * scale;
-          if (cap > 0.f) v = std::tanh(v / cap) * cap;
-          out[r * V + o] = v;
-        }
+    Status residual(int l, Branch b) {
+      const LayerW& lw = m.w_->layers[size_t(l)];
+      const Layer& ly = m.layers_[size_t(l)];
+      const LinearW& proj = b == Branch::Attention ? lw.o : b == Branch::Mlp ? lw.down : lw.ple_proj;
+      const std::vector<float>& w = b == Branch::Attention ? ly.post_attn_norm
+                                    : b == Branch::Mlp     ? ly.post_ff_norm
+                                                           : ly.post_ple_norm;
+      matmul_ref(proj, b == Branch::Attention ? att.data() : g.data(), n, y.data());
+      for (size_t t = 0; t < n; ++t) {
+        rmsnorm_ref(&y[t * H()], w.data(), H(), eps(), &y[t * H()]);
+        for (int i = 0; i < H(); ++i) h[t * H() + i] += y[t * H() + i];
       }
-    });
-  }
+      return Status::ok();
+    }
 
- private:
+    Status scale(int l) {
+      for (float& v : h) v *= m.layers_[size_t(l)].scalar;
+      return Status::ok();
+    }
+  };
+
   struct Layer {
     std::vector<float> in_norm, post_attn_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm, post_ple_norm;
     std::vector<float> inv_freq;  // [d/2]
@@ -4723,7 +4881,8 @@ class CpuBackend : public BackendModel {
   }
   Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
     for (size_t i = 0; i < count; ++i)
-      model_.forward(static_cast<CpuSession&>(*items[i].session), items[i].tokens, items[i].n, which, logits);
+      GEMMA4_T4_TRY(
+          model_.forward(static_cast<CpuSession&>(*items[i].session), items[i].tokens, items[i].n, which, logits));
     return Status::ok();
   }
 
@@ -4737,54 +4896,65 @@ class CpuBackend : public BackendModel {
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/cpu_backend.hpp ----
 #ifndef GEMMA4_T4_NO_CUDA
-// ---- begin include/gemma4_t4/cuda_backend.hpp ----
-// gemma4_t4 implementation part: the CUDA backend (compiled only by nvcc, without GEMMA4_T4_NO_CUDA).
+// ---- begin include/gemma4_t4/cuda/backend.hpp ----
+// gemma4_t4 implementation part, CUDA backend: the BackendModel over the parts in this directory.
 //
-// Load: every tensor is streamed from the mapped checkpoint through one bounded pinned staging buffer
-// (kStagingBytes) to the GPU -- bf16/f32 -> fp16 with a range check, w4a16 words copied as they are
-// (kernels/gemv.cuh documents why that is the kernel's layout) with bf16 scales -> fp16 -- and the pages
-// just read are released (madvise), so host RSS stays near the staging size whatever the model size. The
-// PLE table stays in the mapped file (rows gathered per step) unless LoadOptions::ple asks for the GPU; a
-// prefill pass's rows are gathered by the host's threads and uploaded on a second stream, the next pass's
-// while the GPU runs this one (stage_ple).
+//   weights.hpp    the weights on the GPU (uploaded once, repacked where the kernels want it)
+//   workspace.hpp  every buffer a pass uses, the per-pass metadata layout, the KV cache's size
+//   planner.hpp    batches -> passes; a pass's metadata, attention splits and PLE rows
+//   layers.hpp     the Gemma 4 block (block.hpp) as kernel launches for one pass
+//   executor.hpp   running passes: decode passes by the persistent kernel (persistent.hpp) or as CUDA graphs,
+//                  the rest as launches; GPU sampling
 //
-// Forward: the rows of all items (prefill chunks and decode tokens alike) go through each layer together,
-// in passes of at most LoadOptions::max_pass_rows rows and kMaxSeqs sessions. "decode" below = a pass of <= 16 rows
-// (kernels::kGemvMaxRows): tensor-core GEMVs with fused epilogues; larger passes use cuBLAS (fp16 GEMM,
-// fp32 accumulation; w4a16 dequantised to fp16 first) and the separate element-wise kernels. Per layer:
+// Thread safety: the Engine's contract (an immutable Engine shared by threads, one thread per Session) holds
+// because every forward pass runs under mu_, which guards the executor's state (graphs, staging halves).
+
+#include <cublas_v2.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+// ---- begin include/gemma4_t4/cuda/executor.hpp ----
+// gemma4_t4 implementation part, CUDA backend: running a plan's passes -- decode passes as CUDA graphs,
+// every other pass as direct launches -- and sampling the rows on the GPU.
+//
+// Everything that may allocate (a decode graph on first use, the repetition-penalty ids) happens in prepare()
+// before the first pass writes a cache, so running out of memory leaves every session as it was (a failed
+// pass after others could have overwritten ring slots still needed). The executor's state (graphs, the seen
+// ids buffer, the PLE stager's halves) belongs to one forward at a time: the backend holds it under its mutex.
+
+#include <string>
+#include <vector>
+
+// ---- begin include/gemma4_t4/cuda/layers.hpp ----
+// gemma4_t4 implementation part, CUDA backend: the Gemma 4 block as kernel launches (block.hpp's Ops), for
+// one pass of `rows` rows whose metadata is on the device. Only kernel launches and cuBLAS calls: capturable
+// into a CUDA graph.
+//
+// Passes of <= 16 rows ("decode") use the tensor-core GEMVs with fused epilogues (kernels/gemv.cuh); larger
+// passes use cuBLAS (fp16 GEMM, fp32 accumulation; w4a16 dequantised to fp16 first) and the separate
+// element-wise kernels. Per layer:
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
 //                                                     later layers get it from the previous layer's last
 //                                                     residual_norm (NextNorm::Norm, bit-identical)
-//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 mmA/mmB/mmC)
+//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c)
 //   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
-//                                                     the last split block (a second launch only when
-//                                                     the splits are many: long max_context);
-//                                                     passes with a prompt chunk: tiled flash attention
-//                                                     on the tensor cores (mma.sync m16n8k8), D 64..512
+//                                                     the last split block; passes with a prompt chunk:
+//                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
-// Decode launches per layer (E2B, w4a16 or fp16): 11 (12 in layer 0; +1 on full layers whose splits
-// need the separate merge) -- q/k/v GEMV, head norms, attention, o_proj, residual_norm, gate/up GEMV,
-// down, residual_norm, PLE gate GEMV, ple_proj, residual_norm (was 20; KV-shared layers 16: their first
-// two launches serve q only).
-// Residual stream fp32 throughout.
-// K/V are written before attention reads them, so sliding layers keep a ring of window + max_pass_rows slots:
-// a pass never overwrites a key one of its own queries still needs. Positions advance only when every
-// pass succeeded.
+// The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
+// leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
+// with that norm (or the layer scalar) folded in. 11 decode launches per layer (12 in layer 0; +1 on full
+// layers whose attention splits need the separate merge).
 
 #include <cublas_v2.h>
-#include <cuda_fp16.h>
-#include <cuda_runtime.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
-#include <mutex>
-#include <string>
-#include <vector>
 
 // ---- begin kernels/attention.cuh ----
 // gemma4_t4 kernels: decode attention over a session's KV cache (any rows, prompt chunks included), split over
@@ -4803,7 +4973,7 @@ class CpuBackend : public BackendModel {
 // dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so per-thread state does not
 // grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is requested at once -- one
 // memory latency per tile. Per tile, with no barrier between the loads and their use:
-//   1. scores: the warp's partial q . k over its channels on the tensor cores (mma.sync m16n8k8: 16 keys x
+//   1. scores: the warp's partial q . k over its channels on the tensor cores (m16n8k8 tensor-core mma: 16 keys x
 //      8 heads x 8 channels, fp16 products exact, fp32 sums), K fragments straight from 16-byte global
 //      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
 //      q uses the same order) -> shared; the next tile's K loads issued                           | barrier
@@ -4821,7 +4991,7 @@ class CpuBackend : public BackendModel {
 // Shared memory (static): warps x 8 x 36 fp32 partial scores + 32 x G fp32 p + G x 64 fp32 merge weights:
 // 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
 //
-// sm_75 rules: fp16 mma.sync.aligned.m16n8k8 with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
+// sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
 // (plain 16-byte loads issued a phase ahead of use), no bf16. Fragment layouts (PTX ISA, "Matrix Fragments
 // for mma.m16n8k8"; g = lane / 4, t = lane % 4; the low half of an .f16x2 register holds the lower index):
 //   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)   <- K: rows keys, cols channels
@@ -4835,21 +5005,20 @@ class CpuBackend : public BackendModel {
 // arithmetic, no cp.async, at most 48 KiB of static shared memory per block. Launchers are
 // `cudaError_t launch_<op>(..., cudaStream_t)`: they never allocate and report launch errors.
 //
-// Programmatic dependent launch (PDL, sm_90+ only). Inside a PdlScope, on a device and a build whose kernel
-// code is sm_90 or newer, launch_kernel sets cudaLaunchAttributeProgrammaticStreamSerialization: a kernel may
-// then be scheduled while its predecessor in the stream is still running (a decode step is ~400 small
-// dependent kernels, so the launch gap and the first loads' latency are most of its time). The contract every
-// kernel here keeps: before pdl_enter() it reads only constants of the forward pass (weights) and writes
-// nothing; pdl_enter() waits until the predecessor grid has completed and its writes are visible (so,
-// transitively, every earlier kernel), then lets the next kernel start its own prologue. Below sm_90 and
-// outside PDL launches both are no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a newer GPU)
-// has no griddepcontrol, so it is never launched this way (pdl_available checks the loaded code's PTX
-// version, not just the device).
+// Every launcher takes a Launch -- the stream, and whether to use programmatic dependent launch (PDL, sm_90+
+// only) -- as its last argument; nothing about a launch is decided by hidden state. With Launch::pdl the
+// kernel is launched with cudaLaunchAttributeProgrammaticStreamSerialization: it may then be scheduled while
+// its predecessor in the stream is still running (a decode step is ~400 small dependent kernels, so the
+// launch gap and the first loads' latency are most of its time). The contract every kernel here keeps:
+// before pdl_enter() it reads only constants of the forward pass (weights) and writes nothing; pdl_enter()
+// waits until the predecessor grid has completed and its writes are visible (so, transitively, every earlier
+// kernel), then lets the next kernel start its own prologue. Below sm_90 and outside PDL launches both are
+// no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a newer GPU) has no griddepcontrol, so the
+// caller must not ask for PDL there: pdl_supported() tells, from the loaded code's PTX version.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -4949,46 +5118,30 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 template <int>
 __global__ void pdl_probe_kernel() {}
 
-// Whether the current device runs this build's kernels as sm_90+ code (checked once per device).
-inline bool pdl_available() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];  // 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  int v = known[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0;
-    cudaFuncAttributes fa{};
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    major >= 9 && cudaFuncGetAttributes(&fa, pdl_probe_kernel<0>) == cudaSuccess && fa.ptxVersion >= 90;
-    (void)cudaGetLastError();
-    v = ok ? 1 : -1;
-    known[dev].store(v, std::memory_order_relaxed);
-  }
-  return v > 0;
+// Whether `device` runs this build's kernels as sm_90+ code, i.e. whether Launch::pdl may be set. The
+// caller (the CUDA backend, at load) keeps the answer; nothing is cached here.
+inline bool pdl_supported(int device) {
+  int major = 0, current = 0;
+  cudaFuncAttributes fa{};
+  const bool ok = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  major >= 9 && cudaFuncGetAttributes(&fa, pdl_probe_kernel<0>) == cudaSuccess && fa.ptxVersion >= 90;
+  cudaSetDevice(current);
+  (void)cudaGetLastError();
+  return ok;
 }
 
-inline bool& pdl_requested() {
-  static thread_local bool on = false;
-  return on;
-}
-
-// PDL for the launches this thread makes while the scope lives (the CUDA backend's forward passes and the
-// graphs they capture), where pdl_available().
-class PdlScope {
- public:
-  explicit PdlScope(bool on) : prev_(pdl_requested()) { pdl_requested() = on && pdl_available(); }
-  ~PdlScope() { pdl_requested() = prev_; }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-
- private:
-  bool prev_;
+// How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).
+struct Launch {
+  cudaStream_t stream = nullptr;
+  bool pdl = false;  // programmatic dependent launch: only where pdl_supported()
+  Launch() = default;
+  Launch(cudaStream_t s, bool p = false) : stream(s), pdl(p) {}  // NOLINT(google-explicit-constructor)
 };
 
-// Every kernel launch of kernels/ (no dynamic shared memory): plain, or PDL inside an active PdlScope.
+// Every kernel launch of kernels/ (no dynamic shared memory).
 template <typename... P, typename... A>
-inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, cudaStream_t stream, A&&... args) {
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -4996,9 +5149,9 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, cudaStr
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
+  cfg.stream = launch.stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_requested() ? 1 : 0;
+  cfg.numAttrs = launch.pdl ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;
@@ -5007,6 +5160,186 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, cudaStr
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/common.cuh ----
+// ---- begin kernels/mma.cuh ----
+// gemma4_t4 kernels: the tensor-core and load primitives, once. Every inline-PTX helper the kernels share
+// lives here with the hardware reason it exists; the kernels include this file instead of writing their own.
+//
+// sm_75 (Tesla T4) is the floor: mma.sync.m16n8k8 with fp16 inputs and fp32 accumulators (m16n8k16 is
+// sm_80+), ldmatrix (sm_75), predicated 16-byte global loads, prefetch.global.L2 (any arch). Nothing here
+// needs cp.async, bf16 arithmetic or cluster features.
+//
+// Fragment layouts of mma.m16n8k8 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .f16 A/B, .f32 C/D;
+// lane = 4 g + t; the low half of an .f16x2 register holds the lower column / k index):
+//   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)
+//   B 8x8 ("col"):    b0 = (k 2t, 2t+1; n g)
+//   C 16x8 fp32:      c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g + 8, same cols)
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace gemma4_t4 {
+namespace kernels {
+
+// c += A (16x8 fp16) B (8x8 fp16) with fp32 accumulators on the tensor cores: the one mma shape sm_75 has.
+// Plain asm (no volatile): it has no side effects, so the compiler may schedule it freely.
+__device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 fp16 matrices from shared memory into fragment layout with one instruction (sm_75): the
+// alternative, 32-bit shared loads per fragment register, costs 4x the instructions and bank conflicts.
+// Lanes 8i..8i+7 give the row addresses of matrix i; register i of every lane receives (row g, cols 2t, 2t+1)
+// of matrix i -- an A or B fragment of a [row][k] block.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr))
+               : "memory");
+}
+
+// The same, transposed in flight: (rows 2t, 2t+1; col g), the B fragments of a row-major [k][n] block.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr))
+               : "memory");
+}
+
+// ---- global loads ----
+// Predicated in PTX (zeros when !ok), so no lane branches around a load before a warp-wide mma.sync.
+
+// Weights: 16 bytes through the non-coherent path, not allocated in L1 -- read once per step; L1 is better
+// left to the activations, which every row tile re-reads.
+__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) {
+  uint4 v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// Activations written by an earlier kernel: 16 bytes through the read-only path (kept in L1).
+__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
+  uint4 v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// Activations written earlier IN THE SAME KERNEL by another block (a persistent kernel's previous phase):
+// 16 bytes through L2 (ld.global.cg), never the non-coherent path, whose L1 lines may be stale.
+__device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// A 2-byte scale, zero-extended (zero when !ok).
+__device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {
+  uint32_t v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  @p ld.global.nc.u16 %0, [%1];\n"
+      "}\n"
+      : "=r"(v)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// Pulls a constant's 128-byte line into L2 ahead of its use: fire and forget, no register holds it. Any arch.
+__device__ __forceinline__ void prefetch_l2_line(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+// The same into L1 (and L2): for small constants a block reads soon (a norm's weights).
+__device__ __forceinline__ void prefetch_l1_line(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+
+// ---- register views ----
+
+// 32-bit word i (two fp16 values) of a 16-byte load; i is a compile-time constant after unrolling, so this
+// selects a register instead of indexing an array in local memory.
+__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+__device__ __forceinline__ half2 u32_as_h2(uint32_t u) {
+  half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+__device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+// ---- int4 / int8 weights -> fp16 pairs in registers ----
+
+// Nibbles s and s + 4 of a packed w4a16 word -> half2 ((n_s - 8) * scale, (n_{s+4} - 8) * scale). 0x6400 | n
+// is the fp16 1024 + n (exact, n < 16); minus 1032 gives n - 8 exactly; the scale multiply rounds once -- the
+// same fp16 weight dequant_w4 builds for the prefill path. No integer-to-float conversion instructions.
+__device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale2) {
+  const uint32_t v = ((word >> (4 * s)) & 0x000F000Fu) | 0x64006400u;
+  const half2 q = __hsub2(u32_as_h2(v), u32_as_h2(0x64086408u));  // 0x6408 = 1032.0
+  return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
+}
+
+// Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,
+// minus 1152.0.
+__device__ __forceinline__ uint32_t w8_pair(uint32_t word, int p) {
+  const uint32_t v = __byte_perm(word ^ 0x80808080u, 0x64646464u, p ? 0x4342u : 0x4140u);
+  return h2_as_u32(__hsub2(u32_as_h2(v), u32_as_h2(0x64806480u)));  // 0x6480 = 1152.0
+}
+
+// ---- grouped-query attention ----
+
+// Query heads per KV head as the attention kernels fold them: 1, 2, 4 or 8 (padding heads are masked), and
+// that size's index 0..3 (a tile table, a template instantiation).
+__host__ __device__ constexpr int gqa_group_pad(int group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+}
+__host__ __device__ constexpr int gqa_group_index(int group) {
+  return group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
+}
+
+}  // namespace kernels
+}  // namespace gemma4_t4
+// ---- end kernels/mma.cuh ----
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -5048,18 +5381,6 @@ __host__ __device__ constexpr int attn_block() {
 }
 
 // ---- device helpers ----
-
-// c += A (16x8 fp16) B (8x8 fp16) with fp32 accumulators: the Turing tensor-core shape (m16n8k16 is sm_80+).
-__device__ __forceinline__ void attn_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(b));
-}
-
-// 32-bit word i (two fp16 channels) of a 16-byte load; i is a compile-time constant after unrolling.
-__device__ __forceinline__ uint32_t attn_word(const uint4& u, int i) {
-  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
-}
 
 // A row's keys and how they split: first key lo, n keys, per keys per split (whole tiles). Splits
 // [0, used) hold keys, the rest are empty.
@@ -5117,7 +5438,9 @@ __device__ __forceinline__ void attn_merge_weights(const float* ml, int used, fl
 
 // K fragments of a 32-key tile for lane (g, t): keys 16 mt + 8 hi + g, channels c0 + 32 i + 8 t .. + 7
 // (off = kv head * D + c0 + 8 t; ld = kv_heads * D). Keys past nt are zeros, never loaded.
-template <int KCH>
+// CG: the cache was written earlier in the same kernel (persistent decode): read through L2, not the
+// read-only path.
+template <int KCH, bool CG>
 __device__ __forceinline__ void attn_load_k(uint4 (&kf)[2][2][KCH], const half* __restrict__ K, int ld, int off, int t0,
                                             int nt, int cap, int g) {
 #pragma unroll
@@ -5127,31 +5450,45 @@ __device__ __forceinline__ void attn_load_k(uint4 (&kf)[2][2][KCH], const half* 
       const int key = 16 * mt + 8 * hi + g;
       const uint4* src = reinterpret_cast<const uint4*>(K + size_t((t0 + key) % cap) * ld + off);
 #pragma unroll
-      for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = key < nt ? __ldg(src + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+      for (int i = 0; i < KCH; ++i)
+        kf[mt][hi][i] = key < nt ? (CG ? __ldcg(src + 4 * i) : __ldg(src + 4 * i)) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 
 // V rows of a 32-key tile for lane (key phase kq, channel group): keys kq + KP i, 8 channels at off.
-template <int VI, int KP>
+template <int VI, int KP, bool CG>
 __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
                                             int nt, int cap, int kq) {
 #pragma unroll
   for (int i = 0; i < VI; ++i) {
     const int key = kq + KP * i;
-    vf[i] = key < nt ? __ldg(reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off))
-                     : make_uint4(0u, 0u, 0u, 0u);
+    const uint4* src = reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off);
+    vf[i] = key < nt ? (CG ? __ldcg(src) : __ldg(src)) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
 // ---- kernels ----
 
+// Shared memory of one attention block (NW warps).
+template <int D, int G, int NW>
+struct AttnSmem {
+  float s_part[NW][8][kAttnTile + 4];     // [warp][head][key] partial scores over the warp's channels
+  __align__(16) float p_s[kAttnTile][G];  // [key][head] e^(s - m), fp32
+  float alpha_s[G], m_s[G], l_s[G];       // per-tile rescale; the split's final max and sum
+  float wt_s[G][kAttnFusedSplits];        // fused merge weights [head][split]
+  int last_s;
+};
+
+// Block (row, KV head kvh, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32 NW - 1).
 // D: head dim (32..512); G: the group rounded up to 1, 2, 4 or 8 (heads group..G-1 are padding: zero q,
 // never written). fused: merge in the last block (a.counters, a.splits <= kAttnFusedSplits), else write
-// partials for attention_merge_kernel; a.splits == 1 writes out directly either way.
-template <int D, int G>
-static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
-  pdl_enter();
-  constexpr int WS = attn_slice<D>(), NW = D / WS, NT = 32 * NW;
+// partials for attention_merge_kernel; a.splits == 1 writes out directly either way. Persist (the persistent
+// decode kernel): q from qs ([G][D] fp16 in shared memory, this block's heads) instead of a.q, and the
+// caches read through L2 (this step wrote some of their slots).
+template <int D, int G, int NW, bool Persist>
+__device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int sp, bool fused,
+                                                AttnSmem<D, G, NW>& sm, const half* qs) {
+  constexpr int WS = D / NW, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
   constexpr int LPK = WS / 8, KP = 32 / LPK;               // P.V: lanes per key (8 channels each), keys per step
   constexpr int VI = kAttnTile / KP;                       // P.V: keys per lane per tile
@@ -5162,13 +5499,15 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
   static_assert((WS == 32 || WS == 64) && D % WS == 0 && NW <= 8, "head dim 32, 64, 128, 256 or 512");
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group rounded up to 1, 2, 4 or 8");
 
-  __shared__ float s_part[NW][8][SLD];               // [warp][head][key] partial scores over the warp's channels
-  __shared__ __align__(16) float p_s[kAttnTile][G];  // [key][head] e^(s - m), fp32
-  __shared__ float alpha_s[G], m_s[G], l_s[G];       // per-tile rescale; the split's final max and sum
-  __shared__ float wt_s[G][kAttnFusedSplits];        // fused merge weights [head][split]
-  __shared__ int last_s;
+  auto& s_part = sm.s_part;
+  auto& p_s = sm.p_s;
+  auto& alpha_s = sm.alpha_s;
+  auto& m_s = sm.m_s;
+  auto& l_s = sm.l_s;
+  auto& wt_s = sm.wt_s;
+  auto& last_s = sm.last_s;
+  static_assert(SLD == sizeof(s_part[0][0]) / sizeof(float), "partial-score row");
 
-  const int row = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int kq = lane / LPK, cv = warp * WS + (lane % LPK) * 8;  // P.V: key phase, first of 8 channels
   const int group = a.heads / a.kv_heads;
@@ -5197,17 +5536,22 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
 
     uint4 qf[KCH];  // B fragments: head g, channels warp * WS + 32 i + 8 t .. + 7 (zeros for padding heads)
 #pragma unroll
-    for (int i = 0; i < KCH; ++i)
-      qf[i] = g < group
-                  ? __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + warp * WS + 32 * i + 8 * t))
-                  : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < KCH; ++i) {
+      const int c = warp * WS + 32 * i + 8 * t;
+      if (g >= group)
+        qf[i] = make_uint4(0u, 0u, 0u, 0u);
+      else if constexpr (Persist)
+        qf[i] = *reinterpret_cast<const uint4*>(qs + g * D + c);
+      else
+        qf[i] = __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + c));
+    }
     for (int i = tid; i < kAttnTile * G; i += NT) (&p_s[0][0])[i] = 0.f;  // padding heads keep p = 0 ...
     if (tid < G) alpha_s[tid] = 0.f;                                      // ... and alpha = 0
 
     uint4 kf[2][2][KCH], vf[VI];
     int t0 = begin, nt = min(kAttnTile, end - t0);
-    attn_load_k<KCH>(kf, K, ld, koff, t0, nt, cap, g);
-    attn_load_v<VI, KP>(vf, V, ld, voff, t0, nt, cap, kq);
+    attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, nt, cap, g);
+    attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, nt, cap, kq);
     while (nt > 0) {
       // 1. partial scores: keys 16 mt + g (+ 8) x heads 2t, 2t + 1 over this warp's channels
 #pragma unroll
@@ -5217,14 +5561,14 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
         for (int i = 0; i < KCH; ++i)
 #pragma unroll
           for (int s = 0; s < 4; ++s)
-            attn_mma(sc, attn_word(kf[mt][0][i], s), attn_word(kf[mt][1][i], s), attn_word(qf[i], s));
+            mma_16x8x8(sc, u4_word(kf[mt][0][i], s), u4_word(kf[mt][1][i], s), u4_word(qf[i], s));
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi)
 #pragma unroll
           for (int j = 0; j < 2; ++j) s_part[warp][2 * t + j][16 * mt + 8 * hi + g] = sc[2 * hi + j];
       }
       const int t1 = t0 + kAttnTile, nt1 = min(kAttnTile, end - t1);
-      if (nt1 > 0) attn_load_k<KCH>(kf, K, ld, koff, t1, nt1, cap, g);
+      if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, koff, t1, nt1, cap, g);
       __syncthreads();
 
       // 2. online softmax: lane = key
@@ -5265,7 +5609,7 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
 #pragma unroll
           for (int c = 0; c < 8; ++c) acc[h][c] = fmaf(p[h], v[c], acc[h][c]);
       }
-      if (nt1 > 0) attn_load_v<VI, KP>(vf, V, ld, voff, t1, nt1, cap, kq);
+      if (nt1 > 0) attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t1, nt1, cap, kq);
       t0 = t1;
       nt = nt1;
     }
@@ -5371,6 +5715,14 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
   }
 }
 
+template <int D, int G>
+static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
+  pdl_enter();
+  constexpr int NW = attn_block<D>() / 32;
+  __shared__ AttnSmem<D, G, NW> sm;
+  attention_block<D, G, NW, false>(a, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), fused != 0, sm, nullptr);
+}
+
 // The unfused merge: out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits holding
 // keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
@@ -5423,21 +5775,23 @@ inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim,
 }
 
 template <int D, int G>
-inline cudaError_t launch_attention_dg(const AttnArgs& a, cudaStream_t stream) {
+inline cudaError_t launch_attention_dg(const AttnArgs& a, const Launch& launch) {
   const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(a.heads / a.kv_heads, D);
   const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads, a.splits), attn_block<D>(),
-                                      stream, a, int(fused));
+                                      launch, a, int(fused));
   if (e != cudaSuccess || a.splits == 1 || fused) return e;
-  return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, stream, a);
+  return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, launch, a);
 }
 
 template <int D>
-inline cudaError_t launch_attention_d(const AttnArgs& a, int group, cudaStream_t stream) {
-  if (group <= 1) return launch_attention_dg<D, 1>(a, stream);
-  if (group <= 2) return launch_attention_dg<D, 2>(a, stream);
-  if (group <= 4) return launch_attention_dg<D, 4>(a, stream);
-  if (group <= 8) return launch_attention_dg<D, 8>(a, stream);
-  return cudaErrorInvalidValue;
+inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const Launch& launch) {
+  switch (group > 8 ? -1 : gqa_group_pad(group)) {
+    case 1: return launch_attention_dg<D, 1>(a, launch);
+    case 2: return launch_attention_dg<D, 2>(a, launch);
+    case 4: return launch_attention_dg<D, 4>(a, launch);
+    case 8: return launch_attention_dg<D, 8>(a, launch);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // Head dims 32..512 (powers of two), up to 8 query heads per KV head.
@@ -5446,17 +5800,17 @@ inline bool attention_supported(int d, int group) {
 }
 
 // One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits), else two.
-inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, cudaStream_t stream) {
+inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
   if (a.rows <= 0) return cudaSuccess;
   if (a.kv_heads <= 0 || a.kv_heads > 65535 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits)
     return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads;
   switch (head_dim) {
-    case 32: return launch_attention_d<32>(a, group, stream);
-    case 64: return launch_attention_d<64>(a, group, stream);
-    case 128: return launch_attention_d<128>(a, group, stream);
-    case 256: return launch_attention_d<256>(a, group, stream);
-    case 512: return launch_attention_d<512>(a, group, stream);
+    case 32: return launch_attention_d<32>(a, group, launch);
+    case 64: return launch_attention_d<64>(a, group, launch);
+    case 128: return launch_attention_d<128>(a, group, launch);
+    case 256: return launch_attention_d<256>(a, group, launch);
+    case 512: return launch_attention_d<512>(a, group, launch);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -5495,9 +5849,9 @@ static __global__ void embed_kernel(const half* __restrict__ E, const int* __res
 }
 
 inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, float scale, float* h,
-                                cudaStream_t stream) {
+                                const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(embed_kernel, rows, 256, stream, E, ids, H, scale, h);
+  return launch_kernel(embed_kernel, rows, 256, launch, E, ids, H, scale, h);
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
@@ -5506,9 +5860,9 @@ static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, hal
   if (i < n) out[i] = to_half_sat(x[i]);
 }
 
-inline cudaError_t launch_to_half(const float* x, size_t n, half* out, cudaStream_t stream) {
+inline cudaError_t launch_to_half(const float* x, size_t n, half* out, const Launch& launch) {
   if (n == 0) return cudaSuccess;
-  return launch_kernel(to_half_kernel, ceil_div(n, 256), 256, stream, x, n, out);
+  return launch_kernel(to_half_kernel, ceil_div(n, 256), 256, launch, x, n, out);
 }
 
 // Raw element types of launch_widen (the safetensors dtypes a float tensor may have).
@@ -5526,9 +5880,9 @@ static __global__ void widen_kernel(const void* __restrict__ x, RawFloat type, s
   }
 }
 
-inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* out, cudaStream_t stream) {
+inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* out, const Launch& launch) {
   if (n == 0) return cudaSuccess;
-  return launch_kernel(widen_kernel, ceil_div(n, 256), 256, stream, x, type, n, out);
+  return launch_kernel(widen_kernel, ceil_div(n, 256), 256, launch, x, type, n, out);
 }
 
 static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
@@ -5538,9 +5892,9 @@ static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float*
   if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
 }
 
-inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, cudaStream_t stream) {
+inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, const Launch& launch) {
   if (n == 0) return cudaSuccess;
-  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, stream, g, u, n, out);
+  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, launch, g, u, n, out);
 }
 
 // Grid (rows, L); block 32..256 threads over D.
@@ -5561,10 +5915,10 @@ static __global__ void ple_combine_kernel(const float* __restrict__ proj, const 
 
 inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const float* w, int rows, int L, int D,
                                       float pscale, float tscale, float mix, float eps, float* ple,
-                                      cudaStream_t stream) {
+                                      const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   const int threads = D >= 256 ? 256 : (D >= 64 ? 64 : 32);
-  return launch_kernel(ple_combine_kernel, dim3(rows, L), threads, stream, proj, tok, w, L, D, pscale, tscale, mix, eps,
+  return launch_kernel(ple_combine_kernel, dim3(rows, L), threads, launch, proj, tok, w, L, D, pscale, tscale, mix, eps,
                        ple);
 }
 
@@ -5578,9 +5932,9 @@ static __global__ void ple_gate_kernel(const float* __restrict__ g, const float*
 }
 
 inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, int L, int D, int layer, half* out,
-                                   cudaStream_t stream) {
+                                   const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, stream, g, ple, rows, L, D, layer, out);
+  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, ple, rows, L, D, layer, out);
 }
 
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
@@ -5589,9 +5943,9 @@ static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap
   if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
-inline cudaError_t launch_softcap(float* x, size_t n, float cap, cudaStream_t stream) {
+inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& launch) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, stream, x, n, cap);
+  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, launch, x, n, cap);
 }
 
 // One block (256 threads) per row.
@@ -5624,16 +5978,16 @@ static __global__ void argmax_rows_kernel(const float* __restrict__ x, int V, in
   if (threadIdx.x == 0) out[blockIdx.x] = bi[0] < V ? bi[0] : 0;
 }
 
-inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out, cudaStream_t stream) {
+inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out, const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(argmax_rows_kernel, rows, 256, stream, x, V, out);
+  return launch_kernel(argmax_rows_kernel, rows, 256, launch, x, V, out);
 }
 
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/elementwise.cuh ----
 // ---- begin kernels/flash_attention.cuh ----
-// gemma4_t4 kernels: prefill attention on Turing tensor cores (flash attention with mma.sync m16n8k8).
+// gemma4_t4 kernels: prefill attention on Turing tensor cores (flash attention with m16n8k8 tensor-core mma).
 //
 // Same result as attention_split_kernel (attention.cuh), for prompt chunks. For row r (a query at position
 // p = pos[r] of sequence seq[r]) and query head h:
@@ -5653,15 +6007,12 @@ inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out,
 // about one per SM of a big GPU, and the o / q state of 32 rows at D = 512 already fills half a T4 SM's
 // registers.
 //
-// Key groups. The block's warps form KG key groups (KG = 2 for D <= 256, 1 at D = 512): group k takes key
-// tiles k, k + KG, k + 2 KG, ... with its own running max / sum and output, synchronising on its own named
-// barrier (bar.sync 1 + k), so one group's softmax overlaps the other's tensor-core work; the groups' (o, m,
-// l) are merged once at the end. Inside a group, warps split the head dimension: warp w owns channels
-// [64 w, 64 w + 64) -- W = D / 64 warps -- of q, k, v and the output, so per-thread state does not grow with D:
+// Warps split the head dimension: warp w owns channels [64 w, 64 w + 64) -- W = D / 64 warps -- of q, k, v
+// and the output, so per-thread state does not grow with D:
 //   q    A fragments of its 64 channels for the 32 rows, in registers for the whole kernel (32 regs)
 //   o    its 32 x 64 fp32 output slice (64 regs)
 // and each warp streams its own 64-channel slice of every K/V row (128 contiguous bytes) through a private
-// shared buffer. Per key tile (group-local barriers):
+// shared buffer. Per key tile:
 //   1. K slice (loaded one tile earlier) registers -> buffer; the NEXT tile's K loads issued (registers)
 //   2. partial scores S_w = Q[:, slice] K[:, slice]^T (32 x 32, m16n8k8, ldmatrix) -> the same buffer (the
 //      K slice is dead by then: the buffer holds K, then the partial scores, then V)                 | barrier
@@ -5671,30 +6022,27 @@ inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out,
 //   4. V slice (loaded one tile earlier) -> buffer; the NEXT tile's V loads issued; o = o * alpha + P V
 //      (ldmatrix.trans gives V's B fragments straight from the [key][channel] layout)
 // So every global load has a whole tile of work to arrive (register double-buffering stands in for
-// cp.async): two register sets of 8 x 16 bytes per lane. Finally the groups merge: o_k scaled by
-// exp(m_k - M) / sum_k exp(m_k - M) l_k, summed in shared memory, saturated to fp16. A masked row keeps
-// m = -inf; exp is then taken against 0, so such a row (padding, or a row whose window starts in a later key
-// tile) gets p = 0 and alpha = 0, never NaN; a group that saw no key of a row contributes 0. Keys past the
-// tile's last position are loaded as zeros (their p is 0 anyway; zeros keep 0 * v finite).
+// cp.async): two register sets of 8 x 16 bytes per lane. Finally o is scaled by 1 / l (the row's sum, handed
+// from its softmax threads through shared memory) and saturated to fp16. A masked row keeps m = -inf; exp
+// is then taken against 0, so such a row (padding, or a row whose window starts in a later key tile) gets
+// p = 0 and alpha = 0, never NaN, and is not written. Keys past the tile's last position are loaded as
+// zeros (their p is 0 anyway; zeros keep 0 * v finite).
 //
-// Shared memory (static, no opt-in), per group: per warp one 32 x (64 + 8) fp16 K/V buffer (4608 B; the
+// (Two key groups per block -- warps taking alternate key tiles, merged at the end -- were measured 9% faster
+// at D 256 on the H200 but racecheck reported shared-memory hazards in them that were never explained; they
+// were removed. See git history before issue 15 and bench/RESULTS.md 2026-12-02.)
+//
+// Shared memory (static, no opt-in): per warp one 32 x (64 + 8) fp16 K/V buffer (4608 B; the
 // 16-byte row pad keeps ldmatrix conflict-free) that doubles as the 32 x (32 + 4) fp32 partial scores (the
 // 4-float pad makes the softmax's float4 reads conflict-free); P 32 x (32 + 8) fp16 (2560 B); 32 fp32 row
-// factors. D = 64: 14,592 B, 128: 23,808 B, 256: 42,240 B, 512: 39,552 B. Block: KG x D / 2 threads.
+// factors. D = 64: 7,296 B, 128: 11,904 B, 256: 21,120 B, 512: 39,552 B. Block: D / 2 threads.
 // Registers: q 32 + o 64 + two staging sets 64 + 16 score accumulators; ptxas needs ~235 and uses up to 255
 // (launch bounds), no spills on sm_75 .. sm_120, so a T4 SM runs one 256-thread block (8 warps).
 //
-// sm_75 rules: fp16 mma.sync.aligned.m16n8k8 with fp32 accumulators, ldmatrix and bar.sync with a thread
-// count (all sm_75); no m16n8k16, cp.async, bf16 or anything newer.
+// sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators and ldmatrix (kernels/mma.cuh, both sm_75);
+// no m16n8k16, cp.async, bf16 or anything newer.
 //
-// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8", .f16 A/B, .f32 C/D; g = lane / 4,
-// t = lane % 4; the lower half of an .f16x2 register holds the lower column / k index):
-//   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)
-//   B 8x8 ("col"):    b0 = (k 2t, 2t+1; n g)
-//   C 16x8:           c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g + 8, same cols)
-//   ldmatrix x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of every lane receives
-//   (row g, cols 2t, 2t+1) of matrix i -- an A or B fragment of a [row][k] block; .trans delivers
-//   (rows 2t, 2t+1; col g) instead: the B fragment of a [k][n] block.
+// Fragment layouts: kernels/mma.cuh.
 
 // (kernels/attention.cuh: already inlined above)
 
@@ -5705,71 +6053,13 @@ constexpr int kFlashRows = 32;   // MMA rows per block: (position, head) pairs, 
 constexpr int kFlashKeys = 32;   // keys per tile
 constexpr int kFlashSlice = 64;  // head-dimension channels per warp
 
-// Key groups per block (see the header). Two groups for D <= 256 were measured on the H200 (512-row chunk,
-// window 512: 22.8 us), but compute-sanitizer racecheck reported shared-memory hazards in those variants
-// (not in the one-group ones) that are not explained yet, so every head dim runs one group until they are;
-// kFlashTwoKeyGroups turns the two-group variants back on. At D = 512 one group regardless: 16 warps of
-// ~240 registers would not fit an SM's 64K registers.
-constexpr bool kFlashTwoKeyGroups = false;
-template <int D>
-__host__ __device__ constexpr int flash_key_groups() {
-  return D >= 512 || !kFlashTwoKeyGroups ? 1 : 2;
-}
-
 template <int D>
 __host__ __device__ constexpr int flash_threads() {
-  return flash_key_groups<D>() * D / kFlashSlice * 32;
-}
-
-// The group as the kernel folds it: 1, 2, 4 or 8 query heads per KV head (padding heads are masked).
-__host__ __device__ constexpr int flash_group_pad(int group) {
-  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+  return D / kFlashSlice * 32;
 }
 
 // Positions (rows of one sequence) per tile: 32, 16, 8 or 4 for groups 1, 2, 3-4, 5-8.
-inline int flash_tile_positions(int group) { return kFlashRows / flash_group_pad(group); }
-
-// ---- inline PTX (sm_75) ----
-
-__device__ __forceinline__ uint32_t flash_smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 fp16 matrices from shared memory into fragment layout with one instruction (sm_75): the
-// alternative, 32-bit shared loads per fragment register, costs 4x the instructions and bank conflicts.
-__device__ __forceinline__ void flash_ldsm_x4(uint32_t (&r)[4], const void* row_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(flash_smem_addr(row_addr))
-               : "memory");
-}
-
-// The same, transposed in flight: B fragments of a row-major [k][n] block (V is stored [key][channel]).
-__device__ __forceinline__ void flash_ldsm_x4_trans(uint32_t (&r)[4], const void* row_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(flash_smem_addr(row_addr))
-               : "memory");
-}
-
-// c += A (16x8 fp16) B (8x8 fp16), fp32 accumulate: the Turing tensor-core shape (m16n8k16 is sm_80+).
-__device__ __forceinline__ void flash_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(b));
-}
-
-// Barrier of one key group only (THREADS threads, whole warps): __syncthreads would tie the groups
-// together and undo their overlap. Id 1 + group (0 is __syncthreads'); immediate ids, so ptxas reserves
-// only the barriers used.
-template <int KG, int THREADS>
-__device__ __forceinline__ void flash_group_sync(int kgrp) {
-  static_assert(KG == 1 || KG == 2, "one or two key groups");
-  if (KG == 1 || kgrp == 0)
-    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
-  else
-    asm volatile("bar.sync 2, %0;\n" ::"n"(THREADS) : "memory");
-}
+inline int flash_tile_positions(int group) { return kFlashRows / gqa_group_pad(group); }
 
 // 16-byte chunk swizzle of the partial-score rows (4 chunks of 64 bytes, two rows per 128-byte bank line):
 // bit 1 of the row flips chunk bit 1, bit 2 flips chunk bit 0. Rows 0-3 of a C fragment store, and the 1,
@@ -5790,7 +6080,7 @@ template <int D, int G>
 static __global__ void __launch_bounds__(flash_threads<D>())
     flash_attention_kernel(AttnArgs a, const int2* __restrict__ tiles) {
   pdl_enter();
-  constexpr int W = D / kFlashSlice, KG = flash_key_groups<D>(), GT = 32 * W;  // warps / threads per group
+  constexpr int W = D / kFlashSlice, GT = 32 * W;  // warps / threads
   constexpr int BM = kFlashRows, BN = kFlashKeys, MT = BM / 16;
   constexpr int NS = kFlashSlice / 8;  // 8-wide k-steps (scores) / n-tiles (output) in a warp's slice
   constexpr int TPR = GT / BM;         // softmax threads per row (= W)
@@ -5798,7 +6088,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   constexpr int RPL = BN / 4;          // K/V rows per lane per tile: a warp loads 4 rows x 128 B at a time
   constexpr int KV_LD = kFlashSlice + 8, P_LD = BN + 8;  // padded rows (fp16): 144 B, 80 B
   constexpr int BUF_BYTES = BN * KV_LD * 2, P_BYTES = BM * P_LD * 2;
-  constexpr int GROUP_BYTES = W * BUF_BYTES + P_BYTES + BM * 4;
+  constexpr int SMEM_BYTES = W * BUF_BYTES + P_BYTES + BM * 4;
   // Partial scores of keys 16 h + [0, 16), h = 0, 1: [BM][16] fp32 at float offset h * PART_OFF of the
   // buffer, inside the bytes of K rows 16 h .. 16 h + 15 (dead once those keys' scores are done). The 64-byte
   // shift of h = 1 and the chunk swizzle make the float2 stores and the softmax's float4 reads conflict-free.
@@ -5807,12 +6097,10 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group folded as 1, 2, 4 or 8 heads");
   static_assert(BN == 32 && CPT >= 1 && BM * 16 * 4 <= HALF_BYTES && 4 * PART_OFF + BM * 16 * 4 <= BUF_BYTES,
                 "the partial scores of each 16-key half fit the K rows they replace");
-  static_assert(KG == 1 || 2 * KG * BM * 4 + W * MT * NS * 32 * 16 <= KG * GROUP_BYTES, "merge fits");
 
-  // Per group: W K/V buffers (K slice [BN][KV_LD] fp16 -> partial scores 2 x [BM][16] fp32 -> V slice),
-  // P [BM][P_LD] fp16 (A operand of P.V), alpha [BM] fp32 (per-row rescale of o). After the loop the whole
-  // array holds the merge: m, l [KG][BM] fp32 and the groups' o, [W][MT][NS][32 lanes] float4.
-  __shared__ __align__(16) unsigned char smem[KG * GROUP_BYTES];
+  // W K/V buffers (K slice [BN][KV_LD] fp16 -> partial scores 2 x [BM][16] fp32 -> V slice), P [BM][P_LD]
+  // fp16 (A operand of P.V), alpha [BM] fp32 (per-row rescale of o). After the loop: l [BM] fp32.
+  __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
 
   // Heaviest tiles (latest positions, most keys) first: the tail of the grid is then short blocks.
   const int2 tile = tiles[gridDim.x - 1 - blockIdx.x];
@@ -5821,14 +6109,12 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   const int kvh = blockIdx.y;
   const int group = a.heads / a.kv_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int kgrp = warp / W, wg = warp % W, gtid = tid % GT;  // key group, warp and thread within it
-  const int col0 = wg * kFlashSlice;                          // this warp's channels [col0, col0 + 64)
+  const int col0 = warp * kFlashSlice;  // this warp's channels [col0, col0 + 64)
 
-  unsigned char* const gbase = smem + kgrp * GROUP_BYTES;
-  half(*const kv)[KV_LD] = reinterpret_cast<half(*)[KV_LD]>(gbase + wg * BUF_BYTES);  // this warp's buffer
-  float* const sp = reinterpret_cast<float*>(gbase + wg * BUF_BYTES);                 // same bytes
-  half(*const p_s)[P_LD] = reinterpret_cast<half(*)[P_LD]>(gbase + W * BUF_BYTES);
-  float* const alpha_s = reinterpret_cast<float*>(gbase + W * BUF_BYTES + P_BYTES);
+  half(*const kv)[KV_LD] = reinterpret_cast<half(*)[KV_LD]>(smem + warp * BUF_BYTES);  // this warp's buffer
+  float* const sp = reinterpret_cast<float*>(smem + warp * BUF_BYTES);                 // same bytes
+  half(*const p_s)[P_LD] = reinterpret_cast<half(*)[P_LD]>(smem + W * BUF_BYTES);
+  float* const alpha_s = reinterpret_cast<float*>(smem + W * BUF_BYTES + P_BYTES);
 
   const int idx = a.seq[first] * a.layers + a.layer;
   const int cap = a.capacity[idx];
@@ -5855,7 +6141,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
     }
 
   // softmax role: row srow, 4-key chunks c = spart + TPR i (keys 4 c .. 4 c + 3), i < CPT, of each tile
-  const int srow = gtid / TPR, spart = gtid % TPR;
+  const int srow = tid / TPR, spart = tid % TPR;
   const int spos = (srow / G < count && srow % G < group) ? a.pos[first + srow / G] : -1;  // -1: masked row
   const int slo = a.window > 0 ? max(0, spos - a.window + 1) : 0;
   float m_run = -INFINITY, l_run = 0.f;
@@ -5894,10 +6180,10 @@ static __global__ void __launch_bounds__(flash_threads<D>())
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[mt][nt][c] = 0.f;
 
-  // This group's tiles: k0 = kbeg + (kgrp + KG n) BN; ring slot of k0 tracked incrementally.
-  constexpr int KSTEP = KG * BN;
+  // Tiles k0 = kbeg + n BN; ring slot of k0 tracked incrementally.
+  constexpr int KSTEP = BN;
   const int sstep = KSTEP % cap;
-  int k0 = kbeg + kgrp * BN;
+  int k0 = kbeg;
   int s0 = k0 % cap;
   uint4 kr[RPL], vr[RPL];  // K and V of the next tile, in flight
   if (k0 <= kend) {
@@ -5930,17 +6216,17 @@ static __global__ void __launch_bounds__(flash_threads<D>())
       for (int k2 = 0; k2 < NS / 2; ++k2) {
         // matrices: 0 = (keys 16 h + 0-7, channels 16 k2 + 0-7), 1 = (same keys, +8-15), 2 / 3 = keys + 8-15
         uint32_t b[4];
-        flash_ldsm_x4(b, &kv[h * 16 + (lane >> 4) * 8 + (lane & 7)][k2 * 16 + ((lane >> 3) & 1) * 8]);
+        ldsm_x4(b, &kv[h * 16 + (lane >> 4) * 8 + (lane & 7)][k2 * 16 + ((lane >> 3) & 1) * 8]);
         // the four accumulators' chains interleaved: no MMA waits on the one just issued
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(s[mt][0], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[0]);
-          flash_mma(s[mt][1], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[2]);
+          mma_16x8x8(s[mt][0], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[0]);
+          mma_16x8x8(s[mt][1], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[2]);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(s[mt][0], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[1]);
-          flash_mma(s[mt][1], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[3]);
+          mma_16x8x8(s[mt][0], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[1]);
+          mma_16x8x8(s[mt][1], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[3]);
         }
       }
       __syncwarp();  // every lane's reads of these K rows are done before their partial scores overwrite them
@@ -5954,7 +6240,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
           *reinterpret_cast<float2*>(dst + (mt * 16 + g + 8) * 16) = make_float2(s[mt][nt][2], s[mt][nt][3]);
         }
     }
-    flash_group_sync<KG, GT>(kgrp);
+    __syncthreads();
 
     // ---- online softmax: TPR threads per row, CPT chunks of 4 keys each ----
     {
@@ -5965,7 +6251,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
         for (int e = 0; e < 4; ++e) sv[i][e] = 0.f;
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        const float* src = reinterpret_cast<const float*>(gbase + w * BUF_BYTES) + srow * 16;
+        const float* src = reinterpret_cast<const float*>(smem + w * BUF_BYTES) + srow * 16;
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
           const int c = spart + TPR * i;  // chunk c: half c / 4, chunk c % 4 of it
@@ -6009,9 +6295,9 @@ static __global__ void __launch_bounds__(flash_threads<D>())
       m_run = m_new;
       if (spart == 0) alpha_s[srow] = alpha;
     }
-    flash_group_sync<KG, GT>(kgrp);
+    __syncthreads();
 
-    store_tile(vr);  // V slice (every thread of the group has read the partial scores)
+    store_tile(vr);  // V slice (every thread has read the partial scores)
     __syncwarp();
     if (more) load_tile(vr, Vl, k0 + KSTEP, s1);
 
@@ -6033,87 +6319,45 @@ static __global__ void __launch_bounds__(flash_threads<D>())
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        flash_ldsm_x4(pa[mt], &p_s[mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][k2 * 16 + (lane >> 4) * 8]);
+        ldsm_x4(pa[mt], &p_s[mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][k2 * 16 + (lane >> 4) * 8]);
 #pragma unroll
       for (int n2 = 0; n2 < NS / 2; ++n2) {
         // matrices: 0 = (keys 16 k2 + 0-7, channels 16 n2 + 0-7), 1 = (keys + 8-15, same), 2 / 3 = channels + 8-15
         uint32_t b[4];
-        flash_ldsm_x4_trans(b, &kv[k2 * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(2 * n2 + (lane >> 4)) * 8]);
+        ldsm_x4_trans(b, &kv[k2 * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(2 * n2 + (lane >> 4)) * 8]);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(o[mt][2 * n2], pa[mt][0], pa[mt][1], b[0]);
-          flash_mma(o[mt][2 * n2 + 1], pa[mt][0], pa[mt][1], b[2]);
+          mma_16x8x8(o[mt][2 * n2], pa[mt][0], pa[mt][1], b[0]);
+          mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][0], pa[mt][1], b[2]);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(o[mt][2 * n2], pa[mt][2], pa[mt][3], b[1]);
-          flash_mma(o[mt][2 * n2 + 1], pa[mt][2], pa[mt][3], b[3]);
+          mma_16x8x8(o[mt][2 * n2], pa[mt][2], pa[mt][3], b[1]);
+          mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][2], pa[mt][3], b[3]);
         }
       }
     }
     s0 = s1;
-    // The next tile's first group barrier orders these p_s / alpha_s reads before their next writes.
+    // The next tile's first barrier orders these p_s / alpha_s reads before their next writes.
   }
 
-  // ---- merge the key groups: o = sum_k exp(m_k - M) o_k / sum_k exp(m_k - M) l_k ----
-  __syncthreads();                                    // every group is done with its buffers
-  float* const m_s = reinterpret_cast<float*>(smem);  // [KG][BM]
-  float* const l_s = m_s + KG * BM;                   // [KG][BM]
-  if (spart == 0) {
-    m_s[kgrp * BM + srow] = m_run;
-    l_s[kgrp * BM + srow] = l_run;
-  }
+  // ---- o / l: each row's sum from its softmax threads ----
+  __syncthreads();                                    // every warp is done with its buffer
+  float* const l_s = reinterpret_cast<float*>(smem);  // [BM]
+  if (spart == 0) l_s[srow] = l_run;
   __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-      const int m = mt * 16 + hi * 8 + g;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < KG; ++k) mx = fmaxf(mx, m_s[k * BM + m]);
-      float l = 0.f, f = 0.f;
-#pragma unroll
-      for (int k = 0; k < KG; ++k) {
-        const float mk = m_s[k * BM + m];
-        const float e = mk == -INFINITY ? 0.f : __expf(mk - mx);  // a group that saw no key of the row: 0
-        l += e * l_s[k * BM + m];
-        if (k == kgrp) f = e;
-      }
-      const float sc = l > 0.f ? f / l : 0.f;
+      const float l = l_s[mt * 16 + hi * 8 + g];
+      const float sc = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key (padding) is not written
 #pragma unroll
       for (int nt = 0; nt < NS; ++nt) {
         o[mt][nt][2 * hi] *= sc;
         o[mt][nt][2 * hi + 1] *= sc;
       }
     }
-  if constexpr (KG > 1) {
-    float4* const o_s = reinterpret_cast<float4*>(smem + 2 * KG * BM * 4);  // [W][MT][NS][32 lanes]
-#pragma unroll 1
-    for (int k = 1; k < KG; ++k) {
-      if (kgrp == k)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NS; ++nt)
-            o_s[((wg * MT + mt) * NS + nt) * 32 + lane] =
-                make_float4(o[mt][nt][0], o[mt][nt][1], o[mt][nt][2], o[mt][nt][3]);
-      __syncthreads();
-      if (kgrp == 0)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NS; ++nt) {
-            const float4 v = o_s[((wg * MT + mt) * NS + nt) * 32 + lane];
-            o[mt][nt][0] += v.x;
-            o[mt][nt][1] += v.y;
-            o[mt][nt][2] += v.z;
-            o[mt][nt][3] += v.w;
-          }
-      if (k + 1 < KG) __syncthreads();
-    }
-    if (kgrp != 0) return;
-  }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -6161,14 +6405,14 @@ inline int flash_attention_tiles(const int* seq, const int* pos, int rows, int g
 
 template <int D>
 inline cudaError_t launch_flash_attention_d(const AttnArgs& a, const int2* tiles, int num_tiles, int group,
-                                            cudaStream_t stream) {
+                                            const Launch& launch) {
   const dim3 grid(unsigned(num_tiles), unsigned(a.kv_heads));
   constexpr int T = flash_threads<D>();
-  switch (flash_group_pad(group)) {
-    case 1: return launch_kernel(flash_attention_kernel<D, 1>, grid, T, stream, a, tiles);
-    case 2: return launch_kernel(flash_attention_kernel<D, 2>, grid, T, stream, a, tiles);
-    case 4: return launch_kernel(flash_attention_kernel<D, 4>, grid, T, stream, a, tiles);
-    default: return launch_kernel(flash_attention_kernel<D, 8>, grid, T, stream, a, tiles);
+  switch (gqa_group_pad(group)) {
+    case 1: return launch_kernel(flash_attention_kernel<D, 1>, grid, T, launch, a, tiles);
+    case 2: return launch_kernel(flash_attention_kernel<D, 2>, grid, T, launch, a, tiles);
+    case 4: return launch_kernel(flash_attention_kernel<D, 4>, grid, T, launch, a, tiles);
+    default: return launch_kernel(flash_attention_kernel<D, 8>, grid, T, launch, a, tiles);
   }
 }
 
@@ -6183,17 +6427,17 @@ inline cudaError_t launch_flash_attention_d(const AttnArgs& a, const int2* tiles
 // Unsupported shapes (flash_attention_supported, heads % kv_heads, kv_heads > 65535, no table) return
 // cudaErrorInvalidValue before any launch; no rows or no tiles is a no-op.
 inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, int num_tiles, int head_dim,
-                                          cudaStream_t stream) {
+                                          const Launch& launch) {
   if (a.rows <= 0 || num_tiles == 0) return cudaSuccess;
   if (num_tiles < 0 || tiles == nullptr || a.kv_heads <= 0 || a.kv_heads > 65535 || a.heads % a.kv_heads != 0)
     return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads;
   if (!flash_attention_supported(head_dim, group)) return cudaErrorInvalidValue;
   switch (head_dim) {
-    case 64: return launch_flash_attention_d<64>(a, tiles, num_tiles, group, stream);
-    case 128: return launch_flash_attention_d<128>(a, tiles, num_tiles, group, stream);
-    case 256: return launch_flash_attention_d<256>(a, tiles, num_tiles, group, stream);
-    default: return launch_flash_attention_d<512>(a, tiles, num_tiles, group, stream);
+    case 64: return launch_flash_attention_d<64>(a, tiles, num_tiles, group, launch);
+    case 128: return launch_flash_attention_d<128>(a, tiles, num_tiles, group, launch);
+    case 256: return launch_flash_attention_d<256>(a, tiles, num_tiles, group, launch);
+    default: return launch_flash_attention_d<512>(a, tiles, num_tiles, group, launch);
   }
 }
 
@@ -6217,7 +6461,7 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 //   GeluMul   out16[r, o] = half(gelu_tanh(x Wg[o]) * (x Wu[o]))        (MLP gate/up; Wg, Wu: [I, in])
 //   GeluPle   out16[r, o] = half(gelu_tanh(x Wg[o]) * ple[r, layer, o])  (PLE gate; ple: [n, L, D], D = out)
 //
-// Math: mma.sync.m16n8k8 (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
+// Math: m16n8k8 tensor-core mma (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
 // dequant_w4 builds; int8: two bytes, offset by 128, into the mantissa of 1024.0 minus 1152.0 -- exact, the
@@ -6251,6 +6495,7 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 // sm_75 safe: static shared memory <= 16 KiB, no cp.async, no spills.
 
 // (kernels/common.cuh: already inlined above)
+// (kernels/mma.cuh: already inlined above)
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -6274,7 +6519,17 @@ struct GemvMat {
 // Weight layouts (gemv_kernel's WL).
 constexpr int kGemvF16 = 0, kGemvW4 = 1, kGemvW8 = 2;
 
-enum class GemvEpilogue { Store, GeluMul, GeluPle };
+// Head (the persistent decode kernel's LM head, kernels/decode_step.cuh): y = softcap(x W^T), and each row's
+// largest logit as a packed (order-preserving key << 32 | ~index) in the caller's shared best[] (atomicMax: the
+// first index wins a tie).
+enum class GemvEpilogue { Store, GeluMul, GeluPle, Head };
+
+// Where a GEMV block reads its x rows from.
+enum class GemvX {
+  Global,    // written by an earlier kernel: the read-only path (ld.global.nc), cached in L1
+  Coherent,  // written earlier in the same kernel by other blocks (persistent decode): through L2 (ld.cg)
+  Shared,    // staged in the calling block's shared memory: [n][ldx] fp16
+};
 
 struct GemvArgs {
   const half* x = nullptr;  // [n, in] fp16
@@ -6287,110 +6542,43 @@ struct GemvArgs {
   int ld16 = 0;
   const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
   int ple_ld = 0, ple_off = 0;
+  int ldx = 0;          // GemvX::Shared: x row stride (halves)
+  float softcap = 0.f;  // Head: x = tanh(x / softcap) * softcap (0: none)
 };
 
-// Predicated loads (zeros when !ok) in PTX, so no lane branches around a load before the warp-wide
-// mma.sync. Weights: 16 bytes, not allocated in L1 (read once per step; L1 is better left to x, which every
-// row tile re-reads). x: 16 bytes through the read-only path. Scales: 2 bytes, zero-extended.
-__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
+// Packed (order-preserving key of v, ~index): the larger logit wins, the first index on a tie.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
+  const uint32_t b = __float_as_uint(v);
+  const uint32_t k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<unsigned long long>(k) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+__device__ __forceinline__ int argmax_index(unsigned long long key) {
+  return int(0xFFFFFFFFu - static_cast<uint32_t>(key & 0xFFFFFFFFull));
 }
 
-__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
+// Shared memory of gemv_block's reduction: [kGemvWarps][NT * 4][32] fp32 (one matrix at a time).
+template <int NT>
+__host__ __device__ constexpr int gemv_red_floats() {
+  return kGemvWarps * NT * 4 * 32;
 }
 
-__device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {
-  uint32_t v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %2, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  @p ld.global.nc.u16 %0, [%1];\n"
-      "}\n"
-      : "=r"(v)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));  // i is a compile-time constant
-}
-
-__device__ __forceinline__ half2 u32_as_h2(uint32_t u) {
-  half2 h;
-  memcpy(&h, &u, 4);
-  return h;
-}
-
-__device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
-  uint32_t u;
-  memcpy(&u, &h, 4);
-  return u;
-}
-
-// Nibbles s and s + 4 of a packed word -> half2 ((n_s - 8) * scale, (n_{s+4} - 8) * scale). 0x6400 | n is
-// the fp16 1024 + n (exact, n < 16); minus 1032 gives n - 8 exactly; the scale multiply rounds once.
-__device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale2) {
-  const uint32_t v = ((word >> (4 * s)) & 0x000F000Fu) | 0x64006400u;
-  const half2 q = __hsub2(u32_as_h2(v), u32_as_h2(0x64086408u));  // 0x6408 = 1032.0
-  return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
-}
-
-// Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,
-// minus 1152.0.
-__device__ __forceinline__ uint32_t w8_pair(uint32_t word, int p) {
-  const uint32_t v = __byte_perm(word ^ 0x80808080u, 0x64646464u, p ? 0x4342u : 0x4140u);
-  return h2_as_u32(__hsub2(u32_as_h2(v), u32_as_h2(0x64806480u)));  // 0x6480 = 1152.0
-}
-
-// D = A B + D on the tensor cores, m16n8k8, fp16 inputs, fp32 accumulators. Lane (gid, tig): a0 = A[gid]
-// [2tig, 2tig+1], a1 = A[gid+8][same], b = B[2tig, 2tig+1][gid], c = C[gid][2tig, 2tig+1], C[gid+8][same].
-__device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(b));
-}
-
-// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
-template <int NT, int WL, GemvEpilogue E>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+// Block `bid` of a GEMV launch (the block partition of launch_gemv_args): NT 8-row tiles of x (1: n <= 8, 2:
+// n <= 16), WL the weight layout (kGemvF16 / W4 / W8), E the epilogue, XS where x is read from. red:
+// gemv_red_floats<NT>() floats of shared memory; xs: x in shared memory (XS == Shared); best: Head's [n]
+// packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue (weights prefetched
+// into L2 on sm_90, then pdl_enter).
+template <int NT, int WL, GemvEpilogue E, GemvX XS>
+__device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* red, const half* xs,
+                                           unsigned long long* best) {
   constexpr bool W4 = WL == kGemvW4, W8 = WL == kGemvW8;
   static_assert(!W8 || E == GemvEpilogue::Store, "int8 weights: Store epilogue only");
   constexpr int M = E == GemvEpilogue::GeluMul ? 2 : 1;  // weight matrices per warp (gate and up)
   constexpr int U = M == 2 ? 2 : 4;                      // k-tiles of weight loads in flight per warp
-  constexpr int ACC = M * NT * 4;                        // fp32 accumulators per lane
-  __shared__ float red[kGemvWarps][ACC][32];             // partial tiles of the kw - 1 helper warps
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
   const int kw = a.kw, ks = warp & (kw - 1), mt = warp / kw;
   // The block's output (constant indices only: a dynamic index into the parameter array would copy it to
   // local memory).
-  const int bid = int(blockIdx.x);
   const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
   const GemvMat g0 = mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]);
   const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
@@ -6425,25 +6613,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
   for (int t = 0; t < NT; ++t) {
     const int r = t * 8 + gid;
     okx[t] = r < a.n;
-    xr[t] = reinterpret_cast<const uint4*>(a.x + size_t(okx[t] ? r : 0) * a.in);
+    xr[t] = XS == GemvX::Shared ? reinterpret_cast<const uint4*>(xs + size_t(okx[t] ? r : 0) * a.ldx)
+                                : reinterpret_cast<const uint4*>(a.x + size_t(okx[t] ? r : 0) * a.in);
   }
+  // x: 16 bytes from where XS says (zeros when !ok)
+  auto load_x = [](const uint4* p, bool ok) -> uint4 {
+    if constexpr (XS == GemvX::Global) return ld_x(p, ok);
+    if constexpr (XS == GemvX::Coherent) return ld_cg(p, ok);
+    return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
+  };
 
-  // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
-  // warp's first 2U k-tiles of them (and their scales) are pulled into L2; x is read only after pdl_enter().
-  for (int i = 0, kt = ks; i < 2 * U && kt < ktiles; ++i, kt += kw) {
-    const int unit = kt * 4 + tig;
-    if (unit >= units) break;
+  if constexpr (XS == GemvX::Global) {
+    // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
+    // warp's first 2U k-tiles of them (and their scales) are pulled into L2; x is read only after pdl_enter().
+    for (int i = 0, kt = ks; i < 2 * U && kt < ktiles; ++i, kt += kw) {
+      const int unit = kt * 4 + tig;
+      if (unit >= units) break;
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (oka) prefetch_l2(wa[m] + unit);
-      if (okb) prefetch_l2(wb[m] + unit);
-      if (W4 && tig == 0 && (i == 0 || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
-        if (oka) prefetch_l2(sa[m] + unit);
-        if (okb) prefetch_l2(sb[m] + unit);
+      for (int m = 0; m < M; ++m) {
+        if (oka) prefetch_l2(wa[m] + unit);
+        if (okb) prefetch_l2(wb[m] + unit);
+        if (W4 && tig == 0 && (i == 0 || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
+          if (oka) prefetch_l2(sa[m] + unit);
+          if (okb) prefetch_l2(sb[m] + unit);
+        }
       }
     }
+    pdl_enter();
   }
-  pdl_enter();
 
   float acc[M][NT][4];
 #pragma unroll
@@ -6477,7 +6674,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = kt0 + u * kw;
-      if (kt >= ktiles) break;  // warp-uniform: every lane reaches each mma.sync
+      if (kt >= ktiles) break;  // warp-uniform: every lane reaches each warp-wide mma
       const int unit = kt * 4 + tig;
       const bool ok = unit < units;
       if (W4) {
@@ -6486,7 +6683,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
           uint32_t xb[NT][4];  // x pairs (columns 8w + s, 8w + s + 4 of the group) for steps s = 0..3
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
-            const uint4 v = ld_x(xr[t] + unit * 4 + w, ok && okx[t]);
+            const uint4 v = load_x(xr[t] + unit * 4 + w, ok && okx[t]);
             xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
             xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
             xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
@@ -6507,8 +6704,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
         uint4 xv[NT][2];  // columns 16 unit .. 16 unit + 15
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          xv[t][0] = ld_x(xr[t] + 2 * unit, ok && okx[t]);
-          xv[t][1] = ld_x(xr[t] + 2 * unit + 1, ok && okx[t]);
+          xv[t][0] = load_x(xr[t] + 2 * unit, ok && okx[t]);
+          xv[t][1] = load_x(xr[t] + 2 * unit + 1, ok && okx[t]);
         }
 #pragma unroll
         for (int m = 0; m < M; ++m)
@@ -6522,7 +6719,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
       } else {
         uint4 xv[NT];
 #pragma unroll
-        for (int t = 0; t < NT; ++t) xv[t] = ld_x(xr[t] + unit, ok && okx[t]);
+        for (int t = 0; t < NT; ++t) xv[t] = load_x(xr[t] + unit, ok && okx[t]);
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -6534,24 +6731,26 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
     }
   }
 
-  if (kw > 1) {  // the row tile's first warp sums the others' partials, in warp order
-    if (ks != 0) {
+  if (kw > 1) {  // the row tile's first warp sums the others' partials, in warp order; a matrix at a time
+    float(*const rd)[NT * 4][32] = reinterpret_cast<float(*)[NT * 4][32]>(red);
 #pragma unroll
-      for (int m = 0; m < M; ++m)
+    for (int m = 0; m < M; ++m) {
+      if (m > 0) __syncthreads();  // the first warps are done reading the previous matrix's partials
+      if (ks != 0) {
 #pragma unroll
         for (int t = 0; t < NT; ++t)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) red[warp][(m * NT + t) * 4 + c][lane] = acc[m][t][c];
+          for (int c = 0; c < 4; ++c) rd[warp][t * 4 + c][lane] = acc[m][t][c];
+      }
+      __syncthreads();
+      if (ks == 0)
+        for (int j = 1; j < kw; ++j)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[m][t][c] += rd[warp + j][t * 4 + c][lane];
     }
-    __syncthreads();
     if (ks != 0) return;
-    for (int j = 1; j < kw; ++j)
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[m][t][c] += red[warp + j][(m * NT + t) * 4 + c][lane];
   }
 
   // Lane (gid, tig) holds C[row gid + 8h][x row 8t + 2tig + j] in acc[.][t][2h + j].
@@ -6568,10 +6767,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
           g0.y[size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
+        } else if (E == GemvEpilogue::GeluPle) {
+          a.out16[size_t(r) * a.ld16 + o] =
+              to_half_sat(gelu_tanh(v) * __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o));
         } else {
-          a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * a.ple[size_t(r) * a.ple_ld + a.ple_off + o]);
+          g0.y[size_t(r) * g0.ldy + o] = a.softcap > 0.f ? tanhf(v / a.softcap) * a.softcap : v;
         }
       }
+  if constexpr (E == GemvEpilogue::Head) {  // each x row's best logit of this tile -> best[r]
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = t * 8 + 2 * tig + j;
+        unsigned long long k = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int o = ra + 8 * h;
+          const float v = acc[0][t][2 * h + j];
+          if (o < out) k = max(k, argmax_key(a.softcap > 0.f ? tanhf(v / a.softcap) * a.softcap : v, o));
+        }
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, off));
+        if (gid == 0 && r < a.n && k) atomicMax(best + r, k);
+      }
+  }
+}
+
+// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
+template <int NT, int WL, GemvEpilogue E>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+  __shared__ float red[gemv_red_floats<NT>()];  // partial tiles of the kw - 1 helper warps
+  gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
 
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
@@ -6585,16 +6812,19 @@ inline int gemv_split(int ktiles) {
 }
 
 template <int WL, GemvEpilogue E>
-inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, cudaStream_t stream) {
-  if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, stream, a);
-  return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, stream, a);
+inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launch& launch) {
+  if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, launch, a);
+  return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
 
 inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Checks the shapes, fills kw and the block partition, launches. mats: a.count outputs (Store) or the
-// gate [, up] of a GELU epilogue (`nmats` matrices to check).
-inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cudaStream_t stream) {
+// Checks the shapes and fills kw and the block partition of a launch (or of the persistent decode kernel's
+// items): *blocks = the block count (0: nothing to do). mats: a.count outputs (Store, Head) or the gate [, up]
+// of a GELU epilogue (`nmats` matrices to check). x_given: a.x must be a 16-byte aligned buffer (not for x
+// rows a persistent block builds itself).
+inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_given, unsigned* blocks) {
+  *blocks = 0;
   if (a.n <= 0) return cudaSuccess;
   if (a.n > kGemvMaxRows || nmats < 1 || nmats > kGemvMaxMats || a.count < 1 || a.count > nmats)
     return cudaErrorInvalidValue;
@@ -6606,8 +6836,9 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
   if (total_out == 0) return cudaSuccess;
   const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
   const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);  // columns per 16-byte unit
-  if (a.in <= 0 || a.in % cols != 0 || !gemv_aligned(a.x)) return cudaErrorInvalidValue;
+  if (a.in <= 0 || a.in % cols != 0 || (x_given && !gemv_aligned(a.x))) return cudaErrorInvalidValue;
   if (wl == kGemvW8 && e != GemvEpilogue::Store) return cudaErrorInvalidValue;
+  const bool stores = e == GemvEpilogue::Store || e == GemvEpilogue::Head;
   for (int i = 0; i < nmats; ++i) {
     const GemvMat& m = a.mat[i];
     const int set =
@@ -6617,9 +6848,9 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
     if (wl == kGemvW4) ok = ok && m.wq && m.s && gemv_aligned(m.wq);
     if (wl == kGemvW8) ok = ok && m.w8 && m.rs && gemv_aligned(m.w8);
     if (!ok) return cudaErrorInvalidValue;
-    if (e == GemvEpilogue::Store && m.out > 0 && (!m.y || m.ldy < m.out)) return cudaErrorInvalidValue;
+    if (stores && m.out > 0 && (!m.y || m.ldy < m.out)) return cudaErrorInvalidValue;
   }
-  if (e != GemvEpilogue::Store && (!a.out16 || a.ld16 < a.mat[0].out)) return cudaErrorInvalidValue;
+  if (!stores && (!a.out16 || a.ld16 < a.mat[0].out)) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluMul && a.mat[1].out != a.mat[0].out) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluPle && !a.ple) return cudaErrorInvalidValue;
 
@@ -6628,37 +6859,47 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
   a.first_block[0] = 0;
   for (int i = 0; i < kGemvMaxMats; ++i)
     a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
-  const unsigned blocks = unsigned(a.first_block[a.count]);
+  *blocks = unsigned(a.first_block[a.count]);
+  return cudaSuccess;
+}
+
+// Checks the shapes, fills kw and the block partition, launches.
+inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, const Launch& launch) {
+  unsigned blocks = 0;
+  if (const cudaError_t err = gemv_plan(a, nmats, e, true, &blocks); err != cudaSuccess || blocks == 0) return err;
+  if (e == GemvEpilogue::Head) return cudaErrorInvalidValue;  // the persistent decode kernel's only
+  const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
   switch (e) {
     case GemvEpilogue::Store:
-      if (wl == kGemvW8) return launch_gemv_w<kGemvW8, GemvEpilogue::Store>(a, blocks, stream);
-      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::Store>(a, blocks, stream)
-                           : launch_gemv_w<kGemvF16, GemvEpilogue::Store>(a, blocks, stream);
+      if (wl == kGemvW8) return launch_gemv_w<kGemvW8, GemvEpilogue::Store>(a, blocks, launch);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::Store>(a, blocks, launch)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::Store>(a, blocks, launch);
     case GemvEpilogue::GeluMul:
-      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluMul>(a, blocks, stream)
-                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluMul>(a, blocks, stream);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluMul>(a, blocks, launch)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluMul>(a, blocks, launch);
     case GemvEpilogue::GeluPle:
-      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluPle>(a, blocks, stream)
-                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluPle>(a, blocks, stream);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluPle>(a, blocks, launch)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluPle>(a, blocks, launch);
+    case GemvEpilogue::Head: break;
   }
   return cudaErrorInvalidValue;
 }
 
 // y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32.
 inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
-                               int in, float* y, int ldy, cudaStream_t stream) {
+                               int in, float* y, int ldy, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
   a.in = in;
   a.mat[0] = GemvMat{W16, Wq, S, out, y, ldy};
   a.count = 1;
-  return launch_gemv_args(a, 1, GemvEpilogue::Store, stream);
+  return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 
 // y_i = x W_i^T for `count` (1..3) matrices of one layout sharing x and `in`, in one launch.
 inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half* x, int n, int in,
-                                     cudaStream_t stream) {
+                                     const Launch& launch) {
   if (count < 1 || count > kGemvMaxMats) return cudaErrorInvalidValue;
   GemvArgs a;
   a.x = x;
@@ -6666,13 +6907,13 @@ inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half*
   a.in = in;
   for (int i = 0; i < count; ++i) a.mat[i] = mats[i];
   a.count = count;
-  return launch_gemv_args(a, count, GemvEpilogue::Store, stream);
+  return launch_gemv_args(a, count, GemvEpilogue::Store, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * (x up[o])). gate, up: [I, in] of one layout (their y unused);
 // out16: [n, ld16] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, const half* x, int n, int in,
-                                        half* out16, int ld16, cudaStream_t stream) {
+                                        half* out16, int ld16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -6682,13 +6923,13 @@ inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, 
   a.count = 1;
   a.out16 = out16;
   a.ld16 = ld16;
-  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, stream);
+  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * ple[(r * L + layer) * D + o]), D = gate.out. ple: [n, L, D]
 // fp32 (launch_ple_gate's layout); out16: [n, D] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int n, int in, const float* ple, int L,
-                                        int layer, half* out16, cudaStream_t stream) {
+                                        int layer, half* out16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -6701,12 +6942,12 @@ inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int 
   a.ple_ld = L * gate.out;
   a.ple_off = layer * gate.out;
   if (layer < 0 || layer >= L) return a.n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
-  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, stream);
+  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, launch);
 }
 
 // y = R[o] * (x . W8[o]) for one int8 matrix with per-row scales (the quantized LM head). y: [n, ldy] fp32.
 inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* x, int n, int out, int in, float* y,
-                                  int ldy, cudaStream_t stream) {
+                                  int ldy, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -6717,7 +6958,7 @@ inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* 
   a.mat[0].y = y;
   a.mat[0].ldy = ldy;
   a.count = 1;
-  return launch_gemv_args(a, 1, GemvEpilogue::Store, stream);
+  return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 
 // ---- quantizing fp16 rows at load (LoadOptions::lm_head): the arithmetic of weights.hpp's
@@ -6764,17 +7005,17 @@ static __global__ void quantize_int4_kernel(const half* __restrict__ W, int out,
   }
 }
 
-inline cudaError_t launch_quantize_int8(const half* W, int out, int in, int8_t* q, float* scale, cudaStream_t stream) {
+inline cudaError_t launch_quantize_int8(const half* W, int out, int in, int8_t* q, float* scale, const Launch& launch) {
   if (out <= 0) return cudaSuccess;
   if (in <= 0) return cudaErrorInvalidValue;
-  return launch_kernel(quantize_int8_kernel, ceil_div(size_t(out), 8), 256, stream, W, out, in, q, scale);
+  return launch_kernel(quantize_int8_kernel, ceil_div(size_t(out), 8), 256, launch, W, out, in, q, scale);
 }
 
-inline cudaError_t launch_quantize_int4(const half* W, int out, int in, uint32_t* Wq, half* S, cudaStream_t stream) {
+inline cudaError_t launch_quantize_int4(const half* W, int out, int in, uint32_t* Wq, half* S, const Launch& launch) {
   const size_t groups = size_t(out) * (in / 32);
   if (in % 32 != 0) return cudaErrorInvalidValue;
   if (groups == 0) return cudaSuccess;
-  return launch_kernel(quantize_int4_kernel, ceil_div(groups, 256), 256, stream, W, out, in, Wq, S);
+  return launch_kernel(quantize_int4_kernel, ceil_div(groups, 256), 256, launch, W, out, in, Wq, S);
 }
 
 // Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per scale group.
@@ -6803,11 +7044,11 @@ static __global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const 
 }
 
 inline cudaError_t launch_dequant_w4(const uint32_t* Wq, const half* S, int out, int in, half* out16,
-                                     cudaStream_t stream) {
+                                     const Launch& launch) {
   const size_t groups = size_t(out) * (in / 32);
   if (groups == 0) return cudaSuccess;
   if (in % 32 != 0) return cudaErrorInvalidValue;
-  return launch_kernel(dequant_w4_kernel, ceil_div(groups, 256), 256, stream, Wq, S, out, in, out16);
+  return launch_kernel(dequant_w4_kernel, ceil_div(groups, 256), 256, launch, Wq, S, out, in, out16);
 }
 
 }  // namespace kernels
@@ -6980,23 +7221,23 @@ inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const vo
 }
 
 inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index, const float* w, int rows, int cols,
-                                  float eps, half* out16, cudaStream_t stream) {
+                                  float eps, half* out16, const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   if (norm_vec_ok(cols, ldx, x, w, out16))
-    return launch_kernel(rmsnorm_vec_kernel, rows, norm_vec_threads(cols), stream, x, ldx, row_index, w, cols, eps,
+    return launch_kernel(rmsnorm_vec_kernel, rows, norm_vec_threads(cols), launch, x, ldx, row_index, w, cols, eps,
                          out16);
-  return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), stream, x, ldx, row_index, w, cols, eps, out16);
+  return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), launch, x, ldx, row_index, w, cols, eps, out16);
 }
 
 // w_next: read only by NextNorm::Norm (may be null otherwise).
 inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w_post, int rows, int cols, float eps,
                                         float scalar, NextNorm next, const float* w_next, half* out16,
-                                        cudaStream_t stream) {
+                                        const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr))
-    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), stream, h, y, w_post, cols, eps,
+    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, w_post, cols, eps,
                          scalar, next, w_next, out16);
-  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), stream, h, y, w_post, cols, eps, scalar, next,
+  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, w_post, cols, eps, scalar, next,
                        w_next, out16);
 }
 
@@ -7103,7 +7344,7 @@ inline int head_norm_threads(int d) { return ((d / 2 + 31) / 32) * 32; }
 
 // Up to kHeadNormMaxTargets targets of one head dim d (q, k and v of a layer) in one launch.
 inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, int count, int rows, int d, float eps,
-                                               const int* pos, cudaStream_t stream) {
+                                               const int* pos, const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0) return cudaErrorInvalidValue;
   HeadNormArgs a;
@@ -7118,12 +7359,12 @@ inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, in
   a.d = d;
   a.eps = eps;
   a.pos = pos;
-  return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), stream, a);
+  return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), launch, a);
 }
 
 inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, int heads, int d, const float* w,
                                          float eps, const float* inv_freq, const int* pos, half* out,
-                                         const KvTarget& kv, cudaStream_t stream) {
+                                         const KvTarget& kv, const Launch& launch) {
   HeadNormTarget t;
   t.in = in;
   t.ld_in = ld_in;
@@ -7132,12 +7373,88 @@ inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, i
   t.inv_freq = inv_freq;
   t.out = out;
   t.kv = kv;
-  return launch_head_norm_rope_multi(&t, 1, rows, d, eps, pos, stream);
+  return launch_head_norm_rope_multi(&t, 1, rows, d, eps, pos, launch);
 }
 
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/rope_kv.cuh ----
+// ---- begin include/gemma4_t4/sanitizer.hpp ----
+// gemma4_t4 implementation part: compute-sanitizer annotations of the CUDA backend (nvcc only). Standalone
+// (CUDA runtime + NVTX headers), so tools/initcheck_cublas.cu checks this very code.
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#ifdef GEMMA4_T4_SANITIZER_NVTX
+#include <nvtx3/nvToolsExtMemCudaRt.h>
+#endif
+
+namespace gemma4_t4 {
+namespace detail {
+
+// compute-sanitizer initcheck does not track the stores of cuBLAS's kernels (tools/initcheck_cublas.cu shows
+// it), so every read of a GEMM's output would be reported. With GEMMA4_T4_SANITIZER_NVTX the output range is
+// marked initialised in stream order through the NVTX memory API (`compute-sanitizer --nvtx yes`); otherwise
+// this is nothing.
+inline void sanitizer_mark_initialized(const void* p, size_t bytes, cudaStream_t stream) {
+#ifdef GEMMA4_T4_SANITIZER_NVTX
+  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("gemma4_t4");
+  nvtxMemVirtualRangeDesc_t range;
+  range.size = bytes;
+  range.ptr = p;
+  nvtxMemMarkInitializedBatch_t batch{};
+  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
+  batch.structSize = sizeof(batch);
+  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
+  batch.regionDescCount = 1;
+  batch.regionDescElementSize = sizeof(range);
+  batch.regionDescElements = &range;
+  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
+#else
+  (void)p;
+  (void)bytes;
+  (void)stream;
+#endif
+}
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/sanitizer.hpp ----
+// ---- begin include/gemma4_t4/cuda/planner.hpp ----
+// gemma4_t4 implementation part, CUDA backend: how a batch becomes passes, and what each pass needs staged
+// before its kernels run -- its metadata, its attention splits and its per-layer-embedding rows.
+//
+// A pass: up to R = LoadOptions::max_pass_rows rows of up to kMaxSeqs sessions (prefill chunks and decode
+// tokens alike), each item's tokens in order. A decode pass (one token per session, every row's logits
+// wanted, <= 16 rows) can replay a CUDA graph (cuda/executor.hpp).
+//
+// PLE rows (LoadOptions::ple == Host, the default): the table stays in the mapped checkpoint; the rows of a
+// pass's tokens are copied as stored (bf16 / fp16 / fp32; 17.5 KB per token on E2B) into pinned memory and
+// uploaded, then widened on the GPU. Decode passes: one memcpy per row and an upload on the compute stream.
+// Larger passes: gathered by the host's threads (parallel_for) and uploaded on a copy stream; the next
+// pass's rows are gathered into the other half of the buffers while the GPU runs this one, and the compute
+// stream waits on an event before the widen. (Measured on the H200 host: gathering in two chunks, the first
+// uploaded while the second is gathered, took longer than one: each chunk pays the thread start-ups.)
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+// (kernels/elementwise.cuh: already inlined above)
+// ---- begin include/gemma4_t4/cuda/workspace.hpp ----
+// gemma4_t4 implementation part, CUDA backend: the workspace -- every device buffer a forward pass uses,
+// named, with its shape and dtype -- the per-pass metadata layout, and the KV cache's size.
+//
+// R = LoadOptions::max_pass_rows (rows per pass), S = kMaxSeqs (sessions per pass), H = hidden, L = layers,
+// D = PLE width, V = vocab.
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+// (kernels/attention.cuh: already inlined above)
 // ---- begin kernels/sample.cuh ----
 // gemma4_t4 kernels: token sampling on the GPU, one block per row of logits, so a decode step sends only
 // token ids over PCIe. Same algorithm as the CPU reference (include/gemma4_t4/sampler.hpp):
@@ -7163,9 +7480,7 @@ inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, i
 //              bucket's floor again, until <= kSampleCand of them: then as above.
 //   full row   top_k <= 0 or > kSampleCand (top-k by the radix select, 4 histogram passes), or more than
 //              kSampleCand keys tied at the top-k threshold: top-p by 1 + 32 block-wide mass sums, the draw
-//              by a block scan over per-thread contiguous chunks (~2 more passes). kCandidates = false takes
-//              this path for every row (bit-by-bit top-k: 32 passes): the reference the tests hold the
-//              candidate path to.
+//              by a block scan over per-thread contiguous chunks (~2 more passes).
 // Rows of V <= kSampleCand take every id as a candidate. Every sum is in a fixed order and every atomic is
 // an integer one: the same logits and parameters give the same token on every run.
 // 1024 threads per block, static shared memory ~18 KiB. sm_75 safe.
@@ -7173,7 +7488,7 @@ inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, i
 #include <climits>
 
 // (kernels/common.cuh: already inlined above)
-// (include/gemma4_t4/rng.hpp: already inlined above)
+// (kernels/rng.cuh: already inlined above)
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -7237,9 +7552,7 @@ __device__ __forceinline__ void visit_sample_row(const float* x, int V, F&& f) {
 // ---- kernel ----
 
 // logits [rows, V] fp32 (the penalty is applied in place), params [rows], seen: ids (params[r].seen_offset,
-// seen_count), out [rows] int32 token ids. Grid: one block of kSampleThreads per row. kCandidates = false: always
-// the full-row path (the reference the candidate path is tested against).
-template <bool kCandidates = true>
+// seen_count), out [rows] int32 token ids. Grid: one block of kSampleThreads per row.
 static __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(float* __restrict__ logits, int V, const SampleParams* __restrict__ params,
                   const int* __restrict__ seen, int* __restrict__ out) {
@@ -7316,7 +7629,7 @@ static __global__ void __launch_bounds__(kSampleThreads)
   const float T = P.temperature;
   const bool select = P.top_k > 0 && P.top_k < V;  // a top-k threshold
   // the candidate path: the top-k set fits in shared memory, or the whole row does
-  const bool gather = kCandidates && (V <= kSampleCand || (select && P.top_k <= kSampleCand));
+  const bool gather = V <= kSampleCand || (select && P.top_k <= kSampleCand);
 
   // ---- pass 1: row maximum, per-thread largest key ----
   float m = -INFINITY;
@@ -7339,7 +7652,7 @@ static __global__ void __launch_bounds__(kSampleThreads)
   bool have = false;  // cand[0, n) holds every id with key >= lo
   int n = 0, shift = 32;
   uint32_t prefix = 0;  // the k-th largest key's top 32 - shift bits
-  if (kCandidates && (select || gather)) {
+  if (select || gather) {
     uint32_t lo_bound = 0;  // L: count(key >= L) >= k
     if (gather && select && V > kSampleCand && P.top_k <= kSampleThreads)
       for (int bit = 31; bit >= 0; --bit) {
@@ -7435,13 +7748,6 @@ static __global__ void __launch_bounds__(kSampleThreads)
       if (shift == 0 && !gather) break;
     }
     if (!have && select) kthr = prefix;  // shift == 0
-  } else if (!kCandidates && select) {   // the reference: bit by bit, one block-wide count per bit
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t c = kthr | (1u << bit);
-      float cnt = 0.f;
-      for (int i = tid; i < V; i += kSampleThreads) cnt += key_of(x[i]) >= c ? 1.f : 0.f;
-      if (block_sum(cnt) >= float(P.top_k)) kthr = c;
-    }
   }
 
   // ---- candidate path: n <= kSampleCand ids, thread t holds the t-th in id order ----
@@ -7601,60 +7907,27 @@ static __global__ void __launch_bounds__(kSampleThreads)
   if (tid == 0) out[blockIdx.x] = pick >= 0 && pick < V ? pick : 0;
 }
 
-// kCandidates = false: the full-row path for every row (tests).
-template <bool kCandidates = true>
 inline cudaError_t launch_sample(float* logits, int rows, int V, const SampleParams* params, const int* seen, int* out,
-                                 cudaStream_t stream) {
+                                 const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(sample_kernel<kCandidates>, rows, kSampleThreads, stream, logits, V, params, seen, out);
+  return launch_kernel(sample_kernel, rows, kSampleThreads, launch, logits, V, params, seen, out);
 }
 
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/sample.cuh ----
-// ---- begin include/gemma4_t4/sanitizer.hpp ----
-// gemma4_t4 implementation part: compute-sanitizer annotations of the CUDA backend (nvcc only). Standalone
-// (CUDA runtime + NVTX headers), so tools/initcheck_cublas.cu checks this very code.
+// ---- begin include/gemma4_t4/cuda/device.hpp ----
+// gemma4_t4 implementation part, CUDA backend: errors, device checks and every allocation.
+//
+// Every cudaMalloc / cudaMallocHost of the backend goes through cuda_alloc (and back through cuda_free), so
+// the fault hook (set_alloc_fault_hook) sees them all and live_cuda_allocations() counts them. A failure is
+// OutOfMemory naming `what`, with the size asked and what the GPU has free.
 
 #include <cuda_runtime.h>
 
-#include <cstddef>
-
-#ifdef GEMMA4_T4_SANITIZER_NVTX
-#include <nvtx3/nvToolsExtMemCudaRt.h>
-#endif
-
-namespace gemma4_t4 {
-namespace detail {
-
-// compute-sanitizer initcheck does not track the stores of cuBLAS's kernels (tools/initcheck_cublas.cu shows
-// it), so every read of a GEMM's output would be reported. With GEMMA4_T4_SANITIZER_NVTX the output range is
-// marked initialised in stream order through the NVTX memory API (`compute-sanitizer --nvtx yes`); otherwise
-// this is nothing.
-inline void sanitizer_mark_initialized(const void* p, size_t bytes, cudaStream_t stream) {
-#ifdef GEMMA4_T4_SANITIZER_NVTX
-  static const nvtxDomainHandle_t domain = nvtxDomainCreateA("gemma4_t4");
-  nvtxMemVirtualRangeDesc_t range;
-  range.size = bytes;
-  range.ptr = p;
-  nvtxMemMarkInitializedBatch_t batch{};
-  batch.extCompatID = NVTX_EXT_COMPATID_MEM;
-  batch.structSize = sizeof(batch);
-  batch.regionType = NVTX_MEM_TYPE_VIRTUAL_ADDRESS;
-  batch.regionDescCount = 1;
-  batch.regionDescElementSize = sizeof(range);
-  batch.regionDescElements = &range;
-  nvtxMemCudaMarkInitialized(domain, stream, 0, &batch);
-#else
-  (void)p;
-  (void)bytes;
-  (void)stream;
-#endif
-}
-
-}  // namespace detail
-}  // namespace gemma4_t4
-// ---- end include/gemma4_t4/sanitizer.hpp ----
+#include <algorithm>
+#include <string>
+#include <vector>
 
 namespace gemma4_t4 {
 namespace detail {
@@ -7683,9 +7956,6 @@ inline bool cuda_usable(int device) {
 inline double mib(size_t b) { return double(b) / (1024.0 * 1024.0); }
 
 // ---- allocation ----
-// Every cudaMalloc / cudaMallocHost of the backend goes through cuda_alloc (and back through cuda_free), so
-// the fault hook (set_alloc_fault_hook) sees them all and live_cuda_allocations() counts them. A failure is
-// OutOfMemory naming `what`, with the size asked and what the GPU has free.
 
 enum class Mem { Device, Pinned };  // cudaMalloc / cudaMallocHost
 
@@ -7750,6 +8020,32 @@ class DeviceMemory {
   size_t total_ = 0;
 };
 
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/device.hpp ----
+// ---- begin include/gemma4_t4/cuda/weights.hpp ----
+// gemma4_t4 implementation part, CUDA backend: the weights on the GPU, uploaded once at load.
+//
+// Every tensor is streamed from the mapped checkpoint through one bounded pinned staging buffer
+// (kStagingBytes) to the GPU -- bf16/f32 -> fp16 with a range check, w4a16 words copied as they are
+// (kernels/gemv.cuh documents why that is the kernel's layout) with bf16 scales -> fp16 -- and the pages just
+// read are released (madvise), so host RSS stays near the staging size whatever the model size. The PLE table
+// stays in the mapped file (rows gathered per pass, cuda/planner.hpp) unless LoadOptions::ple asks for the GPU.
+
+#include <cuda_fp16.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+// (kernels/gemv.cuh: already inlined above)
+// (include/gemma4_t4/cuda/device.hpp: already inlined above)
+
+namespace gemma4_t4 {
+namespace detail {
+
 struct DevLinear {
   int out = 0, in = 0;
   half* w16 = nullptr;     // [out, in] fp16, or
@@ -7758,321 +8054,100 @@ struct DevLinear {
 };
 
 struct DevLayer {
-  DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;
-  float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;
-  float *q_norm = nullptr, *k_norm = nullptr, *post_ple = nullptr;
-  float* inv_freq = nullptr;  // [d/2]
+  DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
+  float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32
+  float *q_norm = nullptr, *k_norm = nullptr;                                             // [d] fp32
+  float* post_ple = nullptr;                                                              // [H] fp32
+  float* inv_freq = nullptr;                                                              // [d/2] fp32
   float scalar = 1.f;
 };
 
-struct CudaSession : BackendSession {
-  DeviceMemory mem;
-  std::vector<half*> k, v;  // per layer ([capacity, kv_heads, d] fp16), null on KV-shared layers
-  std::vector<int> capacity;
-};
-
-class CudaBackend : public BackendModel {
+class DeviceWeights {
  public:
-  static constexpr int kMaxSeqs = 64;        // sessions per pass
-  static constexpr int kSplitBudget = 1024;  // rows x key-splits of attention scratch
   static constexpr size_t kStagingBytes = size_t(16) << 20;
 
-  ~CudaBackend() override {
-    for (auto& per_dst : graphs_)
-      for (auto& g : per_dst)
-        if (g.exec) cudaGraphExecDestroy(g.exec);
-    if (blas_) cublasDestroy(blas_);
-    for (cudaEvent_t e : ple_copied_)
-      if (e) cudaEventDestroy(e);
-    if (copy_stream_) cudaStreamDestroy(copy_stream_);
-    if (stream_) cudaStreamDestroy(stream_);
-    cuda_free(Mem::Pinned, staging_);
-    cuda_free(Mem::Pinned, meta_host_);
-    cuda_free(Mem::Device, seen_dev_);
-    cuda_free(Mem::Pinned, ple_host_);
-    cuda_free(Mem::Pinned, tiles_host_);
-  }
+  DeviceWeights() = default;
+  DeviceWeights(const DeviceWeights&) = delete;
+  DeviceWeights& operator=(const DeviceWeights&) = delete;
+  ~DeviceWeights() { cuda_free(Mem::Pinned, staging_); }
 
-  Backend kind() const override { return Backend::Cuda; }
-
-  Status init(const ModelConfig& cfg, const Weights& w, const LoadOptions& opt, const std::string& where) {
+  Status upload(const ModelConfig& cfg, const Weights& w, const LoadOptions& opt, cudaStream_t stream) {
     cfg_ = &cfg;
     w_ = &w;
-    opt_ = opt;
-    device_ = opt.device;
-    use_graphs_ = opt.cuda_graphs;
-    use_pdl_ = opt.programmatic_launch;
-    max_rows_ = opt.max_pass_rows;
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-      cudaGetLastError();
-      return err(Code::BackendError, where, ": no CUDA device is available (use Backend::Cpu or Auto)");
-    }
-    if (device_ < 0 || device_ >= n)
-      return err(Code::InvalidArgument, where, ": CUDA device ", device_, " does not exist (", n, " present)");
-    GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-    cudaDeviceProp prop;
-    GEMMA4_T4_CUDA_TRY(cudaGetDeviceProperties(&prop, device_), "cudaGetDeviceProperties");
-    if (prop.major * 10 + prop.minor < 75)
-      return err(Code::Unsupported, where, ": GPU '", prop.name, "' has compute capability ", prop.major, ".",
-                 prop.minor, "; gemma4_t4 needs 7.5 (Turing) or newer");
-    GEMMA4_T4_TRY(check_shapes(where));
-    for (const LayerConfig& lc : cfg.layers) {  // prefill layers the tensor-core attention kernel takes
-      const int group = cfg.num_heads / lc.num_kv_heads;
-      if (kernels::flash_attention_supported(lc.head_dim, group))
-        flash_groups_ |= 1 << (group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3);
-    }
-    GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (alloc_fault(0, "cuBLAS handle"))
-      return err(Code::OutOfMemory, where, ": cuBLAS handle: cublasCreate failed (allocation fault hook)");
-    if (const cublasStatus_t bs = cublasCreate(&blas_); bs != CUBLAS_STATUS_SUCCESS) {
-      blas_ = nullptr;
-      return err(bs == CUBLAS_STATUS_ALLOC_FAILED ? Code::OutOfMemory : Code::BackendError, where,
-                 ": cuBLAS handle: cublasCreate failed (status ", int(bs), ")");
-    }
-    cublasSetStream(blas_, stream_);
+    opt_ = &opt;
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, kStagingBytes, "load: staging buffer", &staging_));
-    GEMMA4_T4_TRY(upload_weights(where));
-    return alloc_workspace();
-  }
-
-  Status new_session(size_t max_ctx, std::unique_ptr<BackendSession>* out) const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    cudaSetDevice(device_);
-    auto s = std::make_unique<CudaSession>();
-    s->max_ctx = max_ctx;
-    const int L = cfg_->num_layers;
-    s->k.assign(size_t(L), nullptr);
-    s->v.assign(size_t(L), nullptr);
-    s->capacity.assign(size_t(L), 1);
+    const int H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
+    total_upload_ = w.decode_bytes() + double(cfg.vocab_size) * H * 2;
+    if (D > 0 && opt.ple == PleLocation::Device) total_upload_ += double(w.ple_table->numel()) * 2;
+    GEMMA4_T4_TRY(mem_.alloc(size_t(cfg.vocab_size) * H, "weights: embed_tokens", &embed16));
+    GEMMA4_T4_TRY(upload_f16(*w.embed, 0, size_t(cfg.vocab_size) * H, embed16));
+    lm16 = embed16;
+    if (w.lm_head != w.embed) {
+      GEMMA4_T4_TRY(mem_.alloc(size_t(cfg.vocab_size) * H, "weights: lm_head", &lm16));
+      GEMMA4_T4_TRY(upload_f16(*w.lm_head, 0, size_t(cfg.vocab_size) * H, lm16));
+      release_pages(*w.lm_head);
+    }
+    release_pages(*w.embed);
+    GEMMA4_T4_TRY(quantize_head(stream));
+    GEMMA4_T4_TRY(vec_f32(w.final_norm, &final_norm));
+    if (D > 0) {
+      GEMMA4_T4_TRY(linear(w.ple_model_proj, &ple_model_proj));
+      GEMMA4_T4_TRY(vec_f32(w.ple_proj_norm, &ple_norm));
+      if (opt.ple == PleLocation::Device) {
+        const size_t count = size_t(w.ple_table->numel());
+        GEMMA4_T4_TRY(mem_.alloc(count, "weights: embed_tokens_per_layer", &ple_table16));
+        GEMMA4_T4_TRY(upload_f16(*w.ple_table, 0, count, ple_table16));
+        release_pages(*w.ple_table);
+      }
+    }
+    layers.resize(size_t(L));
     for (int l = 0; l < L; ++l) {
-      const LayerConfig& lc = cfg_->layers[l];
-      if (lc.kv_shared) continue;
-      size_t cap = max_ctx;
-      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + max_rows_);
-      const size_t count = cap * size_t(lc.num_kv_heads) * lc.head_dim;
-      const std::string what =
-          "create_session: KV cache of layer " + std::to_string(l) + " (" + std::to_string(cap) + " slots)";
-      GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->k[l]));
-      GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->v[l]));
-      s->capacity[l] = int(cap);
+      const LayerW& lw = w.layers[l];
+      DevLayer& d = layers[l];
+      for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
+                      std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
+                      std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
+                      std::make_pair(&lw.ple_proj, &d.ple_proj)})
+        GEMMA4_T4_TRY(linear(*pr.first, pr.second));
+      GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
+      GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
+      GEMMA4_T4_TRY(vec_f32(lw.pre_feedforward_layernorm, &d.pre_ff));
+      GEMMA4_T4_TRY(vec_f32(lw.post_feedforward_layernorm, &d.post_ff));
+      GEMMA4_T4_TRY(vec_f32(lw.q_norm, &d.q_norm));
+      if (lw.k_norm) GEMMA4_T4_TRY(vec_f32(lw.k_norm, &d.k_norm));
+      if (lw.post_per_layer_input_norm) GEMMA4_T4_TRY(vec_f32(lw.post_per_layer_input_norm, &d.post_ple));
+      GEMMA4_T4_TRY(check_mapped(*lw.layer_scalar));
+      d.scalar = load_float(*lw.layer_scalar, 0);
+      const std::vector<float> f = rope_inv_freq(cfg.layers[l]);
+      GEMMA4_T4_TRY(mem_.alloc(f.size(), "rope table", &d.inv_freq));
+      GEMMA4_T4_CUDA_TRY(cudaMemcpy(d.inv_freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "rope table");
     }
-    *out = std::move(s);
+    cuda_free(Mem::Pinned, staging_);  // load only
+    staging_ = nullptr;
     return Status::ok();
   }
 
-  Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-    const kernels::PdlScope pdl(use_pdl_);  // after cudaSetDevice: decided for device_
-    Plan plan;
-    GEMMA4_T4_TRY(plan_passes(items, count, which, nullptr, &plan));
-    GEMMA4_T4_TRY(run(plan, which, logits, nullptr));
-    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
-    return Status::ok();
-  }
+  size_t bytes() const { return mem_.total(); }
 
-  Status step(const ForwardItem* items, size_t count, const SampleItem* samples, int32_t* next,
-              std::vector<float>* logits) const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    GEMMA4_T4_CUDA_TRY(cudaSetDevice(device_), "cudaSetDevice");
-    const kernels::PdlScope pdl(use_pdl_);  // after cudaSetDevice: decided for device_
-    const int V = cfg_->vocab_size;
-    // All that may allocate -- the chunks' CUDA graphs, the repetition-penalty ids -- before the first pass
-    // writes a cache: running out of memory leaves every session as it was.
-    std::vector<Plan> plans;  // per chunk of kMaxSeqs sessions
-    size_t max_seen = 0;
-    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
-      const size_t k = std::min<size_t>(kMaxSeqs, count - b0);
-      plans.emplace_back();
-      GEMMA4_T4_TRY(plan_passes(items + b0, k, Logits::Last, samp_logits_, &plans.back()));
-      size_t nseen = 0;
-      for (size_t i = 0; i < k; ++i) nseen += samples[b0 + i].seen.size();
-      max_seen = std::max(max_seen, nseen);
-    }
-    GEMMA4_T4_TRY(ensure_seen(max_seen));
-    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
-      const int k = int(std::min<size_t>(kMaxSeqs, count - b0));
-      GEMMA4_T4_TRY(run(plans[b0 / kMaxSeqs], Logits::Last, nullptr, samp_logits_));
-      if (logits) {
-        const size_t at = logits->size();
-        logits->resize(at + size_t(k) * V);
-        GEMMA4_T4_CUDA_TRY(
-            cudaMemcpyAsync(logits->data() + at, samp_logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
-            "logits download");
-      }
-      size_t nseen = 0;
-      for (int i = 0; i < k; ++i) nseen += samples[b0 + i].seen.size();
-      std::vector<kernels::SampleParams> params(static_cast<size_t>(k));
-      std::vector<int32_t> seen;
-      seen.reserve(nseen);
-      for (int i = 0; i < k; ++i) {
-        const SampleItem& si = samples[b0 + i];
-        kernels::SampleParams& p = params[size_t(i)];
-        p.temperature = si.options.temperature;
-        p.top_k = si.options.top_k;
-        p.top_p = si.options.top_p;
-        p.min_p = si.options.min_p;
-        p.penalty = si.options.repetition_penalty;
-        p.seen_offset = int(seen.size());
-        p.seen_count = int(si.seen.size());
-        p.seed = si.options.seed;
-        p.counter = si.counter;
-        seen.insert(seen.end(), si.seen.begin(), si.seen.end());
-      }
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(samp_params_, params.data(), params.size() * sizeof(params[0]),
-                                         cudaMemcpyHostToDevice, stream_),
-                         "sampling parameters");
-      if (nseen)
-        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(seen_dev_, seen.data(), nseen * 4, cudaMemcpyHostToDevice, stream_),
-                           "seen ids");
-      GEMMA4_T4_CUDA_TRY(kernels::launch_sample(samp_logits_, k, V, samp_params_, seen_dev_, samp_out_, stream_),
-                         "sampling");
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(next + b0, samp_out_, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_),
-                         "token download");
-      GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "sampling");
-    }
-    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
-    return Status::ok();
-  }
-
-  // Memory accounting (Engine::weight_bytes etc.): the device allocations made for the weights, and the KV
-  // cache as new_session sizes it (keep the two in step): fp16 K and V per non-shared layer, sliding layers
-  // capped at window + max_rows_ slots, each buffer at least DeviceMemory's 256 bytes.
-  size_t weight_bytes() const override { return weights_mem_.total(); }
-  // Only the PLE table is read from the mapped file after load, and only with PleLocation::Host.
-  Status check_files(const TensorStore&) const override {
-    return w_->ple_table && !ple_table16_ ? check_mapped(*w_->ple_table) : Status::ok();
-  }
-  size_t kv_bytes_per_token() const override {
-    size_t b = 0;
-    for (const LayerConfig& lc : cfg_->layers)
-      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(half);
-    return b;
-  }
-  size_t session_bytes(size_t max_ctx) const override {
-    size_t b = 0;
-    for (const LayerConfig& lc : cfg_->layers) {
-      if (lc.kv_shared) continue;
-      size_t cap = max_ctx;
-      if (lc.type == LayerType::Sliding) cap = std::min(cap, size_t(cfg_->sliding_window) + max_rows_);
-      b += 2 * std::max<size_t>(cap * lc.num_kv_heads * lc.head_dim * sizeof(half), 256);
-    }
-    return b;
-  }
+  // The tensors, read by the executors (shapes as the checkpoint's; V = vocab, H = hidden, L = layers, D = PLE).
+  half* embed16 = nullptr;      // [V, H] fp16
+  half* lm16 = nullptr;         // [V, H] fp16: embed16 when tied
+  half* ple_table16 = nullptr;  // [V, L * D] fp16 with PleLocation::Device, else null (rows from the map)
+  int8_t* lm8 = nullptr;        // LmHead::Int8: [V, H] + lm8_scale [V] fp32
+  float* lm8_scale = nullptr;
+  uint32_t* lm4 = nullptr;  // LmHead::Int4: [V, H / 8] packed + lm4_scale [V, H / 32] fp16
+  half* lm4_scale = nullptr;
+  float* final_norm = nullptr;  // [H] fp32
+  float* ple_norm = nullptr;    // [D] fp32 per_layer_projection_norm
+  DevLinear ple_model_proj;     // [L * D, H]
+  std::vector<DevLayer> layers;
+  int max_in = 0, max_out = 0;  // over every linear
+  size_t max_deq = 0;           // largest w4a16 matrix, in weights (the prefill's dequantised copy)
 
  private:
-  struct Segment {
-    CudaSession* s;
-    const int32_t* tokens;
-    size_t pos;  // position of tokens[0]
-    int n;
-    bool last;  // holds the item's final token
-  };
-  using Plan = std::vector<std::vector<Segment>>;  // passes of <= max_rows_ rows and <= kMaxSeqs sessions
-
-  // Splits the items into passes (each item's tokens in order) and builds the CUDA graphs its decode passes
-  // will replay: what may allocate, done before run() writes any cache, so that running out of memory leaves
-  // every session as it was (a failed pass after others could have overwritten ring slots still needed).
-  Status plan_passes(const ForwardItem* items, size_t count, Logits which, float* dev_out, Plan* plan) const {
-    plan->assign(1, {});
-    int rows = 0;
-    for (size_t i = 0; i < count; ++i) {
-      size_t done = 0;
-      while (done < items[i].n) {
-        if (rows == max_rows_ || int(plan->back().size()) == kMaxSeqs) {
-          plan->emplace_back();
-          rows = 0;
-        }
-        const size_t take = std::min(items[i].n - done, size_t(max_rows_ - rows));
-        plan->back().push_back(Segment{&static_cast<CudaSession&>(*items[i].session), items[i].tokens + done,
-                                       items[i].session->pos + done, int(take), done + take == items[i].n});
-        rows += int(take);
-        done += take;
-      }
-    }
-    int row = 0;  // dev_out row of each pass's first logits
-    for (const auto& pass : *plan) {
-      if (replays_graph(pass, which, row)) GEMMA4_T4_TRY(build_graph(int(pass.size()), dev_out ? dev_out : logits_));
-      row += selected_rows(pass, which);
-    }
-    return Status::ok();
-  }
-
-  // Runs a plan's passes (positions are advanced by the caller). Logit rows go to `logits` (host), or stay on
-  // the GPU at dev_out[i * vocab] when dev_out is set.
-  // With the PLE table on the host, the rows of the next pass are gathered (into the other half of ple_host_)
-  // while the GPU runs this one.
-  Status run(const Plan& plan, Logits which, std::vector<float>* logits, float* dev_out) const {
-    dev_row_ = 0;
-    PleStage stage;
-    for (size_t p = 0; p < plan.size(); ++p) {
-      if (plan[p].empty()) continue;
-      const std::vector<Segment>* next = nullptr;
-      for (size_t q = p + 1; q < plan.size() && !next; ++q)
-        if (!plan[q].empty()) next = &plan[q];
-      const Status st = run_pass(plan[p], next, &stage, which, logits, dev_out);
-      if (!st) {  // no upload of a pass that will not run may still be reading ple_host_ when the next call writes it
-        if (copy_stream_) cudaStreamSynchronize(copy_stream_);
-        return st;
-      }
-    }
-    return Status::ok();
-  }
-
-  // A decode pass -- one token per session, every row's logits wanted, <= 16 rows -- replays a CUDA graph per
-  // row count, captured for logits at the start of logits_ / dev_out: only a pass whose logits start there.
-  bool replays_graph(const std::vector<Segment>& segs, Logits which, int dev_row) const {
-    if (!use_graphs_ || which == Logits::None || dev_row != 0 || segs.empty() ||
-        int(segs.size()) > kernels::kGemvMaxRows)
-      return false;
-    for (const Segment& g : segs)
-      if (g.n != 1 || (which == Logits::Last && !g.last)) return false;
-    return true;
-  }
-
-  static int selected_rows(const std::vector<Segment>& segs, Logits which) {
-    int n = 0;
-    for (const Segment& g : segs) n += which == Logits::All ? g.n : which == Logits::Last && g.last ? 1 : 0;
-    return n;
-  }
-
-  Status ensure_seen(size_t n) const {
-    if (n <= seen_cap_) return Status::ok();
-    cuda_free(Mem::Device, seen_dev_);
-    seen_dev_ = nullptr;
-    seen_cap_ = 0;
-    const size_t want = std::max(n, size_t(4096));
-    GEMMA4_T4_TRY(
-        cuda_alloc(Mem::Device, want * 4, "step: repetition-penalty ids (" + std::to_string(want) + ")", &seen_dev_));
-    seen_cap_ = want;
-    return Status::ok();
-  }
-
-  Status check_shapes(const std::string& where) const {
-    const ModelConfig& c = *cfg_;
-    if (c.hidden_size % 8 != 0)
-      return err(Code::Unsupported, where, ": CUDA backend needs hidden_size % 8 == 0 (got ", c.hidden_size, ")");
-    if (c.hidden_size_per_layer_input % 8 != 0)
-      return err(Code::Unsupported, where, ": CUDA backend needs hidden_size_per_layer_input % 8 == 0");
-    for (int l = 0; l < c.num_layers; ++l) {
-      const LayerConfig& lc = c.layers[l];
-      if (!kernels::attention_supported(lc.head_dim, c.num_heads / lc.num_kv_heads))
-        return err(Code::Unsupported, where, ": layer ", l, ": head_dim ", lc.head_dim, " with ",
-                   c.num_heads / lc.num_kv_heads,
-                   " query heads per KV head is not supported by the CUDA attention kernels (head dims 32..512, <= 8)");
-      if (lc.intermediate_size % 8 != 0)
-        return err(Code::Unsupported, where, ": layer ", l, ": intermediate_size % 8 != 0");
-    }
-    return Status::ok();
-  }
-
-  // ---- load ----
-
-  Status progress(size_t done_bytes) {
-    if (opt_.on_progress && total_upload_ > 0)
-      opt_.on_progress(0.02f + 0.96f * float(double(done_bytes) / total_upload_));
-    return Status::ok();
+  void progress(size_t done_bytes) const {
+    if (opt_->on_progress && total_upload_ > 0)
+      opt_->on_progress(0.02f + 0.96f * float(double(done_bytes) / total_upload_));
   }
 
   static void release_pages(const TensorInfo& t) {
@@ -8120,7 +8195,7 @@ class CudaBackend : public BackendModel {
     std::vector<float> v(static_cast<size_t>(t->numel()));
     GEMMA4_T4_TRY(check_mapped(*t));
     load_floats(*t, 0, v.size(), v.data());
-    GEMMA4_T4_TRY(weights_mem_.alloc(v.size(), "weights: '" + t->name + "'", out));
+    GEMMA4_T4_TRY(mem_.alloc(v.size(), "weights: '" + t->name + "'", out));
     GEMMA4_T4_CUDA_TRY(cudaMemcpy(*out, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload of '" + t->name + "'");
     return Status::ok();
   }
@@ -8131,171 +8206,620 @@ class CudaBackend : public BackendModel {
     if (!w.out) return Status::ok();
     const std::string what = "weights: '" + w.name + "'";
     if (w.quantized()) {
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(w.out) * (w.in / 8), what, &d->wq));
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(w.out) * (w.in / 32), what, &d->s16));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what, &d->wq));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what, &d->s16));
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      max_deq_ = std::max(max_deq_, size_t(w.out) * w.in);
+      max_deq = std::max(max_deq, size_t(w.out) * w.in);
     } else {
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
       release_pages(*w.dense);
     }
-    max_in_ = std::max(max_in_, w.in);
-    max_out_ = std::max(max_out_, w.out);
+    max_in = std::max(max_in, w.in);
+    max_out = std::max(max_out, w.out);
     return Status::ok();
   }
 
   // LoadOptions::lm_head: a quantized copy of the fp16 head, built on the GPU (kernels/gemv.cuh).
-  Status quantize_head() {
+  Status quantize_head(cudaStream_t stream) {
     const int V = cfg_->vocab_size, H = cfg_->hidden_size;
-    if (opt_.lm_head == LmHead::Int8) {
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V) * H, "weights: int8 LM head", &lm8_));
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V), "weights: int8 LM head scales", &lm8_scale_));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_quantize_int8(lm16_, V, H, lm8_, lm8_scale_, stream_), "LM head int8");
-    } else if (opt_.lm_head == LmHead::Int4) {
+    if (opt_->lm_head == LmHead::Int8) {
+      GEMMA4_T4_TRY(mem_.alloc(size_t(V) * H, "weights: int8 LM head", &lm8));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(V), "weights: int8 LM head scales", &lm8_scale));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_quantize_int8(lm16, V, H, lm8, lm8_scale, stream), "LM head int8");
+    } else if (opt_->lm_head == LmHead::Int4) {
       if (H % 32 != 0)
         return err(Code::Unsupported, "LmHead::Int4 needs hidden_size % 32 == 0 (hidden_size = ", H, ")");
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V) * H / 8, "weights: int4 LM head", &lm4_));
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(V) * H / 32, "weights: int4 LM head scales", &lm4_scale_));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_quantize_int4(lm16_, V, H, lm4_, lm4_scale_, stream_), "LM head int4");
+      GEMMA4_T4_TRY(mem_.alloc(size_t(V) * H / 8, "weights: int4 LM head", &lm4));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(V) * H / 32, "weights: int4 LM head scales", &lm4_scale));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_quantize_int4(lm16, V, H, lm4, lm4_scale, stream), "LM head int4");
     }
-    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "LM head quantization");
+    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream), "LM head quantization");
     return Status::ok();
   }
 
-  Status upload_weights(const std::string& where) {
-    (void)where;
-    const ModelConfig& c = *cfg_;
-    const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
-    total_upload_ = w_->decode_bytes() + double(c.vocab_size) * H * 2;
-    if (D > 0 && opt_.ple == PleLocation::Device) total_upload_ += double(w_->ple_table->numel()) * 2;
-    GEMMA4_T4_TRY(weights_mem_.alloc(size_t(c.vocab_size) * H, "weights: embed_tokens", &embed16_));
-    GEMMA4_T4_TRY(upload_f16(*w_->embed, 0, size_t(c.vocab_size) * H, embed16_));
-    lm16_ = embed16_;
-    if (w_->lm_head != w_->embed) {
-      GEMMA4_T4_TRY(weights_mem_.alloc(size_t(c.vocab_size) * H, "weights: lm_head", &lm16_));
-      GEMMA4_T4_TRY(upload_f16(*w_->lm_head, 0, size_t(c.vocab_size) * H, lm16_));
-      release_pages(*w_->lm_head);
-    }
-    release_pages(*w_->embed);
-    GEMMA4_T4_TRY(quantize_head());
-    GEMMA4_T4_TRY(vec_f32(w_->final_norm, &final_norm_));
-    if (D > 0) {
-      GEMMA4_T4_TRY(linear(w_->ple_model_proj, &ple_model_proj_));
-      GEMMA4_T4_TRY(vec_f32(w_->ple_proj_norm, &ple_norm_));
-      if (opt_.ple == PleLocation::Device) {
-        const size_t count = size_t(w_->ple_table->numel());
-        GEMMA4_T4_TRY(weights_mem_.alloc(count, "weights: embed_tokens_per_layer", &ple_table16_));
-        GEMMA4_T4_TRY(upload_f16(*w_->ple_table, 0, count, ple_table16_));
-        release_pages(*w_->ple_table);
-      }
-    }
-    layers_.resize(size_t(L));
-    for (int l = 0; l < L; ++l) {
-      const LayerW& lw = w_->layers[l];
-      DevLayer& d = layers_[l];
-      for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
-                      std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
-                      std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
-                      std::make_pair(&lw.ple_proj, &d.ple_proj)})
-        GEMMA4_T4_TRY(linear(*pr.first, pr.second));
-      GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
-      GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
-      GEMMA4_T4_TRY(vec_f32(lw.pre_feedforward_layernorm, &d.pre_ff));
-      GEMMA4_T4_TRY(vec_f32(lw.post_feedforward_layernorm, &d.post_ff));
-      GEMMA4_T4_TRY(vec_f32(lw.q_norm, &d.q_norm));
-      if (lw.k_norm) GEMMA4_T4_TRY(vec_f32(lw.k_norm, &d.k_norm));
-      if (lw.post_per_layer_input_norm) GEMMA4_T4_TRY(vec_f32(lw.post_per_layer_input_norm, &d.post_ple));
-      GEMMA4_T4_TRY(check_mapped(*lw.layer_scalar));
-      d.scalar = load_float(*lw.layer_scalar, 0);
-      const std::vector<float> f = rope_inv_freq(c.layers[l]);
-      GEMMA4_T4_TRY(weights_mem_.alloc(f.size(), "rope table", &d.inv_freq));
-      GEMMA4_T4_CUDA_TRY(cudaMemcpy(d.inv_freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "rope table");
-    }
-    return Status::ok();
+  const ModelConfig* cfg_ = nullptr;
+  const Weights* w_ = nullptr;
+  const LoadOptions* opt_ = nullptr;
+  DeviceMemory mem_;
+  void* staging_ = nullptr;  // [kStagingBytes] pinned, during upload() only
+  double total_upload_ = 0;
+  size_t uploaded_ = 0;
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/weights.hpp ----
+
+namespace gemma4_t4 {
+namespace detail {
+
+constexpr int kMaxSeqs = 64;        // sessions per pass
+constexpr int kSplitBudget = 1024;  // rows x key-splits of decode-attention scratch
+
+// KV slots of a layer's cache in a session of max_ctx tokens. Sliding layers keep a ring of window + R slots:
+// a pass writes its rows' K/V before attention reads them, so a pass never overwrites a key one of its own
+// queries still needs. Full layers keep every position. The one formula for new_session and the accounting.
+inline size_t kv_slots(const ModelConfig& c, const LayerConfig& lc, size_t max_ctx, int max_rows) {
+  if (lc.type == LayerType::Sliding) return std::min(max_ctx, size_t(c.sliding_window) + size_t(max_rows));
+  return max_ctx;
+}
+
+// Bytes of one K or V buffer as DeviceMemory allocates it (at least 256).
+inline size_t kv_buffer_bytes(const LayerConfig& lc, size_t slots) {
+  return std::max<size_t>(slots * lc.num_kv_heads * lc.head_dim * sizeof(half), 256);
+}
+
+// Per-pass metadata: one layout for the pinned host copy (filled by the planner) and the device copy (read
+// by the kernels), so the two sides cannot disagree on an offset; the whole block is uploaded in one copy.
+struct PassMeta {
+  half** k = nullptr;        // [S * L] K cache of (session s, layer l) at s * L + l; null on KV-shared layers
+  half** v = nullptr;        // [S * L] V cache, the same
+  int32_t* ids = nullptr;    // [R] token id of each row
+  int32_t* seq = nullptr;    // [R] session of each row (0 .. S-1, in pass order)
+  int32_t* pos = nullptr;    // [R] position of each row
+  int32_t* sel = nullptr;    // [R] rows whose logits are wanted, in order
+  int32_t* slots = nullptr;  // [S * L] KV slots of (session, layer)
+
+  static size_t bytes(int max_rows, int layers) {
+    return size_t(kMaxSeqs) * layers * (2 * sizeof(half*) + sizeof(int32_t)) + size_t(max_rows) * 4 * sizeof(int32_t);
   }
+  // The arrays inside a block of bytes(max_rows, layers) bytes at `base` (host or device: the same offsets).
+  static PassMeta at(void* base, int max_rows, int layers) {
+    PassMeta m;
+    const size_t sl = size_t(kMaxSeqs) * layers;
+    m.k = static_cast<half**>(base);
+    m.v = m.k + sl;
+    m.ids = reinterpret_cast<int32_t*>(m.v + sl);
+    m.seq = m.ids + max_rows;
+    m.pos = m.seq + max_rows;
+    m.sel = m.pos + max_rows;
+    m.slots = m.sel + max_rows;
+    return m;
+  }
+};
 
-  // ---- workspace ----
+struct Workspace {
+  int max_rows = 0;  // R
+  // metadata
+  uint8_t* meta_dev = nullptr;   // PassMeta::bytes(R, L), device
+  uint8_t* meta_host = nullptr;  // the same, pinned
+  PassMeta dev, host;            // views of the two
+  int2* tiles = nullptr;         // [4][R] prefill attention tiles per folded group size (1, 2, 4, 8)
+  int2* tiles_host = nullptr;    // pinned mirror
+  // activations of a pass (R rows)
+  float* h = nullptr;       // [R, H] fp32 residual stream
+  half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
+  half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
+  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
+                            // per_layer_model_projection
+  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes)
+  float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
+  float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
+  float* tok = nullptr;     // [R, L, D] fp32 the tokens' rows of the per-layer table (widened)
+  // decode attention's split partials and the fused merge's arrival counters (zero between launches)
+  float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
+  float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
+  unsigned* attn_counters = nullptr;  // [R, max kv_heads]
+  half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
+  // decode (<= 16 rows) and the head
+  half* head16 = nullptr;   // [16, H] fp16 final norm of the selected rows
+  half* act16 = nullptr;    // [16, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
+  float* logits = nullptr;  // [16, V] fp32 logits of up to 16 selected rows
+  // sampling (Engine::step)
+  float* samp_logits = nullptr;                  // [S, V] fp32
+  kernels::SampleParams* samp_params = nullptr;  // [S]
+  int* samp_out = nullptr;                       // [S] int32 sampled ids
 
-  Status alloc_workspace() {
-    const ModelConfig& c = *cfg_;
-    const int R = max_rows_, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
-    int qw = 0, kvw = 0, dmax = 0;
+  Status alloc(const ModelConfig& c, const DeviceWeights& w, int rows, cudaStream_t stream) {
+    const int R = rows, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
+    max_rows = rows;
+    int qw = 0, kvw = 0, dmax = 0, kvmax = 1;
     for (const auto& lc : c.layers) {
       qw = std::max(qw, c.num_heads * lc.head_dim);
       kvw = std::max(kvw, lc.num_kv_heads * lc.head_dim);
       dmax = std::max(dmax, lc.head_dim);
+      kvmax = std::max(kvmax, lc.num_kv_heads);
     }
-    const int wide = std::max({max_out_, max_in_, qw, H, L * D});
-    DeviceMemory& m = work_mem_;
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * 4 + size_t(kMaxSeqs) * L * 3 + 16, "workspace: metadata", &meta_i32_));
-    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * L * 2, "workspace: cache table", &kv_ptrs_));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h_));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16_));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16_));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: mm A", &mmA_));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: mm B", &mmB_));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: mm C", &mmC_));
+    const int wide = std::max({w.max_out, w.max_in, qw, H, L * D});
+    DeviceMemory& m = mem_;
+    GEMMA4_T4_TRY(m.alloc(PassMeta::bytes(R, L), "workspace: metadata", &meta_dev));
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, PassMeta::bytes(R, L), "workspace: metadata (pinned)", &meta_host));
+    dev = PassMeta::at(meta_dev, R, L);
+    host = PassMeta::at(meta_host, R, L);
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections A", &proj_a));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections B", &proj_b));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: projections C", &proj_c));
     if (D > 0) {
-      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple_));
-      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer tokens", &tok_));
-      if (!ple_table16_) {  // the rows as stored (bf16 / fp16 / fp32), gathered on the host, widened on the GPU
-        GEMMA4_T4_TRY(m.alloc(2 * ple_pass_bytes(), "workspace: PLE rows (raw, 2 passes)", &ple_raw_));
-        GEMMA4_T4_TRY(
-            cuda_alloc(Mem::Pinned, 2 * ple_pass_bytes(), "workspace: PLE rows (pinned, 2 passes)", &ple_host_));
-        GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking),
-                           "cudaStreamCreate (copies)");
-        for (cudaEvent_t& e : ple_copied_)
-          GEMMA4_T4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-      }
+      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple));
+      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer tokens", &tok));
     }
-    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o_));
-    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml_));
-    {  // fused split merge: one arrival counter per (row, KV head), zero between launches (kernels/attention.cuh)
-      int kvmax = 1;
-      for (const auto& lc : c.layers) kvmax = std::max(kvmax, lc.num_kv_heads);
-      const size_t n = size_t(R) * kvmax;
-      GEMMA4_T4_TRY(m.alloc(n, "workspace: attention counters", &attn_counters_));
-      GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters_, 0, n * sizeof(unsigned), stream_), "attention counters");
-    }
-    if (max_deq_) GEMMA4_T4_TRY(m.alloc(max_deq_, "workspace: dequantised tile", &deq16_));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16_));
+    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o));
+    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * kvmax, "workspace: attention counters", &attn_counters));
+    GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * kvmax * sizeof(unsigned), stream),
+                       "attention counters");
+    if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16));
     GEMMA4_T4_TRY(
-        m.alloc(size_t(kernels::kGemvMaxRows) * std::max(max_out_, D), "workspace: decode activations", &act16_));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits_));
-    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits_));
-    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params_));
-    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out_));
-    // prefill attention tile tables, one per folded group size (1, 2, 4, 8 query heads per KV head)
-    GEMMA4_T4_TRY(m.alloc(size_t(4) * max_rows_, "workspace: attention tiles", &tiles_));
-    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, size_t(4) * max_rows_ * sizeof(int2), "workspace: attention tiles (pinned)",
-                             &tiles_host_));
-    meta_bytes_ = meta_int_bytes() + size_t(kMaxSeqs) * L * 2 * sizeof(void*);
-    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, meta_bytes_, "workspace: metadata (pinned)", &meta_host_));
+        m.alloc(size_t(kernels::kGemvMaxRows) * std::max(w.max_out, D), "workspace: decode activations", &act16));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out));
+    GEMMA4_T4_TRY(m.alloc(size_t(4) * R, "workspace: attention tiles", &tiles));
+    GEMMA4_T4_TRY(
+        cuda_alloc(Mem::Pinned, size_t(4) * R * sizeof(int2), "workspace: attention tiles (pinned)", &tiles_host));
     return Status::ok();
   }
 
-  // ---- one pass ----
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    cuda_free(Mem::Pinned, meta_host);
+    cuda_free(Mem::Pinned, tiles_host);
+  }
 
-  Status mm(const DevLinear& w, const half* x, int n, float* y, const char* what) const {
-    if (n <= kernels::kGemvMaxRows) {
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, stream_), what);
+  size_t bytes() const { return mem_.total(); }
+
+ private:
+  DeviceMemory mem_;
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/workspace.hpp ----
+
+namespace gemma4_t4 {
+namespace detail {
+
+struct CudaSession : BackendSession {
+  DeviceMemory mem;
+  std::vector<half*> k, v;  // per layer: [slots, kv_heads, d] fp16; null on KV-shared layers
+  std::vector<int> slots;   // per layer (kv_slots)
+};
+
+struct Segment {
+  CudaSession* s;
+  const int32_t* tokens;
+  size_t pos;  // position of tokens[0]
+  int n;
+  bool last;  // holds the item's final token
+};
+using Pass = std::vector<Segment>;
+using Plan = std::vector<Pass>;
+
+// The items' tokens in passes of <= max_rows rows and <= kMaxSeqs sessions.
+inline Plan split_passes(const ForwardItem* items, size_t count, int max_rows) {
+  Plan plan(1);
+  int rows = 0;
+  for (size_t i = 0; i < count; ++i) {
+    size_t done = 0;
+    while (done < items[i].n) {
+      if (rows == max_rows || int(plan.back().size()) == kMaxSeqs) {
+        plan.emplace_back();
+        rows = 0;
+      }
+      const size_t take = std::min(items[i].n - done, size_t(max_rows - rows));
+      plan.back().push_back(Segment{&static_cast<CudaSession&>(*items[i].session), items[i].tokens + done,
+                                    items[i].session->pos + done, int(take), done + take == items[i].n});
+      rows += int(take);
+      done += take;
+    }
+  }
+  return plan;
+}
+
+inline int pass_rows(const Pass& pass) {
+  int n = 0;
+  for (const Segment& g : pass) n += g.n;
+  return n;
+}
+
+// Rows of the pass whose logits `which` selects.
+inline int selected_rows(const Pass& pass, Logits which) {
+  int n = 0;
+  for (const Segment& g : pass) n += which == Logits::All ? g.n : which == Logits::Last && g.last ? 1 : 0;
+  return n;
+}
+
+// One token per session and every row's logits wanted: the shape a decode graph is captured for.
+inline bool is_decode_pass(const Pass& pass, Logits which) {
+  if (which == Logits::None || pass.empty() || int(pass.size()) > kernels::kGemvMaxRows) return false;
+  for (const Segment& g : pass)
+    if (g.n != 1 || (which == Logits::Last && !g.last)) return false;
+  return true;
+}
+
+struct PassShape {
+  int rows = 0, selected = 0, max_pos = 0;
+};
+
+// Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
+// of its sessions.
+inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m) {
+  PassShape sh;
+  for (size_t s = 0; s < pass.size(); ++s) {
+    const Segment& g = pass[s];
+    for (int t = 0; t < g.n; ++t) {
+      m.ids[sh.rows] = g.tokens[t];
+      m.seq[sh.rows] = int(s);
+      m.pos[sh.rows] = int(g.pos + t);
+      sh.max_pos = std::max(sh.max_pos, m.pos[sh.rows]);
+      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) m.sel[sh.selected++] = sh.rows;
+      ++sh.rows;
+    }
+    for (int l = 0; l < layers; ++l) {
+      m.slots[s * layers + l] = g.s->slots[l];
+      m.k[s * layers + l] = g.s->k[l];
+      m.v[s * layers + l] = g.s->v[l];
+    }
+  }
+  return sh;
+}
+
+// Key ranges per row for the layers of this window (0 = full): kernels::attention_splits_for -- about one
+// 32-key tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where
+// that costs at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget).
+inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
+  const int keys = window ? std::min(window, max_keys) : max_keys;
+  int group = 1, hd = 0, kvh = 0;  // the layers this count serves (sliding iff window > 0); all if none
+  for (int pass = 0; pass < 2 && hd == 0; ++pass)
+    for (const LayerConfig& lc : c.layers)
+      if (pass == 1 || (lc.type == LayerType::Sliding) == (window > 0)) {
+        group = std::max(group, c.num_heads / lc.num_kv_heads);
+        hd = std::max(hd, lc.head_dim);
+        kvh = kvh ? std::min(kvh, lc.num_kv_heads) : lc.num_kv_heads;
+      }
+  return kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget);
+}
+
+// The PLE rows of passes, from the mapped table to the device (see the header). Two halves of every buffer:
+// the rows of the pass running now and of the next.
+class PleStager {
+ public:
+  PleStager() = default;
+  PleStager(const PleStager&) = delete;
+  PleStager& operator=(const PleStager&) = delete;
+  ~PleStager() {
+    for (cudaEvent_t e : copied_)
+      if (e) cudaEventDestroy(e);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+    cuda_free(Mem::Pinned, host_);
+  }
+
+  Status init(const ModelConfig& c, const TensorInfo& table, int max_rows) {
+    table_ = &table;
+    row_bytes_ = size_t(c.num_layers) * c.hidden_size_per_layer_input * (table.dtype == DType::F32 ? 4 : 2);
+    pass_bytes_ = size_t(max_rows) * row_bytes_;
+    max_rows_ = max_rows;
+    raw_type_ = table.dtype == DType::BF16  ? kernels::RawFloat::BF16
+                : table.dtype == DType::F16 ? kernels::RawFloat::F16
+                                            : kernels::RawFloat::F32;
+    GEMMA4_T4_TRY(mem_.alloc(2 * pass_bytes_, "workspace: PLE rows (raw, 2 passes)", &dev_));
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, 2 * pass_bytes_, "workspace: PLE rows (pinned, 2 passes)", &host_));
+    GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate (copies)");
+    for (cudaEvent_t& e : copied_)
+      GEMMA4_T4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return Status::ok();
+  }
+
+  // More rows than a decode step: worth the host's threads and the copy stream.
+  static bool large(const Pass& pass) { return pass_rows(pass) > kernels::kGemvMaxRows; }
+
+  // Brings the rows of a pass's tokens into half `buf`: synchronously ordered on `stream` for small passes
+  // (*async = false), else uploaded on the copy stream with copied_[buf] recorded (*async = true).
+  Status stage(const Pass& pass, int buf, cudaStream_t stream, bool* async) {
+    uint8_t* host = host_ + size_t(buf) * pass_bytes_;
+    uint8_t* dev = dev_ + size_t(buf) * pass_bytes_;
+    const uint8_t* table = table_->data;
+    const size_t row = row_bytes_;
+    ids_.clear();
+    for (const Segment& g : pass) ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
+    auto copy = [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids_[r]) * row, row);
+    };
+    *async = large(pass);
+    if (!*async) {  // not worth a thread or a second stream
+      copy(0, ids_.size());
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids_.size() * row, cudaMemcpyHostToDevice, stream),
+                         "PLE rows upload");
       return Status::ok();
     }
-    const half* W = w.w16;
-    if (!W) {
-      GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, deq16_, stream_), what);
-      W = deq16_;
+    parallel_for(ids_.size(), double(ids_.size() * row), copy);
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids_.size() * row, cudaMemcpyHostToDevice, copy_stream_),
+                       "PLE rows upload");
+    GEMMA4_T4_CUDA_TRY(cudaEventRecord(copied_[buf], copy_stream_), "PLE rows upload");
+    return Status::ok();
+  }
+
+  // Makes `stream` wait for an asynchronous upload of half `buf`, then widens its `rows` rows into tok
+  // ([rows, L * D] fp32).
+  Status widen(int buf, bool async, int rows, float* tok, const kernels::Launch& ln) const {
+    if (async) GEMMA4_T4_CUDA_TRY(cudaStreamWaitEvent(ln.stream, copied_[buf], 0), "PLE rows upload");
+    const size_t elems = size_t(rows) * row_bytes_ / (raw_type_ == kernels::RawFloat::F32 ? 4 : 2);
+    GEMMA4_T4_CUDA_TRY(kernels::launch_widen(dev_ + size_t(buf) * pass_bytes_, raw_type_, elems, tok, ln),
+                       "PLE rows widen");
+    return Status::ok();
+  }
+
+  // Makes `stream` wait for an asynchronous upload of half `buf` (no widen: the reader takes the raw rows).
+  cudaError_t wait(int buf, cudaStream_t stream) const { return cudaStreamWaitEvent(stream, copied_[buf], 0); }
+
+  // No upload of a pass that will not run may still read the pinned rows when the next call writes them.
+  void drain() const {
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  }
+
+  // Half `buf` of the raw rows on the device ([R, L * D] as stored) and its type: the persistent decode
+  // executor reads them itself.
+  const uint8_t* raw(int buf) const { return dev_ + size_t(buf) * pass_bytes_; }
+  kernels::RawFloat raw_type() const { return raw_type_; }
+
+ private:
+  const TensorInfo* table_ = nullptr;
+  size_t row_bytes_ = 0, pass_bytes_ = 0;
+  int max_rows_ = 0;
+  kernels::RawFloat raw_type_ = kernels::RawFloat::BF16;
+  DeviceMemory mem_;
+  uint8_t* dev_ = nullptr;   // 2 x [R, L * D] rows as stored
+  uint8_t* host_ = nullptr;  // pinned mirror
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copied_[2] = {};  // recorded on copy_stream_ after a half's upload
+  std::vector<int32_t> ids_;    // the pass's token ids, in row order
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/planner.hpp ----
+
+namespace gemma4_t4 {
+namespace detail {
+
+// What one pass's layers need beyond the weights and the workspace.
+struct LayerPass {
+  int rows = 0;
+  int sliding_splits = 1, full_splits = 1;  // decode attention key splits per row (planner's attention_splits)
+  int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
+  kernels::Launch launch;
+};
+
+class LayerEncoder {
+ public:
+  LayerEncoder(const ModelConfig& c, const DeviceWeights& w, const Workspace& ws, cublasHandle_t blas,
+               const LayerPass& pass)
+      : c_(c), w_(w), ws_(ws), blas_(blas), p_(pass), ln_(pass.launch) {}
+
+  // Embedding and per-layer inputs, every layer, the last residual. ple rows in ws.tok when the table is on
+  // the host (widened by the planner's stager), gathered here when it is on the GPU.
+  Status encode() {
+    const int H = c_.hidden_size, L = c_.num_layers, D = c_.hidden_size_per_layer_input, rows = p_.rows;
+    GEMMA4_T4_CUDA_TRY(kernels::launch_embed(w_.embed16, ws_.dev.ids, rows, H, float(std::sqrt(double(H))), ws_.h, ln_),
+                       "embed");
+    if (D > 0) {
+      if (w_.ple_table16)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_embed(w_.ple_table16, ws_.dev.ids, rows, L * D, 1.f, ws_.tok, ln_),
+                           "PLE rows");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_to_half(ws_.h, size_t(rows) * H, ws_.x16, ln_), "PLE input");
+      GEMMA4_T4_TRY(mm(w_.ple_model_proj, ws_.x16, ws_.proj_a, "per_layer_model_projection"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_ple_combine(ws_.proj_a, ws_.tok, w_.ple_norm, rows, L, D,
+                                                     float(1.0 / std::sqrt(double(H))), float(std::sqrt(double(D))),
+                                                     float(1.0 / std::sqrt(2.0)), c_.rms_norm_eps, ws_.ple, ln_),
+                         "PLE combine");
     }
-    const float alpha = 1.f, beta = 0.f;
-    const cublasStatus_t st =
-        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, w.out, n, w.in, &alpha, W, CUDA_R_16F, w.in, x, CUDA_R_16F, w.in,
-                     &beta, y, CUDA_R_32F, w.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-    if (st != CUBLAS_STATUS_SUCCESS)
-      return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
-    sanitizer_mark_initialized(y, size_t(n) * w.out * sizeof(float), stream_);
+    GEMMA4_T4_TRY(gemma4_layers(*this, c_));
+    return flush(kernels::NextNorm::None, nullptr);  // the head normalises the selected rows itself
+  }
+
+  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= 16) into dst [k, vocab].
+  Status head(int first, int k, float* dst) const {
+    const int H = c_.hidden_size, V = c_.vocab_size;
+    GEMMA4_T4_CUDA_TRY(
+        kernels::launch_rmsnorm(ws_.h, H, ws_.dev.sel + first, w_.final_norm, k, H, c_.rms_norm_eps, ws_.head16, ln_),
+        "final norm");
+    if (w_.lm8)
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, ws_.head16, k, V, H, dst, V, ln_),
+                         "LM head (int8)");
+    else if (w_.lm4)
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, ws_.head16, k, V, H, dst, V, ln_),
+                         "LM head (int4)");
+    else
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, ws_.head16, k, V, H, dst, V, ln_), "LM head");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c_.final_logit_softcapping, ln_), "softcap");
+    return Status::ok();
+  }
+
+  // ---- the block's steps (block.hpp) ----
+
+  Status norm(int l, Norm which) {
+    const float* w = which == Norm::Input    ? w_.layers[l].in_norm
+                     : which == Norm::PreMlp ? w_.layers[l].pre_ff
+                                             : nullptr;
+    if (pending_.y) return flush(w ? kernels::NextNorm::Norm : kernels::NextNorm::Copy, w);
+    // layer 0's input: nothing to fold into
+    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(ws_.h, c_.hidden_size, nullptr, w, p_.rows, c_.hidden_size,
+                                               c_.rms_norm_eps, ws_.x16, ln_),
+                       "input norm");
+    return Status::ok();
+  }
+
+  Status qkv(int l) {
+    const LayerConfig& lc = c_.layers[l];
+    const DevLayer& d = w_.layers[l];
+    if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
+    float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
+    return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
+  }
+
+  // q -> q16; k, v -> the caches (one launch). k_eq_v: V is the raw k_proj output.
+  Status heads(int l) {
+    const LayerConfig& lc = c_.layers[l];
+    const DevLayer& d = w_.layers[l];
+    const int hd = lc.head_dim, kvh = lc.num_kv_heads;
+    kernels::HeadNormTarget hn[3];
+    hn[0].in = ws_.proj_a;
+    hn[0].ld_in = c_.num_heads * hd;
+    hn[0].heads = c_.num_heads;
+    hn[0].w = d.q_norm;
+    hn[0].inv_freq = d.inv_freq;
+    hn[0].out = ws_.q16;
+    if (!lc.kv_shared) {
+      kernels::KvTarget kt;
+      kt.capacity = ws_.dev.slots;
+      kt.seq = ws_.dev.seq;
+      kt.layer = l;
+      kt.layers = c_.num_layers;
+      hn[1].in = ws_.proj_b;
+      hn[1].ld_in = kvh * hd;
+      hn[1].heads = kvh;
+      hn[1].w = d.k_norm;
+      hn[1].inv_freq = d.inv_freq;
+      hn[1].kv = kt;
+      hn[1].kv.base = ws_.dev.k;
+      hn[2].in = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
+      hn[2].ld_in = kvh * hd;
+      hn[2].heads = kvh;  // no weight, no RoPE
+      hn[2].kv = kt;
+      hn[2].kv.base = ws_.dev.v;
+    }
+    GEMMA4_T4_CUDA_TRY(
+        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, ws_.dev.pos, ln_),
+        "q/k/v norm + RoPE");
+    return Status::ok();
+  }
+
+  Status attend(int l) {
+    const LayerConfig& lc = c_.layers[l];
+    kernels::AttnArgs a;
+    a.q = ws_.q16;
+    a.kbase = ws_.dev.k;
+    a.vbase = ws_.dev.v;
+    a.capacity = ws_.dev.slots;
+    a.seq = ws_.dev.seq;
+    a.pos = ws_.dev.pos;
+    a.layer = lc.kv_source;
+    a.layers = c_.num_layers;
+    a.rows = p_.rows;
+    a.heads = c_.num_heads;
+    a.kv_heads = lc.num_kv_heads;
+    a.window = lc.type == LayerType::Sliding ? c_.sliding_window : 0;
+    a.splits = a.window ? p_.sliding_splits : p_.full_splits;
+    a.part_o = ws_.part_o;
+    a.part_ml = ws_.part_ml;
+    a.out = ws_.x16;
+    a.counters = ws_.attn_counters;
+    const int group = c_.num_heads / lc.num_kv_heads, gi = kernels::gqa_group_index(group);
+    if (p_.flash_tiles[gi] > 0 && kernels::flash_attention_supported(lc.head_dim, group))
+      GEMMA4_T4_CUDA_TRY(kernels::launch_flash_attention(a, ws_.tiles + size_t(gi) * ws_.max_rows, p_.flash_tiles[gi],
+                                                         lc.head_dim, ln_),
+                         "attention (flash)");
+    else
+      GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, lc.head_dim, ln_), "attention");
+    return Status::ok();
+  }
+
+  // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
+  // into act16; larger passes: cuBLAS, then the element-wise kernel into x16.
+  Status gate(int l, Branch b) {
+    const DevLayer& d = w_.layers[l];
+    const bool decode = p_.rows <= kernels::kGemvMaxRows;
+    if (b == Branch::Mlp) {
+      if (decode && same_layout(d.gate, d.up)) {
+        GEMMA4_T4_CUDA_TRY(
+            kernels::launch_gemv_gelu_mul(gemv_mat(d.gate, nullptr), gemv_mat(d.up, nullptr), ws_.x16, p_.rows,
+                                          c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_),
+            "gate/up_proj + GELU");
+        act_ = ws_.act16;
+        return Status::ok();
+      }
+      GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
+      GEMMA4_T4_TRY(mm(d.up, ws_.x16, ws_.proj_b, "up_proj"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(ws_.proj_a, ws_.proj_b,
+                                                  size_t(p_.rows) * c_.layers[l].intermediate_size, ws_.x16, ln_),
+                         "gelu");
+      act_ = ws_.x16;
+      return Status::ok();
+    }
+    const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
+    if (decode) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
+                                                       ws_.ple, L, l, ws_.act16, ln_),
+                         "per_layer_input_gate + GELU");
+      act_ = ws_.act16;
+      return Status::ok();
+    }
+    GEMMA4_T4_TRY(mm(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate"));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ws_.ple, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
+    act_ = ws_.x16;
+    return Status::ok();
+  }
+
+  // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold.
+  Status residual(int l, Branch b) {
+    const DevLayer& d = w_.layers[l];
+    if (b == Branch::Attention) {
+      GEMMA4_T4_TRY(mm(d.o, ws_.x16, ws_.proj_a, "o_proj"));
+      pending_ = Pending{ws_.proj_a, d.post_attn, 1.f, "post-attention norm"};
+    } else if (b == Branch::Mlp) {
+      GEMMA4_T4_TRY(mm(d.down, act_, ws_.proj_c, "down_proj"));
+      pending_ = Pending{ws_.proj_c, d.post_ff, 1.f, "post-MLP norm"};
+    } else {
+      GEMMA4_T4_TRY(mm(d.ple_proj, act_, ws_.proj_c, "per_layer_projection"));
+      pending_ = Pending{ws_.proj_c, d.post_ple, 1.f, "PLE norm"};
+    }
+    return Status::ok();
+  }
+
+  // h *= scalar: folded into the pending residual (residual_norm computes (h + norm(y) w) * scalar).
+  Status scale(int l) {
+    if (!pending_.y) return err(Code::BackendError, "CUDA layer encoder: layer ", l, " scales without a residual");
+    pending_.scalar = w_.layers[l].scalar;
+    return Status::ok();
+  }
+
+ private:
+  struct Pending {
+    const float* y = nullptr;  // [rows, H] fp32 projection output
+    const float* w = nullptr;  // [H] its norm's weight
+    float scalar = 1.f;
+    const char* what = "";
+  };
+
+  // The pending residual as one residual_norm, with the next norm (into x16) folded in.
+  Status flush(kernels::NextNorm next, const float* w_next) {
+    if (!pending_.y) return Status::ok();
+    const Pending p = pending_;
+    pending_ = Pending();
+    GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
+                                                     p.scalar, next, w_next, ws_.x16, ln_),
+                       p.what);
     return Status::ok();
   }
 
@@ -8312,215 +8836,1248 @@ class CudaBackend : public BackendModel {
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
-  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 16 rows when they share
-  // a layout and `in`, else one mm() each.
-  Status mm_multi(const DevLinear* const* ws, float* const* ys, int count, const half* x, int n,
-                  const char* what) const {
-    bool one = n <= kernels::kGemvMaxRows;
-    for (int i = 1; i < count; ++i) one = one && same_layout(*ws[i], *ws[0]) && ws[i]->in == ws[0]->in;
+  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else cuBLAS (w4a16 dequantised first).
+  Status mm(const DevLinear& w, const half* x, float* y, const char* what) const {
+    const int n = p_.rows;
+    if (n <= kernels::kGemvMaxRows) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, ln_), what);
+      return Status::ok();
+    }
+    const half* W = w.w16;
+    if (!W) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, ws_.deq16, ln_), what);
+      W = ws_.deq16;
+    }
+    const float alpha = 1.f, beta = 0.f;
+    const cublasStatus_t st =
+        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, w.out, n, w.in, &alpha, W, CUDA_R_16F, w.in, x, CUDA_R_16F, w.in,
+                     &beta, y, CUDA_R_32F, w.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
+    sanitizer_mark_initialized(y, size_t(n) * w.out * sizeof(float), ln_.stream);
+    return Status::ok();
+  }
+
+  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 16 rows when they share a
+  // layout and `in`, else one mm() each.
+  Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) const {
+    bool one = p_.rows <= kernels::kGemvMaxRows;
+    for (int i = 1; i < count; ++i) one = one && same_layout(*mats[i], *mats[0]) && mats[i]->in == mats[0]->in;
     if (one) {
       kernels::GemvMat m[kernels::kGemvMaxMats];
-      for (int i = 0; i < count; ++i) m[i] = gemv_mat(*ws[i], ys[i]);
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, n, ws[0]->in, stream_), what);
+      for (int i = 0; i < count; ++i) m[i] = gemv_mat(*mats[i], ys[i]);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, p_.rows, mats[0]->in, ln_), what);
       return Status::ok();
     }
-    for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(mm(*ws[i], x, n, ys[i], what));
+    for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(mm(*mats[i], x, ys[i], what));
     return Status::ok();
   }
 
-  struct PleStage {
-    int buf = 0;         // the half of ple_host_ / ple_raw_ that holds (or will hold) this pass's rows
-    bool ready = false;  // gathered and uploaded (on copy_stream_) already, while the previous pass ran
+  const ModelConfig& c_;
+  const DeviceWeights& w_;
+  const Workspace& ws_;
+  cublasHandle_t blas_;
+  const LayerPass& p_;
+  const kernels::Launch ln_;
+  Pending pending_;
+  const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/layers.hpp ----
+// ---- begin include/gemma4_t4/cuda/persistent.hpp ----
+// gemma4_t4 implementation part, CUDA backend: the persistent decode executor -- a decode pass of 1..16 rows
+// as one cooperative launch of kernels/decode_step.cuh, which walks an instruction list built here once, at
+// load, from the block description (block.hpp): the same gemma4_layer() the CPU and the per-kernel paths
+// run, with Ops that emit instructions instead of computing.
+//
+// Where the per-kernel path launches a residual_norm, this one folds the residual into the next instruction's
+// x (StepX: every block with items builds its x rows in shared memory). Per layer: QKV GEMV, attention (head
+// norms, RoPE and the KV write fused in), o_proj, gate/up + GELU, down, PLE gate + GELU, per_layer_projection:
+// 7 instructions (E2B: 35 x 7 + 4 = 249 per step), each waiting on a counter, not a kernel boundary.
+//
+// Buffers (workspace rows reused; R >= 64): h ping-pong in ws.h rows [0, 16) and [16, 32), the residual
+// branch's projection in rows [32, 48); q / k / v in ws.proj_a / b / c; attention out in ws.q16; GELU
+// products in ws.act16 (MLP) and ws.x16 (PLE); the PLE projection in ws.tok, the per-layer inputs in ws.ple;
+// logits in ws.samp_logits, greedy tokens in ws.samp_out. One program serves every row count (the kernel
+// reads rows and the attention splits from its parameters).
+
+#include <string>
+#include <vector>
+
+// ---- begin kernels/decode_step.cuh ----
+// gemma4_t4 kernels: the persistent decode step -- one launch runs a whole decode step of 1..16 rows, from the
+// embedding to the sampled (greedy) token, as a list of instructions.
+//
+// Why: at E2B's sizes each matrix of a decode step is 0.2-10 MB, a few microseconds of bandwidth, about what
+// a kernel needs to fill and drain the GPU; a step as ~385 dependent kernels is latency, not bytes. Here every
+// block of one co-resident grid walks the same instruction list (cuda/persistent.hpp builds it from the block
+// description, block.hpp). Instruction i's work items are dealt round robin over the blocks, continuing where
+// instruction i - 1 stopped. Dependencies are counters, not grid barriers: a block with items in instruction i
+//   1. pulls the weights of its first items into L2 (prefetch.global.L2, bounded by prefetch_bytes per block),
+//   2. waits until done[i - 1] counts every item of instruction i - 1 (thread 0 spins on an acquire load),
+//   3. runs its items, pulling the weights of later items into L2 while it computes,
+//   4. fences and adds its item count to done[i].
+// A block with no items in instruction i goes straight on to i + 1: while the GPU finishes instruction i, the
+// blocks that will run i + 1 are already streaming its weights. The chain is linear (each instruction waits for
+// the one before), so every dependency further back holds transitively. The grid must be co-resident (a
+// cooperative launch, sized by the occupancy API), and done[] / best[] are zeroed before every launch.
+//
+// Instructions (StepOp):
+//   Gemv        kernels/gemv.cuh's gemv_block on the tensor cores. Its x rows are either a buffer an earlier
+//               instruction wrote (read through L2: ld.cg, never the read-only path, whose L1 lines may be a
+//               previous layer's), or built in shared memory by each block that has items (StepX): the
+//               residual of the previous branch and the next norm, folded in --
+//                 h = (embed row * scale) or h_in;  h = (h + norm(y) * w_post) * scalar  (when y);
+//                 x = half(norm(h) * w) or half(h);  the block with item 0 stores h to h_out
+//               -- so no instruction is spent on a norm. Epilogues: Store (fp32), GeluMul, GeluPle, Head (the LM
+//               head: soft-capped logits and each row's argmax key, max-reduced per block, then atomically).
+//   Attention   one (row, KV head, key split) per item: the group's q heads normalised and roped into shared
+//               memory, the new K/V of a layer that owns its cache normalised (+ roped) and written by the split
+//               that holds the row's position, then kernels/attention.cuh's attention_block over the caches
+//               (read through L2), the splits merged by the last to arrive.
+//   PleCombine  one (row, layer) per item: ple = (rmsnorm(proj * pscale) * w + tok * tscale) * mix, tok the
+//               token's table row as stored (bf16 / fp16 / fp32), as elementwise.cuh's kernels compute it.
+//   Tokens      one item: token[r] = the argmax index of row r.
+//
+// Shared memory (dynamic, kernel-wide union): the x rows [rows][ldx] fp16 + the GEMV reduction, or the
+// attention block's state + q [G][D] fp16. E2B at 16 rows: 49,408 + 4,096 (NT = 1) / 8,192 B. sm_75: no cp.async,
+// no PDL, no cluster; <= 64 KiB of shared memory per block; spin-waits on counters (co-residency by the
+// cooperative launch).
+
+// (kernels/attention.cuh: already inlined above)
+// (kernels/elementwise.cuh: already inlined above)
+// (kernels/gemv.cuh: already inlined above)
+
+namespace gemma4_t4 {
+namespace kernels {
+
+constexpr int kStepThreads = kGemvWarps * 32;  // 256
+constexpr int kStepMaxRows = kGemvMaxRows;     // 16
+constexpr int kStepChunks = 12;                // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
+
+enum class StepOp : int { Gemv, Attention, PleCombine, Tokens };
+
+// The x rows of a Gemv instruction, built in shared memory (build != 0; see the header), or a.x.
+struct StepX {
+  int build = 0;
+  const half* embed = nullptr;  // h = float(embed[ids[r]]) * embed_scale   [V, H] fp16, or
+  float embed_scale = 1.f;
+  const float* h_in = nullptr;    // h = h_in[r]                            [rows, H] fp32
+  const float* y = nullptr;       // then, when set: h = (h + y * r_y * w_post) * scalar   [rows, H] fp32
+  const float* w_post = nullptr;  // [H]
+  float scalar = 1.f;
+  float* h_out = nullptr;    // item 0's block stores h here                  [rows, H] fp32
+  const float* w = nullptr;  // x = half(h * r_h * w), or half(h) when null  [H]
+};
+
+struct StepAttn {
+  AttnArgs a;                       // the caches and tables, layer = the KV source, window, out, part_o/ml,
+                                    // counters = this instruction's merge tickets ([rows, kv_heads], zeroed)
+  const float* q = nullptr;         // [rows, heads * D] fp32 q_proj output
+  const float* q_w = nullptr;       // [D] q_norm
+  const float* inv_freq = nullptr;  // [D / 2]
+  const float* k = nullptr;         // [rows, kv_heads * D] fp32 k_proj output; null on KV-shared layers
+  const float* v = nullptr;         // [rows, kv_heads * D] fp32 v_proj output (k_proj's on k_eq_v layers)
+  const float* k_w = nullptr;       // [D] k_norm
+  int own_layer = 0;                // the cache table index k and v are written to
+};
+
+struct StepPle {
+  const float* proj = nullptr;         // [rows, L * D] fp32 per_layer_model_projection output
+  RawFloat tok_type = RawFloat::BF16;  // StepParams::ple_rows: the tokens' table rows [rows, L * D] as stored, or
+  const half* table16 = nullptr;       // [V, L * D] fp16: the whole table on the GPU (PleLocation::Device)
+  const float* w = nullptr;            // [D] per_layer_projection_norm
+  float pscale = 1.f, tscale = 1.f, mix = 1.f;
+  float* ple = nullptr;  // [rows, L * D] fp32
+  int L = 0, D = 0;
+};
+
+struct StepInstr {
+  StepOp op = StepOp::Gemv;
+  int items = 0;  // work items; Attention / PleCombine: set by the kernel from the launch's rows and splits
+  GemvEpilogue epilogue = GemvEpilogue::Store;
+  int head_dim = 0;  // Attention
+  GemvArgs gemv;     // Gemv (x = gemv.x when !x.build)
+  StepX x;
+  StepAttn attn;
+  StepPle ple;
+};
+
+struct StepParams {
+  const StepInstr* prog = nullptr;  // [count] in device memory
+  int count = 0;
+  int rows = 0;  // 1..16
+  int splits_sliding = 1, splits_full = 1;
+  const int* ids = nullptr;            // [rows] token ids
+  const int* pos = nullptr;            // [rows] positions
+  const int* seq = nullptr;            // [rows] cache table row of each row's session
+  const int* slots = nullptr;          // [seqs * L] KV slots
+  half* const* kbase = nullptr;        // [seqs * L] K caches
+  half* const* vbase = nullptr;        // [seqs * L] V caches
+  int layers = 0;                      // L (the cache table's row length)
+  unsigned* done = nullptr;            // [count] items finished per instruction; zero before the launch
+  unsigned* fault = nullptr;           // 0, or 1 + the instruction a wait timed out at; zero before the launch
+  unsigned long long* best = nullptr;  // [16] packed row maxima of the LM head; zero before the launch
+  int* tokens = nullptr;               // [rows] argmax ids
+  float eps = 1e-6f;
+  int prefetch_bytes = 0;          // weights a block keeps in flight to L2 ahead of its items
+  const void* ple_rows = nullptr;  // [rows, L * D] PLE table rows as stored (StepPle::tok_type), or null
+};
+
+// ---- synchronisation ----
+
+// A counter polled through L2 (no fence per poll: the waiter fences once, after the wait).
+__device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+constexpr unsigned long long kStepWaitNs = 2000000000ull;  // a wait this long is a fault, not a slow step
+
+// Thread 0 waits until *counter >= need; then every thread of the block sees what the counted blocks wrote.
+// A wait of more than kStepWaitNs (blocks not co-resident, a fault in another block) records instruction + 1 in
+// *fault and gives up, and so does every later wait once *fault is set: the launch ends, with the step's
+// results void, instead of hanging the GPU.
+__device__ __forceinline__ void step_wait(const unsigned* counter, unsigned need, unsigned* fault, int instr) {
+  if (threadIdx.x == 0) {
+    const unsigned long long t0 = global_ns();
+    unsigned ns = 32;  // back-off: up to ~130 blocks poll one L2 line that the finishing blocks' atomics need too
+    while (ld_relaxed(counter) < need) {
+      if (ld_relaxed(fault) != 0) break;
+      if (global_ns() - t0 > kStepWaitNs) {
+        atomicCAS(fault, 0u, unsigned(instr) + 1u);
+        break;
+      }
+      __nanosleep(ns);
+      ns = ns < 256 ? 2 * ns : 256;
+    }
+    __threadfence();  // acquire: what the counted blocks wrote before their release is visible from here on
+  }
+  __syncthreads();
+}
+
+// The block's writes for its items, then `n` more items done (release: bar.sync orders every thread's writes
+// before thread 0's fence, which orders them before the count -- the cooperative-groups grid-sync pattern).
+__device__ __forceinline__ void step_signal(unsigned* counter, unsigned n) {
+  __syncthreads();
+  if (threadIdx.x == 0 && n) {
+    __threadfence();
+    atomicAdd(counter, n);
+  }
+}
+
+// ---- L2 prefetch of a GEMV item's weights ----
+
+// Bytes of item `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array.
+struct GemvItemRange {
+  const char* p[4];
+  unsigned bytes[4];
+  int n;
+};
+
+__device__ __forceinline__ GemvItemRange gemv_item_range(const GemvArgs& a, int bid, bool two) {
+  GemvItemRange r;
+  r.n = 0;
+  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
+  const int first = a.first_block[mi];
+  const int per = 16 * (kGemvWarps / a.kw), row0 = (bid - first) * per;
+  for (int m = 0; m < (two ? 2 : 1); ++m) {
+    const GemvMat& g = a.mat[two ? m : mi];
+    const int rows = min(per, g.out - row0);
+    if (rows <= 0) continue;
+    if (g.wq) {
+      r.p[r.n] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
+      r.bytes[r.n++] = unsigned(rows) * (a.in / 2);
+      r.p[r.n] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
+      r.bytes[r.n++] = unsigned(rows) * (a.in / 16);
+    } else if (g.w16) {
+      r.p[r.n] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
+      r.bytes[r.n++] = unsigned(rows) * a.in * 2;
+    }
+  }
+  return r;
+}
+
+__device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
+  for (int i = 0; i < r.n; ++i)
+    for (unsigned off = threadIdx.x * 128u; off < r.bytes[i]; off += kStepThreads * 128u)
+      prefetch_l2_line(r.p[i] + off);
+}
+
+// ---- x rows in shared memory (StepX) ----
+
+// Warp w builds rows w, w + 8 of x into xs ([rows][ldx] fp16) from the residual stream; the block of item 0
+// (store_h) writes h back. Row sums in fp32, one warp per row (no block barrier inside).
+__device__ __forceinline__ void build_x(const StepX& x, const StepParams& p, int H, half* xs, int ldx, bool store_h) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n4 = H / 4;
+  if (warp < p.rows)  // the norms' weights into L1 while the rows' loads are in flight: no round trip later
+    for (int k = lane; k < H / 32; k += 32) {
+      if (x.w_post) prefetch_l1_line(x.w_post + 32 * k);
+      if (x.w) prefetch_l1_line(x.w + 32 * k);
+    }
+  for (int r = warp; r < p.rows; r += kGemvWarps) {
+    float4 hv[kStepChunks], yv[kStepChunks];
+    const half* erow = x.embed ? x.embed + size_t(p.ids[r]) * H : nullptr;
+#pragma unroll
+    for (int j = 0; j < kStepChunks; ++j) {
+      const int c = lane + 32 * j;
+      hv[j] = yv[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c >= n4) continue;
+      if (erow) {
+        const uint2 e = __ldg(reinterpret_cast<const uint2*>(erow) + c);
+        const float2 e0 = __half22float2(u32_as_h2(e.x)), e1 = __half22float2(u32_as_h2(e.y));
+        hv[j] = make_float4(e0.x * x.embed_scale, e0.y * x.embed_scale, e1.x * x.embed_scale, e1.y * x.embed_scale);
+      } else {
+        hv[j] = __ldcg(reinterpret_cast<const float4*>(x.h_in + size_t(r) * H) + c);
+      }
+      if (x.y) yv[j] = __ldcg(reinterpret_cast<const float4*>(x.y + size_t(r) * H) + c);
+    }
+    if (x.y) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j)
+        ss += yv[j].x * yv[j].x + yv[j].y * yv[j].y + yv[j].z * yv[j].z + yv[j].w * yv[j].w;
+      const float ry = rsqrtf(warp_sum(ss) / H + p.eps);
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j) {
+        const int c = lane + 32 * j;
+        if (c >= n4) continue;
+        const float4 w = __ldg(reinterpret_cast<const float4*>(x.w_post) + c);
+        const float4 a = hv[j], b = yv[j];
+        hv[j] = make_float4((a.x + b.x * ry * w.x) * x.scalar, (a.y + b.y * ry * w.y) * x.scalar,
+                            (a.z + b.z * ry * w.z) * x.scalar, (a.w + b.w * ry * w.w) * x.scalar);
+      }
+    }
+    float rh = 1.f;
+    if (x.w) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j)
+        ss += hv[j].x * hv[j].x + hv[j].y * hv[j].y + hv[j].z * hv[j].z + hv[j].w * hv[j].w;
+      rh = rsqrtf(warp_sum(ss) / H + p.eps);
+    }
+#pragma unroll
+    for (int j = 0; j < kStepChunks; ++j) {
+      const int c = lane + 32 * j;
+      if (c >= n4) continue;
+      const float4 v = hv[j];
+      if (store_h && x.h_out) reinterpret_cast<float4*>(x.h_out + size_t(r) * H)[c] = v;
+      float4 o = v;
+      if (x.w) {
+        const float4 w = __ldg(reinterpret_cast<const float4*>(x.w) + c);
+        o = make_float4(v.x * rh * w.x, v.y * rh * w.y, v.z * rh * w.z, v.w * rh * w.w);
+      }
+      const half2 lo = __halves2half2(to_half_sat(o.x), to_half_sat(o.y)),
+                  hi = __halves2half2(to_half_sat(o.z), to_half_sat(o.w));
+      *reinterpret_cast<uint2*>(xs + size_t(r) * ldx + 4 * c) = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
+    }
+  }
+}
+
+// ---- attention: per-head norms and RoPE (as head_norm_rope_kernel, one warp per head) ----
+
+// x: one head's D fp32 channels (L2); w: weight or null; inv_freq: RoPE table or null. Lane holds chunks
+// lane + 32 j (4 channels each); chunk q pairs with q + D / 8 (channel i with i + D / 2).
+template <int D>
+__device__ __forceinline__ void head_norm_rope(const float* x, const float* w, const float* inv_freq, int pos,
+                                               float eps, half* out) {
+  constexpr int J = D / 128;
+  const int lane = threadIdx.x & 31;
+  float4 v[J];
+  float ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    v[j] = __ldcg(reinterpret_cast<const float4*>(x) + lane + 32 * j);
+    ss += v[j].x * v[j].x + v[j].y * v[j].y + v[j].z * v[j].z + v[j].w * v[j].w;
+  }
+  const float r = rsqrtf(warp_sum(ss) / D + eps);
+  float f[J][4];
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const int c = 4 * (lane + 32 * j);
+    const float4 ww = w ? __ldg(reinterpret_cast<const float4*>(w + c)) : make_float4(1.f, 1.f, 1.f, 1.f);
+    f[j][0] = v[j].x * (r * ww.x);
+    f[j][1] = v[j].y * (r * ww.y);
+    f[j][2] = v[j].z * (r * ww.z);
+    f[j][3] = v[j].w * (r * ww.w);
+  }
+  if (inv_freq) {
+#pragma unroll
+    for (int j = 0; j < J / 2; ++j)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int c = 4 * (lane + 32 * j) + e;  // < D / 2; its partner c + D / 2 is f[j + J / 2][e]
+        const float fr = __ldg(inv_freq + c);
+        if (fr != 0.f) {
+          float s, co;
+          sincosf(float(pos) * fr, &s, &co);
+          const float a = f[j][e], b = f[j + J / 2][e];
+          f[j][e] = a * co - b * s;
+          f[j + J / 2][e] = b * co + a * s;
+        }
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < J; ++j) {
+    const half2 lo = __halves2half2(to_half_sat(f[j][0]), to_half_sat(f[j][1])),
+                hi = __halves2half2(to_half_sat(f[j][2]), to_half_sat(f[j][3]));
+    *reinterpret_cast<uint2*>(out + 4 * (lane + 32 * j)) = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
+  }
+}
+
+template <int D, int G>
+struct StepAttnSmem {
+  AttnSmem<D, G, kGemvWarps> attn;
+  __align__(16) half q[G][D];
+};
+
+template <int D, int G>
+__device__ __forceinline__ void step_attention(const StepInstr& ins, const StepParams& p, int item,
+                                               unsigned char* smem) {
+  StepAttnSmem<D, G>& sm = *reinterpret_cast<StepAttnSmem<D, G>*>(smem);
+  const StepAttn& s = ins.attn;
+  const AttnArgs& a = s.a;
+  const int splits = a.splits, kvh = (item / splits) % a.kv_heads, row = item / (splits * a.kv_heads),
+            sp = item % splits;
+  const int warp = threadIdx.x >> 5, group = a.heads / a.kv_heads, pos = p.pos[row];
+  if (warp < group)
+    head_norm_rope<D>(s.q + (size_t(row) * a.heads + kvh * group + warp) * D, s.q_w, s.inv_freq, pos, p.eps,
+                      sm.q[warp]);
+  const AttnRange rg = attn_range(a, row);
+  if (s.k && sp == rg.used - 1 && warp < 2) {  // the split holding the row's own key writes its K and V
+    const int idx = p.seq[row] * p.layers + s.own_layer;
+    const size_t at = (size_t(pos % p.slots[idx]) * a.kv_heads + kvh) * D;
+    const size_t in = (size_t(row) * a.kv_heads + kvh) * D;
+    if (warp == 0)
+      head_norm_rope<D>(s.k + in, s.k_w, s.inv_freq, pos, p.eps, p.kbase[idx] + at);
+    else
+      head_norm_rope<D>(s.v + in, nullptr, nullptr, pos, p.eps, p.vbase[idx] + at);
+    __threadfence();  // the block reads these slots back through L2
+  }
+  __syncthreads();
+  attention_block<D, G, kGemvWarps, true>(a, row, kvh, sp, splits > 1, sm.attn, &sm.q[0][0]);
+}
+
+// ---- the kernel ----
+
+template <int NT, int WL, GemvEpilogue E>
+__device__ __forceinline__ void step_gemv_item(const StepInstr& ins, int item, float* red, const half* xs,
+                                               unsigned long long* best) {
+  if (ins.x.build)
+    gemv_block<NT, WL, E, GemvX::Shared>(ins.gemv, item, red, xs, best);
+  else
+    gemv_block<NT, WL, E, GemvX::Coherent>(ins.gemv, item, red, xs, best);
+}
+
+// NT: 8-row tiles (1: rows <= 8, 2: <= 16); WL: the body's weight layout (kGemvF16 / kGemvW4; the LM head is
+// fp16); D_S, D_F: the sliding and full layers' head dims (256 / 512 on Gemma 4); G: the GQA group, padded.
+template <int NT, int WL, int G>
+static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(const StepParams p) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  // Two instruction slots: instruction i + 1 is loaded into registers while i runs, stored into the other slot.
+  constexpr int n16 = int(sizeof(StepInstr) / 16);
+  static_assert(sizeof(StepInstr) % 16 == 0 && n16 <= kStepThreads, "an instruction is one 16-byte load per thread");
+  __shared__ __align__(16) uint4 ins_raw[2][n16];
+  __shared__ unsigned long long best_s[kStepMaxRows];
+  const int tid = threadIdx.x, nb = int(gridDim.x), b = int(blockIdx.x);
+  if (tid < kStepMaxRows) best_s[tid] = 0;
+  uint4 next_chunk = tid < n16 ? __ldg(reinterpret_cast<const uint4*>(p.prog) + tid) : make_uint4(0u, 0u, 0u, 0u);
+  int base = 0;  // the block of the current instruction's item 0
+  unsigned prev_items = 0;
+  for (int i = 0; i < p.count; ++i) {
+    // Slot i & 1 was last read in instruction i - 2: every barrier of instruction i - 1 lies in between.
+    if (tid < n16) ins_raw[i & 1][tid] = next_chunk;
+    __syncthreads();
+    if (tid < n16 && i + 1 < p.count) next_chunk = __ldg(reinterpret_cast<const uint4*>(p.prog + i + 1) + tid);
+    StepInstr& ins = *reinterpret_cast<StepInstr*>(&ins_raw[i & 1][0]);
+    if (tid == 0) {  // the launch's shape
+      if (ins.op == StepOp::Attention) {
+        ins.attn.a.rows = p.rows;
+        ins.attn.a.splits = ins.attn.a.window > 0 ? p.splits_sliding : p.splits_full;
+        ins.items = p.rows * ins.attn.a.kv_heads * ins.attn.a.splits;
+      } else if (ins.op == StepOp::PleCombine) {
+        ins.items = p.rows * ins.ple.L;
+      }
+      ins.gemv.n = p.rows;
+    }
+    __syncthreads();
+    const int items = ins.items;
+    int first = (b - base) % nb;
+    if (first < 0) first += nb;
+    base = (base + items) % nb;
+    const unsigned wait_for = prev_items;
+    prev_items = unsigned(items);
+    if (first >= items) continue;  // nothing here: on to the next instruction's weights
+    const unsigned mine = unsigned((items - first + nb - 1) / nb);
+
+    if (ins.op == StepOp::Gemv) {
+      const bool two = ins.epilogue == GemvEpilogue::GeluMul;
+      const GemvItemRange r0 = gemv_item_range(ins.gemv, first, two);
+      unsigned per = 0;
+      for (int k = 0; k < r0.n; ++k) per += r0.bytes[k];
+      const int ahead = max(1, p.prefetch_bytes / int(max(per, 1u)));
+      int fetched = 0;  // my items whose weights are requested
+      for (; fetched < ahead && first + fetched * nb < items; ++fetched)
+        prefetch_range(gemv_item_range(ins.gemv, first + fetched * nb, two));
+      if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      float* red = reinterpret_cast<float*>(smem);
+      half* xs = reinterpret_cast<half*>(smem + sizeof(float) * gemv_red_floats<NT>());
+      if (ins.x.build) {
+        build_x(ins.x, p, ins.gemv.in, xs, ins.gemv.ldx, first == 0);
+        __syncthreads();
+      }
+      for (int k = 0, t = first; t < items; ++k, t += nb) {
+        if (first + fetched * nb < items) prefetch_range(gemv_item_range(ins.gemv, first + (fetched++) * nb, two));
+        if (k > 0) __syncthreads();  // the reduction scratch is free again
+        switch (ins.epilogue) {
+          case GemvEpilogue::Store: step_gemv_item<NT, WL, GemvEpilogue::Store>(ins, t, red, xs, best_s); break;
+          case GemvEpilogue::GeluMul: step_gemv_item<NT, WL, GemvEpilogue::GeluMul>(ins, t, red, xs, best_s); break;
+          case GemvEpilogue::GeluPle: step_gemv_item<NT, WL, GemvEpilogue::GeluPle>(ins, t, red, xs, best_s); break;
+          case GemvEpilogue::Head:
+            gemv_block<NT, kGemvF16, GemvEpilogue::Head, GemvX::Shared>(ins.gemv, t, red, xs, best_s);
+            break;
+        }
+      }
+      if (ins.epilogue == GemvEpilogue::Head) {
+        __syncthreads();
+        if (tid < p.rows && best_s[tid]) atomicMax(p.best + tid, best_s[tid]);
+      }
+    } else if (ins.op == StepOp::Attention) {
+      if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      for (int k = 0, t = first; t < items; ++k, t += nb) {
+        if (k > 0) __syncthreads();
+        if (ins.head_dim == 256)
+          step_attention<256, G>(ins, p, t, smem);
+        else
+          step_attention<512, G>(ins, p, t, smem);
+      }
+    } else if (ins.op == StepOp::PleCombine) {
+      if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      const StepPle& s = ins.ple;
+      for (int k = 0, t = first; t < items; ++k, t += nb) {
+        const size_t off = size_t(t) * s.D;  // (row, layer) slice of [rows, L, D]
+        float ss = 0.f;
+        for (int c = tid; c < s.D; c += kStepThreads) {
+          const float v = __ldcg(s.proj + off + c) * s.pscale;
+          ss += v * v;
+        }
+        const float r = rsqrtf(block_sum(ss) / s.D + p.eps);
+        const int row = t / s.L, l = t % s.L;
+        for (int c = tid; c < s.D; c += kStepThreads) {
+          float tk;
+          if (s.table16) {
+            tk = __half2float(s.table16[(size_t(p.ids[row]) * s.L + l) * s.D + c]);
+          } else if (s.tok_type == RawFloat::F32) {
+            tk = static_cast<const float*>(p.ple_rows)[off + c];
+          } else {
+            const unsigned short bits = static_cast<const unsigned short*>(p.ple_rows)[off + c];
+            tk = s.tok_type == RawFloat::BF16 ? __uint_as_float(unsigned(bits) << 16)
+                                              : __half2float(__ushort_as_half(bits));
+          }
+          s.ple[off + c] = (__ldcg(s.proj + off + c) * s.pscale * r * __ldg(s.w + c) + tk * s.tscale) * s.mix;
+        }
+      }
+    } else {  // Tokens
+      if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      if (tid < p.rows) p.tokens[tid] = argmax_index(__ldcg(p.best + tid));
+    }
+    step_signal(p.done + i, mine);
+  }
+}
+
+// Dynamic shared memory of decode_step_kernel for x rows of width H (padded by 8 halves) and the attention
+// state of the head dims 256 and 512.
+template <int NT, int G>
+constexpr size_t decode_step_smem(int H) {
+  const size_t gemv = sizeof(float) * gemv_red_floats<NT>() + size_t(NT * 8) * (H + 8) * sizeof(half);
+  const size_t attn = sizeof(StepAttnSmem<512, G>) > sizeof(StepAttnSmem<256, G>) ? sizeof(StepAttnSmem<512, G>)
+                                                                                  : sizeof(StepAttnSmem<256, G>);
+  return gemv > attn ? gemv : attn;
+}
+
+}  // namespace kernels
+}  // namespace gemma4_t4
+// ---- end kernels/decode_step.cuh ----
+// (include/gemma4_t4/cuda/planner.hpp: already inlined above)
+
+namespace gemma4_t4 {
+namespace detail {
+
+class PersistentDecoder {
+ public:
+  // Why this model / options / device cannot use it, or "" when it can.
+  static std::string unsupported(const ModelConfig& c, const DeviceWeights& w, const LoadOptions& opt) {
+    if (opt.decode_path != DecodePath::Persistent) return "LoadOptions::decode_path is Kernels";
+    if (c.hidden_size > kernels::kStepChunks * 128 || c.hidden_size % 128 != 0)
+      return "hidden_size " + std::to_string(c.hidden_size) + " (the persistent kernel takes multiples of 128 up to " +
+             std::to_string(kernels::kStepChunks * 128) + ")";
+    if (w.lm8 || w.lm4) return "a quantized LM head (LoadOptions::lm_head)";
+    if (!w.layers.empty() && !w.layers[0].q.wq)
+      return "fp16 weights (their persistent step disagrees with the per-kernel path on models with KV-shared, "
+             "double-wide layers: open, tests/gpu/test_persistent.cpp)";
+    int group = 0;
+    for (const LayerConfig& lc : c.layers) {
+      if (lc.head_dim != 256 && lc.head_dim != 512) return "head_dim " + std::to_string(lc.head_dim);
+      const int g = c.num_heads / lc.num_kv_heads;
+      if (group && g != group) return "layers with different GQA groups";
+      group = g;
+    }
+    if (kernels::gqa_group_pad(group) != 8) return "a GQA group of " + std::to_string(group) + " (instantiated: 5..8)";
+    if (c.hidden_size_per_layer_input % 8 != 0) return "hidden_size_per_layer_input % 8 != 0";
+    return "";
+  }
+
+  // The program and the launch shape. ple_type: how the PLE table's rows are stored (PleLocation::Host).
+  Status init(const ModelConfig& c, const DeviceWeights& w, Workspace& ws, int device, kernels::RawFloat ple_type) {
+    c_ = &c;
+    w_ = &w;
+    ws_ = &ws;
+    ple_type_ = ple_type;
+    int sms = 0, smem_optin = 0;
+    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "device attributes");
+    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+                       "device attributes");
+    int l2 = 0;
+    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "device attributes");
+    for (int nt = 0; nt < 2; ++nt) {
+      const void* fn = kernel(nt + 1);
+      const size_t smem = smem_bytes(nt + 1);
+      if (smem > size_t(smem_optin)) {
+        if (nt == 0) return err(Code::Unsupported, "persistent decode: ", smem, " B of shared memory per block");
+        max_rows_ = kernels::kGemvMaxRows / 2;
+        break;
+      }
+      GEMMA4_T4_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                         "persistent decode: shared memory");
+      int per_sm = 0;
+      GEMMA4_T4_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kernels::kStepThreads, smem),
+                         "persistent decode: occupancy");
+      if (per_sm < 1) return err(Code::Unsupported, "persistent decode: the kernel does not fit an SM");
+      grid_[nt] = per_sm * sms;
+      max_rows_ = (nt + 1) * 8;
+    }
+    // L2 prefetch ahead of a block's items: a share of half the L2 (T4: ~50 KB per block, H200: ~190 KB).
+    prefetch_bytes_ = std::max(16 << 10, l2 / 2 / std::max(grid_[0], 1));
+    return build();
+  }
+
+  int max_rows() const { return max_rows_; }
+  int grid(int rows) const { return grid_[rows <= 8 ? 0 : 1]; }
+
+  // One decode step of `rows` rows whose metadata is on the device (ws.dev) and whose PLE rows are at
+  // ple_rows (as stored; null with the table on the GPU): logits into ws.samp_logits, greedy tokens into
+  // ws.samp_out.
+  Status run(int rows, int max_pos, const void* ple_rows, int sms, cudaStream_t stream) {
+    const ModelConfig& c = *c_;
+    GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(best_, 0, counter_bytes_, stream), "persistent decode: counters");
+    kernels::StepParams p;
+    p.prog = prog_;
+    p.count = count_;
+    p.rows = rows;
+    p.splits_sliding = splits(rows, max_pos + 1, c.sliding_window, sms);
+    p.splits_full = splits(rows, max_pos + 1, 0, sms);
+    p.ids = ws_->dev.ids;
+    p.pos = ws_->dev.pos;
+    p.seq = ws_->dev.seq;
+    p.slots = ws_->dev.slots;
+    p.kbase = ws_->dev.k;
+    p.vbase = ws_->dev.v;
+    p.layers = c.num_layers;
+    p.done = done_;
+    p.fault = fault_;
+    p.best = best_;
+    p.tokens = ws_->samp_out;
+    p.eps = c.rms_norm_eps;
+    p.prefetch_bytes = prefetch_bytes_;
+    p.ple_rows = ple_rows;
+    const int nt = rows <= 8 ? 1 : 2;
+    void* args[] = {&p};
+    GEMMA4_T4_CUDA_TRY(cudaLaunchCooperativeKernel(kernel(nt), dim3(unsigned(grid_[nt - 1])),
+                                                   dim3(kernels::kStepThreads), args, smem_bytes(nt), stream),
+                       "persistent decode step");
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(fault_host_, fault_, sizeof(unsigned), cudaMemcpyDeviceToHost, stream),
+                       "persistent decode step");
+    return Status::ok();
+  }
+
+  // After the stream has synchronised: whether the last run() gave up waiting (kernels::kStepWaitNs).
+  Status check() const {
+    if (*fault_host_ == 0) return Status::ok();
+    return err(Code::BackendError, "persistent decode step: a block waited more than ", kernels::kStepWaitNs / 1000000,
+               " ms before instruction ", *fault_host_ - 1, " of ", count_,
+               " (results void; decode passes now take the per-kernel path)");
+  }
+
+  // The block's steps (block.hpp), as instructions.
+  Status norm(int l, Norm which) {
+    const DevLayer& d = w_->layers[l];
+    next_x_ = take_x(which == Norm::Input ? d.in_norm : which == Norm::PreMlp ? d.pre_ff : nullptr);
+    return Status::ok();
+  }
+
+  Status qkv(int l) {
+    const LayerConfig& lc = c_->layers[l];
+    const DevLayer& d = w_->layers[l];
+    kernels::GemvArgs a;
+    a.mat[0] = mat(d.q, ws_->proj_a);
+    a.count = 1;
+    if (!lc.kv_shared) {
+      a.mat[1] = mat(d.k, ws_->proj_b);
+      a.count = 2;
+      if (!lc.k_eq_v) {
+        a.mat[2] = mat(d.v, ws_->proj_c);
+        a.count = 3;
+      }
+    }
+    return gemv(a, a.count, kernels::GemvEpilogue::Store, d.q.in, next_x_, "q/k/v_proj");
+  }
+
+  Status heads(int) { return Status::ok(); }  // fused into attend()
+
+  Status attend(int l) {
+    const ModelConfig& c = *c_;
+    const LayerConfig& lc = c.layers[l];
+    const DevLayer& d = w_->layers[l];
+    kernels::StepInstr ins;
+    ins.op = kernels::StepOp::Attention;
+    ins.head_dim = lc.head_dim;
+    kernels::StepAttn& s = ins.attn;
+    kernels::AttnArgs& a = s.a;
+    a.kbase = ws_->dev.k;
+    a.vbase = ws_->dev.v;
+    a.capacity = ws_->dev.slots;
+    a.seq = ws_->dev.seq;
+    a.pos = ws_->dev.pos;
+    a.layer = lc.kv_source;
+    a.layers = c.num_layers;
+    a.heads = c.num_heads;
+    a.kv_heads = lc.num_kv_heads;
+    a.window = lc.type == LayerType::Sliding ? c.sliding_window : 0;
+    a.part_o = ws_->part_o;
+    a.part_ml = ws_->part_ml;
+    a.out = ws_->q16;
+    a.counters = tickets_ + size_t(l) * kernels::kStepMaxRows * kv_heads_max_;
+    s.q = ws_->proj_a;
+    s.q_w = d.q_norm;
+    s.inv_freq = d.inv_freq;
+    if (!lc.kv_shared) {
+      s.k = ws_->proj_b;
+      s.v = lc.k_eq_v ? ws_->proj_b : ws_->proj_c;
+      s.k_w = d.k_norm;
+      s.own_layer = l;
+    }
+    prog_host_.push_back(ins);
+    return Status::ok();
+  }
+
+  Status gate(int l, Branch b) {
+    const DevLayer& d = w_->layers[l];
+    kernels::GemvArgs a;
+    if (b == Branch::Mlp) {
+      a.mat[0] = mat(d.gate, nullptr);
+      a.mat[1] = mat(d.up, nullptr);
+      a.out16 = ws_->act16;
+      a.ld16 = d.gate.out;
+      return gemv(a, 2, kernels::GemvEpilogue::GeluMul, d.gate.in, next_x_, "gate/up_proj");
+    }
+    const int L = c_->num_layers, D = c_->hidden_size_per_layer_input;
+    a.mat[0] = mat(d.ple_gate, nullptr);
+    a.out16 = ws_->x16;
+    a.ld16 = D;
+    a.ple = ws_->ple;
+    a.ple_ld = L * D;
+    a.ple_off = l * D;
+    return gemv(a, 1, kernels::GemvEpilogue::GeluPle, d.ple_gate.in, next_x_, "per_layer_input_gate");
+  }
+
+  Status residual(int l, Branch b) {
+    const DevLayer& d = w_->layers[l];
+    const DevLinear& w = b == Branch::Attention ? d.o : b == Branch::Mlp ? d.down : d.ple_proj;
+    const half* x = b == Branch::Attention ? ws_->q16 : b == Branch::Mlp ? ws_->act16 : ws_->x16;
+    kernels::GemvArgs a;
+    a.mat[0] = mat(w, y_res_);
+    a.x = x;
+    kernels::StepX from_buffer;  // build = 0: x = a.x
+    GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Store, w.in, from_buffer, "residual projection"));
+    pending_y_ = y_res_;
+    pending_w_ = b == Branch::Attention ? d.post_attn : b == Branch::Mlp ? d.post_ff : d.post_ple;
+    pending_scalar_ = 1.f;
+    return Status::ok();
+  }
+
+  Status scale(int l) {
+    pending_scalar_ = w_->layers[l].scalar;
+    return Status::ok();
+  }
+
+  PersistentDecoder() = default;
+  ~PersistentDecoder() { cuda_free(Mem::Pinned, fault_host_); }
+  PersistentDecoder(const PersistentDecoder&) = delete;
+  PersistentDecoder& operator=(const PersistentDecoder&) = delete;
+
+ private:
+  // The instantiations: 8-row tiles (rows <= 8 / <= 16) of w4a16 bodies with GQA groups padded to 8 (E2B's;
+  // unsupported() refuses the rest until an instantiation for them is worth its compile time).
+  static const void* kernel(int nt) {
+    using kernels::decode_step_kernel;
+    return nt == 1 ? reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8>)
+                   : reinterpret_cast<const void*>(&decode_step_kernel<2, kernels::kGemvW4, 8>);
+  }
+  size_t smem_bytes(int nt) const {
+    const int H = c_->hidden_size;
+    return nt == 1 ? kernels::decode_step_smem<1, 8>(H) : kernels::decode_step_smem<2, 8>(H);
+  }
+
+  // Key splits of one attention instruction: as many 32-key tiles per block as the kernel's grid fills,
+  // never more than the fused merge takes (one pass over the splits' partials by the last block).
+  int splits(int rows, int keys, int window, int sms) const {
+    const int s = attention_splits(*c_, sms, rows, keys, window);
+    int hd = 0, group = 1;
+    for (const LayerConfig& lc : c_->layers)
+      if ((lc.type == LayerType::Sliding) == (window > 0)) {
+        hd = std::max(hd, lc.head_dim);
+        group = std::max(group, c_->num_heads / lc.num_kv_heads);
+      }
+    return std::max(1, std::min(s, kernels::attention_fused_splits(group, hd ? hd : 512)));
+  }
+
+  static kernels::GemvMat mat(const DevLinear& w, float* y) {
+    kernels::GemvMat m;
+    m.w16 = w.w16;
+    m.wq = w.wq;
+    m.s = w.s16;
+    m.out = w.out;
+    m.y = y;
+    m.ldy = w.out;
+    return m;
+  }
+
+  // The x of the next Gemv: the residual stream with the pending branch folded in, then the norm `w` (null:
+  // a copy). h moves to the other ping-pong buffer when a branch is folded.
+  kernels::StepX take_x(const float* w) {
+    kernels::StepX x;
+    x.build = 1;
+    x.w = w;
+    if (!h_valid_) {  // the first x of the step: h = the token's embedding row
+      x.embed = w_->embed16;
+      x.embed_scale = float(std::sqrt(double(c_->hidden_size)));
+      x.h_out = h_[0];
+      h_cur_ = 0;
+      h_valid_ = true;
+      return x;
+    }
+    x.h_in = h_[h_cur_];
+    if (pending_y_) {
+      x.y = pending_y_;
+      x.w_post = pending_w_;
+      x.scalar = pending_scalar_;
+      x.h_out = h_[h_cur_ ^ 1];
+      h_cur_ ^= 1;
+      pending_y_ = nullptr;
+    }
+    return x;
+  }
+
+  Status gemv(kernels::GemvArgs a, int nmats, kernels::GemvEpilogue e, int in, const kernels::StepX& x,
+              const char* what) {
+    a.n = kernels::kStepMaxRows;  // the shape checks; the kernel sets the launch's rows
+    a.in = in;
+    a.ldx = in + 8;
+    unsigned blocks = 0;
+    if (kernels::gemv_plan(a, nmats, e, !x.build, &blocks) != cudaSuccess || blocks == 0)
+      return err(Code::Unsupported, "persistent decode: ", what, " (in ", in, ", out ", a.mat[0].out,
+                 ") is not a shape the decode GEMV takes");
+    if (x.build && in != c_->hidden_size)
+      return err(Code::BackendError, "persistent decode: ", what, " builds x rows of ", in, " != hidden_size");
+    kernels::StepInstr ins;
+    ins.op = kernels::StepOp::Gemv;
+    ins.items = int(blocks);
+    ins.epilogue = e;
+    ins.gemv = a;
+    ins.x = x;
+    prog_host_.push_back(ins);
+    return Status::ok();
+  }
+
+  Status build() {
+    const ModelConfig& c = *c_;
+    const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, V = c.vocab_size;
+    kv_heads_max_ = 1;
+    for (const LayerConfig& lc : c.layers) kv_heads_max_ = std::max(kv_heads_max_, lc.num_kv_heads);
+    // Counters, zeroed before each step: best_ [16] u64, fault_, tickets_ [L][16][kv heads], done_
+    // [instructions] (at most 2 + 7 L + 2).
+    const size_t tickets = size_t(L) * kernels::kStepMaxRows * kv_heads_max_, max_count = size_t(8) * L + 8;
+    counter_bytes_ = 16 * sizeof(unsigned long long) + (1 + tickets + max_count) * sizeof(unsigned);
+    uint8_t* counters = nullptr;
+    GEMMA4_T4_TRY(mem_.alloc(counter_bytes_, "persistent decode: counters", &counters));
+    best_ = reinterpret_cast<unsigned long long*>(counters);
+    fault_ = reinterpret_cast<unsigned*>(counters + 16 * sizeof(unsigned long long));
+    tickets_ = fault_ + 1;
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, sizeof(unsigned), "persistent decode: fault flag", &fault_host_));
+    *fault_host_ = 0;
+    done_ = tickets_ + tickets;
+    h_[0] = ws_->h;
+    h_[1] = ws_->h + size_t(kernels::kStepMaxRows) * H;
+    y_res_ = ws_->h + size_t(2) * kernels::kStepMaxRows * H;
+    prog_host_.clear();
+    h_valid_ = false;
+    pending_y_ = nullptr;
+    if (D > 0) {  // per-layer inputs: projection of the embedding (x = half(h)), then the combine
+      kernels::GemvArgs a;
+      a.mat[0] = mat(w_->ple_model_proj, ws_->tok);
+      GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Store, H, take_x(nullptr), "per_layer_model_projection"));
+      kernels::StepInstr ins;
+      ins.op = kernels::StepOp::PleCombine;
+      ins.ple.proj = ws_->tok;
+      ins.ple.table16 = w_->ple_table16;
+      ins.ple.tok_type = ple_type_;
+      ins.ple.w = w_->ple_norm;
+      ins.ple.pscale = float(1.0 / std::sqrt(double(H)));
+      ins.ple.tscale = float(std::sqrt(double(D)));
+      ins.ple.mix = float(1.0 / std::sqrt(2.0));
+      ins.ple.ple = ws_->ple;
+      ins.ple.L = L;
+      ins.ple.D = D;
+      prog_host_.push_back(ins);
+    }
+    GEMMA4_T4_TRY(gemma4_layers(*this, c));
+    {  // LM head: final norm of the folded residual, soft-capped logits, each row's argmax
+      kernels::GemvArgs a;
+      a.mat[0] = mat(DevLinear{V, H, w_->lm16, nullptr, nullptr}, ws_->samp_logits);
+      a.softcap = c.final_logit_softcapping;
+      GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Head, H, take_x(w_->final_norm), "LM head"));
+      kernels::StepInstr ins;
+      ins.op = kernels::StepOp::Tokens;
+      ins.items = 1;
+      prog_host_.push_back(ins);
+    }
+    count_ = int(prog_host_.size());
+    if (size_t(count_) > max_count)
+      return err(Code::BackendError, "persistent decode: ", count_, " instructions (counters for ", max_count, ")");
+    GEMMA4_T4_TRY(mem_.alloc(prog_host_.size(), "persistent decode: program", &prog_));
+    GEMMA4_T4_CUDA_TRY(
+        cudaMemcpy(prog_, prog_host_.data(), prog_host_.size() * sizeof(kernels::StepInstr), cudaMemcpyHostToDevice),
+        "persistent decode: program upload");
+    return Status::ok();
+  }
+
+  const ModelConfig* c_ = nullptr;
+  const DeviceWeights* w_ = nullptr;
+  Workspace* ws_ = nullptr;
+  kernels::RawFloat ple_type_ = kernels::RawFloat::BF16;
+  int grid_[2] = {0, 0};  // blocks for rows <= 8 / <= 16
+  int max_rows_ = 0;
+  int prefetch_bytes_ = 0;
+  int kv_heads_max_ = 1;
+  DeviceMemory mem_;
+  kernels::StepInstr* prog_ = nullptr;  // [count_] device copy of prog_host_
+  int count_ = 0;
+  std::vector<kernels::StepInstr> prog_host_;
+  size_t counter_bytes_ = 0;            // best_ + done_ + tickets_, zeroed before each step
+  unsigned long long* best_ = nullptr;  // [16] packed argmax keys
+  unsigned* done_ = nullptr;            // [count_] finished items per instruction
+  unsigned* fault_ = nullptr;           // kernels::StepParams::fault
+  unsigned* fault_host_ = nullptr;      // pinned copy, read after the stream synchronises
+  unsigned* tickets_ = nullptr;         // [L][16][kv heads] attention merge tickets
+  // program building (take_x / residual)
+  float* h_[2] = {nullptr, nullptr};  // [16, H] fp32 ping-pong residual stream
+  float* y_res_ = nullptr;            // [16, H] fp32 the residual branch's projection
+  int h_cur_ = 0;
+  bool h_valid_ = false;
+  const float* pending_y_ = nullptr;
+  const float* pending_w_ = nullptr;
+  float pending_scalar_ = 1.f;
+  kernels::StepX next_x_;
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/persistent.hpp ----
+
+namespace gemma4_t4 {
+namespace detail {
+
+class PassExecutor {
+ public:
+  PassExecutor() = default;
+  PassExecutor(const PassExecutor&) = delete;
+  PassExecutor& operator=(const PassExecutor&) = delete;
+  ~PassExecutor() {
+    for (auto& per_dst : graphs_)
+      for (cudaGraphExec_t g : per_dst)
+        if (g) cudaGraphExecDestroy(g);
+    cuda_free(Mem::Device, seen_dev_);
+  }
+
+  Status init(const ModelConfig& c, const Weights& w, const DeviceWeights& dw, Workspace& ws, const LoadOptions& opt,
+              cudaStream_t stream, cublasHandle_t blas, bool pdl, int device, int sms) {
+    c_ = &c;
+    dw_ = &dw;
+    ws_ = &ws;
+    opt_ = &opt;
+    stream_ = stream;
+    blas_ = blas;
+    launch_ = kernels::Launch(stream, pdl);
+    sms_ = sms;
+    for (const LayerConfig& lc : c.layers) {  // prefill layers the tensor-core attention kernel takes
+      const int group = c.num_heads / lc.num_kv_heads;
+      if (kernels::flash_attention_supported(lc.head_dim, group)) flash_groups_ |= 1 << kernels::gqa_group_index(group);
+    }
+    if (c.hidden_size_per_layer_input > 0 && !dw.ple_table16)
+      GEMMA4_T4_TRY(ple_.init(c, *w.ple_table, opt.max_pass_rows));
+    persistent_why_ = PersistentDecoder::unsupported(c, dw, opt);
+    if (persistent_why_.empty()) {
+      persistent_ = std::make_unique<PersistentDecoder>();
+      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type());
+      if (!st) {
+        persistent_.reset();
+        if (st.code == Code::OutOfMemory) return st;
+        persistent_why_ = st.message;  // e.g. too little shared memory: the per-kernel path serves
+      }
+    }
+    return Status::ok();
+  }
+
+  // How decode passes run, in words.
+  std::string decode_path() const {
+    if (persistent_)
+      return "persistent kernel (" + std::to_string(persistent_->grid(1)) +
+             " blocks, <= " + std::to_string(persistent_->max_rows()) + " rows; larger batches: per-kernel)";
+    std::string s = opt_->cuda_graphs ? "per-kernel, CUDA graphs" : "per-kernel";
+    if (launch_.pdl) s += ", programmatic dependent launch";
+    return s + " (persistent kernel not used: " + persistent_why_ + ")";
+  }
+
+  // Splits the items into passes and builds the graphs its decode passes will replay (logits to dev_out
+  // when set, else to the host). seen: repetition-penalty ids the step will upload.
+  Status prepare(const ForwardItem* items, size_t count, Logits which, float* dev_out, size_t seen, Plan* plan) {
+    *plan = split_passes(items, count, opt_->max_pass_rows);
+    int row = 0;  // dev_out row of each pass's first logits
+    for (const Pass& pass : *plan) {
+      if (!takes_persistent(pass, which, dev_out, row) && replays_graph(pass, which, row))
+        GEMMA4_T4_TRY(build_graph(int(pass.size()), dev_out ? dev_out : ws_->logits));
+      row += selected_rows(pass, which);
+    }
+    return ensure_seen(seen);
+  }
+
+  // Runs the passes (positions are advanced by the caller). Logit rows go to `logits` (host), or stay on the
+  // GPU at dev_out[i * vocab] when dev_out is set.
+  Status run(const Plan& plan, Logits which, std::vector<float>* logits, float* dev_out) {
+    Run r{which, logits, dev_out};
+    greedy_rows_ = 0;
+    for (size_t p = 0; p < plan.size(); ++p) {
+      if (plan[p].empty()) continue;
+      const Pass* next = nullptr;
+      for (size_t q = p + 1; q < plan.size() && !next; ++q)
+        if (!plan[q].empty()) next = &plan[q];
+      const Status st = run_pass(plan[p], next, &r);
+      if (!st) {
+        ple_.drain();
+        return st;
+      }
+    }
+    return Status::ok();
+  }
+
+  // One token per row from the first `k` rows of ws.samp_logits (Engine::step's samples) into next[k]. Greedy
+  // rows the persistent decode step has already picked (ws.samp_out) are only downloaded.
+  Status sample(const SampleItem* samples, int k, int32_t* next) {
+    bool picked = greedy_rows_ == k;
+    for (int i = 0; i < k && picked; ++i) {
+      const SamplingOptions& o = samples[i].options;
+      picked = (o.temperature <= 0.f || o.top_k == 1) && o.repetition_penalty == 1.f;
+    }
+    if (picked) {
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(next, ws_->samp_out, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_),
+                         "token download");
+      GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "sampling");
+      return Status::ok();
+    }
+    std::vector<kernels::SampleParams> params(static_cast<size_t>(k));
+    std::vector<int32_t> seen;
+    for (int i = 0; i < k; ++i) {
+      const SampleItem& si = samples[i];
+      kernels::SampleParams& p = params[size_t(i)];
+      p.temperature = si.options.temperature;
+      p.top_k = si.options.top_k;
+      p.top_p = si.options.top_p;
+      p.min_p = si.options.min_p;
+      p.penalty = si.options.repetition_penalty;
+      p.seen_offset = int(seen.size());
+      p.seen_count = int(si.seen.size());
+      p.seed = si.options.seed;
+      p.counter = si.counter;
+      seen.insert(seen.end(), si.seen.begin(), si.seen.end());
+    }
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ws_->samp_params, params.data(), params.size() * sizeof(params[0]),
+                                       cudaMemcpyHostToDevice, stream_),
+                       "sampling parameters");
+    if (!seen.empty())
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(seen_dev_, seen.data(), seen.size() * 4, cudaMemcpyHostToDevice, stream_),
+                         "seen ids");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_sample(ws_->samp_logits, k, c_->vocab_size, ws_->samp_params, seen_dev_,
+                                              ws_->samp_out, launch_),
+                       "sampling");
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(next, ws_->samp_out, size_t(k) * 4, cudaMemcpyDeviceToHost, stream_),
+                       "token download");
+    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "sampling");
+    return Status::ok();
+  }
+
+ private:
+  struct Run {
+    Logits which;
+    std::vector<float>* logits;  // host destination, or
+    float* dev_out;              // device destination
+    int dev_row = 0;             // next row of dev_out
+    int ple_buf = 0;             // the PLE stager's half holding (or about to hold) this pass's rows
+    bool ple_ready = false;      // gathered and uploaded already, while the previous pass ran
   };
 
-  static bool large_ple_pass(const std::vector<Segment>& segs) {  // more rows than a decode step
-    size_t rows = 0;
-    for (const Segment& g : segs) rows += size_t(g.n);
-    return rows > size_t(kernels::kGemvMaxRows);
+  // A decode pass the persistent kernel runs: logits to the host or to the start of ws.samp_logits.
+  bool takes_persistent(const Pass& pass, Logits which, const float* dev_out, int dev_row) const {
+    return persistent_ && is_decode_pass(pass, which) && int(pass.size()) <= persistent_->max_rows() &&
+           (!dev_out || (dev_out == ws_->samp_logits && dev_row == 0));
   }
 
-  // Brings the PLE rows of a pass's tokens, as stored, from the mapped table to half `buf` of ple_raw_, through
-  // half `buf` of ple_host_: 17.5 KB per token on E2B, so a 2048-row prefill pass moves 36 MB. Decode steps:
-  // one memcpy per row and an upload on stream_. Larger passes: gathered by the host's threads (parallel_for),
-  // uploaded on copy_stream_, then ple_copied_[buf] is recorded (stream_ waits for it before the widen).
-  // (Measured on the H200 host: gathering in two chunks, the first uploaded while the second is gathered,
-  // took longer than one: each chunk pays the thread start-ups.)
-  Status stage_ple(const std::vector<Segment>& segs, int buf, bool* async) const {
-    const size_t row = ple_row_bytes();
-    uint8_t* host = ple_host_ + size_t(buf) * ple_pass_bytes();
-    uint8_t* dev = ple_raw_ + size_t(buf) * ple_pass_bytes();
-    const uint8_t* table = w_->ple_table->data;
-    std::vector<int32_t> ids;
-    ids.reserve(size_t(max_rows_));
-    for (const Segment& g : segs) ids.insert(ids.end(), g.tokens, g.tokens + g.n);
-    auto copy = [&](size_t b, size_t e) {
-      for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids[r]) * row, row);
-    };
-    *async = large_ple_pass(segs);
-    if (!*async) {  // not worth a thread or a second stream
-      copy(0, ids.size());
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids.size() * row, cudaMemcpyHostToDevice, stream_),
-                         "PLE rows upload");
-      return Status::ok();
-    }
-    parallel_for(ids.size(), double(ids.size() * row), copy);
-    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids.size() * row, cudaMemcpyHostToDevice, copy_stream_),
-                       "PLE rows upload");
-    GEMMA4_T4_CUDA_TRY(cudaEventRecord(ple_copied_[buf], copy_stream_), "PLE rows upload");
-    return Status::ok();
+  // A decode pass replays a CUDA graph per row count, captured for logits at the start of ws.logits /
+  // dev_out: only a pass whose logits start there.
+  bool replays_graph(const Pass& pass, Logits which, int dev_row) const {
+    return opt_->cuda_graphs && dev_row == 0 && is_decode_pass(pass, which);
   }
 
-  Status run_pass(const std::vector<Segment>& segs, const std::vector<Segment>* next, PleStage* stage, Logits which,
-                  std::vector<float>* logits, float* dev_out) const {
-    const ModelConfig& c = *cfg_;
-    const int L = c.num_layers, D = c.hidden_size_per_layer_input, V = c.vocab_size;
-    // Host metadata: ids, seq, pos per row; rows that want logits; cache table per (seq, layer).
-    int32_t* mi = static_cast<int32_t*>(meta_host_);
-    int32_t *ids = mi, *seq = mi + max_rows_, *pos = mi + 2 * max_rows_, *sel = mi + 3 * max_rows_;
-    int32_t* cap = mi + 4 * max_rows_;
-    half** ptrs = reinterpret_cast<half**>(static_cast<uint8_t*>(meta_host_) + meta_int_bytes());
-    int rows = 0, nsel = 0, max_pos = 0;
-    for (size_t s = 0; s < segs.size(); ++s) {
-      const Segment& g = segs[s];
-      for (int t = 0; t < g.n; ++t) {
-        ids[rows] = g.tokens[t];
-        seq[rows] = int(s);
-        pos[rows] = int(g.pos + t);
-        max_pos = std::max(max_pos, pos[rows]);
-        if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) sel[nsel++] = rows;
-        ++rows;
-      }
-      for (int l = 0; l < L; ++l) {
-        cap[s * L + l] = g.s->capacity[l];
-        ptrs[s * L + l] = g.s->k[l];
-        ptrs[size_t(kMaxSeqs) * L + s * L + l] = g.s->v[l];
-      }
-    }
-    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(meta_i32_, meta_host_, meta_int_bytes(), cudaMemcpyHostToDevice, stream_),
+  Status run_pass(const Pass& pass, const Pass* next, Run* r) {
+    const ModelConfig& c = *c_;
+    const int V = c.vocab_size;
+    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host);
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ws_->meta_dev, ws_->meta_host, PassMeta::bytes(ws_->max_rows, c.num_layers),
+                                       cudaMemcpyHostToDevice, stream_),
                        "metadata upload");
-    GEMMA4_T4_CUDA_TRY(
-        cudaMemcpyAsync(kv_ptrs_, ptrs, size_t(kMaxSeqs) * L * 2 * sizeof(void*), cudaMemcpyHostToDevice, stream_),
-        "metadata upload");
-    const bool host_ple = D > 0 && !ple_table16_;
-    if (host_ple) {  // PLE rows from the mapped file (host), before any kernel needs them
-      // Copied as stored and widened to fp32 on the GPU; converting element by element on the host cost ~10 ms
-      // per 512-row prefill pass.
-      const size_t LD = size_t(L) * D;
-      bool async = stage->ready;
-      if (!stage->ready) GEMMA4_T4_TRY(stage_ple(segs, stage->buf, &async));
-      if (async) GEMMA4_T4_CUDA_TRY(cudaStreamWaitEvent(stream_, ple_copied_[stage->buf], 0), "PLE rows upload");
-      const DType t = w_->ple_table->dtype;
-      const kernels::RawFloat rt = t == DType::BF16  ? kernels::RawFloat::BF16
-                                   : t == DType::F16 ? kernels::RawFloat::F16
-                                                     : kernels::RawFloat::F32;
-      GEMMA4_T4_CUDA_TRY(
-          kernels::launch_widen(ple_raw_ + size_t(stage->buf) * ple_pass_bytes(), rt, size_t(rows) * LD, tok_, stream_),
-          "PLE rows widen");
-    }
-    // Decode passes (one token per session, every row selected, <= 16 rows) replay a CUDA graph per batch size.
-    if (replays_graph(segs, which, dev_out ? dev_row_ : 0)) {
-      float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
-      GEMMA4_T4_TRY(replay_decode(rows, dst));
-      if (dev_out)
-        dev_row_ += rows;
-      else
-        GEMMA4_T4_TRY(download(rows, logits));
+    const bool host_ple = c.hidden_size_per_layer_input > 0 && !dw_->ple_table16;
+    bool ple_async = r->ple_ready;
+    if (host_ple && !r->ple_ready)  // PLE rows from the mapped file (host), before any kernel needs them
+      GEMMA4_T4_TRY(ple_.stage(pass, r->ple_buf, stream_, &ple_async));
+    const bool persist = takes_persistent(pass, r->which, r->dev_out, r->dev_row);
+    if (host_ple && !persist) GEMMA4_T4_TRY(ple_.widen(r->ple_buf, ple_async, sh.rows, ws_->tok, launch_));
+    if (persist) {  // the whole step as one kernel: logits in samp_logits, greedy tokens in samp_out
+      if (host_ple && ple_async) GEMMA4_T4_CUDA_TRY(ple_.wait(r->ple_buf, stream_), "PLE rows upload");
+      GEMMA4_T4_TRY(persistent_->run(sh.rows, sh.max_pos, host_ple ? ple_.raw(r->ple_buf) : nullptr, sms_, stream_));
+      if (r->dev_out) {
+        r->dev_row += sh.rows;
+        greedy_rows_ = sh.rows;
+      } else {
+        GEMMA4_T4_TRY(download(ws_->samp_logits, sh.rows, r->logits));
+      }
+    } else if (replays_graph(pass, r->which, r->dev_out ? r->dev_row : 0)) {
+      float* dst = r->dev_out ? r->dev_out + size_t(r->dev_row) * V : ws_->logits;
+      GEMMA4_T4_TRY(build_graph(sh.rows, dst));  // built already by prepare()
+      GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(graph_for(sh.rows, dst), stream_), "graph launch");
+      GEMMA4_T4_TRY(deliver(sh.rows, r));
     } else {
+      LayerPass lp;
+      lp.rows = sh.rows;
+      lp.launch = launch_;
+      lp.sliding_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
+      lp.full_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, 0);
       // A pass holding a prompt chunk runs attention on the tensor cores (kernels/flash_attention.cuh): tile
       // tables for the group sizes the layers use; decode-only passes keep the split kernel.
-      const bool prefill = rows > int(segs.size());
-      for (int gi = 0; gi < 4; ++gi) {
-        flash_tiles_[gi] = 0;
-        if (!prefill || !(flash_groups_ & (1 << gi))) continue;
-        int2* th = tiles_host_ + size_t(gi) * max_rows_;
-        flash_tiles_[gi] = kernels::flash_attention_tiles(seq, pos, rows, 1 << gi, th, max_rows_);
-        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(tiles_ + size_t(gi) * max_rows_, th, size_t(flash_tiles_[gi]) * sizeof(int2),
-                                           cudaMemcpyHostToDevice, stream_),
-                           "attention tiles upload");
-      }
-      Status st = encode_layers(rows, attention_splits(rows, max_pos + 1, c.sliding_window),
-                                attention_splits(rows, max_pos + 1, 0));
-      for (int& t : flash_tiles_) t = 0;  // graph captures and later passes use the split kernel
-      GEMMA4_T4_TRY(st);
-      for (int b = 0; b < nsel; b += kernels::kGemvMaxRows) {  // LM head for the selected rows, 16 at a time
-        const int k = std::min(kernels::kGemvMaxRows, nsel - b);
-        float* dst = dev_out ? dev_out + size_t(dev_row_) * V : logits_;
-        GEMMA4_T4_TRY(encode_head(b, k, dst));
-        if (dev_out)
-          dev_row_ += k;
-        else
-          GEMMA4_T4_TRY(download(k, logits));
+      if (sh.rows > int(pass.size()))
+        for (int gi = 0; gi < 4; ++gi) {
+          if (!(flash_groups_ & (1 << gi))) continue;
+          int2* th = ws_->tiles_host + size_t(gi) * ws_->max_rows;
+          lp.flash_tiles[gi] =
+              kernels::flash_attention_tiles(ws_->host.seq, ws_->host.pos, sh.rows, 1 << gi, th, ws_->max_rows);
+          GEMMA4_T4_CUDA_TRY(
+              cudaMemcpyAsync(ws_->tiles + size_t(gi) * ws_->max_rows, th, size_t(lp.flash_tiles[gi]) * sizeof(int2),
+                              cudaMemcpyHostToDevice, stream_),
+              "attention tiles upload");
+        }
+      LayerEncoder enc(c, *dw_, *ws_, blas_, lp);
+      GEMMA4_T4_TRY(enc.encode());
+      for (int b = 0; b < sh.selected; b += kernels::kGemvMaxRows) {  // LM head, 16 selected rows at a time
+        const int k = std::min(kernels::kGemvMaxRows, sh.selected - b);
+        GEMMA4_T4_TRY(enc.head(b, k, r->dev_out ? r->dev_out + size_t(r->dev_row) * V : ws_->logits));
+        GEMMA4_T4_TRY(deliver(k, r));
       }
     }
-    // A large next pass's rows go to the other halves (this pass's widen may not have run yet), uploaded on
-    // copy_stream_ while this pass runs.
-    stage->ready = host_ple && next && large_ple_pass(*next);
-    if (stage->ready) {
+    // A large next pass's rows go to the other half (this pass's widen may not have run yet), uploaded on the
+    // copy stream while this pass runs.
+    r->ple_ready = host_ple && next && PleStager::large(*next);
+    if (r->ple_ready) {
       bool async = true;
-      GEMMA4_T4_TRY(stage_ple(*next, stage->buf ^ 1, &async));
+      GEMMA4_T4_TRY(ple_.stage(*next, r->ple_buf ^ 1, stream_, &async));
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
-    if (stage->ready) stage->buf ^= 1;
-    return Status::ok();
-  }
-
-  size_t meta_int_bytes() const { return (size_t(max_rows_) * 4 + size_t(kMaxSeqs) * cfg_->num_layers * 3 + 16) * 4; }
-
-  Status download(int k, std::vector<float>* logits) const {
-    const size_t V = size_t(cfg_->vocab_size), at = logits->size();
-    logits->resize(at + size_t(k) * V);
-    GEMMA4_T4_CUDA_TRY(
-        cudaMemcpyAsync(logits->data() + at, logits_, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
-        "logits download");
-    return Status::ok();
-  }
-
-  // Key ranges per row for the layers of this window (0 = full): kernels::attention_splits_for -- about one
-  // 32-key tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where
-  // that costs at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget).
-  int attention_splits(int rows, int max_keys, int window) const {
-    const int keys = window ? std::min(window, max_keys) : max_keys;
-    int group = 1, hd = 0, kvh = 0;  // the layers this count serves (sliding iff window > 0); all if none
-    for (int pass = 0; pass < 2 && hd == 0; ++pass)
-      for (const LayerConfig& lc : cfg_->layers)
-        if (pass == 1 || (lc.type == LayerType::Sliding) == (window > 0)) {
-          group = std::max(group, cfg_->num_heads / lc.num_kv_heads);
-          hd = std::max(hd, lc.head_dim);
-          kvh = kvh ? std::min(kvh, lc.num_kv_heads) : lc.num_kv_heads;
-        }
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device_) != cudaSuccess) {
-      cudaGetLastError();
-      sms = 40;  // a T4
+    if (r->ple_ready) r->ple_buf ^= 1;
+    if (persist) {
+      const Status st = persistent_->check();
+      if (!st) {  // the engine stays usable: later decode passes take the per-kernel path
+        persistent_why_ = st.message;
+        persistent_.reset();
+        return st;
+      }
     }
-    return kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget);
+    return Status::ok();
   }
 
-  // The graph of a `rows`-row decode pass writing logits to dst (logits_ or dev_out), captured and
-  // instantiated on first use (plan_passes). Splits fixed for the graph's life: sized for the longest context
-  // a session may reach.
-  Status build_graph(int rows, float* dst) const {
-    Graph& g = graphs_[dst == logits_ ? 0 : 1][rows];
-    if (g.exec) return Status::ok();
+  // k rows of logits just written: to the host (from ws.logits), or counted on the device.
+  Status deliver(int k, Run* r) {
+    if (r->dev_out) {
+      r->dev_row += k;
+      return Status::ok();
+    }
+    return download(ws_->logits, k, r->logits);
+  }
+
+  Status download(const float* src, int k, std::vector<float>* logits) {
+    const size_t V = size_t(c_->vocab_size), at = logits->size();
+    logits->resize(at + size_t(k) * V);
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(logits->data() + at, src, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
+                       "logits download");
+    return Status::ok();
+  }
+
+  cudaGraphExec_t& graph_for(int rows, const float* dst) { return graphs_[dst == ws_->logits ? 0 : 1][rows]; }
+
+  // The graph of a `rows`-row decode pass writing logits to dst (ws.logits or a dev_out), captured and
+  // instantiated on first use. Splits fixed for the graph's life: sized for the longest context a session may
+  // reach.
+  Status build_graph(int rows, float* dst) {
+    cudaGraphExec_t& exec = graph_for(rows, dst);
+    if (exec) return Status::ok();
     const std::string what = "decode: CUDA graph for " + std::to_string(rows) + " rows";
     if (alloc_fault(0, what.c_str()))
       return err(Code::OutOfMemory, what, ": cudaGraphInstantiate failed (allocation fault hook)");
-    const int full = attention_splits(rows, int(opt_.max_context), 0);
-    const int sliding = attention_splits(rows, int(opt_.max_context), cfg_->sliding_window);
+    LayerPass lp;
+    lp.rows = rows;
+    lp.launch = launch_;
+    lp.full_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), 0);
+    lp.sliding_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
     cudaGraph_t graph = nullptr;
     GEMMA4_T4_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
-    Status st = encode_layers(rows, sliding, full);
-    if (st) st = encode_head(0, rows, dst);
+    LayerEncoder enc(*c_, *dw_, *ws_, blas_, lp);
+    Status st = enc.encode();
+    if (st) st = enc.head(0, rows, dst);
     const cudaError_t e = cudaStreamEndCapture(stream_, &graph);
     if (!st) {
       if (graph) cudaGraphDestroy(graph);
       return st;
     }
     GEMMA4_T4_CUDA_TRY(e, "graph capture");
-    const cudaError_t ei = cudaGraphInstantiate(&g.exec, graph, 0);
+    const cudaError_t ei = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     if (ei != cudaSuccess) {
-      g.exec = nullptr;
+      exec = nullptr;
       cudaGetLastError();
       if (ei == cudaErrorMemoryAllocation)
         return err(Code::OutOfMemory, what, ": cudaGraphInstantiate failed: out of GPU memory");
@@ -8529,245 +10086,208 @@ class CudaBackend : public BackendModel {
     return Status::ok();
   }
 
-  Status replay_decode(int rows, float* dst) const {
-    GEMMA4_T4_TRY(build_graph(rows, dst));  // built already by plan_passes
-    GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(graphs_[dst == logits_ ? 0 : 1][rows].exec, stream_), "graph launch");
+  Status ensure_seen(size_t n) {
+    if (n <= seen_cap_) return Status::ok();
+    cuda_free(Mem::Device, seen_dev_);
+    seen_dev_ = nullptr;
+    seen_cap_ = 0;
+    const size_t want = std::max(n, size_t(4096));
+    GEMMA4_T4_TRY(
+        cuda_alloc(Mem::Device, want * 4, "step: repetition-penalty ids (" + std::to_string(want) + ")", &seen_dev_));
+    seen_cap_ = want;
     return Status::ok();
   }
 
-  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) into dst [k, vocab].
-  Status encode_head(int first, int k, float* dst) const {
-    const ModelConfig& c = *cfg_;
-    const int H = c.hidden_size, V = c.vocab_size;
-    const int* d_sel = meta_i32_ + 3 * max_rows_;
-    GEMMA4_T4_CUDA_TRY(
-        kernels::launch_rmsnorm(h_, H, d_sel + first, final_norm_, k, H, c.rms_norm_eps, head16_, stream_),
-        "final norm");
-    if (lm8_)
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(lm8_, lm8_scale_, head16_, k, V, H, dst, V, stream_),
-                         "LM head (int8)");
-    else if (lm4_)
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, lm4_, lm4_scale_, head16_, k, V, H, dst, V, stream_),
-                         "LM head (int4)");
-    else
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(lm16_, nullptr, nullptr, head16_, k, V, H, dst, V, stream_), "LM head");
-    GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c.final_logit_softcapping, stream_), "softcap");
-    return Status::ok();
-  }
-
-  // Everything from the embedding to the last layer's residual, for `rows` rows whose metadata is on the
-  // device. Only kernel launches and cuBLAS calls: capturable.
-  Status encode_layers(int rows, int sliding_splits, int full_splits) const {
-    const ModelConfig& c = *cfg_;
-    const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, nh = c.num_heads;
-    const float eps = c.rms_norm_eps;
-    const int *d_ids = meta_i32_, *d_seq = meta_i32_ + max_rows_, *d_pos = meta_i32_ + 2 * max_rows_,
-              *d_cap = meta_i32_ + 4 * max_rows_;
-    half* const* d_k = kv_ptrs_;
-    half* const* d_v = kv_ptrs_ + size_t(kMaxSeqs) * L;
-
-    GEMMA4_T4_CUDA_TRY(kernels::launch_embed(embed16_, d_ids, rows, H, float(std::sqrt(double(H))), h_, stream_),
-                       "embed");
-    if (D > 0) {
-      if (ple_table16_)
-        GEMMA4_T4_CUDA_TRY(kernels::launch_embed(ple_table16_, d_ids, rows, L * D, 1.f, tok_, stream_), "PLE rows");
-      GEMMA4_T4_CUDA_TRY(kernels::launch_to_half(h_, size_t(rows) * H, x16_, stream_), "PLE input");
-      GEMMA4_T4_TRY(mm(ple_model_proj_, x16_, rows, mmA_, "per_layer_model_projection"));
-      GEMMA4_T4_CUDA_TRY(
-          kernels::launch_ple_combine(mmA_, tok_, ple_norm_, rows, L, D, float(1.0 / std::sqrt(double(H))),
-                                      float(std::sqrt(double(D))), float(1.0 / std::sqrt(2.0)), eps, ple_, stream_),
-          "PLE combine");
-    }
-
-    const bool decode = rows <= kernels::kGemvMaxRows;  // GEMVs with fused epilogues; else cuBLAS
-    for (int l = 0; l < L; ++l) {
-      const LayerConfig& lc = c.layers[l];
-      const DevLayer& d = layers_[l];
-      const int hd = lc.head_dim, kvh = lc.num_kv_heads;
-      // Next layer's input norm: folded into this layer's last residual_norm (NextNorm::Norm).
-      const float* next_norm = l + 1 < L ? layers_[l + 1].in_norm : nullptr;
-      const kernels::NextNorm next = next_norm ? kernels::NextNorm::Norm : kernels::NextNorm::None;
-      // attention; x16_ = input norm of h (the previous layer's last residual_norm wrote it for l > 0)
-      if (l == 0)
-        GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h_, H, nullptr, d.in_norm, rows, H, eps, x16_, stream_),
-                           "input norm");
-      const float* vsrc = mmB_;  // k_eq_v: V is the raw k_proj output
-      if (lc.kv_shared) {
-        GEMMA4_T4_TRY(mm(d.q, x16_, rows, mmA_, "q_proj"));
-      } else {
-        const DevLinear* ws[3] = {&d.q, &d.k, &d.v};
-        float* const ys[3] = {mmA_, mmB_, mmC_};
-        if (!lc.k_eq_v) vsrc = mmC_;
-        GEMMA4_T4_TRY(mm_multi(ws, ys, lc.k_eq_v ? 2 : 3, x16_, rows, "q/k/v_proj"));
-      }
-      kernels::HeadNormTarget hn[3];  // q -> q16_; k, v -> the caches (one launch)
-      hn[0].in = mmA_;
-      hn[0].ld_in = nh * hd;
-      hn[0].heads = nh;
-      hn[0].w = d.q_norm;
-      hn[0].inv_freq = d.inv_freq;
-      hn[0].out = q16_;
-      if (!lc.kv_shared) {
-        kernels::KvTarget kt;
-        kt.capacity = d_cap;
-        kt.seq = d_seq;
-        kt.layer = l;
-        kt.layers = L;
-        hn[1].in = mmB_;
-        hn[1].ld_in = kvh * hd;
-        hn[1].heads = kvh;
-        hn[1].w = d.k_norm;
-        hn[1].inv_freq = d.inv_freq;
-        hn[1].kv = kt;
-        hn[1].kv.base = d_k;
-        hn[2].in = vsrc;
-        hn[2].ld_in = kvh * hd;
-        hn[2].heads = kvh;  // no weight, no RoPE
-        hn[2].kv = kt;
-        hn[2].kv.base = d_v;
-      }
-      GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, rows, hd, eps, d_pos, stream_),
-                         "q/k/v norm + RoPE");
-      kernels::AttnArgs a;
-      a.q = q16_;
-      a.kbase = d_k;
-      a.vbase = d_v;
-      a.capacity = d_cap;
-      a.seq = d_seq;
-      a.pos = d_pos;
-      a.layer = lc.kv_source;
-      a.layers = L;
-      a.rows = rows;
-      a.heads = nh;
-      a.kv_heads = kvh;
-      a.window = lc.type == LayerType::Sliding ? c.sliding_window : 0;
-      a.splits = a.window ? sliding_splits : full_splits;
-      a.part_o = part_o_;
-      a.part_ml = part_ml_;
-      a.out = x16_;
-      a.counters = attn_counters_;
-      const int group = nh / kvh, gi = group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
-      if (flash_tiles_[gi] > 0 && kernels::flash_attention_supported(hd, group))
-        GEMMA4_T4_CUDA_TRY(
-            kernels::launch_flash_attention(a, tiles_ + size_t(gi) * max_rows_, flash_tiles_[gi], hd, stream_),
-            "attention (flash)");
-      else
-        GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, hd, stream_), "attention");
-      GEMMA4_T4_TRY(mm(d.o, x16_, rows, mmA_, "o_proj"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmA_, d.post_attn, rows, H, eps, 1.f,
-                                                       kernels::NextNorm::Norm, d.pre_ff, x16_, stream_),
-                         "post-attention norm");
-      // MLP: x16_ = pre_ff norm(h); decode: one GEMV for gate + up + GELU into act16_
-      const half* act = x16_;  // down_proj input
-      if (decode && same_layout(d.gate, d.up)) {
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_mul(gemv_mat(d.gate, nullptr), gemv_mat(d.up, nullptr), x16_, rows,
-                                                         H, act16_, lc.intermediate_size, stream_),
-                           "gate/up_proj + GELU");
-        act = act16_;
-      } else {
-        GEMMA4_T4_TRY(mm(d.gate, x16_, rows, mmA_, "gate_proj"));
-        GEMMA4_T4_TRY(mm(d.up, x16_, rows, mmB_, "up_proj"));
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(mmA_, mmB_, size_t(rows) * lc.intermediate_size, x16_, stream_),
-                           "gelu");
-      }
-      GEMMA4_T4_TRY(mm(d.down, act, rows, mmC_, "down_proj"));
-      if (D > 0) {
-        GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, 1.f,
-                                                         kernels::NextNorm::Copy, nullptr, x16_, stream_),
-                           "post-MLP norm");
-        const half* gated = x16_;  // per_layer_projection input
-        if (decode) {
-          GEMMA4_T4_CUDA_TRY(
-              kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), x16_, rows, H, ple_, L, l, act16_, stream_),
-              "per_layer_input_gate + GELU");
-          gated = act16_;
-        } else {
-          GEMMA4_T4_TRY(mm(d.ple_gate, x16_, rows, mmA_, "per_layer_input_gate"));
-          GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(mmA_, ple_, rows, L, D, l, x16_, stream_), "PLE gate");
-        }
-        GEMMA4_T4_TRY(mm(d.ple_proj, gated, rows, mmC_, "per_layer_projection"));
-        GEMMA4_T4_CUDA_TRY(
-            kernels::launch_residual_norm(h_, mmC_, d.post_ple, rows, H, eps, d.scalar, next, next_norm, x16_, stream_),
-            "PLE norm");
-      } else {
-        GEMMA4_T4_CUDA_TRY(
-            kernels::launch_residual_norm(h_, mmC_, d.post_ff, rows, H, eps, d.scalar, next, next_norm, x16_, stream_),
-            "post-MLP norm");
-      }
-    }
-    return Status::ok();
-  }
-
-  struct Graph {
-    cudaGraphExec_t exec = nullptr;
-  };
-
-  const ModelConfig* cfg_ = nullptr;
-  const Weights* w_ = nullptr;
-  LoadOptions opt_;
-  int device_ = 0;
+  const ModelConfig* c_ = nullptr;
+  const DeviceWeights* dw_ = nullptr;
+  Workspace* ws_ = nullptr;
+  const LoadOptions* opt_ = nullptr;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
-  void* staging_ = nullptr;
-  double total_upload_ = 0;
-  size_t uploaded_ = 0;
-  mutable std::mutex mu_;
-
-  DeviceMemory weights_mem_, work_mem_;
-  half *embed16_ = nullptr, *lm16_ = nullptr, *ple_table16_ = nullptr;
-  int8_t* lm8_ = nullptr;  // LmHead::Int8: [V, H] + row scales
-  float* lm8_scale_ = nullptr;
-  uint32_t* lm4_ = nullptr;  // LmHead::Int4: [V, H / 8] packed + [V, H / 32] fp16 scales
-  half* lm4_scale_ = nullptr;
-  float *final_norm_ = nullptr, *ple_norm_ = nullptr;
-  DevLinear ple_model_proj_;
-  std::vector<DevLayer> layers_;
-  int max_in_ = 0, max_out_ = 0;
-  size_t max_deq_ = 0;
-
-  // workspace ([rows, ...] buffers hold max_rows_ rows)
-  int* meta_i32_ = nullptr;
-  int2* tiles_ = nullptr;                      // [4][max_rows_] prefill attention tiles by folded group (1, 2, 4, 8)
-  int2* tiles_host_ = nullptr;                 // pinned mirror
-  mutable int flash_tiles_[4] = {0, 0, 0, 0};  // tiles per table in the current pass; 0: split kernel
-  int flash_groups_ = 0;                       // bit gi: some layer folds 2^gi query heads per KV head
-  half** kv_ptrs_ = nullptr;
-  float* h_ = nullptr;  // [R, H] residual stream
-  half *x16_ = nullptr, *q16_ = nullptr;
-  float *mmA_ = nullptr, *mmB_ = nullptr, *mmC_ = nullptr;
-  float *ple_ = nullptr, *tok_ = nullptr;
-  uint8_t* ple_raw_ = nullptr;          // 2 x [R, L*D] PLE rows as the checkpoint stores them (PleLocation::Host)
-  uint8_t* ple_host_ = nullptr;         // pinned mirror: the rows gathered for ple_raw_ (this pass, the next)
-  cudaStream_t copy_stream_ = nullptr;  // their uploads (with the PLE table on the host)
-  cudaEvent_t ple_copied_[2] = {};      // recorded on copy_stream_ after a half's upload
-  size_t ple_elem_bytes() const { return w_->ple_table->dtype == DType::F32 ? 4 : 2; }
-  size_t ple_row_bytes() const {
-    return size_t(cfg_->num_layers) * cfg_->hidden_size_per_layer_input * ple_elem_bytes();
-  }
-  size_t ple_pass_bytes() const { return size_t(max_rows_) * ple_row_bytes(); }
-  float *part_o_ = nullptr, *part_ml_ = nullptr;
-  unsigned* attn_counters_ = nullptr;  // [max_rows_, max kv_heads] attention arrival counters, zero between launches
-  half* deq16_ = nullptr;
-  half* head16_ = nullptr;
-  half* act16_ = nullptr;    // [16, I or D] fp16: decode GEMV epilogue output (gate/up GELU, PLE gate)
-  float* logits_ = nullptr;  // [16, V]
-  void* meta_host_ = nullptr;
-  size_t meta_bytes_ = 0;
-  float* samp_logits_ = nullptr;                  // [kMaxSeqs, V]
-  kernels::SampleParams* samp_params_ = nullptr;  // [kMaxSeqs]
-  int* samp_out_ = nullptr;                       // [kMaxSeqs]
-  mutable int* seen_dev_ = nullptr;               // repetition-penalty ids, grown on demand
-  mutable size_t seen_cap_ = 0;
-  mutable int dev_row_ = 0;  // next row of dev_out in run()
-  bool use_graphs_ = true;
-  bool use_pdl_ = true;                                 // LoadOptions::programmatic_launch
-  int max_rows_ = 2048;                                 // rows per pass (LoadOptions::max_pass_rows)
-  mutable Graph graphs_[2][kernels::kGemvMaxRows + 1];  // [to host logits / to device logits][rows]
+  kernels::Launch launch_;
+  int sms_ = 40;
+  int flash_groups_ = 0;  // bit gi: some layer folds 2^gi query heads per KV head
+  PleStager ple_;
+  std::unique_ptr<PersistentDecoder> persistent_;  // null: the per-kernel path serves decode passes too
+  std::string persistent_why_;                     // why it is null
+  int greedy_rows_ = 0;  // rows of ws.samp_out the last run()'s persistent step filled with greedy tokens
+  cudaGraphExec_t graphs_[2][kernels::kGemvMaxRows + 1] = {};  // [to ws.logits / to a dev_out][rows]
+  int* seen_dev_ = nullptr;                                    // repetition-penalty ids, grown on demand
+  size_t seen_cap_ = 0;
 };
 
 }  // namespace detail
 }  // namespace gemma4_t4
-// ---- end include/gemma4_t4/cuda_backend.hpp ----
+// ---- end include/gemma4_t4/cuda/executor.hpp ----
+
+namespace gemma4_t4 {
+namespace detail {
+
+class CudaBackend : public BackendModel {
+ public:
+  ~CudaBackend() override {
+    exec_.reset();  // graphs before the handle and the stream
+    if (blas_) cublasDestroy(blas_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  Backend kind() const override { return Backend::Cuda; }
+
+  Status init(const ModelConfig& cfg, const Weights& w, const LoadOptions& opt, const std::string& where) {
+    cfg_ = &cfg;
+    ple_table_ = w.ple_table;
+    opt_ = opt;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+      cudaGetLastError();
+      return err(Code::BackendError, where, ": no CUDA device is available (use Backend::Cpu or Auto)");
+    }
+    if (opt.device < 0 || opt.device >= n)
+      return err(Code::InvalidArgument, where, ": CUDA device ", opt.device, " does not exist (", n, " present)");
+    GEMMA4_T4_CUDA_TRY(cudaSetDevice(opt.device), "cudaSetDevice");
+    cudaDeviceProp prop;
+    GEMMA4_T4_CUDA_TRY(cudaGetDeviceProperties(&prop, opt.device), "cudaGetDeviceProperties");
+    if (prop.major * 10 + prop.minor < 75)
+      return err(Code::Unsupported, where, ": GPU '", prop.name, "' has compute capability ", prop.major, ".",
+                 prop.minor, "; gemma4_t4 needs 7.5 (Turing) or newer");
+    GEMMA4_T4_TRY(check_shapes(where));
+    GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    if (alloc_fault(0, "cuBLAS handle"))
+      return err(Code::OutOfMemory, where, ": cuBLAS handle: cublasCreate failed (allocation fault hook)");
+    if (const cublasStatus_t bs = cublasCreate(&blas_); bs != CUBLAS_STATUS_SUCCESS) {
+      blas_ = nullptr;
+      return err(bs == CUBLAS_STATUS_ALLOC_FAILED ? Code::OutOfMemory : Code::BackendError, where,
+                 ": cuBLAS handle: cublasCreate failed (status ", int(bs), ")");
+    }
+    cublasSetStream(blas_, stream_);
+    GEMMA4_T4_TRY(weights_.upload(cfg, w, opt_, stream_));
+    GEMMA4_T4_TRY(ws_.alloc(cfg, weights_, opt.max_pass_rows, stream_));
+    pdl_ = opt.programmatic_launch && kernels::pdl_supported(opt.device);
+    exec_ = std::make_unique<PassExecutor>();
+    return exec_->init(cfg, w, weights_, ws_, opt_, stream_, blas_, pdl_, opt.device, prop.multiProcessorCount);
+  }
+
+  Status new_session(size_t max_ctx, std::unique_ptr<BackendSession>* out) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cudaSetDevice(opt_.device);
+    auto s = std::make_unique<CudaSession>();
+    s->max_ctx = max_ctx;
+    const int L = cfg_->num_layers;
+    s->k.assign(size_t(L), nullptr);
+    s->v.assign(size_t(L), nullptr);
+    s->slots.assign(size_t(L), 1);
+    for (int l = 0; l < L; ++l) {
+      const LayerConfig& lc = cfg_->layers[l];
+      if (lc.kv_shared) continue;
+      const size_t slots = kv_slots(*cfg_, lc, max_ctx, opt_.max_pass_rows);
+      const size_t count = kv_buffer_bytes(lc, slots) / sizeof(half);
+      const std::string what =
+          "create_session: KV cache of layer " + std::to_string(l) + " (" + std::to_string(slots) + " slots)";
+      GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->k[l]));
+      GEMMA4_T4_TRY(s->mem.alloc(count, what, &s->v[l]));
+      s->slots[l] = int(slots);
+    }
+    *out = std::move(s);
+    return Status::ok();
+  }
+
+  Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    GEMMA4_T4_CUDA_TRY(cudaSetDevice(opt_.device), "cudaSetDevice");
+    Plan plan;
+    GEMMA4_T4_TRY(exec_->prepare(items, count, which, nullptr, 0, &plan));
+    GEMMA4_T4_TRY(exec_->run(plan, which, logits, nullptr));
+    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
+    return Status::ok();
+  }
+
+  Status step(const ForwardItem* items, size_t count, const SampleItem* samples, int32_t* next,
+              std::vector<float>* logits) const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    GEMMA4_T4_CUDA_TRY(cudaSetDevice(opt_.device), "cudaSetDevice");
+    const int V = cfg_->vocab_size;
+    // All that may allocate -- the chunks' CUDA graphs, the repetition-penalty ids -- before the first pass
+    // writes a cache: running out of memory leaves every session as it was.
+    std::vector<Plan> plans;  // per chunk of kMaxSeqs sessions
+    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+      const size_t k = std::min<size_t>(kMaxSeqs, count - b0);
+      size_t nseen = 0;
+      for (size_t i = 0; i < k; ++i) nseen += samples[b0 + i].seen.size();
+      plans.emplace_back();
+      GEMMA4_T4_TRY(exec_->prepare(items + b0, k, Logits::Last, ws_.samp_logits, nseen, &plans.back()));
+    }
+    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+      const int k = int(std::min<size_t>(kMaxSeqs, count - b0));
+      GEMMA4_T4_TRY(exec_->run(plans[b0 / kMaxSeqs], Logits::Last, nullptr, ws_.samp_logits));
+      if (logits) {
+        const size_t at = logits->size();
+        logits->resize(at + size_t(k) * V);
+        GEMMA4_T4_CUDA_TRY(
+            cudaMemcpyAsync(logits->data() + at, ws_.samp_logits, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
+            "logits download");
+      }
+      GEMMA4_T4_TRY(exec_->sample(samples + b0, k, next + b0));
+    }
+    for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
+    return Status::ok();
+  }
+
+  // Memory accounting (Engine::weight_bytes etc.): the device allocations made for the weights, and the KV
+  // cache as new_session sizes it (kv_slots, kv_buffer_bytes).
+  size_t weight_bytes() const override { return weights_.bytes(); }
+  // Only the PLE table is read from the mapped file after load, and only with PleLocation::Host.
+  Status check_files(const TensorStore&) const override {
+    return cfg_->hidden_size_per_layer_input > 0 && !weights_.ple_table16 ? check_mapped(*ple_table_) : Status::ok();
+  }
+  size_t kv_bytes_per_token() const override {
+    size_t b = 0;
+    for (const LayerConfig& lc : cfg_->layers)
+      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(half);
+    return b;
+  }
+  size_t session_bytes(size_t max_ctx) const override {
+    size_t b = 0;
+    for (const LayerConfig& lc : cfg_->layers)
+      if (!lc.kv_shared) b += 2 * kv_buffer_bytes(lc, kv_slots(*cfg_, lc, max_ctx, opt_.max_pass_rows));
+    return b;
+  }
+
+  std::string decode_path() const override { return exec_ ? exec_->decode_path() : std::string(); }
+
+ private:
+  Status check_shapes(const std::string& where) const {
+    const ModelConfig& c = *cfg_;
+    if (c.hidden_size % 8 != 0)
+      return err(Code::Unsupported, where, ": CUDA backend needs hidden_size % 8 == 0 (got ", c.hidden_size, ")");
+    if (c.hidden_size_per_layer_input % 8 != 0)
+      return err(Code::Unsupported, where, ": CUDA backend needs hidden_size_per_layer_input % 8 == 0");
+    for (int l = 0; l < c.num_layers; ++l) {
+      const LayerConfig& lc = c.layers[l];
+      if (!kernels::attention_supported(lc.head_dim, c.num_heads / lc.num_kv_heads))
+        return err(Code::Unsupported, where, ": layer ", l, ": head_dim ", lc.head_dim, " with ",
+                   c.num_heads / lc.num_kv_heads,
+                   " query heads per KV head is not supported by the CUDA attention kernels (head dims 32..512, <= 8)");
+      if (lc.intermediate_size % 8 != 0)
+        return err(Code::Unsupported, where, ": layer ", l, ": intermediate_size % 8 != 0");
+    }
+    return Status::ok();
+  }
+
+  const ModelConfig* cfg_ = nullptr;
+  const TensorInfo* ple_table_ = nullptr;
+  LoadOptions opt_;
+  bool pdl_ = false;  // LoadOptions::programmatic_launch, where the device and this build support it
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  DeviceWeights weights_;
+  Workspace ws_;
+  mutable std::mutex mu_;
+  std::unique_ptr<PassExecutor> exec_;  // its state is guarded by mu_ (pointer: the const methods use it)
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/backend.hpp ----
 #endif
 // ---- begin include/gemma4_t4/engine.hpp ----
 // gemma4_t4 implementation part: Engine and Session (the public API over the backends).
@@ -8824,6 +10344,7 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 bool Engine::loaded() const { return impl_ != nullptr; }
 const ModelConfig& Engine::config() const { return impl_->config; }
 Backend Engine::backend() const { return impl_ ? impl_->backend->kind() : Backend::Cpu; }
+std::string Engine::decode_path() const { return impl_ ? impl_->backend->decode_path() : std::string(); }
 double Engine::decode_bytes_per_token() const {
   return impl_ ? impl_->weights.decode_bytes(impl_->options.lm_head) : 0.0;
 }
@@ -9477,9 +10998,11 @@ std::vector<BatchResult> Batch::take_finished() {
 //                  median step time.
 //   statistics     median: the mean of the two middle values for an even count; p90: nearest rank (the
 //                  ceil(0.9 n)-th smallest).
-//   T4 projection  277 GB/s / decode bytes per token, times this run's % of ceiling: what the same kernels
-//                  would do on a T4 if they reached the same fraction of its bandwidth. Labelled "projection,
-//                  not measured" wherever it appears.
+//   T4 projection  per cell: ms per token on a T4 = decode bytes / 277 GB/s + the step's fixed cost, where
+//                  fixed cost = this run's ms per token - decode bytes / this device's measured read bandwidth
+//                  (the time a step spends beyond moving its weights: launches, waits, latency, sampling; it
+//                  does not shrink on a slower GPU, while the bytes take 15x longer). Labelled "projection, not
+//                  measured" wherever it appears, with this formula.
 
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -9552,9 +11075,9 @@ static __global__ void __launch_bounds__(kStreamThreads)
 }
 
 // p: [n] uint4 in device memory; out: [blocks] uint32 (XOR them for the XOR of all of p). Never allocates.
-inline cudaError_t launch_stream_read(const uint4* p, size_t n, uint32_t* out, int blocks, cudaStream_t stream) {
+inline cudaError_t launch_stream_read(const uint4* p, size_t n, uint32_t* out, int blocks, const Launch& launch) {
   if (blocks < 1 || !out || (n && !p)) return cudaErrorInvalidValue;
-  return launch_kernel(stream_read_kernel, blocks, kStreamThreads, stream, p, n, out);
+  return launch_kernel(stream_read_kernel, blocks, kStreamThreads, launch, p, n, out);
 }
 
 // The host reference: the XOR of all 32-bit words of p[n] (what the XOR of out[] must equal).
@@ -9987,7 +11510,7 @@ inline bench::DeviceReport cuda_report(int device) {
   }
   r.kernel_binary_version = a.binaryVersion;
   r.kernel_ptx_version = a.ptxVersion;
-  r.pdl = kernels::pdl_available();
+  r.pdl = kernels::pdl_supported(device);
   if (a.binaryVersion == cc && a.ptxVersion < cc) {
     r.jit = true;
     r.code = strf("PTX compute_%d JIT-compiled for sm_%d", a.ptxVersion, cc);
@@ -10343,9 +11866,12 @@ inline std::string projection_ceiling(const bench::Report& r) {
 
 inline std::string projection_scaled(const bench::Report& r) {
   if (const bench::Cell* c = reference_cell(r))
-    return strf("at this run's %.1f%% of ceiling (prompt %d, concurrency %d): %.1f tok/s per stream on a T4",
-                c->pct_of_ceiling, c->prompt, c->concurrency, c->t4_tok_s_per_stream);
-  return "no cell measured a % of ceiling to scale it by";
+    return strf(
+        "ms per token = %.4g GB / %.0f GB/s + fixed %.3f ms (%.3f ms measured here - %.4g GB / %.0f GB/s; "
+        "prompt %d, concurrency %d) = %.1f tok/s per stream on a T4",
+        r.decode_bytes_per_token / 1e9, r.t4_bandwidth_gbs, c->fixed_ms, c->ms_per_token,
+        r.decode_bytes_per_token / 1e9, r.bandwidth.read_gbs, c->prompt, c->concurrency, c->t4_tok_s_per_stream);
+  return "no cell measured a step time to take the fixed cost from";
 }
 
 inline std::string projection_sentence(const bench::Report& r) {
@@ -10466,7 +11992,10 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
     }
     if (cell.ok() || cell.repeats > 0) {
       if (r.ceiling_tok_s > 0) cell.pct_of_ceiling = cell.tok_s_per_stream / r.ceiling_tok_s * 100.0;
-      cell.t4_tok_s_per_stream = r.t4_ceiling_tok_s * cell.pct_of_ceiling / 100.0;
+      if (r.bandwidth.read_gbs > 0 && r.decode_bytes_per_token > 0 && cell.ms_per_token > 0) {
+        cell.fixed_ms = std::max(0.0, cell.ms_per_token - r.decode_bytes_per_token / (r.bandwidth.read_gbs * 1e6));
+        cell.t4_tok_s_per_stream = 1e3 / (r.decode_bytes_per_token / (r.t4_bandwidth_gbs * 1e6) + cell.fixed_ms);
+      }
       cell.t4_tok_s_total = cell.t4_tok_s_per_stream * cell.concurrency;
     }
     if (!go_on) r.cancelled = true;
@@ -10640,6 +12169,7 @@ std::string to_json(const Report& r) {
                          {"error", c.error}});
     t4cells.push_back(Json{{"prompt", c.prompt},
                            {"concurrency", c.concurrency},
+                           {"fixed_ms", c.fixed_ms},
                            {"tok_s_per_stream", c.t4_tok_s_per_stream},
                            {"tok_s_total", c.t4_tok_s_total}});
   }
