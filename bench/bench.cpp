@@ -63,7 +63,8 @@ const char kUsage[] =
     "                     vs the fp16 head over POSITIONS random-token positions (max/mean error, top-1/top-5)\n"
     "  --no-pdl           plain kernel launches on sm_90+ (LoadOptions::programmatic_launch = false)\n"
     "  --no-warmup        skip the untimed warm-up pass of each cell\n"
-    "  --doctor           check this machine for the model (GPU, memory, disk) and exit\n"
+    "  --doctor           check this machine for the model (GPU, memory, disk) and exit: status 0 when the\n"
+    "                     model loads (warnings or not), 1 when it does not\n"
     "  --device-only      report the device and its bandwidth, load no model, and exit\n"
     "  --quiet            no progress lines on stderr\n"
     "  --help             show this text\n"
@@ -229,7 +230,8 @@ int main(int argc, char** argv) {
   if (a.doctor) {
     const bench::DoctorReport d = bench::doctor(a.model, int(a.device));
     std::fputs(bench::to_text(d).c_str(), stdout);
-    return write(a.json, bench::to_json(d), "doctor JSON") ? 0 : 1;
+    const bool written = write(a.json, bench::to_json(d), "doctor JSON");
+    return written && d.model_ok ? 0 : 1;
   }
 
   if (a.device_only) {

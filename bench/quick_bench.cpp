@@ -1,11 +1,11 @@
 // quick_bench: load a checkpoint and time it the way a user would -- load time and peak host RSS, time to
 // first token for one prompt, and decode throughput for several concurrent sessions (greedy, or with
 // --sampled Gemma 4's sampling defaults: temperature 1, top-k 64, top-p 0.95, on the GPU; EOS ignored).
-// The full benchmark (sweep, JSON/CSV, plots, projections) is bench/ work in progress; this is the probe
-// the performance notes in bench/RESULTS.md were measured with.
+// The full benchmark (sweep, JSON/CSV, plots, projections) is bench/bench.cpp; this is the quick probe for
+// same-lease A/B runs (bench/RESULTS.md).
 //
-//   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device] [--no-graphs]
-//               [--no-pdl] [--sampled] [--pass-rows N] [--ttft N]
+//   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device]
+//               [--decode persistent|kernels] [--no-graphs] [--no-pdl] [--sampled] [--pass-rows N] [--ttft N]
 // --ttft N: before the batches, N prefills of fresh prompts in one session (reset between), each timed to the
 // first token; prints every time and the median (the first one pays one-time costs: page faults, cuBLAS).
 #include <sys/resource.h>
@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
       opt.ple = next() == "device" ? PleLocation::Device : PleLocation::Host;
     else if (a == "--no-graphs")
       opt.cuda_graphs = false;
+    else if (a == "--decode")
+      opt.decode_path = next() == "kernels" ? DecodePath::Kernels : DecodePath::Persistent;
     else if (a == "--no-pdl")
       opt.programmatic_launch = false;
     else if (a == "--sampled")
@@ -78,7 +80,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: quick_bench --model DIR [--cpu] [--prompt N] [--tokens N] [--batch 1,4,8] "
-                   "[--ple host|device] [--no-graphs] [--no-pdl] [--sampled] [--pass-rows N] [--ttft N]\n");
+                   "[--ple host|device] [--decode persistent|kernels] [--no-graphs] [--no-pdl] [--sampled] "
+                   "[--pass-rows N] [--ttft N]\n");
       return a == "--help" ? 0 : 1;
     }
   }
@@ -102,6 +105,7 @@ int main(int argc, char** argv) {
               engine.backend() == Backend::Cuda ? "CUDA" : "CPU");
   std::printf("load %.2f s, peak host RSS after load %.0f MiB, decode bytes/token %.3f GB\n", load_s, peak_rss_mib(),
               engine.decode_bytes_per_token() / 1e9);
+  std::printf("decode path: %s\n", engine.decode_path().c_str());
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> id(5, c.vocab_size - 1);

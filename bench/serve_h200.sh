@@ -15,7 +15,7 @@
 # into .deps/debs (carry .deps) and unpacked here with dpkg -x, as the device README does for other packages:
 #   mkdir -p .deps/debs && (cd .deps/debs && apt-get download libcpp-httplib-dev libcpp-httplib0.11 libssl-dev \
 #     libssl3 zlib1g-dev libbrotli-dev libbrotli1)
-#   mkdir -p .deps && cp -r /usr/include/nlohmann .deps/      (as tools/gpu_check.sh needs it too)
+#   tools/gpu_deps.sh                                         (nlohmann/json into .deps/usr/include)
 # The tokenizer is the tiny one (examples/tiny): the synthetic checkpoint has none, and the numbers do not
 # depend on the text (bench_serve sends token ids; the prefix test's system prompt is ~2,000 of its tokens).
 set -uo pipefail
@@ -45,7 +45,7 @@ export LD_LIBRARY_PATH="$H/$MULTI:${LD_LIBRARY_PATH:-}"
 
 # ---- build: the implementation once, then bench, server, bench_serve, make_synthetic ----
 log "build"
-INC=(-Iinclude -I. -I.deps -Iexamples)
+INC=(-Iinclude -I. -I.deps/usr/include -I.deps -Iexamples)
 DEFS=(-DGEMMA4_T4_DEFAULT_MODEL="\"$ROOT/tests/fixtures/mm_bf16\""
   -DGEMMA4_T4_DEFAULT_TOKENIZER="\"$ROOT/examples/tiny/tokenizer.json\"")
 if [[ ${CPU:-0} == 1 ]]; then
@@ -61,7 +61,7 @@ for p in examples/server.cpp bench/bench_serve.cpp; do
   g++ -std=c++17 -O2 "${INC[@]}" "${DEFS[@]}" "${HTTPLIB[@]}" "$p" "$B/impl.o" "${HTTPLIB_LINK[@]}" "${RT[@]}" \
     -o "$B/$(basename "$p" .cpp)" || exit 1
 done
-g++ -std=c++17 -O2 -I.deps -pthread tools/make_synthetic.cpp -o "$B/make_synthetic" || exit 1
+g++ -std=c++17 -O2 -I.deps/usr/include -I.deps -pthread tools/make_synthetic.cpp -o "$B/make_synthetic" || exit 1
 
 # ---- the checkpoint ----
 if [[ ${CPU:-0} == 1 ]]; then

@@ -4,16 +4,24 @@
 //   chat [--model DIR] [--tokenizer PATH] [--cpu] [--max-context N] [sampling flags] [--max-tokens N]
 //
 // Commands: /reset, /system TEXT, /stats, /think on|off, /help, /quit. Ctrl-C during an answer stops that
-// answer (the program goes on); Ctrl-C or Ctrl-D (end of input) at the prompt leaves.
+// answer; Ctrl-C at the prompt discards the line typed so far; Ctrl-D on an empty line (end of input) leaves.
+// At a terminal the prompt has line editing and history through libedit (GEMMA4_T4_LIBEDIT, the default
+// CMake build); without it, or when standard input is not a terminal, lines are read as they come.
 // Default model: the bundled tiny model (random weights: gibberish, but every part of the program runs).
 // Exit status: 0 ok, 1 the model or tokenizer did not load (message on stderr), 2 bad command line.
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <clocale>
 #include <cstdio>
 #include <string>
+
+#ifdef GEMMA4_T4_LIBEDIT
+#include <histedit.h>
+#endif
 
 #include "common.hpp"
 #include "conversation.hpp"
@@ -32,19 +40,23 @@ const char kUsage[] =
     "  /stats           timing of the last answer: time to first token, prefill and decode tok/s\n"
     "  /think on|off    let the model think before it answers (Gemma 4 thinking mode)\n"
     "  /help            this list\n"
-    "  /quit            leave (so do Ctrl-D and Ctrl-C at the prompt)\n"
-    "Ctrl-C during an answer stops that answer.\n"
+    "  /quit            leave (so does Ctrl-D on an empty line)\n"
+    "Ctrl-C during an answer stops that answer; at the prompt it discards the line typed so far.\n"
+#ifdef GEMMA4_T4_LIBEDIT
+    "At a terminal the prompt has line editing (arrow keys, Emacs keys) and history (up and down).\n"
+#endif
     "\n";
 
 const char kCommands[] =
     "/reset, /system TEXT, /stats, /think on|off, /help, /quit; Ctrl-C stops an answer, Ctrl-D leaves\n";
 
-// Set by SIGINT, read by the token callback and the line reader. A lock-free atomic is async-signal-safe.
+// Set by SIGINT, read by the token callback and the plain line reader. A lock-free atomic is
+// async-signal-safe.
 std::atomic<bool> g_interrupted{false};
 
 extern "C" void on_sigint(int) { g_interrupted.store(true); }
 
-// SIGINT without SA_RESTART: a blocked read() at the prompt returns (EINTR) so Ctrl-C can leave there.
+// SIGINT without SA_RESTART: a blocked read() at the plain prompt returns (EINTR), so Ctrl-C discards the line.
 void install_sigint() {
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
@@ -53,25 +65,126 @@ void install_sigint() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+// Line: a line (without its newline); End: end of input (Ctrl-D on an empty line); Interrupted: Ctrl-C, the
+// line typed so far discarded.
 enum class Input { Line, End, Interrupted };
 
-Input read_line(std::string* line) {
-  line->clear();
-  for (;;) {
-    if (g_interrupted.load()) return Input::Interrupted;
-    errno = 0;
-    const int c = std::getc(stdin);
-    if (c == EOF) {
-      const bool eintr = std::ferror(stdin) && errno == EINTR;
-      std::clearerr(stdin);
-      if (g_interrupted.load()) return Input::Interrupted;
-      if (eintr) continue;  // another signal
-      return line->empty() ? Input::End : Input::Line;
+// The prompt's line reader: libedit at a terminal when built with it, else plain reads of standard input.
+class LineReader {
+ public:
+  explicit LineReader(const char* prog) {
+#ifdef GEMMA4_T4_LIBEDIT
+    if (!isatty(STDIN_FILENO) || !isatty(STDOUT_FILENO)) return;
+    std::setlocale(LC_CTYPE, "");  // libedit decodes and shows UTF-8 input by the locale
+    el_ = el_init(prog, stdin, stdout, stderr);
+    hist_ = history_init();
+    if (!el_ || !hist_) {  // no editing then, but chat still works
+      close();
+      return;
     }
-    if (c == '\n') return Input::Line;
-    line->push_back(static_cast<char>(c));
+    HistEvent ev;
+    history(hist_, &ev, H_SETSIZE, 1000);
+    history(hist_, &ev, H_SETUNIQUE, 1);
+    el_set(el_, EL_EDITOR, "emacs");
+    el_set(el_, EL_PROMPT, &LineReader::prompt);
+    el_set(el_, EL_HIST, history, hist_);
+    el_set(el_, EL_CLIENTDATA, this);
+    // Ctrl-C while editing reaches the editor as a key (the terminal's ISIG is off in its edit mode) and is
+    // bound to a function that ends the line as discarded: no signal races the editor's own reads.
+    el_set(el_, EL_SETTY, "-d", "-isig", nullptr);
+    el_set(el_, EL_ADDFN, "chat-discard-line", "discard the line typed so far (Ctrl-C)", &LineReader::on_ctrl_c);
+    el_set(el_, EL_BIND, "^C", "chat-discard-line", nullptr);
+#else
+    (void)prog;
+#endif
   }
-}
+  ~LineReader() { close(); }
+  LineReader(const LineReader&) = delete;
+  LineReader& operator=(const LineReader&) = delete;
+
+  Input read(std::string* line) {
+    line->clear();
+#ifdef GEMMA4_T4_LIBEDIT
+    if (el_) {
+      discarded_ = false;
+      int count = 0;
+      const char* got = el_gets(el_, &count);
+      if (discarded_) {
+        std::printf("^C\n");
+        return Input::Interrupted;
+      }
+      if (!got || count <= 0) {
+        if (count < 0 && errno == EINTR) return Input::Interrupted;  // SIGINT from elsewhere (kill -INT)
+        return Input::End;
+      }
+      line->assign(got, static_cast<size_t>(count));
+      while (!line->empty() && (line->back() == '\n' || line->back() == '\r')) line->pop_back();
+      if (line->find_first_not_of(" \t") != std::string::npos) {
+        HistEvent ev;
+        history(hist_, &ev, H_ENTER, line->c_str());
+      }
+      return Input::Line;
+    }
+#endif
+    return read_plain(line);
+  }
+
+  // Whether the reader shows its own prompt (libedit); else the caller prints it.
+  bool edits() const {
+#ifdef GEMMA4_T4_LIBEDIT
+    return el_ != nullptr;
+#else
+    return false;
+#endif
+  }
+
+  static constexpr const char* kPrompt = "you> ";
+
+ private:
+  // Plain reads: Ctrl-C interrupts the read (SIGINT without SA_RESTART) and the terminal drops the line.
+  static Input read_plain(std::string* line) {
+    for (;;) {
+      if (g_interrupted.load()) return Input::Interrupted;
+      errno = 0;
+      const int c = std::getc(stdin);
+      if (c == EOF) {
+        const bool eintr = std::ferror(stdin) && errno == EINTR;
+        std::clearerr(stdin);
+        if (g_interrupted.load()) return Input::Interrupted;
+        if (eintr) continue;  // another signal
+        return line->empty() ? Input::End : Input::Line;
+      }
+      if (c == '\n') return Input::Line;
+      line->push_back(static_cast<char>(c));
+    }
+  }
+
+#ifdef GEMMA4_T4_LIBEDIT
+  static const char* prompt(EditLine*) { return kPrompt; }
+
+  static unsigned char on_ctrl_c(EditLine* el, int) {
+    void* self = nullptr;
+    el_get(el, EL_CLIENTDATA, &self);
+    static_cast<LineReader*>(self)->discarded_ = true;
+    const LineInfo* li = el_line(el);
+    el_cursor(el, static_cast<int>(li->lastchar - li->cursor));  // to the end, so "^C" follows the text
+    return CC_NEWLINE;
+  }
+
+  void close() {
+    if (el_) el_end(el_);
+    if (hist_) history_end(hist_);
+    el_ = nullptr;
+    hist_ = nullptr;
+  }
+
+  EditLine* el_ = nullptr;
+  History* hist_ = nullptr;
+  bool discarded_ = false;
+#else
+  void close() {}
+#endif
+};
 
 std::string trim(const std::string& s) {
   const size_t b = s.find_first_not_of(" \t\r");
@@ -142,15 +255,20 @@ int main(int argc, char** argv) {
   std::printf("%s", kCommands);
 
   install_sigint();
+  LineReader reader("chat");
   example::TurnStats last;
   bool answered = false;
   std::string line;
   for (;;) {
     g_interrupted.store(false);
-    std::printf("\nyou> ");
+    std::printf("\n%s", reader.edits() ? "" : LineReader::kPrompt);  // libedit writes its prompt itself
     std::fflush(stdout);
-    const Input in = read_line(&line);
-    if (in != Input::Line) {  // Ctrl-D or Ctrl-C at the prompt
+    const Input in = reader.read(&line);
+    if (in == Input::Interrupted) {  // Ctrl-C at the prompt: the line is gone, the program goes on
+      if (!reader.edits()) std::printf("\n");
+      continue;
+    }
+    if (in == Input::End) {  // Ctrl-D on an empty line, or the end of piped input
       std::printf("\n");
       break;
     }

@@ -164,7 +164,7 @@ inline gemma4_t4::Status load(const ModelArgs& a, Loaded* out) {
                                    : std::min<size_t>(8192, size_t(std::max(1, cfg.max_position_embeddings)));
 
   out->tokenizer_path = !a.tokenizer.empty() ? a.tokenizer : a.model_given ? a.model : GEMMA4_T4_DEFAULT_TOKENIZER;
-  if (Status st = Tokenizer::load(out->tokenizer_path, &out->tokenizer); !st) return st;
+  if (Status st = gemma4_t4::Tokenizer::load(out->tokenizer_path, &out->tokenizer); !st) return st;
   if (out->tokenizer.vocab_size() > size_t(cfg.vocab_size))
     return Status(Code::InvalidArgument, out->tokenizer_path + " has " + std::to_string(out->tokenizer.vocab_size()) +
                                              " tokens, more than the model's vocabulary of " +

@@ -80,7 +80,7 @@ class Conversation {
     const std::vector<int32_t> feed(ids.begin() + long(held_.size()), ids.end());
     st.prefilled = feed.size();
 
-    Tokenizer::Streamer stream(*tokenizer_);
+    gemma4_t4::Tokenizer::Streamer stream(*tokenizer_);
     std::string said;
     auto on_token = [&](int32_t id) {
       std::string piece;

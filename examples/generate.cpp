@@ -1,11 +1,13 @@
 // generate: one prompt in, the model's text out.
 //
-//   generate [options] [PROMPT...]        no PROMPT: the text is read from stdin
+//   generate [options] [PROMPT...]        no PROMPT: the text is read from stdin (a terminal is told so)
 //
 // By default the prompt is one user turn of the Gemma 4 chat template (--raw: fed as it is) and the answer
 // streams to stdout; --json prints one JSON object instead (fields in kUsage). Model and sampling flags as
 // for examples/chat.cpp. Default model: the bundled tiny model (random weights: gibberish output).
 // Exit status: 0 ok, 1 an error (message on stderr; with --json also in the object), 2 bad command line.
+
+#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -23,6 +25,7 @@ const char kUsage[] =
     "usage: generate [options] [PROMPT...]\n"
     "\n"
     "Generates the model's answer to PROMPT (the words joined with spaces; none: read stdin to its end).\n"
+    "An empty prompt (nothing but white space) is an error.\n"
     "\n"
     "prompt:\n"
     "  --chat               wrap the prompt in the chat template as a user turn (the default)\n"
@@ -87,7 +90,13 @@ int main(int argc, char** argv) {
       prompt_given = true;
     }
   }
-  if (!prompt_given) prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  if (!prompt_given) {
+    if (isatty(STDIN_FILENO))  // else it looks as if generate hangs
+      std::fprintf(stderr,
+                   "generate: reading the prompt from standard input (end it with Ctrl-D; or give it as "
+                   "arguments: generate \"PROMPT\"; --help for usage)\n");
+    prompt.assign(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  }
 
   nlohmann::json out = nlohmann::json::object();
   auto fail = [&](const gemma4_t4::Status& st) {
@@ -99,6 +108,12 @@ int main(int argc, char** argv) {
     }
     return 1;
   };
+
+  // An empty prompt (nothing but white space) is a mistake, not a request for the model's free run.
+  if (prompt.find_first_not_of(" \t\r\n") == std::string::npos)
+    return fail(
+        gemma4_t4::Status(gemma4_t4::Code::InvalidArgument,
+                          prompt_given ? "the prompt is empty" : "the prompt read from standard input is empty"));
 
   example::Loaded m;
   if (gemma4_t4::Status st = example::load(args, &m); !st) return fail(st);

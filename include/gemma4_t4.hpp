@@ -96,6 +96,8 @@
 //
 // LIMITS
 //   Context per session: LoadOptions::max_context (default 8192), at most max_position_embeddings.
+//   safetensors files are read as strictly as the reference implementation: headers of at most 100,000,000
+//   bytes (detail::kMaxSafetensorsHeaderBytes), tensors covering the data section exactly.
 //   Errors are returned as Status values; the library never exits, aborts or prints to stdout.
 //
 // FAULTS
@@ -247,13 +249,22 @@ enum class LmHead {
   Int4,  // w4a16 layout, group 32: scale = fp16(max|w| / 7), q = round(w / scale) in [-8, 7]; w = fp16(q * scale)
 };
 
+// How the CUDA backend runs a decode pass (one token per session, <= 16 sessions).
+enum class DecodePath {
+  Kernels,     // one kernel per operation (~11 per layer), replayed as a CUDA graph when cuda_graphs (default:
+               // the faster one today, bench/RESULTS.md)
+  Persistent,  // EXPERIMENTAL: the whole step as one persistent kernel (kernels/decode_step.cuh) where the model
+               // and GPU allow it (Engine::decode_path() tells), else Kernels
+};
+
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
   int device = 0;                   // CUDA device ordinal
   size_t max_context = 8192;        // default context of new sessions (tokens)
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
-  bool cuda_graphs = true;       // replay decode steps (<= 16 sessions) as CUDA graphs
+  DecodePath decode_path = DecodePath::Kernels;
+  bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 16 sessions) as CUDA graphs
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
   bool programmatic_launch = true;
@@ -347,6 +358,9 @@ class Engine {
   bool loaded() const;
   const ModelConfig& config() const;  // only valid when loaded()
   Backend backend() const;            // Cpu or Cuda once loaded
+  // How decode steps run, in words (e.g. "persistent kernel (132 blocks, <= 16 rows; ...)", or the per-kernel
+  // path and why the persistent kernel is not used): for logs and bench. Empty when not loaded.
+  std::string decode_path() const;
 
   // A new, empty session with room for max_context tokens (0 = LoadOptions::max_context). Errors:
   // InvalidArgument, OutOfMemory naming the KV-cache buffer (what was allocated is freed); *out untouched.
@@ -807,7 +821,8 @@ struct Cell {
   double prefill_tok_s = 0;        // prompt tokens / prefill time (median over repeats)
   double pct_of_ceiling = 0;       // tok_s_per_stream / Report::ceiling_tok_s * 100
   uint64_t sessions_fit = 0;       // sessions of this context (prompt + tokens) that fit in the KV budget
-  double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: T4 ceiling * pct_of_ceiling / 100
+  double fixed_ms = 0;             // ms_per_token - decode bytes / measured read bandwidth (>= 0)
+  double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: 1000 / (decode bytes / T4 bandwidth + fixed_ms)
   double t4_tok_s_total = 0;       // T4 projection, NOT measured: concurrency * t4_tok_s_per_stream
   std::string error;               // non-empty: what went wrong (numbers from completed repeats, if any)
   bool ok() const { return error.empty(); }
@@ -922,12 +937,14 @@ Status write_file(const std::string& path, const std::string& text);
 #include "gemma4_t4/tokenizer.hpp"
 #include "gemma4_t4/chat.hpp"
 #include "gemma4_t4/weights.hpp"
-#include "gemma4_t4/rng.hpp"
+#include "../kernels/rng.cuh"
 #include "gemma4_t4/sampler.hpp"
+#include "gemma4_t4/threads.hpp"
 #include "gemma4_t4/backend.hpp"
+#include "gemma4_t4/block.hpp"
 #include "gemma4_t4/cpu_backend.hpp"
 #ifndef GEMMA4_T4_NO_CUDA
-#include "gemma4_t4/cuda_backend.hpp"
+#include "gemma4_t4/cuda/backend.hpp"
 #endif
 #include "gemma4_t4/engine.hpp"
 #include "gemma4_t4/generate.hpp"

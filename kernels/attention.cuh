@@ -14,7 +14,7 @@
 // dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so per-thread state does not
 // grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is requested at once -- one
 // memory latency per tile. Per tile, with no barrier between the loads and their use:
-//   1. scores: the warp's partial q . k over its channels on the tensor cores (mma.sync m16n8k8: 16 keys x
+//   1. scores: the warp's partial q . k over its channels on the tensor cores (m16n8k8 tensor-core mma: 16 keys x
 //      8 heads x 8 channels, fp16 products exact, fp32 sums), K fragments straight from 16-byte global
 //      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
 //      q uses the same order) -> shared; the next tile's K loads issued                           | barrier
@@ -32,7 +32,7 @@
 // Shared memory (static): warps x 8 x 36 fp32 partial scores + 32 x G fp32 p + G x 64 fp32 merge weights:
 // 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
 //
-// sm_75 rules: fp16 mma.sync.aligned.m16n8k8 with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
+// sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
 // (plain 16-byte loads issued a phase ahead of use), no bf16. Fragment layouts (PTX ISA, "Matrix Fragments
 // for mma.m16n8k8"; g = lane / 4, t = lane % 4; the low half of an .f16x2 register holds the lower index):
 //   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)   <- K: rows keys, cols channels
@@ -41,6 +41,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -82,18 +83,6 @@ __host__ __device__ constexpr int attn_block() {
 }
 
 // ---- device helpers ----
-
-// c += A (16x8 fp16) B (8x8 fp16) with fp32 accumulators: the Turing tensor-core shape (m16n8k16 is sm_80+).
-__device__ __forceinline__ void attn_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(b));
-}
-
-// 32-bit word i (two fp16 channels) of a 16-byte load; i is a compile-time constant after unrolling.
-__device__ __forceinline__ uint32_t attn_word(const uint4& u, int i) {
-  return i == 0 ? u.x : i == 1 ? u.y : i == 2 ? u.z : u.w;
-}
 
 // A row's keys and how they split: first key lo, n keys, per keys per split (whole tiles). Splits
 // [0, used) hold keys, the rest are empty.
@@ -151,7 +140,9 @@ __device__ __forceinline__ void attn_merge_weights(const float* ml, int used, fl
 
 // K fragments of a 32-key tile for lane (g, t): keys 16 mt + 8 hi + g, channels c0 + 32 i + 8 t .. + 7
 // (off = kv head * D + c0 + 8 t; ld = kv_heads * D). Keys past nt are zeros, never loaded.
-template <int KCH>
+// CG: the cache was written earlier in the same kernel (persistent decode): read through L2, not the
+// read-only path.
+template <int KCH, bool CG>
 __device__ __forceinline__ void attn_load_k(uint4 (&kf)[2][2][KCH], const half* __restrict__ K, int ld, int off, int t0,
                                             int nt, int cap, int g) {
 #pragma unroll
@@ -161,31 +152,45 @@ __device__ __forceinline__ void attn_load_k(uint4 (&kf)[2][2][KCH], const half* 
       const int key = 16 * mt + 8 * hi + g;
       const uint4* src = reinterpret_cast<const uint4*>(K + size_t((t0 + key) % cap) * ld + off);
 #pragma unroll
-      for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = key < nt ? __ldg(src + 4 * i) : make_uint4(0u, 0u, 0u, 0u);
+      for (int i = 0; i < KCH; ++i)
+        kf[mt][hi][i] = key < nt ? (CG ? __ldcg(src + 4 * i) : __ldg(src + 4 * i)) : make_uint4(0u, 0u, 0u, 0u);
     }
 }
 
 // V rows of a 32-key tile for lane (key phase kq, channel group): keys kq + KP i, 8 channels at off.
-template <int VI, int KP>
+template <int VI, int KP, bool CG>
 __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
                                             int nt, int cap, int kq) {
 #pragma unroll
   for (int i = 0; i < VI; ++i) {
     const int key = kq + KP * i;
-    vf[i] = key < nt ? __ldg(reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off))
-                     : make_uint4(0u, 0u, 0u, 0u);
+    const uint4* src = reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off);
+    vf[i] = key < nt ? (CG ? __ldcg(src) : __ldg(src)) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
 // ---- kernels ----
 
+// Shared memory of one attention block (NW warps).
+template <int D, int G, int NW>
+struct AttnSmem {
+  float s_part[NW][8][kAttnTile + 4];     // [warp][head][key] partial scores over the warp's channels
+  __align__(16) float p_s[kAttnTile][G];  // [key][head] e^(s - m), fp32
+  float alpha_s[G], m_s[G], l_s[G];       // per-tile rescale; the split's final max and sum
+  float wt_s[G][kAttnFusedSplits];        // fused merge weights [head][split]
+  int last_s;
+};
+
+// Block (row, KV head kvh, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32 NW - 1).
 // D: head dim (32..512); G: the group rounded up to 1, 2, 4 or 8 (heads group..G-1 are padding: zero q,
 // never written). fused: merge in the last block (a.counters, a.splits <= kAttnFusedSplits), else write
-// partials for attention_merge_kernel; a.splits == 1 writes out directly either way.
-template <int D, int G>
-static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
-  pdl_enter();
-  constexpr int WS = attn_slice<D>(), NW = D / WS, NT = 32 * NW;
+// partials for attention_merge_kernel; a.splits == 1 writes out directly either way. Persist (the persistent
+// decode kernel): q from qs ([G][D] fp16 in shared memory, this block's heads) instead of a.q, and the
+// caches read through L2 (this step wrote some of their slots).
+template <int D, int G, int NW, bool Persist>
+__device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int sp, bool fused,
+                                                AttnSmem<D, G, NW>& sm, const half* qs) {
+  constexpr int WS = D / NW, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
   constexpr int LPK = WS / 8, KP = 32 / LPK;               // P.V: lanes per key (8 channels each), keys per step
   constexpr int VI = kAttnTile / KP;                       // P.V: keys per lane per tile
@@ -196,13 +201,15 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
   static_assert((WS == 32 || WS == 64) && D % WS == 0 && NW <= 8, "head dim 32, 64, 128, 256 or 512");
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group rounded up to 1, 2, 4 or 8");
 
-  __shared__ float s_part[NW][8][SLD];               // [warp][head][key] partial scores over the warp's channels
-  __shared__ __align__(16) float p_s[kAttnTile][G];  // [key][head] e^(s - m), fp32
-  __shared__ float alpha_s[G], m_s[G], l_s[G];       // per-tile rescale; the split's final max and sum
-  __shared__ float wt_s[G][kAttnFusedSplits];        // fused merge weights [head][split]
-  __shared__ int last_s;
+  auto& s_part = sm.s_part;
+  auto& p_s = sm.p_s;
+  auto& alpha_s = sm.alpha_s;
+  auto& m_s = sm.m_s;
+  auto& l_s = sm.l_s;
+  auto& wt_s = sm.wt_s;
+  auto& last_s = sm.last_s;
+  static_assert(SLD == sizeof(s_part[0][0]) / sizeof(float), "partial-score row");
 
-  const int row = blockIdx.x, kvh = blockIdx.y, sp = blockIdx.z;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int kq = lane / LPK, cv = warp * WS + (lane % LPK) * 8;  // P.V: key phase, first of 8 channels
   const int group = a.heads / a.kv_heads;
@@ -231,17 +238,22 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
 
     uint4 qf[KCH];  // B fragments: head g, channels warp * WS + 32 i + 8 t .. + 7 (zeros for padding heads)
 #pragma unroll
-    for (int i = 0; i < KCH; ++i)
-      qf[i] = g < group
-                  ? __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + warp * WS + 32 * i + 8 * t))
-                  : make_uint4(0u, 0u, 0u, 0u);
+    for (int i = 0; i < KCH; ++i) {
+      const int c = warp * WS + 32 * i + 8 * t;
+      if (g >= group)
+        qf[i] = make_uint4(0u, 0u, 0u, 0u);
+      else if constexpr (Persist)
+        qf[i] = *reinterpret_cast<const uint4*>(qs + g * D + c);
+      else
+        qf[i] = __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + c));
+    }
     for (int i = tid; i < kAttnTile * G; i += NT) (&p_s[0][0])[i] = 0.f;  // padding heads keep p = 0 ...
     if (tid < G) alpha_s[tid] = 0.f;                                      // ... and alpha = 0
 
     uint4 kf[2][2][KCH], vf[VI];
     int t0 = begin, nt = min(kAttnTile, end - t0);
-    attn_load_k<KCH>(kf, K, ld, koff, t0, nt, cap, g);
-    attn_load_v<VI, KP>(vf, V, ld, voff, t0, nt, cap, kq);
+    attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, nt, cap, g);
+    attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, nt, cap, kq);
     while (nt > 0) {
       // 1. partial scores: keys 16 mt + g (+ 8) x heads 2t, 2t + 1 over this warp's channels
 #pragma unroll
@@ -251,14 +263,14 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
         for (int i = 0; i < KCH; ++i)
 #pragma unroll
           for (int s = 0; s < 4; ++s)
-            attn_mma(sc, attn_word(kf[mt][0][i], s), attn_word(kf[mt][1][i], s), attn_word(qf[i], s));
+            mma_16x8x8(sc, u4_word(kf[mt][0][i], s), u4_word(kf[mt][1][i], s), u4_word(qf[i], s));
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi)
 #pragma unroll
           for (int j = 0; j < 2; ++j) s_part[warp][2 * t + j][16 * mt + 8 * hi + g] = sc[2 * hi + j];
       }
       const int t1 = t0 + kAttnTile, nt1 = min(kAttnTile, end - t1);
-      if (nt1 > 0) attn_load_k<KCH>(kf, K, ld, koff, t1, nt1, cap, g);
+      if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, koff, t1, nt1, cap, g);
       __syncthreads();
 
       // 2. online softmax: lane = key
@@ -299,7 +311,7 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
 #pragma unroll
           for (int c = 0; c < 8; ++c) acc[h][c] = fmaf(p[h], v[c], acc[h][c]);
       }
-      if (nt1 > 0) attn_load_v<VI, KP>(vf, V, ld, voff, t1, nt1, cap, kq);
+      if (nt1 > 0) attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t1, nt1, cap, kq);
       t0 = t1;
       nt = nt1;
     }
@@ -405,6 +417,14 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
   }
 }
 
+template <int D, int G>
+static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
+  pdl_enter();
+  constexpr int NW = attn_block<D>() / 32;
+  __shared__ AttnSmem<D, G, NW> sm;
+  attention_block<D, G, NW, false>(a, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), fused != 0, sm, nullptr);
+}
+
 // The unfused merge: out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits holding
 // keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
@@ -457,21 +477,23 @@ inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim,
 }
 
 template <int D, int G>
-inline cudaError_t launch_attention_dg(const AttnArgs& a, cudaStream_t stream) {
+inline cudaError_t launch_attention_dg(const AttnArgs& a, const Launch& launch) {
   const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(a.heads / a.kv_heads, D);
   const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads, a.splits), attn_block<D>(),
-                                      stream, a, int(fused));
+                                      launch, a, int(fused));
   if (e != cudaSuccess || a.splits == 1 || fused) return e;
-  return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, stream, a);
+  return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, launch, a);
 }
 
 template <int D>
-inline cudaError_t launch_attention_d(const AttnArgs& a, int group, cudaStream_t stream) {
-  if (group <= 1) return launch_attention_dg<D, 1>(a, stream);
-  if (group <= 2) return launch_attention_dg<D, 2>(a, stream);
-  if (group <= 4) return launch_attention_dg<D, 4>(a, stream);
-  if (group <= 8) return launch_attention_dg<D, 8>(a, stream);
-  return cudaErrorInvalidValue;
+inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const Launch& launch) {
+  switch (group > 8 ? -1 : gqa_group_pad(group)) {
+    case 1: return launch_attention_dg<D, 1>(a, launch);
+    case 2: return launch_attention_dg<D, 2>(a, launch);
+    case 4: return launch_attention_dg<D, 4>(a, launch);
+    case 8: return launch_attention_dg<D, 8>(a, launch);
+    default: return cudaErrorInvalidValue;
+  }
 }
 
 // Head dims 32..512 (powers of two), up to 8 query heads per KV head.
@@ -480,17 +502,17 @@ inline bool attention_supported(int d, int group) {
 }
 
 // One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits), else two.
-inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, cudaStream_t stream) {
+inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
   if (a.rows <= 0) return cudaSuccess;
   if (a.kv_heads <= 0 || a.kv_heads > 65535 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits)
     return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads;
   switch (head_dim) {
-    case 32: return launch_attention_d<32>(a, group, stream);
-    case 64: return launch_attention_d<64>(a, group, stream);
-    case 128: return launch_attention_d<128>(a, group, stream);
-    case 256: return launch_attention_d<256>(a, group, stream);
-    case 512: return launch_attention_d<512>(a, group, stream);
+    case 32: return launch_attention_d<32>(a, group, launch);
+    case 64: return launch_attention_d<64>(a, group, launch);
+    case 128: return launch_attention_d<128>(a, group, launch);
+    case 256: return launch_attention_d<256>(a, group, launch);
+    case 512: return launch_attention_d<512>(a, group, launch);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -4,22 +4,21 @@
 // arithmetic, no cp.async, at most 48 KiB of static shared memory per block. Launchers are
 // `cudaError_t launch_<op>(..., cudaStream_t)`: they never allocate and report launch errors.
 //
-// Programmatic dependent launch (PDL, sm_90+ only). Inside a PdlScope, on a device and a build whose kernel
-// code is sm_90 or newer, launch_kernel sets cudaLaunchAttributeProgrammaticStreamSerialization: a kernel may
-// then be scheduled while its predecessor in the stream is still running (a decode step is ~400 small
-// dependent kernels, so the launch gap and the first loads' latency are most of its time). The contract every
-// kernel here keeps: before pdl_enter() it reads only constants of the forward pass (weights) and writes
-// nothing; pdl_enter() waits until the predecessor grid has completed and its writes are visible (so,
-// transitively, every earlier kernel), then lets the next kernel start its own prologue. Below sm_90 and
-// outside PDL launches both are no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a newer GPU)
-// has no griddepcontrol, so it is never launched this way (pdl_available checks the loaded code's PTX
-// version, not just the device).
+// Every launcher takes a Launch -- the stream, and whether to use programmatic dependent launch (PDL, sm_90+
+// only) -- as its last argument; nothing about a launch is decided by hidden state. With Launch::pdl the
+// kernel is launched with cudaLaunchAttributeProgrammaticStreamSerialization: it may then be scheduled while
+// its predecessor in the stream is still running (a decode step is ~400 small dependent kernels, so the
+// launch gap and the first loads' latency are most of its time). The contract every kernel here keeps:
+// before pdl_enter() it reads only constants of the forward pass (weights) and writes nothing; pdl_enter()
+// waits until the predecessor grid has completed and its writes are visible (so, transitively, every earlier
+// kernel), then lets the next kernel start its own prologue. Below sm_90 and outside PDL launches both are
+// no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a newer GPU) has no griddepcontrol, so the
+// caller must not ask for PDL there: pdl_supported() tells, from the loaded code's PTX version.
 #pragma once
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -119,46 +118,30 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 template <int>
 __global__ void pdl_probe_kernel() {}
 
-// Whether the current device runs this build's kernels as sm_90+ code (checked once per device).
-inline bool pdl_available() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<int> known[kMaxDevices];  // 0 unknown, 1 yes, -1 no
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= kMaxDevices) return false;
-  int v = known[dev].load(std::memory_order_relaxed);
-  if (v == 0) {
-    int major = 0;
-    cudaFuncAttributes fa{};
-    const bool ok = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
-                    major >= 9 && cudaFuncGetAttributes(&fa, pdl_probe_kernel<0>) == cudaSuccess && fa.ptxVersion >= 90;
-    (void)cudaGetLastError();
-    v = ok ? 1 : -1;
-    known[dev].store(v, std::memory_order_relaxed);
-  }
-  return v > 0;
+// Whether `device` runs this build's kernels as sm_90+ code, i.e. whether Launch::pdl may be set. The
+// caller (the CUDA backend, at load) keeps the answer; nothing is cached here.
+inline bool pdl_supported(int device) {
+  int major = 0, current = 0;
+  cudaFuncAttributes fa{};
+  const bool ok = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
+                  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess &&
+                  major >= 9 && cudaFuncGetAttributes(&fa, pdl_probe_kernel<0>) == cudaSuccess && fa.ptxVersion >= 90;
+  cudaSetDevice(current);
+  (void)cudaGetLastError();
+  return ok;
 }
 
-inline bool& pdl_requested() {
-  static thread_local bool on = false;
-  return on;
-}
-
-// PDL for the launches this thread makes while the scope lives (the CUDA backend's forward passes and the
-// graphs they capture), where pdl_available().
-class PdlScope {
- public:
-  explicit PdlScope(bool on) : prev_(pdl_requested()) { pdl_requested() = on && pdl_available(); }
-  ~PdlScope() { pdl_requested() = prev_; }
-  PdlScope(const PdlScope&) = delete;
-  PdlScope& operator=(const PdlScope&) = delete;
-
- private:
-  bool prev_;
+// How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).
+struct Launch {
+  cudaStream_t stream = nullptr;
+  bool pdl = false;  // programmatic dependent launch: only where pdl_supported()
+  Launch() = default;
+  Launch(cudaStream_t s, bool p = false) : stream(s), pdl(p) {}  // NOLINT(google-explicit-constructor)
 };
 
-// Every kernel launch of kernels/ (no dynamic shared memory): plain, or PDL inside an active PdlScope.
+// Every kernel launch of kernels/ (no dynamic shared memory).
 template <typename... P, typename... A>
-inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, cudaStream_t stream, A&&... args) {
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -166,9 +149,9 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, cudaStr
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = 0;
-  cfg.stream = stream;
+  cfg.stream = launch.stream;
   cfg.attrs = attr;
-  cfg.numAttrs = pdl_requested() ? 1 : 0;
+  cfg.numAttrs = launch.pdl ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;

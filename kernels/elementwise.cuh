@@ -29,9 +29,9 @@ static __global__ void embed_kernel(const half* __restrict__ E, const int* __res
 }
 
 inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, float scale, float* h,
-                                cudaStream_t stream) {
+                                const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(embed_kernel, rows, 256, stream, E, ids, H, scale, h);
+  return launch_kernel(embed_kernel, rows, 256, launch, E, ids, H, scale, h);
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
@@ -40,9 +40,9 @@ static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, hal
   if (i < n) out[i] = to_half_sat(x[i]);
 }
 
-inline cudaError_t launch_to_half(const float* x, size_t n, half* out, cudaStream_t stream) {
+inline cudaError_t launch_to_half(const float* x, size_t n, half* out, const Launch& launch) {
   if (n == 0) return cudaSuccess;
-  return launch_kernel(to_half_kernel, ceil_div(n, 256), 256, stream, x, n, out);
+  return launch_kernel(to_half_kernel, ceil_div(n, 256), 256, launch, x, n, out);
 }
 
 // Raw element types of launch_widen (the safetensors dtypes a float tensor may have).
@@ -60,9 +60,9 @@ static __global__ void widen_kernel(const void* __restrict__ x, RawFloat type, s
   }
 }
 
-inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* out, cudaStream_t stream) {
+inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* out, const Launch& launch) {
   if (n == 0) return cudaSuccess;
-  return launch_kernel(widen_kernel, ceil_div(n, 256), 256, stream, x, type, n, out);
+  return launch_kernel(widen_kernel, ceil_div(n, 256), 256, launch, x, type, n, out);
 }
 
 static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
@@ -72,9 +72,9 @@ static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float*
   if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
 }
 
-inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, cudaStream_t stream) {
+inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, const Launch& launch) {
   if (n == 0) return cudaSuccess;
-  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, stream, g, u, n, out);
+  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, launch, g, u, n, out);
 }
 
 // Grid (rows, L); block 32..256 threads over D.
@@ -95,10 +95,10 @@ static __global__ void ple_combine_kernel(const float* __restrict__ proj, const 
 
 inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const float* w, int rows, int L, int D,
                                       float pscale, float tscale, float mix, float eps, float* ple,
-                                      cudaStream_t stream) {
+                                      const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   const int threads = D >= 256 ? 256 : (D >= 64 ? 64 : 32);
-  return launch_kernel(ple_combine_kernel, dim3(rows, L), threads, stream, proj, tok, w, L, D, pscale, tscale, mix, eps,
+  return launch_kernel(ple_combine_kernel, dim3(rows, L), threads, launch, proj, tok, w, L, D, pscale, tscale, mix, eps,
                        ple);
 }
 
@@ -112,9 +112,9 @@ static __global__ void ple_gate_kernel(const float* __restrict__ g, const float*
 }
 
 inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, int L, int D, int layer, half* out,
-                                   cudaStream_t stream) {
+                                   const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, stream, g, ple, rows, L, D, layer, out);
+  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, ple, rows, L, D, layer, out);
 }
 
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
@@ -123,9 +123,9 @@ static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap
   if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
-inline cudaError_t launch_softcap(float* x, size_t n, float cap, cudaStream_t stream) {
+inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& launch) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, stream, x, n, cap);
+  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, launch, x, n, cap);
 }
 
 // One block (256 threads) per row.
@@ -158,9 +158,9 @@ static __global__ void argmax_rows_kernel(const float* __restrict__ x, int V, in
   if (threadIdx.x == 0) out[blockIdx.x] = bi[0] < V ? bi[0] : 0;
 }
 
-inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out, cudaStream_t stream) {
+inline cudaError_t launch_argmax_rows(const float* x, int rows, int V, int* out, const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(argmax_rows_kernel, rows, 256, stream, x, V, out);
+  return launch_kernel(argmax_rows_kernel, rows, 256, launch, x, V, out);
 }
 
 }  // namespace kernels

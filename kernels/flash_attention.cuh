@@ -1,4 +1,4 @@
-// gemma4_t4 kernels: prefill attention on Turing tensor cores (flash attention with mma.sync m16n8k8).
+// gemma4_t4 kernels: prefill attention on Turing tensor cores (flash attention with m16n8k8 tensor-core mma).
 //
 // Same result as attention_split_kernel (attention.cuh), for prompt chunks. For row r (a query at position
 // p = pos[r] of sequence seq[r]) and query head h:
@@ -18,15 +18,12 @@
 // about one per SM of a big GPU, and the o / q state of 32 rows at D = 512 already fills half a T4 SM's
 // registers.
 //
-// Key groups. The block's warps form KG key groups (KG = 2 for D <= 256, 1 at D = 512): group k takes key
-// tiles k, k + KG, k + 2 KG, ... with its own running max / sum and output, synchronising on its own named
-// barrier (bar.sync 1 + k), so one group's softmax overlaps the other's tensor-core work; the groups' (o, m,
-// l) are merged once at the end. Inside a group, warps split the head dimension: warp w owns channels
-// [64 w, 64 w + 64) -- W = D / 64 warps -- of q, k, v and the output, so per-thread state does not grow with D:
+// Warps split the head dimension: warp w owns channels [64 w, 64 w + 64) -- W = D / 64 warps -- of q, k, v
+// and the output, so per-thread state does not grow with D:
 //   q    A fragments of its 64 channels for the 32 rows, in registers for the whole kernel (32 regs)
 //   o    its 32 x 64 fp32 output slice (64 regs)
 // and each warp streams its own 64-channel slice of every K/V row (128 contiguous bytes) through a private
-// shared buffer. Per key tile (group-local barriers):
+// shared buffer. Per key tile:
 //   1. K slice (loaded one tile earlier) registers -> buffer; the NEXT tile's K loads issued (registers)
 //   2. partial scores S_w = Q[:, slice] K[:, slice]^T (32 x 32, m16n8k8, ldmatrix) -> the same buffer (the
 //      K slice is dead by then: the buffer holds K, then the partial scores, then V)                 | barrier
@@ -36,30 +33,27 @@
 //   4. V slice (loaded one tile earlier) -> buffer; the NEXT tile's V loads issued; o = o * alpha + P V
 //      (ldmatrix.trans gives V's B fragments straight from the [key][channel] layout)
 // So every global load has a whole tile of work to arrive (register double-buffering stands in for
-// cp.async): two register sets of 8 x 16 bytes per lane. Finally the groups merge: o_k scaled by
-// exp(m_k - M) / sum_k exp(m_k - M) l_k, summed in shared memory, saturated to fp16. A masked row keeps
-// m = -inf; exp is then taken against 0, so such a row (padding, or a row whose window starts in a later key
-// tile) gets p = 0 and alpha = 0, never NaN; a group that saw no key of a row contributes 0. Keys past the
-// tile's last position are loaded as zeros (their p is 0 anyway; zeros keep 0 * v finite).
+// cp.async): two register sets of 8 x 16 bytes per lane. Finally o is scaled by 1 / l (the row's sum, handed
+// from its softmax threads through shared memory) and saturated to fp16. A masked row keeps m = -inf; exp
+// is then taken against 0, so such a row (padding, or a row whose window starts in a later key tile) gets
+// p = 0 and alpha = 0, never NaN, and is not written. Keys past the tile's last position are loaded as
+// zeros (their p is 0 anyway; zeros keep 0 * v finite).
 //
-// Shared memory (static, no opt-in), per group: per warp one 32 x (64 + 8) fp16 K/V buffer (4608 B; the
+// (Two key groups per block -- warps taking alternate key tiles, merged at the end -- were measured 9% faster
+// at D 256 on the H200 but racecheck reported shared-memory hazards in them that were never explained; they
+// were removed. See git history before issue 15 and bench/RESULTS.md 2026-12-02.)
+//
+// Shared memory (static, no opt-in): per warp one 32 x (64 + 8) fp16 K/V buffer (4608 B; the
 // 16-byte row pad keeps ldmatrix conflict-free) that doubles as the 32 x (32 + 4) fp32 partial scores (the
 // 4-float pad makes the softmax's float4 reads conflict-free); P 32 x (32 + 8) fp16 (2560 B); 32 fp32 row
-// factors. D = 64: 14,592 B, 128: 23,808 B, 256: 42,240 B, 512: 39,552 B. Block: KG x D / 2 threads.
+// factors. D = 64: 7,296 B, 128: 11,904 B, 256: 21,120 B, 512: 39,552 B. Block: D / 2 threads.
 // Registers: q 32 + o 64 + two staging sets 64 + 16 score accumulators; ptxas needs ~235 and uses up to 255
 // (launch bounds), no spills on sm_75 .. sm_120, so a T4 SM runs one 256-thread block (8 warps).
 //
-// sm_75 rules: fp16 mma.sync.aligned.m16n8k8 with fp32 accumulators, ldmatrix and bar.sync with a thread
-// count (all sm_75); no m16n8k16, cp.async, bf16 or anything newer.
+// sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators and ldmatrix (kernels/mma.cuh, both sm_75);
+// no m16n8k16, cp.async, bf16 or anything newer.
 //
-// Fragment layouts (PTX ISA, "Matrix Fragments for mma.m16n8k8", .f16 A/B, .f32 C/D; g = lane / 4,
-// t = lane % 4; the lower half of an .f16x2 register holds the lower column / k index):
-//   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)
-//   B 8x8 ("col"):    b0 = (k 2t, 2t+1; n g)
-//   C 16x8:           c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g + 8, same cols)
-//   ldmatrix x4: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of every lane receives
-//   (row g, cols 2t, 2t+1) of matrix i -- an A or B fragment of a [row][k] block; .trans delivers
-//   (rows 2t, 2t+1; col g) instead: the B fragment of a [k][n] block.
+// Fragment layouts: kernels/mma.cuh.
 #pragma once
 
 #include "attention.cuh"
@@ -71,71 +65,13 @@ constexpr int kFlashRows = 32;   // MMA rows per block: (position, head) pairs, 
 constexpr int kFlashKeys = 32;   // keys per tile
 constexpr int kFlashSlice = 64;  // head-dimension channels per warp
 
-// Key groups per block (see the header). Two groups for D <= 256 were measured on the H200 (512-row chunk,
-// window 512: 22.8 us), but compute-sanitizer racecheck reported shared-memory hazards in those variants
-// (not in the one-group ones) that are not explained yet, so every head dim runs one group until they are;
-// kFlashTwoKeyGroups turns the two-group variants back on. At D = 512 one group regardless: 16 warps of
-// ~240 registers would not fit an SM's 64K registers.
-constexpr bool kFlashTwoKeyGroups = false;
-template <int D>
-__host__ __device__ constexpr int flash_key_groups() {
-  return D >= 512 || !kFlashTwoKeyGroups ? 1 : 2;
-}
-
 template <int D>
 __host__ __device__ constexpr int flash_threads() {
-  return flash_key_groups<D>() * D / kFlashSlice * 32;
-}
-
-// The group as the kernel folds it: 1, 2, 4 or 8 query heads per KV head (padding heads are masked).
-__host__ __device__ constexpr int flash_group_pad(int group) {
-  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+  return D / kFlashSlice * 32;
 }
 
 // Positions (rows of one sequence) per tile: 32, 16, 8 or 4 for groups 1, 2, 3-4, 5-8.
-inline int flash_tile_positions(int group) { return kFlashRows / flash_group_pad(group); }
-
-// ---- inline PTX (sm_75) ----
-
-__device__ __forceinline__ uint32_t flash_smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// Four 8x8 fp16 matrices from shared memory into fragment layout with one instruction (sm_75): the
-// alternative, 32-bit shared loads per fragment register, costs 4x the instructions and bank conflicts.
-__device__ __forceinline__ void flash_ldsm_x4(uint32_t (&r)[4], const void* row_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(flash_smem_addr(row_addr))
-               : "memory");
-}
-
-// The same, transposed in flight: B fragments of a row-major [k][n] block (V is stored [key][channel]).
-__device__ __forceinline__ void flash_ldsm_x4_trans(uint32_t (&r)[4], const void* row_addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(flash_smem_addr(row_addr))
-               : "memory");
-}
-
-// c += A (16x8 fp16) B (8x8 fp16), fp32 accumulate: the Turing tensor-core shape (m16n8k16 is sm_80+).
-__device__ __forceinline__ void flash_mma(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-               : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-               : "r"(a0), "r"(a1), "r"(b));
-}
-
-// Barrier of one key group only (THREADS threads, whole warps): __syncthreads would tie the groups
-// together and undo their overlap. Id 1 + group (0 is __syncthreads'); immediate ids, so ptxas reserves
-// only the barriers used.
-template <int KG, int THREADS>
-__device__ __forceinline__ void flash_group_sync(int kgrp) {
-  static_assert(KG == 1 || KG == 2, "one or two key groups");
-  if (KG == 1 || kgrp == 0)
-    asm volatile("bar.sync 1, %0;\n" ::"n"(THREADS) : "memory");
-  else
-    asm volatile("bar.sync 2, %0;\n" ::"n"(THREADS) : "memory");
-}
+inline int flash_tile_positions(int group) { return kFlashRows / gqa_group_pad(group); }
 
 // 16-byte chunk swizzle of the partial-score rows (4 chunks of 64 bytes, two rows per 128-byte bank line):
 // bit 1 of the row flips chunk bit 1, bit 2 flips chunk bit 0. Rows 0-3 of a C fragment store, and the 1,
@@ -156,7 +92,7 @@ template <int D, int G>
 static __global__ void __launch_bounds__(flash_threads<D>())
     flash_attention_kernel(AttnArgs a, const int2* __restrict__ tiles) {
   pdl_enter();
-  constexpr int W = D / kFlashSlice, KG = flash_key_groups<D>(), GT = 32 * W;  // warps / threads per group
+  constexpr int W = D / kFlashSlice, GT = 32 * W;  // warps / threads
   constexpr int BM = kFlashRows, BN = kFlashKeys, MT = BM / 16;
   constexpr int NS = kFlashSlice / 8;  // 8-wide k-steps (scores) / n-tiles (output) in a warp's slice
   constexpr int TPR = GT / BM;         // softmax threads per row (= W)
@@ -164,7 +100,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   constexpr int RPL = BN / 4;          // K/V rows per lane per tile: a warp loads 4 rows x 128 B at a time
   constexpr int KV_LD = kFlashSlice + 8, P_LD = BN + 8;  // padded rows (fp16): 144 B, 80 B
   constexpr int BUF_BYTES = BN * KV_LD * 2, P_BYTES = BM * P_LD * 2;
-  constexpr int GROUP_BYTES = W * BUF_BYTES + P_BYTES + BM * 4;
+  constexpr int SMEM_BYTES = W * BUF_BYTES + P_BYTES + BM * 4;
   // Partial scores of keys 16 h + [0, 16), h = 0, 1: [BM][16] fp32 at float offset h * PART_OFF of the
   // buffer, inside the bytes of K rows 16 h .. 16 h + 15 (dead once those keys' scores are done). The 64-byte
   // shift of h = 1 and the chunk swizzle make the float2 stores and the softmax's float4 reads conflict-free.
@@ -173,12 +109,10 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group folded as 1, 2, 4 or 8 heads");
   static_assert(BN == 32 && CPT >= 1 && BM * 16 * 4 <= HALF_BYTES && 4 * PART_OFF + BM * 16 * 4 <= BUF_BYTES,
                 "the partial scores of each 16-key half fit the K rows they replace");
-  static_assert(KG == 1 || 2 * KG * BM * 4 + W * MT * NS * 32 * 16 <= KG * GROUP_BYTES, "merge fits");
 
-  // Per group: W K/V buffers (K slice [BN][KV_LD] fp16 -> partial scores 2 x [BM][16] fp32 -> V slice),
-  // P [BM][P_LD] fp16 (A operand of P.V), alpha [BM] fp32 (per-row rescale of o). After the loop the whole
-  // array holds the merge: m, l [KG][BM] fp32 and the groups' o, [W][MT][NS][32 lanes] float4.
-  __shared__ __align__(16) unsigned char smem[KG * GROUP_BYTES];
+  // W K/V buffers (K slice [BN][KV_LD] fp16 -> partial scores 2 x [BM][16] fp32 -> V slice), P [BM][P_LD]
+  // fp16 (A operand of P.V), alpha [BM] fp32 (per-row rescale of o). After the loop: l [BM] fp32.
+  __shared__ __align__(16) unsigned char smem[SMEM_BYTES];
 
   // Heaviest tiles (latest positions, most keys) first: the tail of the grid is then short blocks.
   const int2 tile = tiles[gridDim.x - 1 - blockIdx.x];
@@ -187,14 +121,12 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   const int kvh = blockIdx.y;
   const int group = a.heads / a.kv_heads;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int kgrp = warp / W, wg = warp % W, gtid = tid % GT;  // key group, warp and thread within it
-  const int col0 = wg * kFlashSlice;                          // this warp's channels [col0, col0 + 64)
+  const int col0 = warp * kFlashSlice;  // this warp's channels [col0, col0 + 64)
 
-  unsigned char* const gbase = smem + kgrp * GROUP_BYTES;
-  half(*const kv)[KV_LD] = reinterpret_cast<half(*)[KV_LD]>(gbase + wg * BUF_BYTES);  // this warp's buffer
-  float* const sp = reinterpret_cast<float*>(gbase + wg * BUF_BYTES);                 // same bytes
-  half(*const p_s)[P_LD] = reinterpret_cast<half(*)[P_LD]>(gbase + W * BUF_BYTES);
-  float* const alpha_s = reinterpret_cast<float*>(gbase + W * BUF_BYTES + P_BYTES);
+  half(*const kv)[KV_LD] = reinterpret_cast<half(*)[KV_LD]>(smem + warp * BUF_BYTES);  // this warp's buffer
+  float* const sp = reinterpret_cast<float*>(smem + warp * BUF_BYTES);                 // same bytes
+  half(*const p_s)[P_LD] = reinterpret_cast<half(*)[P_LD]>(smem + W * BUF_BYTES);
+  float* const alpha_s = reinterpret_cast<float*>(smem + W * BUF_BYTES + P_BYTES);
 
   const int idx = a.seq[first] * a.layers + a.layer;
   const int cap = a.capacity[idx];
@@ -221,7 +153,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
     }
 
   // softmax role: row srow, 4-key chunks c = spart + TPR i (keys 4 c .. 4 c + 3), i < CPT, of each tile
-  const int srow = gtid / TPR, spart = gtid % TPR;
+  const int srow = tid / TPR, spart = tid % TPR;
   const int spos = (srow / G < count && srow % G < group) ? a.pos[first + srow / G] : -1;  // -1: masked row
   const int slo = a.window > 0 ? max(0, spos - a.window + 1) : 0;
   float m_run = -INFINITY, l_run = 0.f;
@@ -260,10 +192,10 @@ static __global__ void __launch_bounds__(flash_threads<D>())
 #pragma unroll
       for (int c = 0; c < 4; ++c) o[mt][nt][c] = 0.f;
 
-  // This group's tiles: k0 = kbeg + (kgrp + KG n) BN; ring slot of k0 tracked incrementally.
-  constexpr int KSTEP = KG * BN;
+  // Tiles k0 = kbeg + n BN; ring slot of k0 tracked incrementally.
+  constexpr int KSTEP = BN;
   const int sstep = KSTEP % cap;
-  int k0 = kbeg + kgrp * BN;
+  int k0 = kbeg;
   int s0 = k0 % cap;
   uint4 kr[RPL], vr[RPL];  // K and V of the next tile, in flight
   if (k0 <= kend) {
@@ -296,17 +228,17 @@ static __global__ void __launch_bounds__(flash_threads<D>())
       for (int k2 = 0; k2 < NS / 2; ++k2) {
         // matrices: 0 = (keys 16 h + 0-7, channels 16 k2 + 0-7), 1 = (same keys, +8-15), 2 / 3 = keys + 8-15
         uint32_t b[4];
-        flash_ldsm_x4(b, &kv[h * 16 + (lane >> 4) * 8 + (lane & 7)][k2 * 16 + ((lane >> 3) & 1) * 8]);
+        ldsm_x4(b, &kv[h * 16 + (lane >> 4) * 8 + (lane & 7)][k2 * 16 + ((lane >> 3) & 1) * 8]);
         // the four accumulators' chains interleaved: no MMA waits on the one just issued
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(s[mt][0], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[0]);
-          flash_mma(s[mt][1], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[2]);
+          mma_16x8x8(s[mt][0], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[0]);
+          mma_16x8x8(s[mt][1], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[2]);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(s[mt][0], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[1]);
-          flash_mma(s[mt][1], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[3]);
+          mma_16x8x8(s[mt][0], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[1]);
+          mma_16x8x8(s[mt][1], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[3]);
         }
       }
       __syncwarp();  // every lane's reads of these K rows are done before their partial scores overwrite them
@@ -320,7 +252,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
           *reinterpret_cast<float2*>(dst + (mt * 16 + g + 8) * 16) = make_float2(s[mt][nt][2], s[mt][nt][3]);
         }
     }
-    flash_group_sync<KG, GT>(kgrp);
+    __syncthreads();
 
     // ---- online softmax: TPR threads per row, CPT chunks of 4 keys each ----
     {
@@ -331,7 +263,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
         for (int e = 0; e < 4; ++e) sv[i][e] = 0.f;
 #pragma unroll
       for (int w = 0; w < W; ++w) {
-        const float* src = reinterpret_cast<const float*>(gbase + w * BUF_BYTES) + srow * 16;
+        const float* src = reinterpret_cast<const float*>(smem + w * BUF_BYTES) + srow * 16;
 #pragma unroll
         for (int i = 0; i < CPT; ++i) {
           const int c = spart + TPR * i;  // chunk c: half c / 4, chunk c % 4 of it
@@ -375,9 +307,9 @@ static __global__ void __launch_bounds__(flash_threads<D>())
       m_run = m_new;
       if (spart == 0) alpha_s[srow] = alpha;
     }
-    flash_group_sync<KG, GT>(kgrp);
+    __syncthreads();
 
-    store_tile(vr);  // V slice (every thread of the group has read the partial scores)
+    store_tile(vr);  // V slice (every thread has read the partial scores)
     __syncwarp();
     if (more) load_tile(vr, Vl, k0 + KSTEP, s1);
 
@@ -399,87 +331,45 @@ static __global__ void __launch_bounds__(flash_threads<D>())
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
-        flash_ldsm_x4(pa[mt], &p_s[mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][k2 * 16 + (lane >> 4) * 8]);
+        ldsm_x4(pa[mt], &p_s[mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][k2 * 16 + (lane >> 4) * 8]);
 #pragma unroll
       for (int n2 = 0; n2 < NS / 2; ++n2) {
         // matrices: 0 = (keys 16 k2 + 0-7, channels 16 n2 + 0-7), 1 = (keys + 8-15, same), 2 / 3 = channels + 8-15
         uint32_t b[4];
-        flash_ldsm_x4_trans(b, &kv[k2 * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(2 * n2 + (lane >> 4)) * 8]);
+        ldsm_x4_trans(b, &kv[k2 * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(2 * n2 + (lane >> 4)) * 8]);
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(o[mt][2 * n2], pa[mt][0], pa[mt][1], b[0]);
-          flash_mma(o[mt][2 * n2 + 1], pa[mt][0], pa[mt][1], b[2]);
+          mma_16x8x8(o[mt][2 * n2], pa[mt][0], pa[mt][1], b[0]);
+          mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][0], pa[mt][1], b[2]);
         }
 #pragma unroll
         for (int mt = 0; mt < MT; ++mt) {
-          flash_mma(o[mt][2 * n2], pa[mt][2], pa[mt][3], b[1]);
-          flash_mma(o[mt][2 * n2 + 1], pa[mt][2], pa[mt][3], b[3]);
+          mma_16x8x8(o[mt][2 * n2], pa[mt][2], pa[mt][3], b[1]);
+          mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][2], pa[mt][3], b[3]);
         }
       }
     }
     s0 = s1;
-    // The next tile's first group barrier orders these p_s / alpha_s reads before their next writes.
+    // The next tile's first barrier orders these p_s / alpha_s reads before their next writes.
   }
 
-  // ---- merge the key groups: o = sum_k exp(m_k - M) o_k / sum_k exp(m_k - M) l_k ----
-  __syncthreads();                                    // every group is done with its buffers
-  float* const m_s = reinterpret_cast<float*>(smem);  // [KG][BM]
-  float* const l_s = m_s + KG * BM;                   // [KG][BM]
-  if (spart == 0) {
-    m_s[kgrp * BM + srow] = m_run;
-    l_s[kgrp * BM + srow] = l_run;
-  }
+  // ---- o / l: each row's sum from its softmax threads ----
+  __syncthreads();                                    // every warp is done with its buffer
+  float* const l_s = reinterpret_cast<float*>(smem);  // [BM]
+  if (spart == 0) l_s[srow] = l_run;
   __syncthreads();
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-      const int m = mt * 16 + hi * 8 + g;
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < KG; ++k) mx = fmaxf(mx, m_s[k * BM + m]);
-      float l = 0.f, f = 0.f;
-#pragma unroll
-      for (int k = 0; k < KG; ++k) {
-        const float mk = m_s[k * BM + m];
-        const float e = mk == -INFINITY ? 0.f : __expf(mk - mx);  // a group that saw no key of the row: 0
-        l += e * l_s[k * BM + m];
-        if (k == kgrp) f = e;
-      }
-      const float sc = l > 0.f ? f / l : 0.f;
+      const float l = l_s[mt * 16 + hi * 8 + g];
+      const float sc = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key (padding) is not written
 #pragma unroll
       for (int nt = 0; nt < NS; ++nt) {
         o[mt][nt][2 * hi] *= sc;
         o[mt][nt][2 * hi + 1] *= sc;
       }
     }
-  if constexpr (KG > 1) {
-    float4* const o_s = reinterpret_cast<float4*>(smem + 2 * KG * BM * 4);  // [W][MT][NS][32 lanes]
-#pragma unroll 1
-    for (int k = 1; k < KG; ++k) {
-      if (kgrp == k)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NS; ++nt)
-            o_s[((wg * MT + mt) * NS + nt) * 32 + lane] =
-                make_float4(o[mt][nt][0], o[mt][nt][1], o[mt][nt][2], o[mt][nt][3]);
-      __syncthreads();
-      if (kgrp == 0)
-#pragma unroll
-        for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-          for (int nt = 0; nt < NS; ++nt) {
-            const float4 v = o_s[((wg * MT + mt) * NS + nt) * 32 + lane];
-            o[mt][nt][0] += v.x;
-            o[mt][nt][1] += v.y;
-            o[mt][nt][2] += v.z;
-            o[mt][nt][3] += v.w;
-          }
-      if (k + 1 < KG) __syncthreads();
-    }
-    if (kgrp != 0) return;
-  }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -527,14 +417,14 @@ inline int flash_attention_tiles(const int* seq, const int* pos, int rows, int g
 
 template <int D>
 inline cudaError_t launch_flash_attention_d(const AttnArgs& a, const int2* tiles, int num_tiles, int group,
-                                            cudaStream_t stream) {
+                                            const Launch& launch) {
   const dim3 grid(unsigned(num_tiles), unsigned(a.kv_heads));
   constexpr int T = flash_threads<D>();
-  switch (flash_group_pad(group)) {
-    case 1: return launch_kernel(flash_attention_kernel<D, 1>, grid, T, stream, a, tiles);
-    case 2: return launch_kernel(flash_attention_kernel<D, 2>, grid, T, stream, a, tiles);
-    case 4: return launch_kernel(flash_attention_kernel<D, 4>, grid, T, stream, a, tiles);
-    default: return launch_kernel(flash_attention_kernel<D, 8>, grid, T, stream, a, tiles);
+  switch (gqa_group_pad(group)) {
+    case 1: return launch_kernel(flash_attention_kernel<D, 1>, grid, T, launch, a, tiles);
+    case 2: return launch_kernel(flash_attention_kernel<D, 2>, grid, T, launch, a, tiles);
+    case 4: return launch_kernel(flash_attention_kernel<D, 4>, grid, T, launch, a, tiles);
+    default: return launch_kernel(flash_attention_kernel<D, 8>, grid, T, launch, a, tiles);
   }
 }
 
@@ -549,17 +439,17 @@ inline cudaError_t launch_flash_attention_d(const AttnArgs& a, const int2* tiles
 // Unsupported shapes (flash_attention_supported, heads % kv_heads, kv_heads > 65535, no table) return
 // cudaErrorInvalidValue before any launch; no rows or no tiles is a no-op.
 inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, int num_tiles, int head_dim,
-                                          cudaStream_t stream) {
+                                          const Launch& launch) {
   if (a.rows <= 0 || num_tiles == 0) return cudaSuccess;
   if (num_tiles < 0 || tiles == nullptr || a.kv_heads <= 0 || a.kv_heads > 65535 || a.heads % a.kv_heads != 0)
     return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads;
   if (!flash_attention_supported(head_dim, group)) return cudaErrorInvalidValue;
   switch (head_dim) {
-    case 64: return launch_flash_attention_d<64>(a, tiles, num_tiles, group, stream);
-    case 128: return launch_flash_attention_d<128>(a, tiles, num_tiles, group, stream);
-    case 256: return launch_flash_attention_d<256>(a, tiles, num_tiles, group, stream);
-    default: return launch_flash_attention_d<512>(a, tiles, num_tiles, group, stream);
+    case 64: return launch_flash_attention_d<64>(a, tiles, num_tiles, group, launch);
+    case 128: return launch_flash_attention_d<128>(a, tiles, num_tiles, group, launch);
+    case 256: return launch_flash_attention_d<256>(a, tiles, num_tiles, group, launch);
+    default: return launch_flash_attention_d<512>(a, tiles, num_tiles, group, launch);
   }
 }
 

@@ -14,7 +14,7 @@
 //   GeluMul   out16[r, o] = half(gelu_tanh(x Wg[o]) * (x Wu[o]))        (MLP gate/up; Wg, Wu: [I, in])
 //   GeluPle   out16[r, o] = half(gelu_tanh(x Wg[o]) * ple[r, layer, o])  (PLE gate; ple: [n, L, D], D = out)
 //
-// Math: mma.sync.m16n8k8 (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
+// Math: m16n8k8 tensor-core mma (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
 // dequant_w4 builds; int8: two bytes, offset by 128, into the mantissa of 1024.0 minus 1152.0 -- exact, the
@@ -49,6 +49,7 @@
 #pragma once
 
 #include "common.cuh"
+#include "mma.cuh"
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -72,7 +73,17 @@ struct GemvMat {
 // Weight layouts (gemv_kernel's WL).
 constexpr int kGemvF16 = 0, kGemvW4 = 1, kGemvW8 = 2;
 
-enum class GemvEpilogue { Store, GeluMul, GeluPle };
+// Head (the persistent decode kernel's LM head, kernels/decode_step.cuh): y = softcap(x W^T), and each row's
+// largest logit as a packed (order-preserving key << 32 | ~index) in the caller's shared best[] (atomicMax: the
+// first index wins a tie).
+enum class GemvEpilogue { Store, GeluMul, GeluPle, Head };
+
+// Where a GEMV block reads its x rows from.
+enum class GemvX {
+  Global,    // written by an earlier kernel: the read-only path (ld.global.nc), cached in L1
+  Coherent,  // written earlier in the same kernel by other blocks (persistent decode): through L2 (ld.cg)
+  Shared,    // staged in the calling block's shared memory: [n][ldx] fp16
+};
 
 struct GemvArgs {
   const half* x = nullptr;  // [n, in] fp16
@@ -85,110 +96,43 @@ struct GemvArgs {
   int ld16 = 0;
   const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
   int ple_ld = 0, ple_off = 0;
+  int ldx = 0;          // GemvX::Shared: x row stride (halves)
+  float softcap = 0.f;  // Head: x = tanh(x / softcap) * softcap (0: none)
 };
 
-// Predicated loads (zeros when !ok) in PTX, so no lane branches around a load before the warp-wide
-// mma.sync. Weights: 16 bytes, not allocated in L1 (read once per step; L1 is better left to x, which every
-// row tile re-reads). x: 16 bytes through the read-only path. Scales: 2 bytes, zero-extended.
-__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
+// Packed (order-preserving key of v, ~index): the larger logit wins, the first index on a tie.
+__device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
+  const uint32_t b = __float_as_uint(v);
+  const uint32_t k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+  return (static_cast<unsigned long long>(k) << 32) | (0xFFFFFFFFu - static_cast<uint32_t>(index));
+}
+__device__ __forceinline__ int argmax_index(unsigned long long key) {
+  return int(0xFFFFFFFFu - static_cast<uint32_t>(key & 0xFFFFFFFFull));
 }
 
-__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
+// Shared memory of gemv_block's reduction: [kGemvWarps][NT * 4][32] fp32 (one matrix at a time).
+template <int NT>
+__host__ __device__ constexpr int gemv_red_floats() {
+  return kGemvWarps * NT * 4 * 32;
 }
 
-__device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {
-  uint32_t v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %2, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  @p ld.global.nc.u16 %0, [%1];\n"
-      "}\n"
-      : "=r"(v)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
-
-__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) {
-  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));  // i is a compile-time constant
-}
-
-__device__ __forceinline__ half2 u32_as_h2(uint32_t u) {
-  half2 h;
-  memcpy(&h, &u, 4);
-  return h;
-}
-
-__device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
-  uint32_t u;
-  memcpy(&u, &h, 4);
-  return u;
-}
-
-// Nibbles s and s + 4 of a packed word -> half2 ((n_s - 8) * scale, (n_{s+4} - 8) * scale). 0x6400 | n is
-// the fp16 1024 + n (exact, n < 16); minus 1032 gives n - 8 exactly; the scale multiply rounds once.
-__device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale2) {
-  const uint32_t v = ((word >> (4 * s)) & 0x000F000Fu) | 0x64006400u;
-  const half2 q = __hsub2(u32_as_h2(v), u32_as_h2(0x64086408u));  // 0x6408 = 1032.0
-  return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
-}
-
-// Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,
-// minus 1152.0.
-__device__ __forceinline__ uint32_t w8_pair(uint32_t word, int p) {
-  const uint32_t v = __byte_perm(word ^ 0x80808080u, 0x64646464u, p ? 0x4342u : 0x4140u);
-  return h2_as_u32(__hsub2(u32_as_h2(v), u32_as_h2(0x64806480u)));  // 0x6480 = 1152.0
-}
-
-// D = A B + D on the tensor cores, m16n8k8, fp16 inputs, fp32 accumulators. Lane (gid, tig): a0 = A[gid]
-// [2tig, 2tig+1], a1 = A[gid+8][same], b = B[2tig, 2tig+1][gid], c = C[gid][2tig, 2tig+1], C[gid+8][same].
-__device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(b));
-}
-
-// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
-template <int NT, int WL, GemvEpilogue E>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+// Block `bid` of a GEMV launch (the block partition of launch_gemv_args): NT 8-row tiles of x (1: n <= 8, 2:
+// n <= 16), WL the weight layout (kGemvF16 / W4 / W8), E the epilogue, XS where x is read from. red:
+// gemv_red_floats<NT>() floats of shared memory; xs: x in shared memory (XS == Shared); best: Head's [n]
+// packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue (weights prefetched
+// into L2 on sm_90, then pdl_enter).
+template <int NT, int WL, GemvEpilogue E, GemvX XS>
+__device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* red, const half* xs,
+                                           unsigned long long* best) {
   constexpr bool W4 = WL == kGemvW4, W8 = WL == kGemvW8;
   static_assert(!W8 || E == GemvEpilogue::Store, "int8 weights: Store epilogue only");
   constexpr int M = E == GemvEpilogue::GeluMul ? 2 : 1;  // weight matrices per warp (gate and up)
   constexpr int U = M == 2 ? 2 : 4;                      // k-tiles of weight loads in flight per warp
-  constexpr int ACC = M * NT * 4;                        // fp32 accumulators per lane
-  __shared__ float red[kGemvWarps][ACC][32];             // partial tiles of the kw - 1 helper warps
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
   const int kw = a.kw, ks = warp & (kw - 1), mt = warp / kw;
   // The block's output (constant indices only: a dynamic index into the parameter array would copy it to
   // local memory).
-  const int bid = int(blockIdx.x);
   const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
   const GemvMat g0 = mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]);
   const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
@@ -223,25 +167,34 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
   for (int t = 0; t < NT; ++t) {
     const int r = t * 8 + gid;
     okx[t] = r < a.n;
-    xr[t] = reinterpret_cast<const uint4*>(a.x + size_t(okx[t] ? r : 0) * a.in);
+    xr[t] = XS == GemvX::Shared ? reinterpret_cast<const uint4*>(xs + size_t(okx[t] ? r : 0) * a.ldx)
+                                : reinterpret_cast<const uint4*>(a.x + size_t(okx[t] ? r : 0) * a.in);
   }
+  // x: 16 bytes from where XS says (zeros when !ok)
+  auto load_x = [](const uint4* p, bool ok) -> uint4 {
+    if constexpr (XS == GemvX::Global) return ld_x(p, ok);
+    if constexpr (XS == GemvX::Coherent) return ld_cg(p, ok);
+    return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
+  };
 
-  // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
-  // warp's first 2U k-tiles of them (and their scales) are pulled into L2; x is read only after pdl_enter().
-  for (int i = 0, kt = ks; i < 2 * U && kt < ktiles; ++i, kt += kw) {
-    const int unit = kt * 4 + tig;
-    if (unit >= units) break;
+  if constexpr (XS == GemvX::Global) {
+    // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
+    // warp's first 2U k-tiles of them (and their scales) are pulled into L2; x is read only after pdl_enter().
+    for (int i = 0, kt = ks; i < 2 * U && kt < ktiles; ++i, kt += kw) {
+      const int unit = kt * 4 + tig;
+      if (unit >= units) break;
 #pragma unroll
-    for (int m = 0; m < M; ++m) {
-      if (oka) prefetch_l2(wa[m] + unit);
-      if (okb) prefetch_l2(wb[m] + unit);
-      if (W4 && tig == 0 && (i == 0 || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
-        if (oka) prefetch_l2(sa[m] + unit);
-        if (okb) prefetch_l2(sb[m] + unit);
+      for (int m = 0; m < M; ++m) {
+        if (oka) prefetch_l2(wa[m] + unit);
+        if (okb) prefetch_l2(wb[m] + unit);
+        if (W4 && tig == 0 && (i == 0 || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
+          if (oka) prefetch_l2(sa[m] + unit);
+          if (okb) prefetch_l2(sb[m] + unit);
+        }
       }
     }
+    pdl_enter();
   }
-  pdl_enter();
 
   float acc[M][NT][4];
 #pragma unroll
@@ -275,7 +228,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = kt0 + u * kw;
-      if (kt >= ktiles) break;  // warp-uniform: every lane reaches each mma.sync
+      if (kt >= ktiles) break;  // warp-uniform: every lane reaches each warp-wide mma
       const int unit = kt * 4 + tig;
       const bool ok = unit < units;
       if (W4) {
@@ -284,7 +237,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
           uint32_t xb[NT][4];  // x pairs (columns 8w + s, 8w + s + 4 of the group) for steps s = 0..3
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
-            const uint4 v = ld_x(xr[t] + unit * 4 + w, ok && okx[t]);
+            const uint4 v = load_x(xr[t] + unit * 4 + w, ok && okx[t]);
             xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
             xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
             xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
@@ -305,8 +258,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
         uint4 xv[NT][2];  // columns 16 unit .. 16 unit + 15
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
-          xv[t][0] = ld_x(xr[t] + 2 * unit, ok && okx[t]);
-          xv[t][1] = ld_x(xr[t] + 2 * unit + 1, ok && okx[t]);
+          xv[t][0] = load_x(xr[t] + 2 * unit, ok && okx[t]);
+          xv[t][1] = load_x(xr[t] + 2 * unit + 1, ok && okx[t]);
         }
 #pragma unroll
         for (int m = 0; m < M; ++m)
@@ -320,7 +273,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
       } else {
         uint4 xv[NT];
 #pragma unroll
-        for (int t = 0; t < NT; ++t) xv[t] = ld_x(xr[t] + unit, ok && okx[t]);
+        for (int t = 0; t < NT; ++t) xv[t] = load_x(xr[t] + unit, ok && okx[t]);
 #pragma unroll
         for (int m = 0; m < M; ++m)
 #pragma unroll
@@ -332,24 +285,26 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
     }
   }
 
-  if (kw > 1) {  // the row tile's first warp sums the others' partials, in warp order
-    if (ks != 0) {
+  if (kw > 1) {  // the row tile's first warp sums the others' partials, in warp order; a matrix at a time
+    float(*const rd)[NT * 4][32] = reinterpret_cast<float(*)[NT * 4][32]>(red);
 #pragma unroll
-      for (int m = 0; m < M; ++m)
+    for (int m = 0; m < M; ++m) {
+      if (m > 0) __syncthreads();  // the first warps are done reading the previous matrix's partials
+      if (ks != 0) {
 #pragma unroll
         for (int t = 0; t < NT; ++t)
 #pragma unroll
-          for (int c = 0; c < 4; ++c) red[warp][(m * NT + t) * 4 + c][lane] = acc[m][t][c];
+          for (int c = 0; c < 4; ++c) rd[warp][t * 4 + c][lane] = acc[m][t][c];
+      }
+      __syncthreads();
+      if (ks == 0)
+        for (int j = 1; j < kw; ++j)
+#pragma unroll
+          for (int t = 0; t < NT; ++t)
+#pragma unroll
+            for (int c = 0; c < 4; ++c) acc[m][t][c] += rd[warp + j][t * 4 + c][lane];
     }
-    __syncthreads();
     if (ks != 0) return;
-    for (int j = 1; j < kw; ++j)
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-#pragma unroll
-        for (int t = 0; t < NT; ++t)
-#pragma unroll
-          for (int c = 0; c < 4; ++c) acc[m][t][c] += red[warp + j][(m * NT + t) * 4 + c][lane];
   }
 
   // Lane (gid, tig) holds C[row gid + 8h][x row 8t + 2tig + j] in acc[.][t][2h + j].
@@ -366,10 +321,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
           g0.y[size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
+        } else if (E == GemvEpilogue::GeluPle) {
+          a.out16[size_t(r) * a.ld16 + o] =
+              to_half_sat(gelu_tanh(v) * __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o));
         } else {
-          a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * a.ple[size_t(r) * a.ple_ld + a.ple_off + o]);
+          g0.y[size_t(r) * g0.ldy + o] = a.softcap > 0.f ? tanhf(v / a.softcap) * a.softcap : v;
         }
       }
+  if constexpr (E == GemvEpilogue::Head) {  // each x row's best logit of this tile -> best[r]
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int r = t * 8 + 2 * tig + j;
+        unsigned long long k = 0;
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int o = ra + 8 * h;
+          const float v = acc[0][t][2 * h + j];
+          if (o < out) k = max(k, argmax_key(a.softcap > 0.f ? tanhf(v / a.softcap) * a.softcap : v, o));
+        }
+#pragma unroll
+        for (int off = 4; off < 32; off <<= 1) k = max(k, __shfl_xor_sync(0xffffffffu, k, off));
+        if (gid == 0 && r < a.n && k) atomicMax(best + r, k);
+      }
+  }
+}
+
+// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
+template <int NT, int WL, GemvEpilogue E>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+  __shared__ float red[gemv_red_floats<NT>()];  // partial tiles of the kw - 1 helper warps
+  gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
 
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
@@ -383,16 +366,19 @@ inline int gemv_split(int ktiles) {
 }
 
 template <int WL, GemvEpilogue E>
-inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, cudaStream_t stream) {
-  if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, stream, a);
-  return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, stream, a);
+inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launch& launch) {
+  if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, launch, a);
+  return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
 
 inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-// Checks the shapes, fills kw and the block partition, launches. mats: a.count outputs (Store) or the
-// gate [, up] of a GELU epilogue (`nmats` matrices to check).
-inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cudaStream_t stream) {
+// Checks the shapes and fills kw and the block partition of a launch (or of the persistent decode kernel's
+// items): *blocks = the block count (0: nothing to do). mats: a.count outputs (Store, Head) or the gate [, up]
+// of a GELU epilogue (`nmats` matrices to check). x_given: a.x must be a 16-byte aligned buffer (not for x
+// rows a persistent block builds itself).
+inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_given, unsigned* blocks) {
+  *blocks = 0;
   if (a.n <= 0) return cudaSuccess;
   if (a.n > kGemvMaxRows || nmats < 1 || nmats > kGemvMaxMats || a.count < 1 || a.count > nmats)
     return cudaErrorInvalidValue;
@@ -404,8 +390,9 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
   if (total_out == 0) return cudaSuccess;
   const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
   const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);  // columns per 16-byte unit
-  if (a.in <= 0 || a.in % cols != 0 || !gemv_aligned(a.x)) return cudaErrorInvalidValue;
+  if (a.in <= 0 || a.in % cols != 0 || (x_given && !gemv_aligned(a.x))) return cudaErrorInvalidValue;
   if (wl == kGemvW8 && e != GemvEpilogue::Store) return cudaErrorInvalidValue;
+  const bool stores = e == GemvEpilogue::Store || e == GemvEpilogue::Head;
   for (int i = 0; i < nmats; ++i) {
     const GemvMat& m = a.mat[i];
     const int set =
@@ -415,9 +402,9 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
     if (wl == kGemvW4) ok = ok && m.wq && m.s && gemv_aligned(m.wq);
     if (wl == kGemvW8) ok = ok && m.w8 && m.rs && gemv_aligned(m.w8);
     if (!ok) return cudaErrorInvalidValue;
-    if (e == GemvEpilogue::Store && m.out > 0 && (!m.y || m.ldy < m.out)) return cudaErrorInvalidValue;
+    if (stores && m.out > 0 && (!m.y || m.ldy < m.out)) return cudaErrorInvalidValue;
   }
-  if (e != GemvEpilogue::Store && (!a.out16 || a.ld16 < a.mat[0].out)) return cudaErrorInvalidValue;
+  if (!stores && (!a.out16 || a.ld16 < a.mat[0].out)) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluMul && a.mat[1].out != a.mat[0].out) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluPle && !a.ple) return cudaErrorInvalidValue;
 
@@ -426,37 +413,47 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cuda
   a.first_block[0] = 0;
   for (int i = 0; i < kGemvMaxMats; ++i)
     a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
-  const unsigned blocks = unsigned(a.first_block[a.count]);
+  *blocks = unsigned(a.first_block[a.count]);
+  return cudaSuccess;
+}
+
+// Checks the shapes, fills kw and the block partition, launches.
+inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, const Launch& launch) {
+  unsigned blocks = 0;
+  if (const cudaError_t err = gemv_plan(a, nmats, e, true, &blocks); err != cudaSuccess || blocks == 0) return err;
+  if (e == GemvEpilogue::Head) return cudaErrorInvalidValue;  // the persistent decode kernel's only
+  const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
   switch (e) {
     case GemvEpilogue::Store:
-      if (wl == kGemvW8) return launch_gemv_w<kGemvW8, GemvEpilogue::Store>(a, blocks, stream);
-      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::Store>(a, blocks, stream)
-                           : launch_gemv_w<kGemvF16, GemvEpilogue::Store>(a, blocks, stream);
+      if (wl == kGemvW8) return launch_gemv_w<kGemvW8, GemvEpilogue::Store>(a, blocks, launch);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::Store>(a, blocks, launch)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::Store>(a, blocks, launch);
     case GemvEpilogue::GeluMul:
-      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluMul>(a, blocks, stream)
-                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluMul>(a, blocks, stream);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluMul>(a, blocks, launch)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluMul>(a, blocks, launch);
     case GemvEpilogue::GeluPle:
-      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluPle>(a, blocks, stream)
-                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluPle>(a, blocks, stream);
+      return wl == kGemvW4 ? launch_gemv_w<kGemvW4, GemvEpilogue::GeluPle>(a, blocks, launch)
+                           : launch_gemv_w<kGemvF16, GemvEpilogue::GeluPle>(a, blocks, launch);
+    case GemvEpilogue::Head: break;
   }
   return cudaErrorInvalidValue;
 }
 
 // y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32.
 inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
-                               int in, float* y, int ldy, cudaStream_t stream) {
+                               int in, float* y, int ldy, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
   a.in = in;
   a.mat[0] = GemvMat{W16, Wq, S, out, y, ldy};
   a.count = 1;
-  return launch_gemv_args(a, 1, GemvEpilogue::Store, stream);
+  return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 
 // y_i = x W_i^T for `count` (1..3) matrices of one layout sharing x and `in`, in one launch.
 inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half* x, int n, int in,
-                                     cudaStream_t stream) {
+                                     const Launch& launch) {
   if (count < 1 || count > kGemvMaxMats) return cudaErrorInvalidValue;
   GemvArgs a;
   a.x = x;
@@ -464,13 +461,13 @@ inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half*
   a.in = in;
   for (int i = 0; i < count; ++i) a.mat[i] = mats[i];
   a.count = count;
-  return launch_gemv_args(a, count, GemvEpilogue::Store, stream);
+  return launch_gemv_args(a, count, GemvEpilogue::Store, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * (x up[o])). gate, up: [I, in] of one layout (their y unused);
 // out16: [n, ld16] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, const half* x, int n, int in,
-                                        half* out16, int ld16, cudaStream_t stream) {
+                                        half* out16, int ld16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -480,13 +477,13 @@ inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, 
   a.count = 1;
   a.out16 = out16;
   a.ld16 = ld16;
-  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, stream);
+  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * ple[(r * L + layer) * D + o]), D = gate.out. ple: [n, L, D]
 // fp32 (launch_ple_gate's layout); out16: [n, D] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int n, int in, const float* ple, int L,
-                                        int layer, half* out16, cudaStream_t stream) {
+                                        int layer, half* out16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -499,12 +496,12 @@ inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int 
   a.ple_ld = L * gate.out;
   a.ple_off = layer * gate.out;
   if (layer < 0 || layer >= L) return a.n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
-  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, stream);
+  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, launch);
 }
 
 // y = R[o] * (x . W8[o]) for one int8 matrix with per-row scales (the quantized LM head). y: [n, ldy] fp32.
 inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* x, int n, int out, int in, float* y,
-                                  int ldy, cudaStream_t stream) {
+                                  int ldy, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -515,7 +512,7 @@ inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* 
   a.mat[0].y = y;
   a.mat[0].ldy = ldy;
   a.count = 1;
-  return launch_gemv_args(a, 1, GemvEpilogue::Store, stream);
+  return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 
 // ---- quantizing fp16 rows at load (LoadOptions::lm_head): the arithmetic of weights.hpp's
@@ -562,17 +559,17 @@ static __global__ void quantize_int4_kernel(const half* __restrict__ W, int out,
   }
 }
 
-inline cudaError_t launch_quantize_int8(const half* W, int out, int in, int8_t* q, float* scale, cudaStream_t stream) {
+inline cudaError_t launch_quantize_int8(const half* W, int out, int in, int8_t* q, float* scale, const Launch& launch) {
   if (out <= 0) return cudaSuccess;
   if (in <= 0) return cudaErrorInvalidValue;
-  return launch_kernel(quantize_int8_kernel, ceil_div(size_t(out), 8), 256, stream, W, out, in, q, scale);
+  return launch_kernel(quantize_int8_kernel, ceil_div(size_t(out), 8), 256, launch, W, out, in, q, scale);
 }
 
-inline cudaError_t launch_quantize_int4(const half* W, int out, int in, uint32_t* Wq, half* S, cudaStream_t stream) {
+inline cudaError_t launch_quantize_int4(const half* W, int out, int in, uint32_t* Wq, half* S, const Launch& launch) {
   const size_t groups = size_t(out) * (in / 32);
   if (in % 32 != 0) return cudaErrorInvalidValue;
   if (groups == 0) return cudaSuccess;
-  return launch_kernel(quantize_int4_kernel, ceil_div(groups, 256), 256, stream, W, out, in, Wq, S);
+  return launch_kernel(quantize_int4_kernel, ceil_div(groups, 256), 256, launch, W, out, in, Wq, S);
 }
 
 // Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per scale group.
@@ -601,11 +598,11 @@ static __global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const 
 }
 
 inline cudaError_t launch_dequant_w4(const uint32_t* Wq, const half* S, int out, int in, half* out16,
-                                     cudaStream_t stream) {
+                                     const Launch& launch) {
   const size_t groups = size_t(out) * (in / 32);
   if (groups == 0) return cudaSuccess;
   if (in % 32 != 0) return cudaErrorInvalidValue;
-  return launch_kernel(dequant_w4_kernel, ceil_div(groups, 256), 256, stream, Wq, S, out, in, out16);
+  return launch_kernel(dequant_w4_kernel, ceil_div(groups, 256), 256, launch, Wq, S, out, in, out16);
 }
 
 }  // namespace kernels

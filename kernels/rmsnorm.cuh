@@ -165,23 +165,23 @@ inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const vo
 }
 
 inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index, const float* w, int rows, int cols,
-                                  float eps, half* out16, cudaStream_t stream) {
+                                  float eps, half* out16, const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   if (norm_vec_ok(cols, ldx, x, w, out16))
-    return launch_kernel(rmsnorm_vec_kernel, rows, norm_vec_threads(cols), stream, x, ldx, row_index, w, cols, eps,
+    return launch_kernel(rmsnorm_vec_kernel, rows, norm_vec_threads(cols), launch, x, ldx, row_index, w, cols, eps,
                          out16);
-  return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), stream, x, ldx, row_index, w, cols, eps, out16);
+  return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), launch, x, ldx, row_index, w, cols, eps, out16);
 }
 
 // w_next: read only by NextNorm::Norm (may be null otherwise).
 inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w_post, int rows, int cols, float eps,
                                         float scalar, NextNorm next, const float* w_next, half* out16,
-                                        cudaStream_t stream) {
+                                        const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr))
-    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), stream, h, y, w_post, cols, eps,
+    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, w_post, cols, eps,
                          scalar, next, w_next, out16);
-  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), stream, h, y, w_post, cols, eps, scalar, next,
+  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, w_post, cols, eps, scalar, next,
                        w_next, out16);
 }
 

@@ -98,7 +98,7 @@ inline int head_norm_threads(int d) { return ((d / 2 + 31) / 32) * 32; }
 
 // Up to kHeadNormMaxTargets targets of one head dim d (q, k and v of a layer) in one launch.
 inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, int count, int rows, int d, float eps,
-                                               const int* pos, cudaStream_t stream) {
+                                               const int* pos, const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0) return cudaErrorInvalidValue;
   HeadNormArgs a;
@@ -113,12 +113,12 @@ inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, in
   a.d = d;
   a.eps = eps;
   a.pos = pos;
-  return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), stream, a);
+  return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), launch, a);
 }
 
 inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, int heads, int d, const float* w,
                                          float eps, const float* inv_freq, const int* pos, half* out,
-                                         const KvTarget& kv, cudaStream_t stream) {
+                                         const KvTarget& kv, const Launch& launch) {
   HeadNormTarget t;
   t.in = in;
   t.ld_in = ld_in;
@@ -127,7 +127,7 @@ inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, i
   t.inv_freq = inv_freq;
   t.out = out;
   t.kv = kv;
-  return launch_head_norm_rope_multi(&t, 1, rows, d, eps, pos, stream);
+  return launch_head_norm_rope_multi(&t, 1, rows, d, eps, pos, launch);
 }
 
 }  // namespace kernels

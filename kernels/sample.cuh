@@ -22,9 +22,7 @@
 //              bucket's floor again, until <= kSampleCand of them: then as above.
 //   full row   top_k <= 0 or > kSampleCand (top-k by the radix select, 4 histogram passes), or more than
 //              kSampleCand keys tied at the top-k threshold: top-p by 1 + 32 block-wide mass sums, the draw
-//              by a block scan over per-thread contiguous chunks (~2 more passes). kCandidates = false takes
-//              this path for every row (bit-by-bit top-k: 32 passes): the reference the tests hold the
-//              candidate path to.
+//              by a block scan over per-thread contiguous chunks (~2 more passes).
 // Rows of V <= kSampleCand take every id as a candidate. Every sum is in a fixed order and every atomic is
 // an integer one: the same logits and parameters give the same token on every run.
 // 1024 threads per block, static shared memory ~18 KiB. sm_75 safe.
@@ -33,7 +31,7 @@
 #include <climits>
 
 #include "common.cuh"
-#include "../include/gemma4_t4/rng.hpp"
+#include "rng.cuh"
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -97,9 +95,7 @@ __device__ __forceinline__ void visit_sample_row(const float* x, int V, F&& f) {
 // ---- kernel ----
 
 // logits [rows, V] fp32 (the penalty is applied in place), params [rows], seen: ids (params[r].seen_offset,
-// seen_count), out [rows] int32 token ids. Grid: one block of kSampleThreads per row. kCandidates = false: always
-// the full-row path (the reference the candidate path is tested against).
-template <bool kCandidates = true>
+// seen_count), out [rows] int32 token ids. Grid: one block of kSampleThreads per row.
 static __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(float* __restrict__ logits, int V, const SampleParams* __restrict__ params,
                   const int* __restrict__ seen, int* __restrict__ out) {
@@ -176,7 +172,7 @@ static __global__ void __launch_bounds__(kSampleThreads)
   const float T = P.temperature;
   const bool select = P.top_k > 0 && P.top_k < V;  // a top-k threshold
   // the candidate path: the top-k set fits in shared memory, or the whole row does
-  const bool gather = kCandidates && (V <= kSampleCand || (select && P.top_k <= kSampleCand));
+  const bool gather = V <= kSampleCand || (select && P.top_k <= kSampleCand);
 
   // ---- pass 1: row maximum, per-thread largest key ----
   float m = -INFINITY;
@@ -199,7 +195,7 @@ static __global__ void __launch_bounds__(kSampleThreads)
   bool have = false;  // cand[0, n) holds every id with key >= lo
   int n = 0, shift = 32;
   uint32_t prefix = 0;  // the k-th largest key's top 32 - shift bits
-  if (kCandidates && (select || gather)) {
+  if (select || gather) {
     uint32_t lo_bound = 0;  // L: count(key >= L) >= k
     if (gather && select && V > kSampleCand && P.top_k <= kSampleThreads)
       for (int bit = 31; bit >= 0; --bit) {
@@ -295,13 +291,6 @@ static __global__ void __launch_bounds__(kSampleThreads)
       if (shift == 0 && !gather) break;
     }
     if (!have && select) kthr = prefix;  // shift == 0
-  } else if (!kCandidates && select) {   // the reference: bit by bit, one block-wide count per bit
-    for (int bit = 31; bit >= 0; --bit) {
-      const uint32_t c = kthr | (1u << bit);
-      float cnt = 0.f;
-      for (int i = tid; i < V; i += kSampleThreads) cnt += key_of(x[i]) >= c ? 1.f : 0.f;
-      if (block_sum(cnt) >= float(P.top_k)) kthr = c;
-    }
   }
 
   // ---- candidate path: n <= kSampleCand ids, thread t holds the t-th in id order ----
@@ -461,12 +450,10 @@ static __global__ void __launch_bounds__(kSampleThreads)
   if (tid == 0) out[blockIdx.x] = pick >= 0 && pick < V ? pick : 0;
 }
 
-// kCandidates = false: the full-row path for every row (tests).
-template <bool kCandidates = true>
 inline cudaError_t launch_sample(float* logits, int rows, int V, const SampleParams* params, const int* seen, int* out,
-                                 cudaStream_t stream) {
+                                 const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(sample_kernel<kCandidates>, rows, kSampleThreads, stream, logits, V, params, seen, out);
+  return launch_kernel(sample_kernel, rows, kSampleThreads, launch, logits, V, params, seen, out);
 }
 
 }  // namespace kernels

@@ -44,9 +44,9 @@ static __global__ void __launch_bounds__(kStreamThreads)
 }
 
 // p: [n] uint4 in device memory; out: [blocks] uint32 (XOR them for the XOR of all of p). Never allocates.
-inline cudaError_t launch_stream_read(const uint4* p, size_t n, uint32_t* out, int blocks, cudaStream_t stream) {
+inline cudaError_t launch_stream_read(const uint4* p, size_t n, uint32_t* out, int blocks, const Launch& launch) {
   if (blocks < 1 || !out || (n && !p)) return cudaErrorInvalidValue;
-  return launch_kernel(stream_read_kernel, blocks, kStreamThreads, stream, p, n, out);
+  return launch_kernel(stream_read_kernel, blocks, kStreamThreads, launch, p, n, out);
 }
 
 // The host reference: the XOR of all 32-bit words of p[n] (what the XOR of out[] must equal).

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -84,12 +85,13 @@ void copy_fixture(const std::string& name, const fs::path& dst) {
 
 // ---- safetensors bytes ---------------------------------------------------------------------------------------
 
-// 8-byte little-endian `header_len` (which may lie), the header text, then the data section.
+// 8-byte little-endian `header_len` (which may lie), the header text, then the data section. (memcpy into a
+// sized vector: vector::insert of the string's bytes draws a false -Warray-bounds from GCC 12 at -O3.)
 Bytes raw_safetensors(uint64_t header_len, const std::string& header, const Bytes& data = {}) {
-  Bytes b(8);
+  Bytes b(8 + header.size() + data.size());
   for (int i = 0; i < 8; ++i) b[i] = static_cast<uint8_t>(header_len >> (8 * i));
-  b.insert(b.end(), header.begin(), header.end());
-  b.insert(b.end(), data.begin(), data.end());
+  if (!header.empty()) std::memcpy(b.data() + 8, header.data(), header.size());
+  if (!data.empty()) std::memcpy(b.data() + 8 + header.size(), data.data(), data.size());
   return b;
 }
 
@@ -197,7 +199,11 @@ std::vector<BadBytes> bad_safetensors_table() {
       {"header length past EOF", raw_safetensors(100, "{}"), {"header length 100", "past the end"}},
       {"header length 0xFFFFFFFFFFFFFFFF",
        raw_safetensors(max64, "{}", data8),
-       {"18446744073709551615", "past the end"}},
+       {"header length 18446744073709551615", "over the limit of 100000000 bytes"}},
+      // The reference's MAX_HEADER_SIZE: one byte more is refused before anything is read or allocated.
+      {"header length 100000001 (over the limit)",
+       raw_safetensors(100000001, "{}", data8),
+       {"header length 100000001", "over the limit of 100000000 bytes"}},
       {"header length 0", raw_safetensors(0, "", data8), {"header length 0", "too small"}},
       {"malformed JSON", make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], )", data8), {"JSON"}},
       {"header JSON is an array", make_safetensors("[1, 2, 3]", data8), {"not an object"}},
@@ -259,6 +265,68 @@ std::vector<BadBytes> bad_safetensors_table() {
       {"shape with a 2^63 dim",
        make_safetensors(R"({"w": {"dtype": "U8", "shape": [9223372036854775808], "data_offsets": [0, 0]}})", data8),
        {"'w'", "overflow"}},
+      // data_offsets that JSON holds as integers but 64 bits cannot: named as such, not "not an integer".
+      {"data_offsets beyond 2^64-1",
+       make_safetensors(R"({"w": {"dtype": "U8", "shape": [8], "data_offsets": [0, 18446744073709551616]}})", data8),
+       {"'w'", "data_offsets value 18446744073709551616 is beyond 2^64-1"}},
+      {"data_offsets begin beyond 2^64-1",
+       make_safetensors(R"({"w": {"dtype": "U8", "shape": [8], "data_offsets": [99999999999999999999999, 8]}})", data8),
+       {"'w'", "data_offsets value 99999999999999999999999 is beyond 2^64-1"}},
+      {"shape dimension beyond 2^64-1",
+       make_safetensors(R"({"w": {"dtype": "U8", "shape": [18446744073709551616], "data_offsets": [0, 8]}})", data8),
+       {"'w'", "shape dimension 18446744073709551616 is beyond 2^64-1"}},
+      {"fractional data offset",
+       make_safetensors(R"({"w": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8.0]}})", data8),
+       {"'w'", "data_offsets value 8.0 is not an integer"}},
+      // The tensors must tile the data section: from byte 0, without gaps, to the end of the file.
+      {"a gap between two tensors ([0, 4) and [8, 12))",
+       make_safetensors(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                            "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                        data12),
+       {"bytes [4, 8) of the data section belong to no tensor", "between 'a' and 'b'"}},
+      {"a gap before the first tensor",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})", data8),
+       {"bytes [0, 4) of the data section belong to no tensor", "before 'w'"}},
+      {"bytes after the last tensor",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})", data12),
+       {"bytes [8, 12) at the end of the data section belong to no tensor", "after the last one, 'w'"}},
+      {"a data section and no tensors",
+       make_safetensors(R"({"__metadata__": {"format": "pt"}})", data8),
+       {"bytes [0, 8) at the end of the data section belong to no tensor", "lists none"}},
+      {"an empty tensor inside another's bytes",
+       make_safetensors(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                            "z": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]}})",
+                        data8),
+       {"'a'", "'z'", "overlap"}},
+      // Inside the header only white space may follow the JSON object (writers pad with spaces).
+      {"NUL after the JSON object, then more JSON",
+       make_safetensors(std::string(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})") +
+                            std::string(1, '\0') + R"({"v": garbage)",
+                        data8),
+       {"header byte 61 (of 75) is NUL", "spaces only"}},
+      {"NUL padding",
+       make_safetensors(
+           std::string(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}})") + std::string(5, '\0'),
+           data8),
+       {"header byte 61 (of 66) is NUL"}},
+      {"text after the JSON object",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}   x)", data8),
+       {"bytes other than white space after its JSON object", "header byte 64", "only spaces"}},
+      {"a second JSON object after the first",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}{"v": 1})", data8),
+       {"bytes other than white space after its JSON object"}},
+      // What the reference's types refuse as well: a name twice, a field twice, metadata that is not text.
+      {"a tensor name twice",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                            "w": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                        data8),
+       {"tensor 'w' appears twice"}},
+      {"a field twice",
+       make_safetensors(R"({"w": {"dtype": "F32", "shape": [2], "shape": [2], "data_offsets": [0, 8]}})", data8),
+       {"'w'", "field shape appears twice"}},
+      {"__metadata__ value not a string",
+       make_safetensors(R"({"__metadata__": {"format": {"nested": 1}}})"),
+       {"__metadata__ value 'format' is an object, not a string"}},
   };
 }
 
@@ -1168,4 +1236,66 @@ TEST_CASE("Engine::load: the engine stays usable after a failed load", "[loader]
     CHECK(engine.forward(session, &token, 1, gemma4_t4::Logits::Last, &logits).is_ok());
     CHECK(logits.size() == 512);
   }
+}
+
+// Issue 14: every strict safetensors refusal leaves an Engine as it was, and a good load after it works.
+TEST_CASE("Engine::load: after each bad model.safetensors the loaded engine still works", "[loader][engine][errors]") {
+  gemma4_t4::Engine engine;
+  REQUIRE(load_dir(fixture("mm_bf16"), &engine).is_ok());
+  const std::vector<int32_t> prompt = {2, 105, 7};
+  auto logits_of = [&](gemma4_t4::Engine& e) {
+    gemma4_t4::Session session;
+    REQUIRE(e.create_session(&session).is_ok());
+    std::vector<float> logits;
+    REQUIRE(e.forward(session, prompt.data(), prompt.size(), gemma4_t4::Logits::Last, &logits).is_ok());
+    return logits;
+  };
+  const std::vector<float> before = logits_of(engine);
+  TempDir tmp;
+  const fs::path ckpt = tmp.path() / "ckpt";
+  fs::create_directories(ckpt);
+  fs::copy_file(fixture("mm_bf16") / "config.json", ckpt / "config.json");
+  for (const BadBytes& c : bad_safetensors_table()) {
+    INFO("case: " << c.label);
+    write_bytes(ckpt / "model.safetensors", c.bytes);
+    CHECK(load_dir(ckpt, &engine).code == Code::FormatError);
+    REQUIRE(engine.loaded());
+    CHECK(logits_of(engine) == before);
+  }
+  gemma4_t4::Engine fresh;  // and one that failed first loads afterwards
+  CHECK(load_dir(ckpt, &fresh).code == Code::FormatError);
+  REQUIRE(load_dir(fixture("mm_bf16"), &fresh).is_ok());
+  CHECK(logits_of(fresh) == before);
+}
+
+// Issue 14: a directory given with a trailing slash is named as a person would write the path, not "ckpt//x".
+TEST_CASE("Engine::load: paths in messages have no doubled slash when the directory ends in /",
+          "[loader][engine][errors]") {
+  TempDir tmp;
+  const fs::path ckpt = tmp.path() / "ckpt";
+  copy_fixture("flat_keqv", ckpt);
+  REQUIRE(fs::remove(ckpt / kShard2));
+  for (const std::string slash : {"/", "//"}) {
+    INFO("directory given as ckpt" << slash);
+    gemma4_t4::Engine engine;
+    Status st = gemma4_t4::Engine::load(ckpt.string() + slash, cpu_options(), &engine);
+    check_status(st, {Code::NotFound}, {"ckpt/" + std::string(kShard2)});
+    CHECK(st.message.find("//") == std::string::npos);
+    fs::rename(ckpt / "config.json", ckpt / "config.json.away");
+    st = gemma4_t4::Engine::load(ckpt.string() + slash, cpu_options(), &engine);
+    check_status(st, {Code::NotFound}, {"ckpt/config.json"});
+    CHECK(st.message.find("//") == std::string::npos);
+    fs::rename(ckpt / "config.json.away", ckpt / "config.json");
+    gemma4_t4::SamplingOptions so;
+    std::vector<int> eos;
+    write_text(ckpt / "generation_config.json", "{ not json");
+    st = gemma4_t4::load_generation_config(ckpt.string() + slash, &so, &eos);
+    check_status(st, {Code::FormatError}, {"ckpt/generation_config.json"});
+    CHECK(st.message.find("//") == std::string::npos);
+    fs::remove(ckpt / "generation_config.json");
+  }
+  CHECK(gemma4_t4::detail::path_join("/", "a") == "/a");
+  CHECK(gemma4_t4::detail::path_join("", "a") == "a");
+  CHECK(gemma4_t4::detail::path_join("d///", "a") == "d/a");
+  CHECK(gemma4_t4::detail::path_join("d", "a") == "d/a");
 }

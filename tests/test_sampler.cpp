@@ -9,7 +9,7 @@
 
 #include "gemma4_t4.hpp"
 #include "gemma4_t4/common.hpp"
-#include "gemma4_t4/rng.hpp"
+#include "kernels/rng.cuh"
 #include "gemma4_t4/sampler.hpp"
 
 using namespace gemma4_t4;

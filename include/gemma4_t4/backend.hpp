@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,7 +22,7 @@ struct AllocFaultHook {
   std::atomic<bool> armed{false};
   std::mutex mu;
   std::function<bool(size_t, const char*)> fn;
-  std::atomic<size_t> live{0};  // cudaMalloc / cudaMallocHost blocks held (cuda_backend.hpp counts them)
+  std::atomic<size_t> live{0};  // cudaMalloc / cudaMallocHost blocks held (cuda/device.hpp counts them)
 };
 
 inline AllocFaultHook& alloc_fault_hook() {
@@ -98,6 +99,8 @@ class BackendModel {
   virtual size_t weight_bytes() const = 0;
   virtual size_t kv_bytes_per_token() const = 0;
   virtual size_t session_bytes(size_t max_ctx) const = 0;
+  // How decode steps run, in words (Engine::decode_path).
+  virtual std::string decode_path() const { return "CPU reference (fp32)"; }
   // Before each pass (Engine::forward_batch / step): IoError when a checkpoint file the pass would read in
   // place has shrunk since it was mapped (reading it would fault the process). The default, for backends
   // that read weights from the map at run time, checks every file.

@@ -26,9 +26,11 @@
 //                  median step time.
 //   statistics     median: the mean of the two middle values for an even count; p90: nearest rank (the
 //                  ceil(0.9 n)-th smallest).
-//   T4 projection  277 GB/s / decode bytes per token, times this run's % of ceiling: what the same kernels
-//                  would do on a T4 if they reached the same fraction of its bandwidth. Labelled "projection,
-//                  not measured" wherever it appears.
+//   T4 projection  per cell: ms per token on a T4 = decode bytes / 277 GB/s + the step's fixed cost, where
+//                  fixed cost = this run's ms per token - decode bytes / this device's measured read bandwidth
+//                  (the time a step spends beyond moving its weights: launches, waits, latency, sampling; it
+//                  does not shrink on a slower GPU, while the bytes take 15x longer). Labelled "projection, not
+//                  measured" wherever it appears, with this formula.
 #pragma once
 
 #include <sys/statvfs.h>
@@ -426,8 +428,19 @@ inline bench::DeviceReport cuda_report(int device) {
   const cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
     cudaGetLastError();
-    r.note = e != cudaSuccess ? strf("no CUDA device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e))
-                              : std::string("no CUDA device (none found)");
+    // In words a person can act on: the runtime says "insufficient driver" when there is none at all (then
+    // cudaDriverGetVersion gives 0) as well as when it is too old.
+    if (e == cudaErrorInsufficientDriver && r.driver_version == 0)
+      r.note = "no CUDA device: no NVIDIA driver found (libcuda.so.1 is not installed, or not loadable)";
+    else if (e == cudaErrorInsufficientDriver)
+      r.note = strf(
+          "no CUDA device: the NVIDIA driver (CUDA %s) is older than this build's CUDA runtime (%s); "
+          "update the driver",
+          cuda_version_string(r.driver_version).c_str(), cuda_version_string(r.runtime_version).c_str());
+    else if (e == cudaErrorNoDevice || e == cudaSuccess)
+      r.note = "no CUDA device: the NVIDIA driver finds no GPU";
+    else
+      r.note = strf("no CUDA device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
     return r;
   }
   if (device < 0 || device >= n) {
@@ -466,7 +479,7 @@ inline bench::DeviceReport cuda_report(int device) {
   }
   r.kernel_binary_version = a.binaryVersion;
   r.kernel_ptx_version = a.ptxVersion;
-  r.pdl = kernels::pdl_available();
+  r.pdl = kernels::pdl_supported(device);
   if (a.binaryVersion == cc && a.ptxVersion < cc) {
     r.jit = true;
     r.code = strf("PTX compute_%d JIT-compiled for sm_%d", a.ptxVersion, cc);
@@ -504,7 +517,7 @@ inline uint64_t free_memory(Backend backend, int device) {
 inline Status inspect_model(const std::string& dir, bench::DoctorReport* d) {
   ModelConfig cfg;
   std::string text;
-  const std::string cfg_path = dir + "/config.json";
+  const std::string cfg_path = path_join(dir, "config.json");
   GEMMA4_T4_TRY(read_text_file(cfg_path, &text));
   GEMMA4_T4_TRY(parse_config(text, cfg_path, &cfg));
   TensorStore store;
@@ -822,9 +835,12 @@ inline std::string projection_ceiling(const bench::Report& r) {
 
 inline std::string projection_scaled(const bench::Report& r) {
   if (const bench::Cell* c = reference_cell(r))
-    return strf("at this run's %.1f%% of ceiling (prompt %d, concurrency %d): %.1f tok/s per stream on a T4",
-                c->pct_of_ceiling, c->prompt, c->concurrency, c->t4_tok_s_per_stream);
-  return "no cell measured a % of ceiling to scale it by";
+    return strf(
+        "ms per token = %.4g GB / %.0f GB/s + fixed %.3f ms (%.3f ms measured here - %.4g GB / %.0f GB/s; "
+        "prompt %d, concurrency %d) = %.1f tok/s per stream on a T4",
+        r.decode_bytes_per_token / 1e9, r.t4_bandwidth_gbs, c->fixed_ms, c->ms_per_token,
+        r.decode_bytes_per_token / 1e9, r.bandwidth.read_gbs, c->prompt, c->concurrency, c->t4_tok_s_per_stream);
+  return "no cell measured a step time to take the fixed cost from";
 }
 
 inline std::string projection_sentence(const bench::Report& r) {
@@ -945,7 +961,10 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
     }
     if (cell.ok() || cell.repeats > 0) {
       if (r.ceiling_tok_s > 0) cell.pct_of_ceiling = cell.tok_s_per_stream / r.ceiling_tok_s * 100.0;
-      cell.t4_tok_s_per_stream = r.t4_ceiling_tok_s * cell.pct_of_ceiling / 100.0;
+      if (r.bandwidth.read_gbs > 0 && r.decode_bytes_per_token > 0 && cell.ms_per_token > 0) {
+        cell.fixed_ms = std::max(0.0, cell.ms_per_token - r.decode_bytes_per_token / (r.bandwidth.read_gbs * 1e6));
+        cell.t4_tok_s_per_stream = 1e3 / (r.decode_bytes_per_token / (r.t4_bandwidth_gbs * 1e6) + cell.fixed_ms);
+      }
       cell.t4_tok_s_total = cell.t4_tok_s_per_stream * cell.concurrency;
     }
     if (!go_on) r.cancelled = true;
@@ -1119,6 +1138,7 @@ std::string to_json(const Report& r) {
                          {"error", c.error}});
     t4cells.push_back(Json{{"prompt", c.prompt},
                            {"concurrency", c.concurrency},
+                           {"fixed_ms", c.fixed_ms},
                            {"tok_s_per_stream", c.t4_tok_s_per_stream},
                            {"tok_s_total", c.t4_tok_s_total}});
   }

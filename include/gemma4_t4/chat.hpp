@@ -175,7 +175,7 @@ std::string format_chat(const std::vector<Message>& messages, const ChatOptions&
 
 Status load_generation_config(const std::string& dir, SamplingOptions* defaults, std::vector<int>* eos) {
   using json = nlohmann::json;
-  const std::string path = dir + "/generation_config.json";
+  const std::string path = detail::path_join(dir, "generation_config.json");
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);
   if (status.type() == std::filesystem::file_type::not_found) return Status::ok();  // caller's defaults stand

@@ -88,6 +88,16 @@ inline uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | r);
 }
 
+// dir + "/" + name without a doubled slash when dir ends in one ("ckpt/" + "config.json" -> "ckpt/config.json"),
+// so messages name paths as a person would write them.
+inline std::string path_join(const std::string& dir, const std::string& name) {
+  size_t end = dir.size();
+  while (end > 1 && dir[end - 1] == '/') --end;
+  if (end == 0) return name;
+  if (end == 1 && dir[0] == '/') return "/" + name;
+  return dir.substr(0, end) + "/" + name;
+}
+
 inline std::string shape_str(const int64_t* dims, size_t n) {
   std::string s = "[";
   for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(dims[i]);

@@ -398,5 +398,16 @@ inline Status read_text_file(const std::string& path, std::string* out) {
   return Status::ok();
 }
 
+// The RoPE frequencies of a layer (LayerConfig's rope_*): inv_freq[k] = theta^(-2k / denominator) / factor for
+// the rotated pairs, 0 (identity) for the rest. [head_dim / 2] fp32; both backends use this table.
+inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
+  std::vector<float> f(size_t(lc.head_dim / 2), 0.f);
+  for (int k = 0; k < lc.rope_pairs; ++k) {
+    const float e = float(2 * k) / float(lc.rope_denominator);
+    f[k] = (1.0f / std::pow(lc.rope_theta, e)) / lc.rope_factor;
+  }
+  return f;
+}
+
 }  // namespace detail
 }  // namespace gemma4_t4

@@ -24,39 +24,13 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <system_error>
-#include <thread>
 #include <vector>
+
+#include "block.hpp"
+#include "threads.hpp"
 
 namespace gemma4_t4 {
 namespace detail {
-
-// ---- threads ----
-
-// Runs fn(begin, end) over [0, n) split across hardware threads when the work is large enough.
-inline void parallel_for(size_t n, double work, const std::function<void(size_t, size_t)>& fn) {
-  unsigned hw = std::thread::hardware_concurrency();
-  unsigned T = std::max(1u, std::min(hw, 32u));
-  if (T == 1 || work < 2e5 || n < 2) {
-    fn(0, n);
-    return;
-  }
-  T = static_cast<unsigned>(std::min<size_t>(T, n));
-  std::vector<std::thread> pool;
-  pool.reserve(T - 1);
-  const size_t step = (n + T - 1) / T;
-  for (unsigned t = 1; t < T; ++t) {
-    const size_t b = t * step, e = std::min(n, b + step);
-    if (b >= e) continue;
-    try {
-      pool.emplace_back(fn, b, e);
-    } catch (const std::system_error&) {  // no thread to be had (resource limits): this part here
-      fn(b, e);
-    }
-  }
-  fn(0, std::min(n, step));
-  for (auto& th : pool) th.join();
-}
 
 // ---- math helpers (the `_ref` building blocks the kernels are tested against) ----
 
@@ -105,15 +79,6 @@ inline void rope_ref(float* x, int d, const float* inv_freq, int64_t pos) {
     x[i] = x1 * c - x2 * s;
     x[i + h] = x2 * c + x1 * s;
   }
-}
-
-inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
-  std::vector<float> f(size_t(lc.head_dim / 2), 0.f);
-  for (int k = 0; k < lc.rope_pairs; ++k) {
-    const float e = float(2 * k) / float(lc.rope_denominator);
-    f[k] = (1.0f / std::pow(lc.rope_theta, e)) / lc.rope_factor;
-  }
-  return f;
 }
 
 // ---- sessions ----
@@ -231,7 +196,7 @@ class CpuModel {
   }
 
   // tokens[n] at positions s.pos.. ; appends logits per `which`. Validated by the caller (ids, context).
-  void forward(CpuSession& s, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const {
+  Status forward(CpuSession& s, const int32_t* tokens, size_t n, Logits which, std::vector<float>* logits) const {
     const ModelConfig& cfg = *cfg_;
     const int H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
     const size_t p = s.pos;
@@ -266,44 +231,133 @@ class CpuModel {
       }
     }
 
-    std::vector<std::vector<float>> chunk_k(static_cast<size_t>(L)),
-        chunk_v(static_cast<size_t>(L));  // [n, kvh, d] per owning layer
-    std::vector<float> x(n * H), y(n * H);
-    for (int li = 0; li < L; ++li) {
-      const LayerConfig& lc = cfg.layers[li];
-      const LayerW& lw = w_->layers[li];
-      const Layer& l = layers_[li];
-      const int d = lc.head_dim, nh = cfg.num_heads, kvh = lc.num_kv_heads;
+    Ops ops{*this, s, n, p, std::move(h), std::move(ple)};
+    GEMMA4_T4_TRY(gemma4_layers(ops, cfg));
+    h = std::move(ops.h);
+    std::vector<std::vector<float>>& chunk_k = ops.chunk_k;
+    std::vector<std::vector<float>>& chunk_v = ops.chunk_v;
 
-      // ---- attention ----
-      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H], l.in_norm.data(), H, eps, &x[t * H]);
-      std::vector<float> q(n * nh * d);
+    // ---- commit the chunk's K/V ----
+    for (int li = 0; li < L; ++li) {
+      if (cfg.layers[li].kv_shared) continue;
+      CpuLayerCache& c = s.caches[size_t(li)];
+      for (size_t t = 0; t < n; ++t) {
+        if (c.ring && n - t > size_t(c.capacity)) continue;  // overwritten within this chunk anyway
+        const size_t slot = c.ring ? (p + t) % size_t(c.capacity) : p + t;
+        std::copy_n(&chunk_k[li][t * c.row], c.row, &c.k[slot * c.row]);
+        std::copy_n(&chunk_v[li][t * c.row], c.row, &c.v[slot * c.row]);
+      }
+    }
+    s.pos = p + n;
+
+    // ---- head ----
+    if (which == Logits::None || !logits) return Status::ok();
+    const size_t first = which == Logits::All ? 0 : n - 1;
+    const size_t rows = n - first;
+    const int V = cfg.vocab_size;
+    std::vector<float> xn(rows * H);
+    for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
+    const size_t at = logits->size();
+    logits->resize(at + rows * size_t(V));
+    const float cap = cfg.final_logit_softcapping;
+    float* out = logits->data() + at;
+    parallel_for(size_t(V), double(V) * H * rows, [&](size_t b, size_t e) {
+      std::vector<float> row(static_cast<size_t>(H));
+      for (size_t o = b; o < e; ++o) {
+        head_row(o, row.data());
+        const float scale = head_ == LmHead::Int8 ? head_scale_[o] : 1.f;
+        for (size_t r = 0; r < rows; ++r) {
+          float v = dot_ref(row.data(), &xn[r * H], H) * scale;
+          if (cap > 0.f) v = std::tanh(v / cap) * cap;
+          out[r * V + o] = v;
+        }
+      }
+    });
+    return Status::ok();
+  }
+
+ private:
+  // One forward's activations, and the block's steps over them (block.hpp): n tokens at positions p...
+  struct Ops {
+    const CpuModel& m;
+    CpuSession& s;
+    size_t n, p;
+    std::vector<float> h;                              // [n, H] residual stream
+    std::vector<float> ple;                            // [n, L, D] per-layer inputs
+    std::vector<float> x, y, q, att, g;                // [n, H], [n, H], [n, heads, d], [n, heads, d], [n, I | D]
+    std::vector<std::vector<float>> chunk_k, chunk_v;  // per owning layer: the chunk's [n, kv_heads, d]
+
+    Ops(const CpuModel& model, CpuSession& session, size_t tokens, size_t pos, std::vector<float>&& h0,
+        std::vector<float>&& ple0)
+        : m(model), s(session), n(tokens), p(pos), h(std::move(h0)), ple(std::move(ple0)) {
+      const size_t H = size_t(m.cfg_->hidden_size), L = size_t(m.cfg_->num_layers);
+      x.resize(n * H);
+      y.resize(n * H);
+      chunk_k.resize(L);
+      chunk_v.resize(L);
+    }
+    int H() const { return m.cfg_->hidden_size; }
+    float eps() const { return m.cfg_->rms_norm_eps; }
+
+    Status norm(int l, Norm which) {
+      const Layer& ly = m.layers_[size_t(l)];
+      if (which == Norm::Copy) {
+        x = h;
+        return Status::ok();
+      }
+      const float* w = which == Norm::Input ? ly.in_norm.data() : ly.pre_ff_norm.data();
+      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H()], w, H(), eps(), &x[t * H()]);
+      return Status::ok();
+    }
+
+    Status qkv(int l) {
+      const LayerConfig& lc = m.cfg_->layers[size_t(l)];
+      const LayerW& lw = m.w_->layers[size_t(l)];
+      q.resize(n * size_t(m.cfg_->num_heads) * lc.head_dim);
       matmul_ref(lw.q, x.data(), n, q.data());
+      if (lc.kv_shared) return Status::ok();
+      std::vector<float>& k = chunk_k[size_t(l)];
+      std::vector<float>& v = chunk_v[size_t(l)];
+      k.resize(n * size_t(lc.num_kv_heads) * lc.head_dim);
+      v.resize(k.size());
+      matmul_ref(lw.k, x.data(), n, k.data());
+      if (lc.k_eq_v)
+        v = k;  // V is the raw k_proj output
+      else
+        matmul_ref(lw.v, x.data(), n, v.data());
+      return Status::ok();
+    }
+
+    Status heads(int l) {
+      const LayerConfig& lc = m.cfg_->layers[size_t(l)];
+      const Layer& ly = m.layers_[size_t(l)];
+      const int d = lc.head_dim, nh = m.cfg_->num_heads, kvh = lc.num_kv_heads;
       for (size_t t = 0; t < n; ++t)
         for (int hh = 0; hh < nh; ++hh) {
           float* qh = &q[(t * nh + hh) * d];
-          rmsnorm_ref(qh, l.q_norm.data(), d, eps, qh);
-          rope_ref(qh, d, l.inv_freq.data(), int64_t(p + t));
+          rmsnorm_ref(qh, ly.q_norm.data(), d, eps(), qh);
+          rope_ref(qh, d, ly.inv_freq.data(), int64_t(p + t));
         }
-      if (!lc.kv_shared) {
-        std::vector<float>& k = chunk_k[li];
-        std::vector<float>& v = chunk_v[li];
-        k.resize(n * kvh * d);
-        v.resize(n * kvh * d);
-        matmul_ref(lw.k, x.data(), n, k.data());
-        if (lc.k_eq_v)
-          v = k;  // V is the raw k_proj output
-        else
-          matmul_ref(lw.v, x.data(), n, v.data());
-        for (size_t t = 0; t < n; ++t)
-          for (int g = 0; g < kvh; ++g) {
-            float* kh = &k[(t * kvh + g) * d];
-            rmsnorm_ref(kh, l.k_norm.data(), d, eps, kh);
-            rope_ref(kh, d, l.inv_freq.data(), int64_t(p + t));
-            float* vh = &v[(t * kvh + g) * d];
-            rmsnorm_ref(vh, nullptr, d, eps, vh);
-          }
-      }
+      if (lc.kv_shared) return Status::ok();
+      std::vector<float>& k = chunk_k[size_t(l)];
+      std::vector<float>& v = chunk_v[size_t(l)];
+      for (size_t t = 0; t < n; ++t)
+        for (int g = 0; g < kvh; ++g) {
+          float* kh = &k[(t * kvh + g) * d];
+          rmsnorm_ref(kh, ly.k_norm.data(), d, eps(), kh);
+          rope_ref(kh, d, ly.inv_freq.data(), int64_t(p + t));
+          float* vh = &v[(t * kvh + g) * d];
+          rmsnorm_ref(vh, nullptr, d, eps(), vh);
+        }
+      return Status::ok();
+    }
+
+    // Keys below p come from the session's cache, keys from p on from this chunk (committed after the last
+    // layer).
+    Status attend(int l) {
+      const ModelConfig& cfg = *m.cfg_;
+      const LayerConfig& lc = cfg.layers[size_t(l)];
+      const int d = lc.head_dim, nh = cfg.num_heads, kvh = lc.num_kv_heads;
       const int src = lc.kv_source;
       const CpuLayerCache& cache = s.caches[size_t(src)];
       const std::vector<float>& ck = chunk_k[size_t(src)];
@@ -319,7 +373,7 @@ class CpuModel {
         const size_t slot = cache.ring ? j % size_t(cache.capacity) : j;
         return &cache.v[slot * row + size_t(g) * d];
       };
-      std::vector<float> att(n * nh * d);
+      att.assign(n * nh * d, 0.f);
       const int group = nh / kvh;
       parallel_for(n * nh, double(n) * nh * (p + n) * d, [&](size_t b, size_t e) {
         std::vector<float> sc;
@@ -343,7 +397,6 @@ class CpuModel {
             sum += v;
           }
           float* out = &att[(t * nh + hh) * d];
-          std::fill(out, out + d, 0.f);
           for (size_t j = lo; j <= qp; ++j) {
             const float pw = static_cast<float>(sc[j - lo] / sum);
             const float* vh = val_at(j, g);
@@ -351,80 +404,49 @@ class CpuModel {
           }
         }
       });
-      matmul_ref(lw.o, att.data(), n, y.data());
-      for (size_t t = 0; t < n; ++t) {
-        rmsnorm_ref(&y[t * H], l.post_attn_norm.data(), H, eps, &y[t * H]);
-        for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
-      }
-
-      // ---- MLP ----
-      const int I = lc.intermediate_size;
-      for (size_t t = 0; t < n; ++t) rmsnorm_ref(&h[t * H], l.pre_ff_norm.data(), H, eps, &x[t * H]);
-      std::vector<float> gt(n * I), up(n * I);
-      matmul_ref(lw.gate, x.data(), n, gt.data());
-      matmul_ref(lw.up, x.data(), n, up.data());
-      for (size_t i = 0; i < gt.size(); ++i) gt[i] = gelu_tanh_ref(gt[i]) * up[i];
-      matmul_ref(lw.down, gt.data(), n, y.data());
-      for (size_t t = 0; t < n; ++t) {
-        rmsnorm_ref(&y[t * H], l.post_ff_norm.data(), H, eps, &y[t * H]);
-        for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
-      }
-
-      // ---- per-layer input ----
-      if (D > 0) {
-        std::vector<float> gd(n * D);
-        matmul_ref(lw.ple_gate, h.data(), n, gd.data());
-        for (size_t t = 0; t < n; ++t)
-          for (int k = 0; k < D; ++k)
-            gd[t * D + k] = gelu_tanh_ref(gd[t * D + k]) * ple[t * size_t(L) * D + size_t(li) * D + k];
-        matmul_ref(lw.ple_proj, gd.data(), n, y.data());
-        for (size_t t = 0; t < n; ++t) {
-          rmsnorm_ref(&y[t * H], l.post_ple_norm.data(), H, eps, &y[t * H]);
-          for (int i = 0; i < H; ++i) h[t * H + i] += y[t * H + i];
-        }
-      }
-      for (float& v : h) v *= l.scalar;
+      return Status::ok();
     }
 
-    // ---- commit the chunk's K/V ----
-    for (int li = 0; li < L; ++li) {
-      if (cfg.layers[li].kv_shared) continue;
-      CpuLayerCache& c = s.caches[size_t(li)];
-      for (size_t t = 0; t < n; ++t) {
-        if (c.ring && n - t > size_t(c.capacity)) continue;  // overwritten within this chunk anyway
-        const size_t slot = c.ring ? (p + t) % size_t(c.capacity) : p + t;
-        std::copy_n(&chunk_k[li][t * c.row], c.row, &c.k[slot * c.row]);
-        std::copy_n(&chunk_v[li][t * c.row], c.row, &c.v[slot * c.row]);
+    Status gate(int l, Branch b) {
+      const LayerW& lw = m.w_->layers[size_t(l)];
+      if (b == Branch::Mlp) {
+        const size_t I = size_t(m.cfg_->layers[size_t(l)].intermediate_size);
+        std::vector<float> up(n * I);
+        g.resize(n * I);
+        matmul_ref(lw.gate, x.data(), n, g.data());
+        matmul_ref(lw.up, x.data(), n, up.data());
+        for (size_t i = 0; i < g.size(); ++i) g[i] = gelu_tanh_ref(g[i]) * up[i];
+        return Status::ok();
       }
+      const size_t L = size_t(m.cfg_->num_layers), D = size_t(m.cfg_->hidden_size_per_layer_input);
+      g.resize(n * D);
+      matmul_ref(lw.ple_gate, x.data(), n, g.data());
+      for (size_t t = 0; t < n; ++t)
+        for (size_t k = 0; k < D; ++k) g[t * D + k] = gelu_tanh_ref(g[t * D + k]) * ple[t * L * D + size_t(l) * D + k];
+      return Status::ok();
     }
-    s.pos = p + n;
 
-    // ---- head ----
-    if (which == Logits::None || !logits) return;
-    const size_t first = which == Logits::All ? 0 : n - 1;
-    const size_t rows = n - first;
-    const int V = cfg.vocab_size;
-    std::vector<float> xn(rows * H);
-    for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
-    const size_t at = logits->size();
-    logits->resize(at + rows * size_t(V));
-    const float cap = cfg.final_logit_softcapping;
-    float* out = logits->data() + at;
-    parallel_for(size_t(V), double(V) * H * rows, [&](size_t b, size_t e) {
-      std::vector<float> row(static_cast<size_t>(H));
-      for (size_t o = b; o < e; ++o) {
-        head_row(o, row.data());
-        const float scale = head_ == LmHead::Int8 ? head_scale_[o] : 1.f;
-        for (size_t r = 0; r < rows; ++r) {
-          float v = dot_ref(row.data(), &xn[r * H], H) * scale;
-          if (cap > 0.f) v = std::tanh(v / cap) * cap;
-          out[r * V + o] = v;
-        }
+    Status residual(int l, Branch b) {
+      const LayerW& lw = m.w_->layers[size_t(l)];
+      const Layer& ly = m.layers_[size_t(l)];
+      const LinearW& proj = b == Branch::Attention ? lw.o : b == Branch::Mlp ? lw.down : lw.ple_proj;
+      const std::vector<float>& w = b == Branch::Attention ? ly.post_attn_norm
+                                    : b == Branch::Mlp     ? ly.post_ff_norm
+                                                           : ly.post_ple_norm;
+      matmul_ref(proj, b == Branch::Attention ? att.data() : g.data(), n, y.data());
+      for (size_t t = 0; t < n; ++t) {
+        rmsnorm_ref(&y[t * H()], w.data(), H(), eps(), &y[t * H()]);
+        for (int i = 0; i < H(); ++i) h[t * H() + i] += y[t * H() + i];
       }
-    });
-  }
+      return Status::ok();
+    }
 
- private:
+    Status scale(int l) {
+      for (float& v : h) v *= m.layers_[size_t(l)].scalar;
+      return Status::ok();
+    }
+  };
+
   struct Layer {
     std::vector<float> in_norm, post_attn_norm, pre_ff_norm, post_ff_norm, q_norm, k_norm, post_ple_norm;
     std::vector<float> inv_freq;  // [d/2]
@@ -500,7 +522,8 @@ class CpuBackend : public BackendModel {
   }
   Status forward(const ForwardItem* items, size_t count, Logits which, std::vector<float>* logits) const override {
     for (size_t i = 0; i < count; ++i)
-      model_.forward(static_cast<CpuSession&>(*items[i].session), items[i].tokens, items[i].n, which, logits);
+      GEMMA4_T4_TRY(
+          model_.forward(static_cast<CpuSession&>(*items[i].session), items[i].tokens, items[i].n, which, logits));
     return Status::ok();
   }
 

@@ -53,6 +53,7 @@ Engine& Engine::operator=(Engine&&) noexcept = default;
 bool Engine::loaded() const { return impl_ != nullptr; }
 const ModelConfig& Engine::config() const { return impl_->config; }
 Backend Engine::backend() const { return impl_ ? impl_->backend->kind() : Backend::Cpu; }
+std::string Engine::decode_path() const { return impl_ ? impl_->backend->decode_path() : std::string(); }
 double Engine::decode_bytes_per_token() const {
   return impl_ ? impl_->weights.decode_bytes(impl_->options.lm_head) : 0.0;
 }
@@ -81,7 +82,7 @@ inline Status load_impl(const std::string& dir, const LoadOptions& options, std:
                "; it must be in [64, 16384]");
   if (options.on_progress) options.on_progress(0.f);
   std::string text;
-  const std::string cfg_path = dir + "/config.json";
+  const std::string cfg_path = path_join(dir, "config.json");
   GEMMA4_T4_TRY(read_text_file(cfg_path, &text));
   GEMMA4_T4_TRY(parse_config(text, cfg_path, &impl->config));
   GEMMA4_T4_TRY(impl->store.open(dir));

@@ -21,12 +21,18 @@
 // one U+FFFD per byte; the two agree on every valid sequence.
 #pragma once
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -96,6 +102,101 @@ inline size_t utf8_invalid_at(std::string_view s) {
 }
 
 // ---- BPE tables ----
+
+// Token text -> id, the text viewed in strings that outlive the table: open addressing, linear probing, at
+// most half full. Replaces std::unordered_map<std::string_view, int32_t>, whose lookups (prime modulo, a node
+// per entry, a string compare in another cache line) were the largest part of loading Gemma's 262,144-token
+// vocabulary and its 514,906 merges. A slot keeps the text's size and first 8 bytes, so a probe of another
+// text, and the whole compare of a text of <= 8 bytes, stays in the slot. The same interface subset as the
+// map: find() -> pointer (end() = nullptr) with ->second, emplace() keeping the first id of a text, reserve().
+class VocabIndex {
+ public:
+  struct Entry {
+    const char* text = nullptr;  // not owned
+    uint64_t head = 0;           // its first 8 bytes, zero-padded
+    uint32_t size = 0;           // its length
+    int32_t second = -1;         // the id; -1: an empty slot
+  };
+  void reserve(size_t n) {
+    if (2 * n > slots_.size()) rehash(2 * n);
+  }
+  const Entry* end() const { return nullptr; }
+  size_t size() const { return size_; }
+  const Entry* find(std::string_view k) const { return find(k, probe(k)); }
+  // A lookup in two steps, so that many can be in flight: probe() hashes k and prefetches its slot, find(k,
+  // probe) then finds it there (loading the merges: three lookups each, mostly cache misses).
+  struct Probe {
+    uint64_t hash, head;
+  };
+  Probe probe(std::string_view k) const {
+    Probe p{0, 0};
+    p.hash = hash(k, &p.head);
+    if (!slots_.empty()) __builtin_prefetch(&slots_[size_t(p.hash) & mask_]);
+    return p;
+  }
+  const Entry* find(std::string_view k, Probe p) const {
+    if (slots_.empty() || k.size() > UINT32_MAX) return nullptr;
+    for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
+      const Entry& e = slots_[i];
+      if (e.second < 0) return nullptr;
+      if (same(e, k, p.head)) return &e;
+    }
+  }
+  // Adds k -> id unless k is there; returns the entry and whether it was added.
+  std::pair<const Entry*, bool> emplace(std::string_view k, int32_t id) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
+    uint64_t head = 0;
+    for (size_t i = size_t(hash(k, &head)) & mask_;; i = (i + 1) & mask_) {
+      Entry& e = slots_[i];
+      if (e.second < 0) {
+        e = Entry{k.data(), head, uint32_t(k.size()), id};
+        ++size_;
+        return {&e, true};
+      }
+      if (same(e, k, head)) return {&e, false};
+    }
+  }
+
+ private:
+  static bool same(const Entry& e, std::string_view k, uint64_t head) {
+    return e.size == k.size() && e.head == head &&
+           (k.size() <= 8 || std::memcmp(e.text + 8, k.data() + 8, k.size() - 8) == 0);
+  }
+  // FNV-1a over 8-byte words, then a finalizer (token texts are short: a few words at most); *head = the
+  // first word.
+  static uint64_t hash(std::string_view k, uint64_t* head) {
+    uint64_t h = 0xcbf29ce484222325ull ^ k.size();
+    size_t i = 0;
+    for (; i + 8 <= k.size(); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, k.data() + i, 8);
+      if (i == 0) *head = w;
+      h = (h ^ w) * 0x100000001b3ull;
+    }
+    if (k.size() > i) {
+      uint64_t w = 0;
+      std::memcpy(&w, k.data() + i, k.size() - i);
+      if (i == 0) *head = w;
+      h = (h ^ w) * 0x100000001b3ull;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+  }
+  void rehash(size_t want) {
+    size_t cap = 16;
+    while (cap < want) cap <<= 1;
+    std::vector<Entry> old = std::move(slots_);
+    slots_.assign(cap, Entry{});
+    mask_ = cap - 1;
+    size_ = 0;
+    for (const Entry& e : old)
+      if (e.second >= 0) emplace(std::string_view(e.text, e.size), e.second);
+  }
+  std::vector<Entry> slots_;
+  size_t mask_ = 0, size_ = 0;
+};
 
 // (left id, right id) -> (rank, merged id): open addressing, linear probing, 16 bytes a slot.
 class MergeTable {
@@ -214,13 +315,13 @@ struct Tokenizer::Impl {
   std::string source;  // the file it came from (for messages)
 
   // vocabulary: model vocab overlaid with added tokens
-  std::vector<std::string> pieces;                       // [vocab] token text ("" for an unused id)
-  std::vector<uint8_t> present;                          // [vocab] 1 where an id has a token
-  std::unordered_map<std::string_view, int32_t> lookup;  // model vocab: text -> id (views into pieces)
-  std::unordered_map<std::string, int32_t> added_ids;    // added tokens: text -> id
-  std::deque<std::string> renamed;                       // model text of ids an added token renamed
-  std::vector<uint8_t> special;                          // [vocab] 1 for added tokens marked special
-  std::vector<int16_t> byte_value;                       // [vocab] 0..255 for "<0xXX>" tokens, else -1
+  std::vector<std::string> pieces;                     // [vocab] token text ("" for an unused id)
+  std::vector<uint8_t> present;                        // [vocab] 1 where an id has a token
+  detail::VocabIndex lookup;                           // model vocab: text -> id (views into pieces)
+  std::unordered_map<std::string, int32_t> added_ids;  // added tokens: text -> id
+  std::deque<std::string> renamed;                     // model text of ids an added token renamed
+  std::vector<uint8_t> special;                        // [vocab] 1 for added tokens marked special
+  std::vector<int16_t> byte_value;                     // [vocab] 0..255 for "<0xXX>" tokens, else -1
 
   // normalizer: steps in order
   struct NormStep {
@@ -651,18 +752,262 @@ inline void tok_finish(Tokenizer::Impl* t) {
     if (t->present[i]) t->byte_value[i] = int16_t(byte_token_value(t->pieces[i]));
 }
 
+// tokenizer.json through nlohmann/json's SAX interface: model.vocab (an object of text -> id) and model.merges
+// (a list of "a b" strings or ["a", "b"] pairs) -- nearly all of Gemma's 33 MB -- are read straight into flat
+// lists, everything else into a JSON tree (`rest`, without those two). Building the tree of the whole file
+// took most of the load time (~1.8 s for Gemma's, issue 14). Values of other kinds under those two keys go
+// to the tree as they are, so the checks below name them as before.
+class TokJsonReader {
+ public:
+  tok_json rest;                                       // the file without model.vocab / model.merges when flat
+  std::vector<std::pair<std::string, int64_t>> vocab;  // model.vocab in file order
+  bool vocab_flat = false, merges_flat = false;        // read into vocab / merges_text
+  std::string merges_text;                             // a then b of every merge, back to back
+  struct Merge {
+    uint32_t a, a_len, b, b_len;  // offsets and lengths in merges_text (at most 4 GiB of merge text)
+  };
+  std::vector<Merge> merges;  // in file order (= rank)
+  Status status;              // a value of the wrong kind inside the flat parts
+
+  bool null() { return value(tok_json(nullptr)); }
+  bool boolean(bool v) { return value(tok_json(v)); }
+  bool number_integer(tok_json::number_integer_t v) {
+    if (in_ == In::Vocab) return vocab_id(static_cast<int64_t>(v));
+    return value(tok_json(v));
+  }
+  bool number_unsigned(tok_json::number_unsigned_t v) {
+    if (in_ == In::Vocab) return v > uint64_t(INT64_MAX) ? bad_vocab() : vocab_id(static_cast<int64_t>(v));
+    return value(tok_json(v));
+  }
+  bool number_float(tok_json::number_float_t v, const tok_json::string_t&) {
+    if (in_ == In::Vocab) return bad_vocab();
+    return value(tok_json(v));
+  }
+  bool string(tok_json::string_t& v) {
+    if (in_ == In::Merges) {  // "a b"
+      const size_t sp = v.find(' ');
+      if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos)
+        return fail(err(Code::FormatError, where_, ": model.merges[", merges.size(), "] = '", v,
+                        "' is not two tokens split by a space"));
+      return add_merge(std::string_view(v).substr(0, sp), std::string_view(v).substr(sp + 1));
+    }
+    if (in_ == In::MergePair) {
+      if (pair_n_ >= 2) return bad_merge();
+      pair_[pair_n_++] = std::move(v);
+      return true;
+    }
+    if (in_ == In::Vocab) return bad_vocab();
+    return value(tok_json(std::move(v)));
+  }
+  bool binary(tok_json::binary_t&) { return value(tok_json()); }
+  bool start_object(std::size_t) {
+    if (in_ == In::Vocab) return bad_vocab();
+    if (in_ == In::Merges || in_ == In::MergePair) return bad_merge();
+    if (next_ == Next::Vocab) {
+      in_ = In::Vocab;
+      vocab_flat = true;
+      vocab.clear();  // a second model.vocab replaces the first, as in a JSON tree
+      return true;
+    }
+    next_ = Next::Other;
+    return open(tok_json::object());
+  }
+  bool end_object() {
+    if (in_ == In::Vocab) {
+      in_ = In::None;
+      return true;
+    }
+    return close();
+  }
+  bool start_array(std::size_t) {
+    if (in_ == In::Vocab) return bad_vocab();
+    if (in_ == In::MergePair) return bad_merge();
+    if (in_ == In::Merges) {
+      in_ = In::MergePair;
+      pair_n_ = 0;
+      return true;
+    }
+    if (next_ == Next::Merges) {
+      in_ = In::Merges;
+      merges_flat = true;
+      merges.clear();
+      merges_text.clear();
+      return true;
+    }
+    next_ = Next::Other;
+    return open(tok_json::array());
+  }
+  bool end_array() {
+    if (in_ == In::MergePair) {
+      if (pair_n_ != 2) return bad_merge();
+      in_ = In::Merges;
+      return add_merge(pair_[0], pair_[1]);
+    }
+    if (in_ == In::Merges) {
+      in_ = In::None;
+      return true;
+    }
+    return close();
+  }
+  bool key(tok_json::string_t& k) {
+    if (in_ == In::Vocab) {
+      vocab_key_ = std::move(k);
+      return true;
+    }
+    // model.vocab / model.merges: the keys of the object at depth 2 under the root's "model"
+    next_ = Next::Other;
+    if (stack_.size() == 2 && in_model_)
+      next_ = k == "vocab" ? Next::Vocab : k == "merges" ? Next::Merges : Next::Other;
+    if (stack_.size() == 1) model_key_ = k == "model";
+    slot_ = &(*stack_.back())[k];
+    return true;
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
+
+  void set_where(const std::string& where) { where_ = where; }
+  void reserve(uint64_t file_bytes) {
+    const size_t n = size_t(std::min<uint64_t>(file_bytes, uint64_t(1) << 32));
+    vocab.reserve(n / 100);
+    merges.reserve(n / 24);
+    merges_text.reserve(n / 4);
+  }
+
+ private:
+  enum class In { None, Vocab, Merges, MergePair };
+  enum class Next { Other, Vocab, Merges };  // what the value after the current key is
+
+  bool fail(Status st) {
+    status = std::move(st);
+    return false;
+  }
+  bool bad_vocab() {
+    return fail(err(Code::FormatError, where_, ": model.vocab['", vocab_key_, "'] is not an integer id"));
+  }
+  bool bad_merge() {
+    return fail(
+        err(Code::FormatError, where_, ": model.merges[", merges.size(), "] is neither \"a b\" nor [\"a\", \"b\"]"));
+  }
+  bool vocab_id(int64_t id) {
+    vocab.emplace_back(std::move(vocab_key_), id);
+    return true;
+  }
+  bool add_merge(std::string_view a, std::string_view b) {
+    if (merges_text.size() + a.size() + b.size() > UINT32_MAX)
+      return fail(err(Code::FormatError, where_, ": model.merges hold more than 4 GiB of text"));
+    const uint32_t at = uint32_t(merges_text.size());
+    merges_text.append(a);
+    merges_text.append(b);
+    merges.push_back(Merge{at, uint32_t(a.size()), at + uint32_t(a.size()), uint32_t(b.size())});
+    return true;
+  }
+  // A scalar into the tree: the root, an array element, or the value of the last key.
+  bool value(tok_json v) {
+    if (in_ == In::Vocab) return bad_vocab();
+    if (in_ != In::None) return bad_merge();
+    next_ = Next::Other;
+    if (stack_.empty()) {
+      rest = std::move(v);
+    } else if (stack_.back()->is_array()) {
+      stack_.back()->push_back(std::move(v));
+    } else {
+      *slot_ = std::move(v);
+    }
+    return true;
+  }
+  bool open(tok_json v) {
+    tok_json* at;
+    if (stack_.empty()) {
+      rest = std::move(v);
+      at = &rest;
+    } else if (stack_.back()->is_array()) {
+      stack_.back()->push_back(std::move(v));
+      at = &stack_.back()->back();
+    } else {
+      *slot_ = std::move(v);
+      at = slot_;
+    }
+    // Entering the root's "model" object: its keys are watched for vocab / merges.
+    if (stack_.size() == 1 && model_key_ && at->is_object()) in_model_ = true;
+    if (stack_.size() == 1 && !(model_key_ && at->is_object())) in_model_ = false;
+    stack_.push_back(at);
+    return true;
+  }
+  bool close() {
+    if (stack_.size() == 2) in_model_ = false;
+    stack_.pop_back();
+    return true;
+  }
+
+  std::string where_;
+  std::vector<tok_json*> stack_;  // open containers of `rest`
+  tok_json* slot_ = nullptr;      // where the value of the last key goes
+  In in_ = In::None;
+  Next next_ = Next::Other;
+  bool model_key_ = false, in_model_ = false;
+  std::string vocab_key_;
+  std::string pair_[2];
+  int pair_n_ = 0;
+};
+
+// A file as an input iterator of chars for nlohmann/json's SAX parser, read in 256 KiB blocks: the parser
+// never needs the whole file in memory (Gemma's is 33 MB, and a fresh 33 MB buffer costs its page faults and
+// a copy). A read error ends the input; failed() says so.
+class FileChars {
+ public:
+  explicit FileChars(std::FILE* f) : f_(f) { fill(); }
+  bool failed() const { return failed_; }
+
+  class iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = char;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const char*;
+    using reference = const char&;
+    iterator() = default;
+    explicit iterator(FileChars* src) : src_(src) {}
+    const char& operator*() const { return src_->buf_[src_->pos_]; }
+    iterator& operator++() {
+      if (++src_->pos_ == src_->len_) src_->fill();
+      return *this;
+    }
+    bool operator==(const iterator& o) const { return done() == o.done(); }
+    bool operator!=(const iterator& o) const { return done() != o.done(); }
+
+   private:
+    bool done() const { return !src_ || src_->pos_ >= src_->len_; }
+    FileChars* src_ = nullptr;
+  };
+  iterator begin() { return iterator(this); }
+  iterator end() { return iterator(); }
+
+ private:
+  void fill() {
+    pos_ = 0;
+    len_ = std::fread(buf_.data(), 1, buf_.size(), f_);
+    if (len_ == 0 && std::ferror(f_)) failed_ = true;
+  }
+  std::FILE* f_;
+  std::vector<char> buf_ = std::vector<char>(size_t(1) << 18);
+  size_t pos_ = 0, len_ = 0;
+  bool failed_ = false;
+};
+
 inline Status tok_load_json(const std::string& path, Tokenizer::Impl* t) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return err(Code::IoError, "cannot open ", path);
-  in.seekg(0, std::ios::end);
-  const std::streamoff size = in.tellg();
-  if (size < 0) return err(Code::IoError, "cannot read ", path);
-  in.seekg(0, std::ios::beg);
-  std::string text(size_t(size), '\0');
-  if (!in.read(text.data(), size)) return err(Code::IoError, "cannot read ", path, " (", size, " bytes)");
-  tok_json j = tok_json::parse(text, nullptr, /*allow_exceptions=*/false);
-  text = std::string();
-  if (j.is_discarded()) return err(Code::FormatError, path, ": not valid JSON");
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  if (!f) return err(Code::IoError, "cannot open ", path, ": ", std::strerror(errno));
+  TokJsonReader reader;
+  reader.set_where(path);
+  // Room for what a file of this size usually holds (Gemma's 33 MB: 262,144 tokens, 514,906 merges), so the
+  // lists rarely regrow; reserved, not touched, memory costs nothing until used.
+  struct stat st;
+  if (fstat(fileno(f.get()), &st) == 0 && st.st_size > 0) reader.reserve(uint64_t(st.st_size));
+  FileChars chars(f.get());
+  const bool parsed = tok_json::sax_parse(chars.begin(), chars.end(), &reader);
+  if (chars.failed()) return err(Code::IoError, "cannot read ", path, ": ", std::strerror(errno));
+  if (!reader.status.is_ok()) return reader.status;
+  if (!parsed) return err(Code::FormatError, path, ": not valid JSON");
+  const tok_json& j = reader.rest;
   if (!j.is_object()) return err(Code::FormatError, path, ": not a JSON object");
   const std::string& w = path;
 
@@ -686,21 +1031,20 @@ inline Status tok_load_json(const std::string& path, Tokenizer::Impl* t) {
   GEMMA4_T4_TRY(flag("fuse_unk", &t->fuse_unk));
   GEMMA4_T4_TRY(flag("ignore_merges", &t->ignore_merges));
 
-  // vocabulary
-  auto vocab = m.find("vocab");
-  if (vocab == m.end() || !vocab->is_object()) return err(Code::FormatError, w, ": model.vocab is not an object");
-  std::vector<std::pair<std::string, int64_t>> entries;
-  entries.reserve(vocab->size());
-  for (auto it = vocab->begin(); it != vocab->end(); ++it) {
-    if (!it.value().is_number_integer())
-      return err(Code::FormatError, w, ": model.vocab['", it.key(), "'] is not an integer id");
-    entries.emplace_back(it.key(), it.value().get<int64_t>());
+  // vocabulary (read by the SAX reader as a flat list when it is an object)
+  if (!reader.vocab_flat) return err(Code::FormatError, w, ": model.vocab is not an object");
+  std::vector<std::pair<std::string, int64_t>> entries = std::move(reader.vocab);
+  {
+    // Ascending ids: the dense tables grow once; of two texts for one id the last in the file wins.
+    int64_t max_id = -1;
+    for (const auto& e : entries) max_id = std::max(max_id, e.second);
+    if (max_id >= 0 && max_id < (int64_t(1) << 21)) {
+      t->pieces.reserve(size_t(max_id) + 1);
+      t->present.reserve(size_t(max_id) + 1);
+    }
   }
-  for (const auto& e : entries) GEMMA4_T4_TRY(tok_add_piece(t, e.second, e.first, w + ": model.vocab"));
-  std::vector<std::pair<std::string, int32_t>> model_vocab;  // kept for `lookup` (added tokens may rename ids)
-  model_vocab.reserve(entries.size());
-  for (auto& e : entries) model_vocab.emplace_back(std::move(e.first), int32_t(e.second));
-  entries.clear();
+  for (auto& e : entries) GEMMA4_T4_TRY(tok_add_piece(t, e.second, e.first, w + ": model.vocab"));
+  // `entries` stays until `lookup` is built: it is the model's own vocabulary (added tokens may rename ids).
 
   // added tokens (they own their ids' text)
   struct Added {
@@ -739,19 +1083,18 @@ inline Status tok_load_json(const std::string& path, Tokenizer::Impl* t) {
   GEMMA4_T4_TRY(tok_decoder(j.contains("decoder") ? j["decoder"] : tok_json(), w + ": decoder", t));
 
   // lookup = the model's own vocabulary (the BPE model sees only it); views into pieces, which are final
-  // once model_vocab and added tokens are in -- except where an added token gave an id other text.
-  t->lookup.reserve(model_vocab.size());
-  for (const auto& e : model_vocab) {
+  // once the model vocabulary and added tokens are in -- except where an added token gave an id other text.
+  t->lookup.reserve(entries.size());
+  for (const auto& e : entries) {
     const std::string& s = t->pieces[size_t(e.second)];
     if (s == e.first) {
-      t->lookup.emplace(std::string_view(s), e.second);
+      t->lookup.emplace(std::string_view(s), int32_t(e.second));
     } else {  // id renamed by an added token: the model still knows it by its own text
       t->renamed.push_back(e.first);
-      t->lookup.emplace(std::string_view(t->renamed.back()), e.second);
+      t->lookup.emplace(std::string_view(t->renamed.back()), int32_t(e.second));
     }
   }
-  model_vocab.clear();
-  model_vocab.shrink_to_fit();
+  entries = {};
 
   for (int b = 0; b < 256; ++b) {
     char name[8];
@@ -767,33 +1110,39 @@ inline Status tok_load_json(const std::string& path, Tokenizer::Impl* t) {
     t->unk_id = it->second;
   }
 
-  // merges: "a b" strings or [a, b] pairs; rank = position
+  // merges: "a b" strings or [a, b] pairs (read by the SAX reader as a flat list); rank = position
   auto merges = m.find("merges");
-  if (merges != m.end() && !merges->is_null()) {
-    if (!merges->is_array()) return err(Code::FormatError, w, ": model.merges is not a list");
-    t->merges.reserve(merges->size());
-    std::string a, b;
-    for (size_t i = 0; i < merges->size(); ++i) {
-      const tok_json& e = (*merges)[i];
-      if (e.is_string()) {
-        const std::string& s = e.get_ref<const std::string&>();
-        const size_t sp = s.find(' ');
-        if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
-          return err(Code::FormatError, w, ": model.merges[", i, "] = '", s, "' is not two tokens split by a space");
-        a = s.substr(0, sp);
-        b = s.substr(sp + 1);
-      } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-        a = e[0].get<std::string>();
-        b = e[1].get<std::string>();
-      } else {
-        return err(Code::FormatError, w, ": model.merges[", i, "] is neither \"a b\" nor [\"a\", \"b\"]");
+  if (reader.merges_flat) {
+    t->merges.reserve(reader.merges.size());
+    // In batches: the lookups of a batch are all in flight before the first is used (each is a cache miss).
+    constexpr size_t kBatch = 16;
+    std::string_view a[kBatch], b[kBatch];
+    std::string ab[kBatch];
+    VocabIndex::Probe pa[kBatch], pb[kBatch], pab[kBatch];
+    const size_t n = reader.merges.size();
+    for (size_t i0 = 0; i0 < n; i0 += kBatch) {
+      const size_t batch = std::min(kBatch, n - i0);
+      for (size_t k = 0; k < batch; ++k) {
+        const TokJsonReader::Merge& mg = reader.merges[i0 + k];
+        a[k] = std::string_view(reader.merges_text.data() + mg.a, mg.a_len);
+        b[k] = std::string_view(reader.merges_text.data() + mg.b, mg.b_len);
+        ab[k].assign(a[k]);
+        ab[k].append(b[k]);
+        pa[k] = t->lookup.probe(a[k]);
+        pb[k] = t->lookup.probe(b[k]);
+        pab[k] = t->lookup.probe(ab[k]);
       }
-      auto ia = t->lookup.find(a), ib = t->lookup.find(b), iab = t->lookup.find(a + b);
-      if (ia == t->lookup.end() || ib == t->lookup.end() || iab == t->lookup.end())
-        return err(Code::FormatError, w, ": model.merges[", i, "] ('", a, "', '", b,
-                   "') uses a token missing from the vocabulary");
-      t->merges.put(ia->second, ib->second, int32_t(i), iab->second);
+      for (size_t k = 0; k < batch; ++k) {
+        const size_t i = i0 + k;
+        auto ia = t->lookup.find(a[k], pa[k]), ib = t->lookup.find(b[k], pb[k]), iab = t->lookup.find(ab[k], pab[k]);
+        if (ia == t->lookup.end() || ib == t->lookup.end() || iab == t->lookup.end())
+          return err(Code::FormatError, w, ": model.merges[", i, "] ('", a[k], "', '", b[k],
+                     "') uses a token missing from the vocabulary");
+        t->merges.put(ia->second, ib->second, int32_t(i), iab->second);
+      }
     }
+  } else if (merges != m.end() && !merges->is_null()) {
+    return err(Code::FormatError, w, ": model.merges is not a list");
   }
 
   tok_finish(t);

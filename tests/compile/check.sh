@@ -19,7 +19,7 @@ if [[ "${1:-}" == --single-header ]]; then
   [[ $# -ge 2 ]] || usage
   single=$2
   shift 2
-  [[ -f "$single" ]] || { echo "check.sh: single header '$single' not found (build target gemma4_t4_single_header)" >&2; exit 1; }
+  [[ -f "$single" ]] || { echo "check.sh: single header '$single' not found (tools/amalgamate writes it)" >&2; exit 1; }
 fi
 [[ $# -ge 2 ]] || usage
 compiler=$1

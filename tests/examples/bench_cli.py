@@ -10,7 +10,9 @@
 - the CSV has a header and one line per cell; the SVG opens with <svg and closes;
 - the table on stdout carries the projection label;
 - `--sampling gemma` samples and says so (greedy by default, in options.sampling);
-- `--doctor` and `--device-only --cpu` run and exit 0; a bad flag (or --sampling value) exits 2.
+- `--doctor` and `--device-only --cpu` run and exit 0; `--doctor` on a model that does not load exits 1 (as its
+  --help says) and never names cudaErrorInsufficientDriver (no driver: "no NVIDIA driver found"); a bad flag
+  (or --sampling value) exits 2.
 Python 3 standard library only.
 """
 
@@ -96,6 +98,16 @@ def main():
     out, err = run(exe, "--doctor")
     if "doctor" not in out:
         fail("--doctor printed no report", out, err)
+    # Without a driver the report says so in words (a CUDA build here has the runtime but no libcuda).
+    if "cudaErrorInsufficientDriver" in out:
+        fail("--doctor without an NVIDIA driver must say 'no NVIDIA driver found', not the CUDA error's name", out, err)
+    # A model that does not load: the report, then exit status 1 (as --help says).
+    out, err = run(exe, "--doctor", "--model", os.path.join(out_dir, "no_such_model"), want_rc=1)
+    if "does not load" not in out or "no_such_model" not in out:
+        fail("--doctor with a missing model: a report saying the model does not load", out, err)
+    help_out, _ = run(exe, "--help")
+    if "1 when it does not" not in help_out:
+        fail("--help must say --doctor exits 1 when the model does not load", help_out)
     out, err = run(exe, "--device-only", "--cpu", "--bandwidth-mib", "16")
     if "host read" not in out:
         fail("--device-only --cpu printed no host bandwidth", out, err)

@@ -5,9 +5,11 @@
 
 1. Conversation: two turns, /stats (numbers), /system, /think on and off, an unknown command, /reset, one
    more turn (the session re-prefilled: 0 tokens reused), /stats, /quit -> exit status 0.
-2. Ctrl-C during a long answer stops that answer (" [stopped]"), the program goes on (/stats answers),
-   and Ctrl-C at the prompt leaves with exit status 0.
-3. Ctrl-D (end of input) at the prompt leaves with exit status 0.
+2. Ctrl-C during a long answer stops that answer (" [stopped]"), the program goes on (/stats answers);
+   Ctrl-C at the prompt discards the line typed so far and does not leave (the next command runs alone).
+3. Ctrl-D on an empty line leaves with exit status 0 (with line editing: Ctrl-D on a line with text does not).
+4. Line editing and history (chat built with libedit, which `chat --help` says): a typo fixed with the arrow
+   keys, the previous line recalled with the up arrow, Ctrl-A / Ctrl-E / Ctrl-U.
 Runs the bundled tiny model on the CPU backend. Python 3 standard library only (pty, os, select).
 """
 
@@ -16,10 +18,13 @@ import pty
 import re
 import select
 import signal
+import subprocess
 import sys
+import termios
 import time
 
 TIMEOUT = float(os.environ.get("CHAT_PTY_TIMEOUT", "120"))  # seconds per expected output (sanitizers are slow)
+EDITING = False  # chat has line editing (libedit); set by main() from chat --help
 
 
 class Chat:
@@ -67,7 +72,16 @@ class Chat:
                     return m
                 self.fail(f"chat exited while waiting for {pattern!r}")
 
-    def send(self, text):
+    def send(self, text, at_prompt=True):
+        """Types text. at_prompt: chat waits at its prompt; with line editing, first wait until the editor has
+        the terminal (canonical mode off). libedit writes the prompt before it switches modes, and keys typed in
+        between are taken by the terminal's line discipline (Ctrl-D there becomes a NUL byte for the editor)."""
+        if at_prompt and EDITING:
+            deadline = time.monotonic() + TIMEOUT
+            while termios.tcgetattr(self.fd)[3] & termios.ICANON:
+                if time.monotonic() > deadline:
+                    self.fail("the line editor never took the terminal")
+                time.sleep(0.005)
         os.write(self.fd, text.encode())
 
     def line(self, text):
@@ -90,6 +104,10 @@ class Chat:
             except EOFError:
                 time.sleep(0.05)
         self.fail("chat did not exit")
+
+    def alive(self):
+        pid, _ = os.waitpid(self.pid, os.WNOHANG)
+        return pid == 0
 
     def fail(self, why):
         try:
@@ -173,7 +191,7 @@ def ctrl_c(exe):
     chat.line("Tell me a very long story.")
     chat.expect(r"gemma> ")
     chat.read_some(TIMEOUT)  # the answer has begun
-    chat.send("\x03")  # the terminal's interrupt character: SIGINT to chat
+    chat.send("\x03", at_prompt=False)  # the terminal's interrupt character: SIGINT to chat
     m = chat.expect(r" \[stopped\]\n")
     answer = chat.out[: m.start()].rsplit("gemma> ", 1)[1]
     check(len(answer) > 0, "some of the answer was printed before Ctrl-C", chat)
@@ -182,26 +200,80 @@ def ctrl_c(exe):
     m = chat.expect(r"last answer: ([0-9]+) tokens \(stopped\)")
     check(0 < int(m.group(1)) < 4000, "the stopped answer has fewer tokens than --max-tokens", chat)
     chat.expect(PROMPT)
-    chat.send("\x03")  # Ctrl-C at the prompt leaves
+    # Ctrl-C at the prompt: the half-typed line is discarded, chat stays; what follows runs on its own.
+    chat.send("/reset but not sent")
+    chat.send("\x03")
+    chat.expect(PROMPT)
+    time.sleep(0.2)
+    check(chat.alive(), "Ctrl-C at the prompt must not end chat", chat)
+    chat.line("/stats")
+    chat.expect(r"last answer: [0-9]+ tokens \(stopped\)")  # not "unknown command" nor a reset
+    chat.expect(PROMPT)
+    chat.send("\x03")  # twice in a row, on an empty line
+    chat.expect(PROMPT)
+    chat.line("/quit")
     status = chat.wait_exit()
-    check(exited_ok(status), f"Ctrl-C at the prompt: exit status {status}", chat)
+    check(exited_ok(status), f"/quit after Ctrl-C at the prompt: exit status {status}", chat)
 
 
-def ctrl_d(exe):
+def ctrl_d(exe, editing):
     chat = Chat(exe)
     chat.expect(PROMPT)
+    if editing:  # Ctrl-D on a line with text deletes (or beeps); only on an empty line does it leave
+        chat.send("xy\x1b[D\x04")
+        time.sleep(0.3)
+        check(chat.alive(), "Ctrl-D on a line with text must not end chat", chat)
+        chat.send("\x15")  # Ctrl-U: the line is empty again
+        time.sleep(0.1)
     chat.send("\x04")  # the terminal's end-of-file character
     status = chat.wait_exit()
-    check(exited_ok(status), f"Ctrl-D at the prompt: exit status {status}", chat)
+    check(exited_ok(status), f"Ctrl-D on an empty line: exit status {status}", chat)
+
+
+def line_editing(exe):
+    chat = Chat(exe)
+    chat.expect(PROMPT)
+    # "/sats": three left arrows, insert "t" -> "/stats"; Enter runs it.
+    chat.send("/sats\x1b[D\x1b[D\x1b[Dt\r")
+    chat.expect(r"\(no answer yet\)")
+    chat.expect(PROMPT)
+    chat.send("\x1b[A\r")  # up arrow: the previous line again
+    chat.expect(r"\(no answer yet\)")
+    chat.expect(PROMPT)
+    # Ctrl-A to the start, type "/think " there, Ctrl-E to the end: "/think on".
+    chat.send("on\x01/think \x05\r")
+    chat.expect(r"\(thinking on\)")
+    chat.expect(PROMPT)
+    chat.send("/frobnicate\x15/think off\r")  # Ctrl-U kills what was typed
+    chat.expect(r"\(thinking off\)")
+    chat.expect(PROMPT)
+    check("unknown command" not in chat.out, "edited lines reach chat as edited", chat)
+    chat.line("/quit")
+    status = chat.wait_exit()
+    check(exited_ok(status), f"/quit: exit status {status}", chat)
+
+
+def has_line_editing(exe):
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    return "line editing" in r.stdout
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit("usage: chat_pty.py PATH_TO_CHAT")
     exe = sys.argv[1]
-    for test in (conversation, ctrl_c, ctrl_d):
+    global EDITING
+    EDITING = editing = has_line_editing(exe)
+    tests = [conversation, ctrl_c, lambda e: ctrl_d(e, editing)]
+    names = ["conversation", "ctrl_c", "ctrl_d"]
+    if editing:
+        tests.append(line_editing)
+        names.append("line_editing")
+    else:
+        print("note: chat was built without libedit (-DGEMMA4_T4_LIBEDIT=OFF): line editing not tested")
+    for name, test in zip(names, tests):
         test(exe)
-        print(f"ok: {test.__name__}")
+        print(f"ok: {name}")
 
 
 if __name__ == "__main__":

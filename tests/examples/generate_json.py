@@ -10,13 +10,20 @@
   generated_tokens only);
 - greedy output is the same run after run; text mode prints the same text as --json reports;
 - the prompt from stdin equals the prompt as an argument; --raw differs from the chat template;
-- a missing model: exit status 1 and a JSON object with finish_reason "error" and the path in "error".
+- a missing model: exit status 1 and a JSON object with finish_reason "error" and the path in "error";
+- an empty prompt (an empty argument, white space, empty stdin) is an error (exit status 1), not a generation;
+- with no prompt and a terminal on stdin (a pseudo-terminal), generate says it reads the prompt from standard
+  input, then answers what is typed there (ended by Ctrl-D); with a pipe it says nothing of the kind.
 Python 3 standard library only.
 """
 
 import json
+import os
+import pty
+import select
 import subprocess
 import sys
+import time
 
 
 def run(exe, *args, stdin=None):
@@ -95,7 +102,57 @@ def main():
     e = as_json(exe, "--model", "/no/such/model/dir", "Hello", want_rc=1)
     if e.get("finish_reason") != "error" or "/no/such/model/dir" not in e.get("error", ""):
         fail(f"a missing model: finish_reason error naming the path: {e!r}")
+    for label, args, stdin in (("an empty argument", [""], None), ("white space", [" ", "\t"], None),
+                               ("empty stdin", [], ""), ("white space on stdin", [], " \n\n")):
+        rc, out, err = run(exe, *greedy, *args, stdin=stdin)
+        if rc != 1 or "prompt" not in err or "empty" not in err or out.strip():
+            fail(f"{label}: an empty prompt must be an error (exit status 1, 'the prompt ... is empty' on stderr, "
+                 f"nothing generated); exit status {rc}", out, err)
+        if "reading the prompt" in err:
+            fail(f"{label}: stdin is not a terminal, yet generate says it reads it", out, err)
+        e = as_json(exe, *greedy, *args, stdin=stdin, want_rc=1)
+        if e.get("finish_reason") != "error" or "empty" not in e.get("error", ""):
+            fail(f"{label} with --json: finish_reason error: {e!r}")
     print("ok: generate --json")
+    terminal_prompt(exe, greedy, a["text"])
+    print("ok: generate reads the prompt from a terminal")
+
+
+def terminal_prompt(exe, greedy, want_text):
+    """No prompt, stdin a terminal: the notice comes first; the typed line (Ctrl-D ends it) is the prompt."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execv(exe, [exe, "--cpu", *greedy])
+        finally:
+            os._exit(127)
+    out = b""
+
+    def read_until(pred, timeout=120):
+        nonlocal out
+        deadline = time.monotonic() + timeout
+        while not pred() and time.monotonic() < deadline:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    data = os.read(fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    return
+                out += data
+
+    read_until(lambda: b"reading the prompt from standard input" in out)
+    if b"reading the prompt from standard input" not in out:
+        os.kill(pid, 9)
+        fail("no prompt on a terminal: generate must say it reads the prompt from standard input",
+             out.decode(errors="replace"))
+    os.write(fd, b"Hello, how are you?\n\x04")
+    read_until(lambda: False)  # to the end of the output
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    text = out.decode(errors="replace").replace("\r\n", "\n")
+    if not (os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0) or want_text not in text:
+        fail(f"the prompt typed at the terminal must be answered as the argument is (status {status})", text)
 
 
 if __name__ == "__main__":

@@ -127,6 +127,29 @@ def safetensors_seeds(out, rng):
     write(d, "micro_scalar_and_empty", b"\0" + safetensors(odd, {"format": "pt", "note": "edge shapes"}))
     write(d, "micro_only_metadata", b"\0" + safetensors([], {"format": "pt"}))
     write(d, "micro_empty_header", b"\0" + safetensors([]))
+    # What the reader refuses since issue 14 (the reference implementation's rules), one seed each, so the
+    # fuzzer starts at those checks: a header length over the 100,000,000-byte limit, a gap between tensors,
+    # bytes after the last tensor, a NUL and JSON after the header's object, text after it, data_offsets
+    # beyond 2^64-1, a name twice, a __metadata__ value that is not a string.
+    two = [t("a", "F32", [1]), t("b", "F32", [1])]
+    good = safetensors(two, {"format": "pt"})
+    n = struct.unpack("<Q", good[:8])[0]
+    header, body = good[8:8 + n], good[8 + n:]
+
+    def raw(text, data=b""):
+        return struct.pack("<Q", len(text)) + text + data
+
+    write(d, "strict_header_over_limit", b"\0" + struct.pack("<Q", 100000001) + header + body)
+    gap = header.replace(b'"data_offsets":[4,8]', b'"data_offsets":[8,12]')
+    assert gap != header
+    write(d, "strict_gap_between_tensors", b"\0" + raw(gap, body + b"\0" * 4))
+    write(d, "strict_bytes_after_last_tensor", b"\0" + raw(header, body + b"\xff" * 4))
+    write(d, "strict_nul_then_json_in_header", b"\0" + raw(header.rstrip() + b'\0{"v": garbage', body))
+    write(d, "strict_text_after_header_object", b"\0" + raw(header.rstrip() + b"  x", body))
+    write(d, "strict_offsets_beyond_2_64", b"\0" + raw(
+        header.replace(b'"data_offsets":[4,8]', b'"data_offsets":[4,18446744073709551616]'), body))
+    write(d, "strict_name_twice", b"\0" + raw(header.replace(b'"b":', b'"a":'), body))
+    write(d, "strict_metadata_not_string", b"\0" + raw(header.replace(b'"pt"', b'["pt"]'), body))
     mm = [t("model.language_model.embed_tokens.weight", "BF16", [8, 4]),
           t("model.language_model.layers.0.input_layernorm.weight", "BF16", [4]),
           t("model.language_model.layers.0.self_attn.q_proj.weight_packed", "I32", [4, 1]),

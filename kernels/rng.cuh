@@ -1,5 +1,6 @@
-// gemma4_t4 implementation part: the sampler's counter-based RNG, shared by the CPU sampler and the CUDA
-// sampling kernel so both draw the same number for the same (seed, counter).
+// gemma4_t4 kernels: the sampler's counter-based RNG, shared by the CUDA sampling kernel (sample.cuh) and the
+// CPU sampler (include/gemma4_t4/sampler.hpp) so both draw the same number for the same (seed, counter).
+// Plain C++ as well as CUDA: the CPU-only build includes it too (no CUDA header is needed).
 #pragma once
 
 #include <cstdint>

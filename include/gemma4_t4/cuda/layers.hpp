@@ -1,0 +1,323 @@
+// gemma4_t4 implementation part, CUDA backend: the Gemma 4 block as kernel launches (block.hpp's Ops), for
+// one pass of `rows` rows whose metadata is on the device. Only kernel launches and cuBLAS calls: capturable
+// into a CUDA graph.
+//
+// Passes of <= 16 rows ("decode") use the tensor-core GEMVs with fused epilogues (kernels/gemv.cuh); larger
+// passes use cuBLAS (fp16 GEMM, fp32 accumulation; w4a16 dequantised to fp16 first) and the separate
+// element-wise kernels. Per layer:
+//   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
+//                                                     later layers get it from the previous layer's last
+//                                                     residual_norm (NextNorm::Norm, bit-identical)
+//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c)
+//   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
+//   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
+//                                                     the last split block; passes with a prompt chunk:
+//                                                     tiled flash attention on the tensor cores
+//   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
+//   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out
+//   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
+//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
+//        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
+// The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
+// leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
+// with that norm (or the layer scalar) folded in. 11 decode launches per layer (12 in layer 0; +1 on full
+// layers whose attention splits need the separate merge).
+#pragma once
+
+#include <cublas_v2.h>
+
+#include "../../../kernels/attention.cuh"
+#include "../../../kernels/elementwise.cuh"
+#include "../../../kernels/flash_attention.cuh"
+#include "../../../kernels/gemv.cuh"
+#include "../../../kernels/rmsnorm.cuh"
+#include "../../../kernels/rope_kv.cuh"
+#include "../sanitizer.hpp"
+#include "planner.hpp"
+
+namespace gemma4_t4 {
+namespace detail {
+
+// What one pass's layers need beyond the weights and the workspace.
+struct LayerPass {
+  int rows = 0;
+  int sliding_splits = 1, full_splits = 1;  // decode attention key splits per row (planner's attention_splits)
+  int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
+  kernels::Launch launch;
+};
+
+class LayerEncoder {
+ public:
+  LayerEncoder(const ModelConfig& c, const DeviceWeights& w, const Workspace& ws, cublasHandle_t blas,
+               const LayerPass& pass)
+      : c_(c), w_(w), ws_(ws), blas_(blas), p_(pass), ln_(pass.launch) {}
+
+  // Embedding and per-layer inputs, every layer, the last residual. ple rows in ws.tok when the table is on
+  // the host (widened by the planner's stager), gathered here when it is on the GPU.
+  Status encode() {
+    const int H = c_.hidden_size, L = c_.num_layers, D = c_.hidden_size_per_layer_input, rows = p_.rows;
+    GEMMA4_T4_CUDA_TRY(kernels::launch_embed(w_.embed16, ws_.dev.ids, rows, H, float(std::sqrt(double(H))), ws_.h, ln_),
+                       "embed");
+    if (D > 0) {
+      if (w_.ple_table16)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_embed(w_.ple_table16, ws_.dev.ids, rows, L * D, 1.f, ws_.tok, ln_),
+                           "PLE rows");
+      GEMMA4_T4_CUDA_TRY(kernels::launch_to_half(ws_.h, size_t(rows) * H, ws_.x16, ln_), "PLE input");
+      GEMMA4_T4_TRY(mm(w_.ple_model_proj, ws_.x16, ws_.proj_a, "per_layer_model_projection"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_ple_combine(ws_.proj_a, ws_.tok, w_.ple_norm, rows, L, D,
+                                                     float(1.0 / std::sqrt(double(H))), float(std::sqrt(double(D))),
+                                                     float(1.0 / std::sqrt(2.0)), c_.rms_norm_eps, ws_.ple, ln_),
+                         "PLE combine");
+    }
+    GEMMA4_T4_TRY(gemma4_layers(*this, c_));
+    return flush(kernels::NextNorm::None, nullptr);  // the head normalises the selected rows itself
+  }
+
+  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= 16) into dst [k, vocab].
+  Status head(int first, int k, float* dst) const {
+    const int H = c_.hidden_size, V = c_.vocab_size;
+    GEMMA4_T4_CUDA_TRY(
+        kernels::launch_rmsnorm(ws_.h, H, ws_.dev.sel + first, w_.final_norm, k, H, c_.rms_norm_eps, ws_.head16, ln_),
+        "final norm");
+    if (w_.lm8)
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, ws_.head16, k, V, H, dst, V, ln_),
+                         "LM head (int8)");
+    else if (w_.lm4)
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, ws_.head16, k, V, H, dst, V, ln_),
+                         "LM head (int4)");
+    else
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, ws_.head16, k, V, H, dst, V, ln_), "LM head");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c_.final_logit_softcapping, ln_), "softcap");
+    return Status::ok();
+  }
+
+  // ---- the block's steps (block.hpp) ----
+
+  Status norm(int l, Norm which) {
+    const float* w = which == Norm::Input    ? w_.layers[l].in_norm
+                     : which == Norm::PreMlp ? w_.layers[l].pre_ff
+                                             : nullptr;
+    if (pending_.y) return flush(w ? kernels::NextNorm::Norm : kernels::NextNorm::Copy, w);
+    // layer 0's input: nothing to fold into
+    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(ws_.h, c_.hidden_size, nullptr, w, p_.rows, c_.hidden_size,
+                                               c_.rms_norm_eps, ws_.x16, ln_),
+                       "input norm");
+    return Status::ok();
+  }
+
+  Status qkv(int l) {
+    const LayerConfig& lc = c_.layers[l];
+    const DevLayer& d = w_.layers[l];
+    if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
+    float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
+    return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
+  }
+
+  // q -> q16; k, v -> the caches (one launch). k_eq_v: V is the raw k_proj output.
+  Status heads(int l) {
+    const LayerConfig& lc = c_.layers[l];
+    const DevLayer& d = w_.layers[l];
+    const int hd = lc.head_dim, kvh = lc.num_kv_heads;
+    kernels::HeadNormTarget hn[3];
+    hn[0].in = ws_.proj_a;
+    hn[0].ld_in = c_.num_heads * hd;
+    hn[0].heads = c_.num_heads;
+    hn[0].w = d.q_norm;
+    hn[0].inv_freq = d.inv_freq;
+    hn[0].out = ws_.q16;
+    if (!lc.kv_shared) {
+      kernels::KvTarget kt;
+      kt.capacity = ws_.dev.slots;
+      kt.seq = ws_.dev.seq;
+      kt.layer = l;
+      kt.layers = c_.num_layers;
+      hn[1].in = ws_.proj_b;
+      hn[1].ld_in = kvh * hd;
+      hn[1].heads = kvh;
+      hn[1].w = d.k_norm;
+      hn[1].inv_freq = d.inv_freq;
+      hn[1].kv = kt;
+      hn[1].kv.base = ws_.dev.k;
+      hn[2].in = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
+      hn[2].ld_in = kvh * hd;
+      hn[2].heads = kvh;  // no weight, no RoPE
+      hn[2].kv = kt;
+      hn[2].kv.base = ws_.dev.v;
+    }
+    GEMMA4_T4_CUDA_TRY(
+        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, ws_.dev.pos, ln_),
+        "q/k/v norm + RoPE");
+    return Status::ok();
+  }
+
+  Status attend(int l) {
+    const LayerConfig& lc = c_.layers[l];
+    kernels::AttnArgs a;
+    a.q = ws_.q16;
+    a.kbase = ws_.dev.k;
+    a.vbase = ws_.dev.v;
+    a.capacity = ws_.dev.slots;
+    a.seq = ws_.dev.seq;
+    a.pos = ws_.dev.pos;
+    a.layer = lc.kv_source;
+    a.layers = c_.num_layers;
+    a.rows = p_.rows;
+    a.heads = c_.num_heads;
+    a.kv_heads = lc.num_kv_heads;
+    a.window = lc.type == LayerType::Sliding ? c_.sliding_window : 0;
+    a.splits = a.window ? p_.sliding_splits : p_.full_splits;
+    a.part_o = ws_.part_o;
+    a.part_ml = ws_.part_ml;
+    a.out = ws_.x16;
+    a.counters = ws_.attn_counters;
+    const int group = c_.num_heads / lc.num_kv_heads, gi = kernels::gqa_group_index(group);
+    if (p_.flash_tiles[gi] > 0 && kernels::flash_attention_supported(lc.head_dim, group))
+      GEMMA4_T4_CUDA_TRY(kernels::launch_flash_attention(a, ws_.tiles + size_t(gi) * ws_.max_rows, p_.flash_tiles[gi],
+                                                         lc.head_dim, ln_),
+                         "attention (flash)");
+    else
+      GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, lc.head_dim, ln_), "attention");
+    return Status::ok();
+  }
+
+  // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
+  // into act16; larger passes: cuBLAS, then the element-wise kernel into x16.
+  Status gate(int l, Branch b) {
+    const DevLayer& d = w_.layers[l];
+    const bool decode = p_.rows <= kernels::kGemvMaxRows;
+    if (b == Branch::Mlp) {
+      if (decode && same_layout(d.gate, d.up)) {
+        GEMMA4_T4_CUDA_TRY(
+            kernels::launch_gemv_gelu_mul(gemv_mat(d.gate, nullptr), gemv_mat(d.up, nullptr), ws_.x16, p_.rows,
+                                          c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_),
+            "gate/up_proj + GELU");
+        act_ = ws_.act16;
+        return Status::ok();
+      }
+      GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
+      GEMMA4_T4_TRY(mm(d.up, ws_.x16, ws_.proj_b, "up_proj"));
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(ws_.proj_a, ws_.proj_b,
+                                                  size_t(p_.rows) * c_.layers[l].intermediate_size, ws_.x16, ln_),
+                         "gelu");
+      act_ = ws_.x16;
+      return Status::ok();
+    }
+    const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
+    if (decode) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
+                                                       ws_.ple, L, l, ws_.act16, ln_),
+                         "per_layer_input_gate + GELU");
+      act_ = ws_.act16;
+      return Status::ok();
+    }
+    GEMMA4_T4_TRY(mm(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate"));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ws_.ple, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
+    act_ = ws_.x16;
+    return Status::ok();
+  }
+
+  // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold.
+  Status residual(int l, Branch b) {
+    const DevLayer& d = w_.layers[l];
+    if (b == Branch::Attention) {
+      GEMMA4_T4_TRY(mm(d.o, ws_.x16, ws_.proj_a, "o_proj"));
+      pending_ = Pending{ws_.proj_a, d.post_attn, 1.f, "post-attention norm"};
+    } else if (b == Branch::Mlp) {
+      GEMMA4_T4_TRY(mm(d.down, act_, ws_.proj_c, "down_proj"));
+      pending_ = Pending{ws_.proj_c, d.post_ff, 1.f, "post-MLP norm"};
+    } else {
+      GEMMA4_T4_TRY(mm(d.ple_proj, act_, ws_.proj_c, "per_layer_projection"));
+      pending_ = Pending{ws_.proj_c, d.post_ple, 1.f, "PLE norm"};
+    }
+    return Status::ok();
+  }
+
+  // h *= scalar: folded into the pending residual (residual_norm computes (h + norm(y) w) * scalar).
+  Status scale(int l) {
+    if (!pending_.y) return err(Code::BackendError, "CUDA layer encoder: layer ", l, " scales without a residual");
+    pending_.scalar = w_.layers[l].scalar;
+    return Status::ok();
+  }
+
+ private:
+  struct Pending {
+    const float* y = nullptr;  // [rows, H] fp32 projection output
+    const float* w = nullptr;  // [H] its norm's weight
+    float scalar = 1.f;
+    const char* what = "";
+  };
+
+  // The pending residual as one residual_norm, with the next norm (into x16) folded in.
+  Status flush(kernels::NextNorm next, const float* w_next) {
+    if (!pending_.y) return Status::ok();
+    const Pending p = pending_;
+    pending_ = Pending();
+    GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
+                                                     p.scalar, next, w_next, ws_.x16, ln_),
+                       p.what);
+    return Status::ok();
+  }
+
+  static kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
+    kernels::GemvMat m;
+    m.w16 = w.w16;
+    m.wq = w.wq;
+    m.s = w.s16;
+    m.out = w.out;
+    m.y = y;  // [n, out] fp32
+    m.ldy = w.out;
+    return m;
+  }
+
+  static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
+
+  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else cuBLAS (w4a16 dequantised first).
+  Status mm(const DevLinear& w, const half* x, float* y, const char* what) const {
+    const int n = p_.rows;
+    if (n <= kernels::kGemvMaxRows) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, ln_), what);
+      return Status::ok();
+    }
+    const half* W = w.w16;
+    if (!W) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, ws_.deq16, ln_), what);
+      W = ws_.deq16;
+    }
+    const float alpha = 1.f, beta = 0.f;
+    const cublasStatus_t st =
+        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, w.out, n, w.in, &alpha, W, CUDA_R_16F, w.in, x, CUDA_R_16F, w.in,
+                     &beta, y, CUDA_R_32F, w.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (st != CUBLAS_STATUS_SUCCESS)
+      return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
+    sanitizer_mark_initialized(y, size_t(n) * w.out * sizeof(float), ln_.stream);
+    return Status::ok();
+  }
+
+  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 16 rows when they share a
+  // layout and `in`, else one mm() each.
+  Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) const {
+    bool one = p_.rows <= kernels::kGemvMaxRows;
+    for (int i = 1; i < count; ++i) one = one && same_layout(*mats[i], *mats[0]) && mats[i]->in == mats[0]->in;
+    if (one) {
+      kernels::GemvMat m[kernels::kGemvMaxMats];
+      for (int i = 0; i < count; ++i) m[i] = gemv_mat(*mats[i], ys[i]);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, p_.rows, mats[0]->in, ln_), what);
+      return Status::ok();
+    }
+    for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(mm(*mats[i], x, ys[i], what));
+    return Status::ok();
+  }
+
+  const ModelConfig& c_;
+  const DeviceWeights& w_;
+  const Workspace& ws_;
+  cublasHandle_t blas_;
+  const LayerPass& p_;
+  const kernels::Launch ln_;
+  Pending pending_;
+  const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4

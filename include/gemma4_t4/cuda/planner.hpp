@@ -1,0 +1,224 @@
+// gemma4_t4 implementation part, CUDA backend: how a batch becomes passes, and what each pass needs staged
+// before its kernels run -- its metadata, its attention splits and its per-layer-embedding rows.
+//
+// A pass: up to R = LoadOptions::max_pass_rows rows of up to kMaxSeqs sessions (prefill chunks and decode
+// tokens alike), each item's tokens in order. A decode pass (one token per session, every row's logits
+// wanted, <= 16 rows) can replay a CUDA graph (cuda/executor.hpp).
+//
+// PLE rows (LoadOptions::ple == Host, the default): the table stays in the mapped checkpoint; the rows of a
+// pass's tokens are copied as stored (bf16 / fp16 / fp32; 17.5 KB per token on E2B) into pinned memory and
+// uploaded, then widened on the GPU. Decode passes: one memcpy per row and an upload on the compute stream.
+// Larger passes: gathered by the host's threads (parallel_for) and uploaded on a copy stream; the next
+// pass's rows are gathered into the other half of the buffers while the GPU runs this one, and the compute
+// stream waits on an event before the widen. (Measured on the H200 host: gathering in two chunks, the first
+// uploaded while the second is gathered, took longer than one: each chunk pays the thread start-ups.)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "../../../kernels/elementwise.cuh"
+#include "workspace.hpp"
+
+namespace gemma4_t4 {
+namespace detail {
+
+struct CudaSession : BackendSession {
+  DeviceMemory mem;
+  std::vector<half*> k, v;  // per layer: [slots, kv_heads, d] fp16; null on KV-shared layers
+  std::vector<int> slots;   // per layer (kv_slots)
+};
+
+struct Segment {
+  CudaSession* s;
+  const int32_t* tokens;
+  size_t pos;  // position of tokens[0]
+  int n;
+  bool last;  // holds the item's final token
+};
+using Pass = std::vector<Segment>;
+using Plan = std::vector<Pass>;
+
+// The items' tokens in passes of <= max_rows rows and <= kMaxSeqs sessions.
+inline Plan split_passes(const ForwardItem* items, size_t count, int max_rows) {
+  Plan plan(1);
+  int rows = 0;
+  for (size_t i = 0; i < count; ++i) {
+    size_t done = 0;
+    while (done < items[i].n) {
+      if (rows == max_rows || int(plan.back().size()) == kMaxSeqs) {
+        plan.emplace_back();
+        rows = 0;
+      }
+      const size_t take = std::min(items[i].n - done, size_t(max_rows - rows));
+      plan.back().push_back(Segment{&static_cast<CudaSession&>(*items[i].session), items[i].tokens + done,
+                                    items[i].session->pos + done, int(take), done + take == items[i].n});
+      rows += int(take);
+      done += take;
+    }
+  }
+  return plan;
+}
+
+inline int pass_rows(const Pass& pass) {
+  int n = 0;
+  for (const Segment& g : pass) n += g.n;
+  return n;
+}
+
+// Rows of the pass whose logits `which` selects.
+inline int selected_rows(const Pass& pass, Logits which) {
+  int n = 0;
+  for (const Segment& g : pass) n += which == Logits::All ? g.n : which == Logits::Last && g.last ? 1 : 0;
+  return n;
+}
+
+// One token per session and every row's logits wanted: the shape a decode graph is captured for.
+inline bool is_decode_pass(const Pass& pass, Logits which) {
+  if (which == Logits::None || pass.empty() || int(pass.size()) > kernels::kGemvMaxRows) return false;
+  for (const Segment& g : pass)
+    if (g.n != 1 || (which == Logits::Last && !g.last)) return false;
+  return true;
+}
+
+struct PassShape {
+  int rows = 0, selected = 0, max_pos = 0;
+};
+
+// Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
+// of its sessions.
+inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m) {
+  PassShape sh;
+  for (size_t s = 0; s < pass.size(); ++s) {
+    const Segment& g = pass[s];
+    for (int t = 0; t < g.n; ++t) {
+      m.ids[sh.rows] = g.tokens[t];
+      m.seq[sh.rows] = int(s);
+      m.pos[sh.rows] = int(g.pos + t);
+      sh.max_pos = std::max(sh.max_pos, m.pos[sh.rows]);
+      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) m.sel[sh.selected++] = sh.rows;
+      ++sh.rows;
+    }
+    for (int l = 0; l < layers; ++l) {
+      m.slots[s * layers + l] = g.s->slots[l];
+      m.k[s * layers + l] = g.s->k[l];
+      m.v[s * layers + l] = g.s->v[l];
+    }
+  }
+  return sh;
+}
+
+// Key ranges per row for the layers of this window (0 = full): kernels::attention_splits_for -- about one
+// 32-key tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where
+// that costs at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget).
+inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
+  const int keys = window ? std::min(window, max_keys) : max_keys;
+  int group = 1, hd = 0, kvh = 0;  // the layers this count serves (sliding iff window > 0); all if none
+  for (int pass = 0; pass < 2 && hd == 0; ++pass)
+    for (const LayerConfig& lc : c.layers)
+      if (pass == 1 || (lc.type == LayerType::Sliding) == (window > 0)) {
+        group = std::max(group, c.num_heads / lc.num_kv_heads);
+        hd = std::max(hd, lc.head_dim);
+        kvh = kvh ? std::min(kvh, lc.num_kv_heads) : lc.num_kv_heads;
+      }
+  return kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget);
+}
+
+// The PLE rows of passes, from the mapped table to the device (see the header). Two halves of every buffer:
+// the rows of the pass running now and of the next.
+class PleStager {
+ public:
+  PleStager() = default;
+  PleStager(const PleStager&) = delete;
+  PleStager& operator=(const PleStager&) = delete;
+  ~PleStager() {
+    for (cudaEvent_t e : copied_)
+      if (e) cudaEventDestroy(e);
+    if (copy_stream_) cudaStreamDestroy(copy_stream_);
+    cuda_free(Mem::Pinned, host_);
+  }
+
+  Status init(const ModelConfig& c, const TensorInfo& table, int max_rows) {
+    table_ = &table;
+    row_bytes_ = size_t(c.num_layers) * c.hidden_size_per_layer_input * (table.dtype == DType::F32 ? 4 : 2);
+    pass_bytes_ = size_t(max_rows) * row_bytes_;
+    max_rows_ = max_rows;
+    raw_type_ = table.dtype == DType::BF16  ? kernels::RawFloat::BF16
+                : table.dtype == DType::F16 ? kernels::RawFloat::F16
+                                            : kernels::RawFloat::F32;
+    GEMMA4_T4_TRY(mem_.alloc(2 * pass_bytes_, "workspace: PLE rows (raw, 2 passes)", &dev_));
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, 2 * pass_bytes_, "workspace: PLE rows (pinned, 2 passes)", &host_));
+    GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate (copies)");
+    for (cudaEvent_t& e : copied_)
+      GEMMA4_T4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+    return Status::ok();
+  }
+
+  // More rows than a decode step: worth the host's threads and the copy stream.
+  static bool large(const Pass& pass) { return pass_rows(pass) > kernels::kGemvMaxRows; }
+
+  // Brings the rows of a pass's tokens into half `buf`: synchronously ordered on `stream` for small passes
+  // (*async = false), else uploaded on the copy stream with copied_[buf] recorded (*async = true).
+  Status stage(const Pass& pass, int buf, cudaStream_t stream, bool* async) {
+    uint8_t* host = host_ + size_t(buf) * pass_bytes_;
+    uint8_t* dev = dev_ + size_t(buf) * pass_bytes_;
+    const uint8_t* table = table_->data;
+    const size_t row = row_bytes_;
+    ids_.clear();
+    for (const Segment& g : pass) ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
+    auto copy = [&](size_t b, size_t e) {
+      for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids_[r]) * row, row);
+    };
+    *async = large(pass);
+    if (!*async) {  // not worth a thread or a second stream
+      copy(0, ids_.size());
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids_.size() * row, cudaMemcpyHostToDevice, stream),
+                         "PLE rows upload");
+      return Status::ok();
+    }
+    parallel_for(ids_.size(), double(ids_.size() * row), copy);
+    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids_.size() * row, cudaMemcpyHostToDevice, copy_stream_),
+                       "PLE rows upload");
+    GEMMA4_T4_CUDA_TRY(cudaEventRecord(copied_[buf], copy_stream_), "PLE rows upload");
+    return Status::ok();
+  }
+
+  // Makes `stream` wait for an asynchronous upload of half `buf`, then widens its `rows` rows into tok
+  // ([rows, L * D] fp32).
+  Status widen(int buf, bool async, int rows, float* tok, const kernels::Launch& ln) const {
+    if (async) GEMMA4_T4_CUDA_TRY(cudaStreamWaitEvent(ln.stream, copied_[buf], 0), "PLE rows upload");
+    const size_t elems = size_t(rows) * row_bytes_ / (raw_type_ == kernels::RawFloat::F32 ? 4 : 2);
+    GEMMA4_T4_CUDA_TRY(kernels::launch_widen(dev_ + size_t(buf) * pass_bytes_, raw_type_, elems, tok, ln),
+                       "PLE rows widen");
+    return Status::ok();
+  }
+
+  // Makes `stream` wait for an asynchronous upload of half `buf` (no widen: the reader takes the raw rows).
+  cudaError_t wait(int buf, cudaStream_t stream) const { return cudaStreamWaitEvent(stream, copied_[buf], 0); }
+
+  // No upload of a pass that will not run may still read the pinned rows when the next call writes them.
+  void drain() const {
+    if (copy_stream_) cudaStreamSynchronize(copy_stream_);
+  }
+
+  // Half `buf` of the raw rows on the device ([R, L * D] as stored) and its type: the persistent decode
+  // executor reads them itself.
+  const uint8_t* raw(int buf) const { return dev_ + size_t(buf) * pass_bytes_; }
+  kernels::RawFloat raw_type() const { return raw_type_; }
+
+ private:
+  const TensorInfo* table_ = nullptr;
+  size_t row_bytes_ = 0, pass_bytes_ = 0;
+  int max_rows_ = 0;
+  kernels::RawFloat raw_type_ = kernels::RawFloat::BF16;
+  DeviceMemory mem_;
+  uint8_t* dev_ = nullptr;   // 2 x [R, L * D] rows as stored
+  uint8_t* host_ = nullptr;  // pinned mirror
+  cudaStream_t copy_stream_ = nullptr;
+  cudaEvent_t copied_[2] = {};  // recorded on copy_stream_ after a half's upload
+  std::vector<int32_t> ids_;    // the pass's token ids, in row order
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4

@@ -1,0 +1,157 @@
+// gemma4_t4 implementation part, CUDA backend: the workspace -- every device buffer a forward pass uses,
+// named, with its shape and dtype -- the per-pass metadata layout, and the KV cache's size.
+//
+// R = LoadOptions::max_pass_rows (rows per pass), S = kMaxSeqs (sessions per pass), H = hidden, L = layers,
+// D = PLE width, V = vocab.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "../../../kernels/attention.cuh"
+#include "../../../kernels/sample.cuh"
+#include "device.hpp"
+#include "weights.hpp"
+
+namespace gemma4_t4 {
+namespace detail {
+
+constexpr int kMaxSeqs = 64;        // sessions per pass
+constexpr int kSplitBudget = 1024;  // rows x key-splits of decode-attention scratch
+
+// KV slots of a layer's cache in a session of max_ctx tokens. Sliding layers keep a ring of window + R slots:
+// a pass writes its rows' K/V before attention reads them, so a pass never overwrites a key one of its own
+// queries still needs. Full layers keep every position. The one formula for new_session and the accounting.
+inline size_t kv_slots(const ModelConfig& c, const LayerConfig& lc, size_t max_ctx, int max_rows) {
+  if (lc.type == LayerType::Sliding) return std::min(max_ctx, size_t(c.sliding_window) + size_t(max_rows));
+  return max_ctx;
+}
+
+// Bytes of one K or V buffer as DeviceMemory allocates it (at least 256).
+inline size_t kv_buffer_bytes(const LayerConfig& lc, size_t slots) {
+  return std::max<size_t>(slots * lc.num_kv_heads * lc.head_dim * sizeof(half), 256);
+}
+
+// Per-pass metadata: one layout for the pinned host copy (filled by the planner) and the device copy (read
+// by the kernels), so the two sides cannot disagree on an offset; the whole block is uploaded in one copy.
+struct PassMeta {
+  half** k = nullptr;        // [S * L] K cache of (session s, layer l) at s * L + l; null on KV-shared layers
+  half** v = nullptr;        // [S * L] V cache, the same
+  int32_t* ids = nullptr;    // [R] token id of each row
+  int32_t* seq = nullptr;    // [R] session of each row (0 .. S-1, in pass order)
+  int32_t* pos = nullptr;    // [R] position of each row
+  int32_t* sel = nullptr;    // [R] rows whose logits are wanted, in order
+  int32_t* slots = nullptr;  // [S * L] KV slots of (session, layer)
+
+  static size_t bytes(int max_rows, int layers) {
+    return size_t(kMaxSeqs) * layers * (2 * sizeof(half*) + sizeof(int32_t)) + size_t(max_rows) * 4 * sizeof(int32_t);
+  }
+  // The arrays inside a block of bytes(max_rows, layers) bytes at `base` (host or device: the same offsets).
+  static PassMeta at(void* base, int max_rows, int layers) {
+    PassMeta m;
+    const size_t sl = size_t(kMaxSeqs) * layers;
+    m.k = static_cast<half**>(base);
+    m.v = m.k + sl;
+    m.ids = reinterpret_cast<int32_t*>(m.v + sl);
+    m.seq = m.ids + max_rows;
+    m.pos = m.seq + max_rows;
+    m.sel = m.pos + max_rows;
+    m.slots = m.sel + max_rows;
+    return m;
+  }
+};
+
+struct Workspace {
+  int max_rows = 0;  // R
+  // metadata
+  uint8_t* meta_dev = nullptr;   // PassMeta::bytes(R, L), device
+  uint8_t* meta_host = nullptr;  // the same, pinned
+  PassMeta dev, host;            // views of the two
+  int2* tiles = nullptr;         // [4][R] prefill attention tiles per folded group size (1, 2, 4, 8)
+  int2* tiles_host = nullptr;    // pinned mirror
+  // activations of a pass (R rows)
+  float* h = nullptr;       // [R, H] fp32 residual stream
+  half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
+  half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
+  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
+                            // per_layer_model_projection
+  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes)
+  float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
+  float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
+  float* tok = nullptr;     // [R, L, D] fp32 the tokens' rows of the per-layer table (widened)
+  // decode attention's split partials and the fused merge's arrival counters (zero between launches)
+  float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
+  float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
+  unsigned* attn_counters = nullptr;  // [R, max kv_heads]
+  half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
+  // decode (<= 16 rows) and the head
+  half* head16 = nullptr;   // [16, H] fp16 final norm of the selected rows
+  half* act16 = nullptr;    // [16, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
+  float* logits = nullptr;  // [16, V] fp32 logits of up to 16 selected rows
+  // sampling (Engine::step)
+  float* samp_logits = nullptr;                  // [S, V] fp32
+  kernels::SampleParams* samp_params = nullptr;  // [S]
+  int* samp_out = nullptr;                       // [S] int32 sampled ids
+
+  Status alloc(const ModelConfig& c, const DeviceWeights& w, int rows, cudaStream_t stream) {
+    const int R = rows, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
+    max_rows = rows;
+    int qw = 0, kvw = 0, dmax = 0, kvmax = 1;
+    for (const auto& lc : c.layers) {
+      qw = std::max(qw, c.num_heads * lc.head_dim);
+      kvw = std::max(kvw, lc.num_kv_heads * lc.head_dim);
+      dmax = std::max(dmax, lc.head_dim);
+      kvmax = std::max(kvmax, lc.num_kv_heads);
+    }
+    const int wide = std::max({w.max_out, w.max_in, qw, H, L * D});
+    DeviceMemory& m = mem_;
+    GEMMA4_T4_TRY(m.alloc(PassMeta::bytes(R, L), "workspace: metadata", &meta_dev));
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, PassMeta::bytes(R, L), "workspace: metadata (pinned)", &meta_host));
+    dev = PassMeta::at(meta_dev, R, L);
+    host = PassMeta::at(meta_host, R, L);
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections A", &proj_a));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections B", &proj_b));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: projections C", &proj_c));
+    if (D > 0) {
+      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple));
+      GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer tokens", &tok));
+    }
+    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o));
+    GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml));
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * kvmax, "workspace: attention counters", &attn_counters));
+    GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * kvmax * sizeof(unsigned), stream),
+                       "attention counters");
+    if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16));
+    GEMMA4_T4_TRY(
+        m.alloc(size_t(kernels::kGemvMaxRows) * std::max(w.max_out, D), "workspace: decode activations", &act16));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params));
+    GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampled tokens", &samp_out));
+    GEMMA4_T4_TRY(m.alloc(size_t(4) * R, "workspace: attention tiles", &tiles));
+    GEMMA4_T4_TRY(
+        cuda_alloc(Mem::Pinned, size_t(4) * R * sizeof(int2), "workspace: attention tiles (pinned)", &tiles_host));
+    return Status::ok();
+  }
+
+  Workspace() = default;
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
+  ~Workspace() {
+    cuda_free(Mem::Pinned, meta_host);
+    cuda_free(Mem::Pinned, tiles_host);
+  }
+
+  size_t bytes() const { return mem_.total(); }
+
+ private:
+  DeviceMemory mem_;
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4

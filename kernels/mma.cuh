@@ -1,0 +1,179 @@
+// gemma4_t4 kernels: the tensor-core and load primitives, once. Every inline-PTX helper the kernels share
+// lives here with the hardware reason it exists; the kernels include this file instead of writing their own.
+//
+// sm_75 (Tesla T4) is the floor: mma.sync.m16n8k8 with fp16 inputs and fp32 accumulators (m16n8k16 is
+// sm_80+), ldmatrix (sm_75), predicated 16-byte global loads, prefetch.global.L2 (any arch). Nothing here
+// needs cp.async, bf16 arithmetic or cluster features.
+//
+// Fragment layouts of mma.m16n8k8 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .f16 A/B, .f32 C/D;
+// lane = 4 g + t; the low half of an .f16x2 register holds the lower column / k index):
+//   A 16x8 row-major: a0 = (row g, cols 2t, 2t+1), a1 = (row g + 8, same cols)
+//   B 8x8 ("col"):    b0 = (k 2t, 2t+1; n g)
+//   C 16x8 fp32:      c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g + 8, same cols)
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace gemma4_t4 {
+namespace kernels {
+
+// c += A (16x8 fp16) B (8x8 fp16) with fp32 accumulators on the tensor cores: the one mma shape sm_75 has.
+// Plain asm (no volatile): it has no side effects, so the compiler may schedule it freely.
+__device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(b));
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Four 8x8 fp16 matrices from shared memory into fragment layout with one instruction (sm_75): the
+// alternative, 32-bit shared loads per fragment register, costs 4x the instructions and bank conflicts.
+// Lanes 8i..8i+7 give the row addresses of matrix i; register i of every lane receives (row g, cols 2t, 2t+1)
+// of matrix i -- an A or B fragment of a [row][k] block.
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr))
+               : "memory");
+}
+
+// The same, transposed in flight: (rows 2t, 2t+1; col g), the B fragments of a row-major [k][n] block.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_addr(row_addr))
+               : "memory");
+}
+
+// ---- global loads ----
+// Predicated in PTX (zeros when !ok), so no lane branches around a load before a warp-wide mma.sync.
+
+// Weights: 16 bytes through the non-coherent path, not allocated in L1 -- read once per step; L1 is better
+// left to the activations, which every row tile re-reads.
+__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) {
+  uint4 v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// Activations written by an earlier kernel: 16 bytes through the read-only path (kept in L1).
+__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
+  uint4 v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// Activations written earlier IN THE SAME KERNEL by another block (a persistent kernel's previous phase):
+// 16 bytes through L2 (ld.global.cg), never the non-coherent path, whose L1 lines may be stale.
+__device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) {
+  uint4 v;
+  asm volatile(
+      "{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %5, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  mov.b32 %1, 0;\n"
+      "  mov.b32 %2, 0;\n"
+      "  mov.b32 %3, 0;\n"
+      "  @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      "}\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// A 2-byte scale, zero-extended (zero when !ok).
+__device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {
+  uint32_t v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  @p ld.global.nc.u16 %0, [%1];\n"
+      "}\n"
+      : "=r"(v)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// Pulls a constant's 128-byte line into L2 ahead of its use: fire and forget, no register holds it. Any arch.
+__device__ __forceinline__ void prefetch_l2_line(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+// The same into L1 (and L2): for small constants a block reads soon (a norm's weights).
+__device__ __forceinline__ void prefetch_l1_line(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+
+// ---- register views ----
+
+// 32-bit word i (two fp16 values) of a 16-byte load; i is a compile-time constant after unrolling, so this
+// selects a register instead of indexing an array in local memory.
+__device__ __forceinline__ uint32_t u4_word(const uint4& v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+
+__device__ __forceinline__ half2 u32_as_h2(uint32_t u) {
+  half2 h;
+  memcpy(&h, &u, 4);
+  return h;
+}
+
+__device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
+  uint32_t u;
+  memcpy(&u, &h, 4);
+  return u;
+}
+
+// ---- int4 / int8 weights -> fp16 pairs in registers ----
+
+// Nibbles s and s + 4 of a packed w4a16 word -> half2 ((n_s - 8) * scale, (n_{s+4} - 8) * scale). 0x6400 | n
+// is the fp16 1024 + n (exact, n < 16); minus 1032 gives n - 8 exactly; the scale multiply rounds once -- the
+// same fp16 weight dequant_w4 builds for the prefill path. No integer-to-float conversion instructions.
+__device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale2) {
+  const uint32_t v = ((word >> (4 * s)) & 0x000F000Fu) | 0x64006400u;
+  const half2 q = __hsub2(u32_as_h2(v), u32_as_h2(0x64086408u));  // 0x6408 = 1032.0
+  return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
+}
+
+// Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,
+// minus 1152.0.
+__device__ __forceinline__ uint32_t w8_pair(uint32_t word, int p) {
+  const uint32_t v = __byte_perm(word ^ 0x80808080u, 0x64646464u, p ? 0x4342u : 0x4140u);
+  return h2_as_u32(__hsub2(u32_as_h2(v), u32_as_h2(0x64806480u)));  // 0x6480 = 1152.0
+}
+
+// ---- grouped-query attention ----
+
+// Query heads per KV head as the attention kernels fold them: 1, 2, 4 or 8 (padding heads are masked), and
+// that size's index 0..3 (a tile table, a template instantiation).
+__host__ __device__ constexpr int gqa_group_pad(int group) {
+  return group <= 1 ? 1 : group <= 2 ? 2 : group <= 4 ? 4 : 8;
+}
+__host__ __device__ constexpr int gqa_group_index(int group) {
+  return group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
+}
+
+}  // namespace kernels
+}  // namespace gemma4_t4
