@@ -146,7 +146,7 @@ TEST_CASE("safetensors: the peak memory of parsing a legal header is a bounded m
       n, count, static_cast<long long>(parse_peak), parse_x, static_cast<long long>(store_peak), store_x,
       static_cast<long long>(tree_peak), tree_x, static_cast<unsigned long long>(d::kMaxSafetensorsHeaderBytes),
       parse_x * d::kMaxSafetensorsHeaderBytes / 1e6, store_x * d::kMaxSafetensorsHeaderBytes / 1e6);
-  CHECK(parse_x < 2.5);  // measured 1.93 (2026-12-03)
-  CHECK(store_x < 5.5);  // measured 4.34
+  CHECK(parse_x < 2.5);         // measured 1.93 (2026-12-03)
+  CHECK(store_x < 5.5);         // measured 4.34
   CHECK(parse_x < tree_x / 2);  // the point of reading the header without its tree
 }
