@@ -491,51 +491,44 @@ struct Tokenizer::Impl {
       if (s.alive) ids->push_back(s.id);
   }
 
-  // A segment of raw text between added tokens: normalize, cut normalized added tokens, pre-tokenize, BPE.
-  void encode_segment(std::string_view raw, std::vector<int32_t>* ids) const {
-    if (raw.empty()) return;
-    std::string s(raw);
-    normalize(&s);
-    auto model = [&](size_t b, size_t e) {
-      std::vector<std::pair<size_t, size_t>> words{{b, e}};
-      for (const SplitStep& st : pre_tokenizer) split_words(s, st, &words);
-      for (const auto& w : words) bpe(std::string_view(s).substr(w.first, w.second - w.first), ids);
-    };
-    if (norm_added.empty()) {
-      model(0, s.size());
+  // Cuts text at the added tokens `trie` finds (leftmost-longest): on_text(begin, end) for each non-empty
+  // stretch between them, in order, and each token's id appended to *ids where it stands.
+  template <class OnText>
+  static void cut_added(const detail::TokenTrie& trie, std::string_view text, std::vector<int32_t>* ids,
+                        const OnText& on_text) {
+    if (trie.empty()) {
+      if (!text.empty()) on_text(size_t(0), text.size());
       return;
     }
     size_t start = 0;
-    for (size_t i = 0; i < s.size();) {
+    for (size_t i = 0; i < text.size();) {
       int32_t id = -1;
-      const size_t len = norm_added.longest(s.data() + i, s.size() - i, &id);
+      const size_t len = trie.longest(text.data() + i, text.size() - i, &id);
       if (len == 0) {
         ++i;
         continue;
       }
-      if (i > start) model(start, i);
+      if (i > start) on_text(start, i);
       ids->push_back(id);
       i += len;
       start = i;
     }
-    if (start < s.size()) model(start, s.size());
+    if (start < text.size()) on_text(start, text.size());
+  }
+
+  // A segment of raw text between added tokens: normalize, cut normalized added tokens, pre-tokenize, BPE.
+  void encode_segment(std::string_view raw, std::vector<int32_t>* ids) const {
+    std::string s(raw);
+    normalize(&s);
+    cut_added(norm_added, s, ids, [&](size_t b, size_t e) {
+      std::vector<std::pair<size_t, size_t>> words{{b, e}};
+      for (const SplitStep& st : pre_tokenizer) split_words(s, st, &words);
+      for (const auto& w : words) bpe(std::string_view(s).substr(w.first, w.second - w.first), ids);
+    });
   }
 
   void encode(std::string_view text, std::vector<int32_t>* ids) const {
-    size_t start = 0;
-    for (size_t i = 0; i < text.size();) {
-      int32_t id = -1;
-      const size_t len = raw_added.longest(text.data() + i, text.size() - i, &id);
-      if (len == 0) {
-        ++i;
-        continue;
-      }
-      encode_segment(text.substr(start, i - start), ids);
-      ids->push_back(id);
-      i += len;
-      start = i;
-    }
-    encode_segment(text.substr(start), ids);
+    cut_added(raw_added, text, ids, [&](size_t b, size_t e) { encode_segment(text.substr(b, e - b), ids); });
   }
 };
 

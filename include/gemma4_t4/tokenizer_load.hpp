@@ -39,18 +39,31 @@ inline Status tok_string_pattern(const tok_json& j, const std::string& where, st
              " is not supported (only {\"String\": ...} literal patterns; regex patterns are not implemented)");
 }
 
-inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
-  if (j.is_null()) return Status::ok();
+// The "type" of a normalizer / pre-tokenizer / decoder object, or FormatError.
+inline Status tok_type(const tok_json& j, const std::string& where, std::string* type) {
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
     return err(Code::FormatError, where, ": not an object with a 'type'");
-  const std::string type = j["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (!j.contains("normalizers") || !j["normalizers"].is_array())
-      return err(Code::FormatError, where, ": Sequence without a 'normalizers' list");
-    for (size_t i = 0; i < j["normalizers"].size(); ++i)
-      GEMMA4_T4_TRY(tok_normalizer(j["normalizers"][i], where + "[" + std::to_string(i) + "]", t));
-    return Status::ok();
-  }
+  *type = j["type"].get<std::string>();
+  return Status::ok();
+}
+
+// A normalizer or pre-tokenizer: null (none), a Sequence of them (the entries of its `list`, in order, each
+// read the same way), or one step, which step(j, where, type) reads.
+template <class Step>
+Status tok_component(const tok_json& j, const std::string& where, const char* list, const Step& step) {
+  if (j.is_null()) return Status::ok();
+  std::string type;
+  GEMMA4_T4_TRY(tok_type(j, where, &type));
+  if (type != "Sequence") return step(j, where, type);
+  if (!j.contains(list) || !j[list].is_array())
+    return err(Code::FormatError, where, ": Sequence without a '", list, "' list");
+  for (size_t i = 0; i < j[list].size(); ++i)
+    GEMMA4_T4_TRY(tok_component(j[list][i], where + "[" + std::to_string(i) + "]", list, step));
+  return Status::ok();
+}
+
+inline Status tok_normalizer_step(const tok_json& j, const std::string& where, const std::string& type,
+                                  Tokenizer::Impl* t) {
   if (type == "Replace") {
     Tokenizer::Impl::NormStep st{Tokenizer::Impl::NormStep::Replace, "", ""};
     GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Replace)", &st.a));
@@ -70,18 +83,8 @@ inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokeni
              "' is not supported (supported: Replace with a literal pattern, Prepend, Sequence)");
 }
 
-inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
-  if (j.is_null()) return Status::ok();
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return err(Code::FormatError, where, ": not an object with a 'type'");
-  const std::string type = j["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array())
-      return err(Code::FormatError, where, ": Sequence without a 'pretokenizers' list");
-    for (size_t i = 0; i < j["pretokenizers"].size(); ++i)
-      GEMMA4_T4_TRY(tok_pre_tokenizer(j["pretokenizers"][i], where + "[" + std::to_string(i) + "]", t));
-    return Status::ok();
-  }
+inline Status tok_pre_tokenizer_step(const tok_json& j, const std::string& where, const std::string& type,
+                                     Tokenizer::Impl* t) {
   if (type == "Split") {
     using B = Tokenizer::Impl::SplitBehavior;
     Tokenizer::Impl::SplitStep st{"", B::Isolated};
@@ -110,11 +113,23 @@ inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tok
              "' is not supported (supported: Split with a literal pattern, Sequence)");
 }
 
+inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
+  return tok_component(j, where, "normalizers", [t](const tok_json& s, const std::string& w, const std::string& type) {
+    return tok_normalizer_step(s, w, type, t);
+  });
+}
+
+inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
+  return tok_component(j, where, "pretokenizers",
+                       [t](const tok_json& s, const std::string& w, const std::string& type) {
+                         return tok_pre_tokenizer_step(s, w, type, t);
+                       });
+}
+
 // Decoder chain: Replace* (before ByteFallback), ByteFallback?, Fuse?, then Strip (start only) after Fuse.
 inline Status tok_decoder_step(const tok_json& j, const std::string& where, bool* fused, Tokenizer::Impl* t) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return err(Code::FormatError, where, ": not an object with a 'type'");
-  const std::string type = j["type"].get<std::string>();
+  std::string type;
+  GEMMA4_T4_TRY(tok_type(j, where, &type));
   if (t->strip_start > 0) return err(Code::Unsupported, where, ": decoder '", type, "' after Strip is not supported");
   if (type == "Replace") {
     if (t->dec_bytes || *fused)
