@@ -109,11 +109,6 @@ class Parser {
   void flag(const char* name, bool* out, const char* help, bool value = true) {
     add(name, "", help, nullptr, [out, value] { *out = value; });
   }
-  // A switch that runs an action.
-  void flag(const char* name, std::function<void()> action, const char* help) {
-    add(name, "", help, nullptr, std::move(action));
-  }
-
   // A value kept as it is.
   void text(const char* name, const char* metavar, std::string* out, const char* help) {
     add(name, metavar, help, [out](const char* v) {
@@ -191,13 +186,6 @@ class Parser {
   // Arguments that are not flags (a lone "-" is one) go to *out in order; without this they are errors.
   void positional(std::vector<std::string>* out) { positional_ = out; }
 
-  // Whether the flag was on the command line (after parse()).
-  bool given(const std::string& name) const {
-    for (const Item& it : items_)
-      if (it.name == name) return it.given;
-    return false;
-  }
-
   // The help text: head, the flags in the order declared (with their sections; --help before the first
   // section, or last when there are none), the footer.
   std::string help() const {
@@ -245,7 +233,6 @@ class Parser {
         return error(positional_ || a.rfind("-", 0) == 0 ? "unknown option '" + a + "'"
                                                          : "unexpected argument '" + a + "'");
       }
-      it->given = true;
       if (it->action) {
         it->action();
         continue;
@@ -264,7 +251,6 @@ class Parser {
     bool heading = false;
     Setter set;                    // valued flags
     std::function<void()> action;  // switches
-    bool given = false;
   };
 
   void add(const char* name, const char* metavar, const char* help, Setter set, std::function<void()> action = {}) {
