@@ -14,15 +14,13 @@
 // Exit status: 0 ok, 1 an error (load failure, or a cell that failed), 2 bad command line, 130 interrupted.
 
 #include <algorithm>
-#include <cerrno>
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "../programs/args.hpp"
 #include "gemma4_t4.hpp"
 
 #ifndef GEMMA4_T4_DEFAULT_MODEL
@@ -40,36 +38,7 @@ const char kUsage[] =
     "\n"
     "Measures the device (memory bandwidth, the decode ceiling of the model) and runs the sweep of the\n"
     "published T4 study: every prompt length x every concurrency, greedy decoding, EOS ignored.\n"
-    "\n"
-    "  --model DIR        checkpoint directory (default: %s)\n"
-    "  --cpu              use the CPU reference backend (default: CUDA when compiled in and a GPU is present)\n"
-    "  --device N         CUDA device ordinal (default: 0)\n"
-    "  --prompts LIST     prompt lengths in tokens, comma-separated (default: 512,4096; shortened to fit the\n"
-    "                     model's context, with a note)\n"
-    "  --concurrency LIST streams decoded together, comma-separated (default: 1,4,8,16)\n"
-    "  --tokens N         output tokens per stream, N >= 2 (default: 128)\n"
-    "  --repeats N        timed repeats per cell (default: 3)\n"
-    "  --seed N           base seed of the prompt ids (default: 20250101)\n"
-    "  --json FILE        write the report as JSON\n"
-    "  --csv FILE         write one CSV line per cell\n"
-    "  --svg FILE         write a plot (tok/s per stream and total vs concurrency, ceiling dashed)\n"
-    "  --kv-budget GIB    report KV capacity at this budget (default: free GPU memory / available RAM)\n"
-    "  --bandwidth-mib N  buffer for the bandwidth measurement (default: 1024 on a GPU, 256 on the host)\n"
-    "  --ple-device       keep the per-layer-embedding table on the GPU (LoadOptions::ple)\n"
-    "  --lm-head KIND     LM head storage: f16 (default), int8 (per row) or int4 (group 32) (LoadOptions::lm_head)\n"
-    "  --sampling MODE    greedy (default) or gemma: temperature 1, top-k 64, top-p 0.95 (generation_config)\n"
-    "  --lm-head-fidelity POSITIONS\n"
-    "                     instead of the sweep: logits of the quantized head (--lm-head, or both int8 and int4)\n"
-    "                     vs the fp16 head over POSITIONS random-token positions (max/mean error, top-1/top-5)\n"
-    "  --no-pdl           plain kernel launches on sm_90+ (LoadOptions::programmatic_launch = false)\n"
-    "  --no-warmup        skip the untimed warm-up pass of each cell\n"
-    "  --doctor           check this machine for the model (GPU, memory, disk) and exit: status 0 when the\n"
-    "                     model loads (warnings or not), 1 when it does not\n"
-    "  --device-only      report the device and its bandwidth, load no model, and exit\n"
-    "  --quiet            no progress lines on stderr\n"
-    "  --help             show this text\n"
-    "\n"
-    "Exit status: 0 ok, 1 an error (load failure or a failed cell), 2 bad command line, 130 interrupted.\n";
+    "\n";
 
 volatile std::sig_atomic_t g_interrupted = 0;
 extern "C" void on_sigint(int) { g_interrupted = 1; }
@@ -77,134 +46,68 @@ extern "C" void on_sigint(int) { g_interrupted = 1; }
 struct Args {
   std::string model = GEMMA4_T4_DEFAULT_MODEL;
   bool cpu = false;
-  long device = 0;
+  int device = 0;
   bench::SweepOptions sweep;
   std::string json, csv, svg;
   double kv_budget_gib = 0;
-  long bandwidth_mib = 0;
+  uint64_t bandwidth_mib = 0;
   bool ple_device = false;
   bool no_pdl = false;
   gemma4_t4::LmHead lm_head = gemma4_t4::LmHead::F16;
-  long fidelity_positions = 0;
+  int fidelity_positions = 0;
   bool doctor = false;
   bool device_only = false;
   bool quiet = false;
 };
 
-bool parse_long(const char* s, long lo, long hi, long* out) {
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-bool parse_list(const std::string& text, long lo, long hi, std::vector<int>* out) {
-  std::vector<int> v;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    long x = 0;
-    if (!parse_long(text.substr(start, comma - start).c_str(), lo, hi, &x)) return false;
-    v.push_back(int(x));
-    start = comma + 1;
-  }
-  if (v.empty()) return false;
-  *out = std::move(v);
-  return true;
-}
-
 // Returns -1 to continue, else the exit status (0 for --help, 2 for a bad command line).
 int parse_args(int argc, char** argv, Args* a) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    const char* v = i + 1 < argc ? argv[i + 1] : nullptr;
-    auto bad = [&](const char* what) {
-      std::fprintf(stderr, "bench: %s %s\n%s", k.c_str(), what, "run `bench --help` for usage\n");
-      return 2;
-    };
-    long x = 0;
-    if (k == "--help" || k == "-h") {
-      std::printf(kUsage, GEMMA4_T4_DEFAULT_MODEL);
-      return 0;
-    } else if (k == "--cpu") {
-      a->cpu = true;
-    } else if (k == "--doctor") {
-      a->doctor = true;
-    } else if (k == "--device-only") {
-      a->device_only = true;
-    } else if (k == "--quiet") {
-      a->quiet = true;
-    } else if (k == "--ple-device") {
-      a->ple_device = true;
-    } else if (k == "--no-pdl") {
-      a->no_pdl = true;
-    } else if (k == "--no-warmup") {
-      a->sweep.warmup = false;
-    } else if (!v) {
-      return k.rfind("--", 0) == 0 ? bad("needs a value (or is unknown)") : bad("is not an option");
-    } else {
-      ++i;
-      if (k == "--model") {
-        a->model = v;
-      } else if (k == "--device") {
-        if (!parse_long(v, 0, 1024, &a->device)) return bad("needs an ordinal >= 0");
-      } else if (k == "--prompts") {
-        if (!parse_list(v, 1, 1 << 24, &a->sweep.prompts)) return bad("needs comma-separated lengths >= 1");
-      } else if (k == "--concurrency") {
-        if (!parse_list(v, 1, 4096, &a->sweep.concurrency)) return bad("needs comma-separated counts >= 1");
-      } else if (k == "--tokens") {
-        if (!parse_long(v, 2, 1 << 24, &x)) return bad("needs N >= 2");
-        a->sweep.tokens = int(x);
-      } else if (k == "--repeats") {
-        if (!parse_long(v, 1, 1000, &x)) return bad("needs N >= 1");
-        a->sweep.repeats = int(x);
-      } else if (k == "--seed") {
-        errno = 0;
-        char* end = nullptr;
-        const unsigned long long s = std::strtoull(v, &end, 10);
-        if (errno || end == v || *end) return bad("needs a non-negative integer");
-        a->sweep.seed = s;
-      } else if (k == "--json") {
-        a->json = v;
-      } else if (k == "--csv") {
-        a->csv = v;
-      } else if (k == "--svg") {
-        a->svg = v;
-      } else if (k == "--kv-budget") {
-        char* end = nullptr;
-        a->kv_budget_gib = std::strtod(v, &end);
-        if (end == v || *end || !(a->kv_budget_gib > 0)) return bad("needs a size in GiB > 0");
-      } else if (k == "--lm-head") {
-        const std::string h = v;
-        if (h == "f16")
-          a->lm_head = gemma4_t4::LmHead::F16;
-        else if (h == "int8")
-          a->lm_head = gemma4_t4::LmHead::Int8;
-        else if (h == "int4")
-          a->lm_head = gemma4_t4::LmHead::Int4;
-        else
-          return bad("needs f16, int8 or int4");
-      } else if (k == "--sampling") {
-        const std::string m = v;
-        if (m == "greedy")
-          a->sweep.sampling = gemma4_t4::SamplingOptions::greedy();
-        else if (m == "gemma")
-          a->sweep.sampling = gemma4_t4::SamplingOptions();
-        else
-          return bad("needs greedy or gemma");
-      } else if (k == "--lm-head-fidelity") {
-        if (!parse_long(v, 1, 1 << 24, &a->fidelity_positions)) return bad("needs a position count >= 1");
-      } else if (k == "--bandwidth-mib") {
-        if (!parse_long(v, 1, 1 << 20, &a->bandwidth_mib)) return bad("needs N >= 1");
-      } else {
-        return bad("is not an option");
-      }
-    }
-  }
-  return -1;
+  using gemma4_t4::LmHead;
+  using gemma4_t4::SamplingOptions;
+  const std::string model_help = std::string("checkpoint directory (default: ") + GEMMA4_T4_DEFAULT_MODEL + ")";
+  args::Parser p("bench", kUsage);
+  p.help_column(21);
+  p.text("--model", "DIR", &a->model, model_help.c_str());
+  p.flag("--cpu", &a->cpu, "use the CPU reference backend (default: CUDA when compiled in and a GPU is present)");
+  p.integer("--device", "N", &a->device, 0, 1024, "CUDA device ordinal (default: 0)");
+  p.list("--prompts", "LIST", &a->sweep.prompts, 1, 1 << 24,
+         "prompt lengths in tokens, comma-separated (default: 512,4096; shortened to fit the\n"
+         "model's context, with a note)");
+  p.list("--concurrency", "LIST", &a->sweep.concurrency, 1, 4096,
+         "streams decoded together, comma-separated (default: 1,4,8,16)");
+  p.integer("--tokens", "N", &a->sweep.tokens, 2, 1 << 24, "output tokens per stream, N >= 2 (default: 128)");
+  p.integer("--repeats", "N", &a->sweep.repeats, 1, 1000, "timed repeats per cell (default: 3)");
+  p.integer("--seed", "N", &a->sweep.seed, 0, UINT64_MAX, "base seed of the prompt ids (default: 20250101)");
+  p.text("--json", "FILE", &a->json, "write the report as JSON");
+  p.text("--csv", "FILE", &a->csv, "write one CSV line per cell");
+  p.text("--svg", "FILE", &a->svg, "write a plot (tok/s per stream and total vs concurrency, ceiling dashed)");
+  p.custom(
+      "--kv-budget", "GIB",
+      [a](const char* v) {
+        const bool ok = args::parse_number(v, 0, 1e12, &a->kv_budget_gib) && a->kv_budget_gib > 0;
+        return ok ? std::string() : std::string("a size in GiB > 0");
+      },
+      "report KV capacity at this budget (default: free GPU memory / available RAM)");
+  p.integer("--bandwidth-mib", "N", &a->bandwidth_mib, 1, 1 << 20,
+            "buffer for the bandwidth measurement (default: 1024 on a GPU, 256 on the host)");
+  p.flag("--ple-device", &a->ple_device, "keep the per-layer-embedding table on the GPU (LoadOptions::ple)");
+  p.choice("--lm-head", "KIND", &a->lm_head, {{"f16", LmHead::F16}, {"int8", LmHead::Int8}, {"int4", LmHead::Int4}},
+           "LM head storage: f16 (default), int8 (per row) or int4 (group 32) (LoadOptions::lm_head)");
+  p.choice("--sampling", "MODE", &a->sweep.sampling,
+           {{"greedy", SamplingOptions::greedy()}, {"gemma", SamplingOptions()}},
+           "greedy (default) or gemma: temperature 1, top-k 64, top-p 0.95 (generation_config)");
+  p.integer("--lm-head-fidelity", "POSITIONS", &a->fidelity_positions, 1, 1 << 24,
+            "instead of the sweep: logits of the quantized head (--lm-head, or both int8 and int4)\n"
+            "vs the fp16 head over POSITIONS random-token positions (max/mean error, top-1/top-5)");
+  p.flag("--no-pdl", &a->no_pdl, "plain kernel launches on sm_90+ (LoadOptions::programmatic_launch = false)");
+  p.flag("--no-warmup", &a->sweep.warmup, "skip the untimed warm-up pass of each cell", false);
+  p.flag("--doctor", &a->doctor,
+         "check this machine for the model (GPU, memory, disk) and exit: status 0 when the\n"
+         "model loads (warnings or not), 1 when it does not");
+  p.flag("--device-only", &a->device_only, "report the device and its bandwidth, load no model, and exit");
+  p.flag("--quiet", &a->quiet, "no progress lines on stderr");
+  p.footer("\nExit status: 0 ok, 1 an error (load failure or a failed cell), 2 bad command line, 130 interrupted.\n");
+  return p.parse(argc, argv);
 }
 
 bool write(const std::string& path, const std::string& text, const char* what) {
@@ -228,17 +131,17 @@ int main(int argc, char** argv) {
   bw.bytes = uint64_t(a.bandwidth_mib) << 20;
 
   if (a.doctor) {
-    const bench::DoctorReport d = bench::doctor(a.model, int(a.device));
+    const bench::DoctorReport d = bench::doctor(a.model, a.device);
     std::fputs(bench::to_text(d).c_str(), stdout);
     const bool written = write(a.json, bench::to_json(d), "doctor JSON");
     return written && d.model_ok ? 0 : 1;
   }
 
   if (a.device_only) {
-    const bench::DeviceReport d = bench::device_report(int(a.device));
+    const bench::DeviceReport d = bench::device_report(a.device);
     std::fputs(bench::to_text(d).c_str(), stdout);
     bench::Bandwidth b;
-    const gemma4_t4::Status st = bench::measure_bandwidth(backend, int(a.device), bw, &b);
+    const gemma4_t4::Status st = bench::measure_bandwidth(backend, a.device, bw, &b);
     if (!st) {
       std::fprintf(stderr, "bench: %s\n", st.message.c_str());
       return 1;
@@ -250,7 +153,7 @@ int main(int argc, char** argv) {
 
   gemma4_t4::LoadOptions opt;
   opt.backend = backend;
-  opt.device = int(a.device);
+  opt.device = a.device;
   opt.ple = a.ple_device ? gemma4_t4::PleLocation::Device : gemma4_t4::PleLocation::Host;
   opt.lm_head = a.lm_head;
   opt.programmatic_launch = !a.no_pdl;
@@ -260,7 +163,7 @@ int main(int argc, char** argv) {
       if (a.lm_head != gemma4_t4::LmHead::F16 && h != a.lm_head) continue;
       bench::HeadFidelityOptions fo;
       fo.head = h;
-      fo.positions = int(a.fidelity_positions);
+      fo.positions = a.fidelity_positions;
       fo.seed = a.sweep.seed;
       bench::HeadFidelity f;
       if (!a.quiet) std::fprintf(stderr, "bench: LM head fidelity on %s\n", a.model.c_str());

@@ -1,24 +1,24 @@
 // quick_bench: load a checkpoint and time it the way a user would -- load time and peak host RSS, time to
 // first token for one prompt, and decode throughput for several concurrent sessions (greedy, or with
 // --sampled Gemma 4's sampling defaults: temperature 1, top-k 64, top-p 0.95, on the GPU; EOS ignored).
-// The full benchmark (sweep, JSON/CSV, plots, projections) is bench/bench.cpp; this is the quick probe for
-// same-lease A/B runs (bench/RESULTS.md).
+// bench/bench.cpp is the full benchmark (sweep, JSON/CSV, plots, the T4 projection); this is the short probe
+// for same-lease A/B runs of two builds (bench/RESULTS.md).
 //
-//   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple device]
+//   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple host|device]
 //               [--decode persistent|kernels] [--no-graphs] [--no-pdl] [--sampled] [--pass-rows N] [--ttft N]
 // --ttft N: before the batches, N prefills of fresh prompts in one session (reset between), each timed to the
 // first token; prints every time and the median (the first one pays one-time costs: page faults, cuBLAS).
+// Exit status: 0 ok, 1 an error (message on stderr), 2 bad command line.
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "../programs/args.hpp"
 #include "gemma4_t4.hpp"
 
 using namespace gemma4_t4;
@@ -32,6 +32,12 @@ static double peak_rss_mib() {
   return ru.ru_maxrss / 1024.0;  // Linux: KiB
 }
 
+const char kUsage[] =
+    "usage: quick_bench --model DIR [options]\n"
+    "\n"
+    "Loads a checkpoint, then times the first token of one prompt and decoding with several sessions at once.\n"
+    "\n";
+
 int main(int argc, char** argv) {
   std::string model;
   bool cpu = false;
@@ -42,52 +48,26 @@ int main(int argc, char** argv) {
   SamplingOptions sampling;  // the defaults are Gemma 4's generation_config
   sampling.seed = 7;
   LoadOptions opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "%s needs a value\n", a.c_str());
-        std::exit(1);
-      }
-      return argv[++i];
-    };
-    if (a == "--model")
-      model = next();
-    else if (a == "--cpu")
-      cpu = true;
-    else if (a == "--prompt")
-      prompt_len = std::atoi(next().c_str());
-    else if (a == "--tokens")
-      tokens = std::atoi(next().c_str());
-    else if (a == "--ple")
-      opt.ple = next() == "device" ? PleLocation::Device : PleLocation::Host;
-    else if (a == "--no-graphs")
-      opt.cuda_graphs = false;
-    else if (a == "--decode")
-      opt.decode_path = next() == "kernels" ? DecodePath::Kernels : DecodePath::Persistent;
-    else if (a == "--no-pdl")
-      opt.programmatic_launch = false;
-    else if (a == "--sampled")
-      sampled = true;
-    else if (a == "--pass-rows")
-      opt.max_pass_rows = std::atoi(next().c_str());
-    else if (a == "--ttft")
-      ttft_runs = std::atoi(next().c_str());
-    else if (a == "--batch") {
-      batches.clear();
-      std::stringstream ss(next());
-      for (std::string t; std::getline(ss, t, ',');) batches.push_back(std::atoi(t.c_str()));
-    } else {
-      std::fprintf(stderr,
-                   "usage: quick_bench --model DIR [--cpu] [--prompt N] [--tokens N] [--batch 1,4,8] "
-                   "[--ple host|device] [--decode persistent|kernels] [--no-graphs] [--no-pdl] [--sampled] "
-                   "[--pass-rows N] [--ttft N]\n");
-      return a == "--help" ? 0 : 1;
-    }
-  }
-  if (model.empty() || prompt_len < 1 || tokens < 1) {
-    std::fprintf(stderr, "quick_bench: --model DIR is required\n");
-    return 1;
+  args::Parser parser("quick_bench", kUsage);
+  parser.text("--model", "DIR", &model, "checkpoint directory (required)");
+  parser.flag("--cpu", &cpu, "use the CPU reference backend (default: CUDA when there is a GPU)");
+  parser.integer("--prompt", "N", &prompt_len, 1, 1 << 24, "prompt tokens (default 512)");
+  parser.integer("--tokens", "N", &tokens, 4, 1 << 24, "decode steps per batch, the first 3 untimed (default 128)");
+  parser.list("--batch", "LIST", &batches, 1, 4096, "sessions decoded together, one line each (default 1,4,8)");
+  parser.choice("--ple", "WHERE", &opt.ple, {{"host", PleLocation::Host}, {"device", PleLocation::Device}},
+                "where the per-layer-embedding table lives (default host)");
+  parser.choice("--decode", "PATH", &opt.decode_path,
+                {{"persistent", DecodePath::Persistent}, {"kernels", DecodePath::Kernels}},
+                "persistent or kernels (LoadOptions::decode_path; default kernels)");
+  parser.flag("--no-graphs", &opt.cuda_graphs, "no CUDA graphs (LoadOptions::cuda_graphs = false)", false);
+  parser.flag("--no-pdl", &opt.programmatic_launch, "plain launches (LoadOptions::programmatic_launch = false)", false);
+  parser.flag("--sampled", &sampled, "sample with Gemma 4's defaults instead of greedy decoding");
+  parser.integer("--pass-rows", "N", &opt.max_pass_rows, 64, 16384, "LoadOptions::max_pass_rows (default 2048)");
+  parser.integer("--ttft", "N", &ttft_runs, 0, 1 << 20, "time N prefills of fresh prompts first (default 0)");
+  if (const int rc = parser.parse(argc, argv); rc >= 0) return rc;
+  if (model.empty()) {
+    std::fprintf(stderr, "quick_bench: --model DIR is required (--help for usage)\n");
+    return 2;
   }
   opt.backend = cpu ? Backend::Cpu : Backend::Auto;
   opt.max_context = size_t(prompt_len + tokens + 8);

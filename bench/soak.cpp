@@ -45,8 +45,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "../examples/common.hpp"
+#include "../programs/args.hpp"
 #include "gemma4_t4.hpp"
+
+#ifndef GEMMA4_T4_DEFAULT_MODEL
+#define GEMMA4_T4_DEFAULT_MODEL "tests/fixtures/mm_bf16"
+#endif
 
 namespace {
 
@@ -59,28 +63,7 @@ const char kUsage[] =
     "Runs many random sessions (continuous batching, cancellations, resets, plain generate() calls) through\n"
     "one engine and checks memory growth, finite logits, greedy outputs against a fresh engine, and every\n"
     "session's result. tests/SOAK.md describes it.\n"
-    "\n"
-    "  --model DIR            checkpoint directory (default: the bundled tiny model %s)\n"
-    "  --backend B            cpu, cuda or auto (default: auto: CUDA when compiled in and a GPU is present)\n"
-    "  --sessions N           run at least N sessions (default 1000)\n"
-    "  --min-tokens N         and at least N generated tokens (default 100000)\n"
-    "  --seed N               seed of the random workload (default 1)\n"
-    "  --max-concurrency N    most sessions generating at once (default 16)\n"
-    "  --max-context N        largest session context, tokens (default: min(1024, the model's limit))\n"
-    "  --max-new-tokens N     largest random max_new_tokens (default 256)\n"
-    "  --canary-tokens N      tokens each canary generates (default 24)\n"
-    "  --warmup N             sessions before the memory baseline (default: sessions / 5)\n"
-    "  --sample-every N       sessions between checkpoints / memory samples (default: sessions / 20)\n"
-    "  --canary-every N       sessions between canary runs (default: sessions / 5)\n"
-    "  --probe-every N        finished sessions between logit probes (default 10)\n"
-    "  --rss-limit-mib N      allowed host RssAnon growth after warm-up (default 8)\n"
-    "  --gpu-limit-mib N      allowed GPU memory growth after warm-up (default 64)\n"
-    "  --max-seconds N        stop adding sessions after N s, finish the checks, fail (default 0: no limit)\n"
-    "  --json FILE            write the summary as JSON\n"
-    "  --quiet                no progress lines on stderr\n"
-    "  --help                 this text\n"
-    "\n"
-    "Exit status: 0 every check passed, 1 a check failed or the model did not load, 2 bad command line.\n";
+    "\n";
 
 // ---- options ----------------------------------------------------------------------------------------------
 
@@ -96,66 +79,34 @@ struct Args {
 
 // Returns -1 to go on, else the exit status (0 for --help, 2 for a bad command line).
 int parse_args(int argc, char** argv, Args* a) {
-  struct LongFlag {
-    const char* name;
-    long lo, hi;
-    long* out;
-  };
   const long big = 1L << 40;
-  const LongFlag longs[] = {
-      {"--sessions", 1, big, &a->sessions},
-      {"--min-tokens", 0, big, &a->min_tokens},
-      {"--seed", 0, big, &a->seed},
-      {"--max-concurrency", 1, 4096, &a->max_concurrency},
-      {"--max-context", 16, 1L << 24, &a->max_context},
-      {"--max-new-tokens", 1, 1L << 24, &a->max_new_tokens},
-      {"--canary-tokens", 1, 4096, &a->canary_tokens},
-      {"--warmup", 0, big, &a->warmup},
-      {"--sample-every", 1, big, &a->sample_every},
-      {"--canary-every", 1, big, &a->canary_every},
-      {"--probe-every", 1, big, &a->probe_every},
-      {"--rss-limit-mib", 0, big, &a->rss_limit_mib},
-      {"--gpu-limit-mib", 0, big, &a->gpu_limit_mib},
-      {"--max-seconds", 0, big, &a->max_seconds},
-  };
-  for (int i = 1; i < argc; ++i) {
-    const std::string k = argv[i];
-    if (k == "--help" || k == "-h") {
-      std::printf(kUsage, GEMMA4_T4_DEFAULT_MODEL);
-      return 0;
-    }
-    if (k == "--quiet") {
-      a->quiet = true;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "soak: %s needs a value (or is unknown); soak --help for usage\n", k.c_str());
-      return 2;
-    }
-    const char* v = argv[++i];
-    bool ok = true, known = true;
-    if (k == "--model") {
-      a->model = v;
-    } else if (k == "--json") {
-      a->json = v;
-    } else if (k == "--backend") {
-      a->backend = v;
-      ok = a->backend == "cpu" || a->backend == "cuda" || a->backend == "auto";
-    } else {
-      const LongFlag* f =
-          std::find_if(std::begin(longs), std::end(longs), [&](const LongFlag& l) { return k == l.name; });
-      known = f != std::end(longs);
-      if (known) ok = example::parse_long(v, f->lo, f->hi, f->out);
-    }
-    if (!known) {
-      std::fprintf(stderr, "soak: unknown option %s; soak --help for usage\n", k.c_str());
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "soak: bad value '%s' for %s; soak --help for usage\n", v, k.c_str());
-      return 2;
-    }
-  }
+  const std::string model_help =
+      std::string("checkpoint directory (default: the bundled tiny model ") + GEMMA4_T4_DEFAULT_MODEL + ")";
+  args::Parser p("soak", kUsage);
+  p.text("--model", "DIR", &a->model, model_help.c_str());
+  p.choice("--backend", "B", &a->backend, {{"cpu", "cpu"}, {"cuda", "cuda"}, {"auto", "auto"}},
+           "cpu, cuda or auto (default: auto: CUDA when compiled in and a GPU is present)");
+  p.integer("--sessions", "N", &a->sessions, 1, big, "run at least N sessions (default 1000)");
+  p.integer("--min-tokens", "N", &a->min_tokens, 0, big, "and at least N generated tokens (default 100000)");
+  p.integer("--seed", "N", &a->seed, 0, big, "seed of the random workload (default 1)");
+  p.integer("--max-concurrency", "N", &a->max_concurrency, 1, 4096, "most sessions generating at once (default 16)");
+  p.integer("--max-context", "N", &a->max_context, 16, 1L << 24,
+            "largest session context, tokens (default: min(1024, the model's limit))");
+  p.integer("--max-new-tokens", "N", &a->max_new_tokens, 1, 1L << 24, "largest random max_new_tokens (default 256)");
+  p.integer("--canary-tokens", "N", &a->canary_tokens, 1, 4096, "tokens each canary generates (default 24)");
+  p.integer("--warmup", "N", &a->warmup, 0, big, "sessions before the memory baseline (default: sessions / 5)");
+  p.integer("--sample-every", "N", &a->sample_every, 1, big,
+            "sessions between checkpoints / memory samples (default: sessions / 20)");
+  p.integer("--canary-every", "N", &a->canary_every, 1, big, "sessions between canary runs (default: sessions / 5)");
+  p.integer("--probe-every", "N", &a->probe_every, 1, big, "finished sessions between logit probes (default 10)");
+  p.integer("--rss-limit-mib", "N", &a->rss_limit_mib, 0, big, "allowed host RssAnon growth after warm-up (default 8)");
+  p.integer("--gpu-limit-mib", "N", &a->gpu_limit_mib, 0, big, "allowed GPU memory growth after warm-up (default 64)");
+  p.integer("--max-seconds", "N", &a->max_seconds, 0, big,
+            "stop adding sessions after N s, finish the checks, fail (default 0: no limit)");
+  p.text("--json", "FILE", &a->json, "write the summary as JSON");
+  p.flag("--quiet", &a->quiet, "no progress lines on stderr");
+  p.footer("\nExit status: 0 every check passed, 1 a check failed or the model did not load, 2 bad command line.\n");
+  if (const int rc = p.parse(argc, argv); rc >= 0) return rc;
   if (a->warmup < 0) a->warmup = a->sessions / 5;
   if (a->sample_every == 0) a->sample_every = std::max(1L, a->sessions / 20);
   if (a->canary_every == 0) a->canary_every = std::max(1L, a->sessions / 5);
@@ -879,14 +830,7 @@ bool reference_run(const Engine& e, const std::vector<Canary>& canaries, std::ve
   return true;
 }
 
-std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
+const char* backend_name(const Engine& e) { return e.backend() == Backend::Cuda ? "cuda" : "cpu"; }
 
 nlohmann::json sample_json(const MemSample& m) {
   return {{"sessions", m.sessions}, {"tokens", m.tokens},   {"seconds", m.seconds},  {"rss_kib", m.rss_kib},
@@ -920,7 +864,7 @@ int main(int argc, char** argv) {
   }
   std::printf("soak: %s (%d layers, hidden %d, vocab %d, sliding window %d), %s backend, sessions up to %zu tokens\n",
               a.model.c_str(), cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.sliding_window,
-              example::backend_name(engine), max_ctx);
+              backend_name(engine), max_ctx);
   std::printf("soak: >= %ld sessions and >= %ld generated tokens, concurrency <= %ld, seed %ld, %zu canaries\n",
               a.sessions, a.min_tokens, a.max_concurrency, a.seed, canaries.size());
   std::fflush(stdout);
@@ -1031,9 +975,9 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     j["schema"] = "gemma4_t4.soak/1";
     j["version"] = GEMMA4_T4_VERSION_STRING;
-    j["timestamp"] = utc_now();
+    j["timestamp"] = bench::utc_timestamp();
     j["model"] = a.model;
-    j["backend"] = example::backend_name(engine);
+    j["backend"] = backend_name(engine);
     j["options"] = {{"sessions", a.sessions},
                     {"min_tokens", a.min_tokens},
                     {"seed", a.seed},

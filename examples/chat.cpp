@@ -211,21 +211,10 @@ void print_stats(const example::TurnStats& st, bool any, const gemma4_t4::Sessio
 
 int main(int argc, char** argv) {
   example::ModelArgs args;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
-      std::printf(example::kModelFlagsHelp, GEMMA4_T4_DEFAULT_MODEL, GEMMA4_T4_DEFAULT_TOKENIZER, 512);
-      std::printf("\nExit status: 0 ok, 1 the model or tokenizer did not load, 2 bad command line.\n");
-      return 0;
-    }
-    const int r = example::parse_model_flag("chat", argc, argv, &i, &args);
-    if (r == 2) return 2;
-    if (r == 0) {
-      std::fprintf(stderr, "chat: unknown option '%s' (--help for usage)\n", a.c_str());
-      return 2;
-    }
-  }
+  args::Parser parser("chat", kUsage);
+  example::add_model_flags(&parser, &args);
+  parser.footer("\nExit status: 0 ok, 1 the model or tokenizer did not load, 2 bad command line.\n");
+  if (const int rc = parser.parse(argc, argv); rc >= 0) return rc;
 
   example::Loaded m;
   if (gemma4_t4::Status st = example::load(args, &m); !st) {

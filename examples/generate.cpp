@@ -26,70 +26,46 @@ const char kUsage[] =
     "\n"
     "Generates the model's answer to PROMPT (the words joined with spaces; none: read stdin to its end).\n"
     "An empty prompt (nothing but white space) is an error.\n"
-    "\n"
-    "prompt:\n"
-    "  --chat               wrap the prompt in the chat template as a user turn (the default)\n"
-    "  --raw                feed the prompt text as it is (no template; write <bos> yourself)\n"
-    "  --system TEXT        a system turn before it (chat only)\n"
-    "  --think              thinking mode (chat only)\n"
-    "output:\n"
-    "  --json               one JSON object on stdout instead of the streamed text:\n"
-    "                         text              the generated text (a stop token excluded)\n"
-    "                         tokens            its token ids\n"
-    "                         finish_reason     \"stop\" (an end-of-turn token), \"length\" (--max-tokens) or\n"
-    "                                           \"error\"\n"
-    "                         error             what went wrong (only when finish_reason is \"error\")\n"
-    "                         prompt_tokens     tokens fed before the first generated one\n"
-    "                         generated_tokens  tokens sampled (a stop token included)\n"
-    "                         timing            {ttft_ms, decode_ms, prefill_tok_s, decode_tok_s}\n"
-    "                         model, backend    the checkpoint directory; \"cpu\" or \"cuda\"\n"
-    "  Without --json the text streams to stdout and a timing line goes to stderr.\n";
+    "\n";
+
+const char kJsonHelp[] =
+    "one JSON object on stdout instead of the streamed text:\n"
+    "  text              the generated text (a stop token excluded)\n"
+    "  tokens            its token ids\n"
+    "  finish_reason     \"stop\" (an end-of-turn token), \"length\" (--max-tokens) or\n"
+    "                    \"error\"\n"
+    "  error             what went wrong (only when finish_reason is \"error\")\n"
+    "  prompt_tokens     tokens fed before the first generated one\n"
+    "  generated_tokens  tokens sampled (a stop token included)\n"
+    "  timing            {ttft_ms, decode_ms, prefill_tok_s, decode_tok_s}\n"
+    "  model, backend    the checkpoint directory; \"cpu\" or \"cuda\"\n"
+    "Without --json the text streams to stdout and a timing line goes to stderr.";
 
 // Pretty JSON; text that is not UTF-8 (a path from the command line) is written with U+FFFD, not thrown.
 std::string dump(const nlohmann::json& j) { return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace); }
-
-void usage() {
-  std::printf("%s", kUsage);
-  std::printf(example::kModelFlagsHelp, GEMMA4_T4_DEFAULT_MODEL, GEMMA4_T4_DEFAULT_TOKENIZER, 512);
-  std::printf("\nExit status: 0 ok, 1 an error (message on stderr), 2 bad command line.\n");
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   example::ModelArgs args;
-  bool chat = true, json = false, think = false, prompt_given = false;
-  std::string system, prompt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    } else if (a == "--chat") {
-      chat = true;
-    } else if (a == "--raw") {
-      chat = false;
-    } else if (a == "--json") {
-      json = true;
-    } else if (a == "--think") {
-      think = true;
-    } else if (a == "--system") {
-      if (i + 1 >= argc) {
-        std::fprintf(stderr, "generate: missing value for --system (--help for usage)\n");
-        return 2;
-      }
-      system = argv[++i];
-    } else if (const int r = example::parse_model_flag("generate", argc, argv, &i, &args); r == 2) {
-      return 2;
-    } else if (r == 0) {
-      if (a.size() > 1 && a[0] == '-') {
-        std::fprintf(stderr, "generate: unknown option '%s' (--help for usage)\n", a.c_str());
-        return 2;
-      }
-      prompt += (prompt_given ? " " : "") + a;
-      prompt_given = true;
-    }
-  }
+  bool chat = true, json = false, think = false;
+  std::string system;
+  std::vector<std::string> words;
+  args::Parser parser("generate", kUsage);
+  parser.section("prompt:");
+  parser.flag("--chat", &chat, "wrap the prompt in the chat template as a user turn (the default)");
+  parser.flag("--raw", &chat, "feed the prompt text as it is (no template; write <bos> yourself)", false);
+  parser.text("--system", "TEXT", &system, "a system turn before it (chat only)");
+  parser.flag("--think", &think, "thinking mode (chat only)");
+  parser.section("output:");
+  parser.flag("--json", &json, kJsonHelp);
+  example::add_model_flags(&parser, &args);
+  parser.positional(&words);
+  parser.footer("\nExit status: 0 ok, 1 an error (message on stderr), 2 bad command line.\n");
+  if (const int rc = parser.parse(argc, argv); rc >= 0) return rc;
+  const bool prompt_given = !words.empty();
+  std::string prompt;
+  for (size_t i = 0; i < words.size(); ++i) prompt += (i ? " " : "") + words[i];
   if (!prompt_given) {
     if (isatty(STDIN_FILENO))  // else it looks as if generate hangs
       std::fprintf(stderr,

@@ -7,15 +7,13 @@
 // Default model: the bundled tiny fixture (GEMMA4_T4_DEFAULT_MODEL, set by CMake to tests/fixtures/mm_bf16).
 // Exit status: 0 ok, 1 the library reported an error (message on stderr), 2 bad command line.
 
-#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
+#include "../programs/args.hpp"
 #include "gemma4_t4.hpp"
 
 #ifndef GEMMA4_T4_DEFAULT_MODEL
@@ -29,15 +27,7 @@ const char kUsage[] =
     "\n"
     "Loads a Gemma 4 checkpoint directory (config.json + *.safetensors), feeds the prompt token ids,\n"
     "then greedily decodes N tokens (argmax) and prints them with timings.\n"
-    "\n"
-    "  --model DIR    checkpoint directory (default: %s)\n"
-    "  --cpu          use the CPU reference backend (default: CUDA when compiled in and a GPU is present)\n"
-    "  --tokens N     tokens to generate, N >= 0 (default: 16)\n"
-    "  --prompt IDS   comma-separated prompt token ids, at least one (default: 2,17,99,300,42)\n"
-    "  --ignore-eos   keep decoding after an end-of-sequence token\n"
-    "  --help         show this text\n"
-    "\n"
-    "Exit status: 0 ok, 1 the library reported an error, 2 bad command line.\n";
+    "\n";
 
 struct Args {
   std::string model = GEMMA4_T4_DEFAULT_MODEL;
@@ -47,64 +37,19 @@ struct Args {
   bool ignore_eos = false;
 };
 
-bool parse_long(const char* s, long lo, long hi, long* out) {
-  errno = 0;
-  char* end = nullptr;
-  const long v = std::strtol(s, &end, 10);
-  if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) return false;
-  *out = v;
-  return true;
-}
-
-bool parse_ids(const std::string& text, std::vector<int32_t>* out) {
-  std::vector<int32_t> ids;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    long v = 0;
-    if (!parse_long(text.substr(start, comma - start).c_str(), 0, INT32_MAX, &v)) return false;
-    ids.push_back(static_cast<int32_t>(v));
-    start = comma + 1;
-  }
-  if (ids.empty()) return false;
-  *out = std::move(ids);
-  return true;
-}
-
 // Returns -1 to continue, else the exit status (0 for --help, 2 for a bad command line).
 int parse_args(int argc, char** argv, Args* args) {
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    const bool has_value = i + 1 < argc;
-    if (a == "--help" || a == "-h") {
-      std::printf(kUsage, GEMMA4_T4_DEFAULT_MODEL);
-      return 0;
-    } else if (a == "--cpu") {
-      args->cpu = true;
-    } else if (a == "--ignore-eos") {
-      args->ignore_eos = true;
-    } else if (a == "--model" && has_value) {
-      args->model = argv[++i];
-    } else if (a == "--tokens" && has_value) {
-      if (!parse_long(argv[++i], 0, 1L << 20, &args->tokens)) {
-        std::fprintf(stderr, "generate_ids: --tokens wants an integer >= 0, got '%s'\n", argv[i]);
-        return 2;
-      }
-    } else if (a == "--prompt" && has_value) {
-      if (!parse_ids(argv[++i], &args->prompt)) {
-        std::fprintf(stderr, "generate_ids: --prompt wants comma-separated token ids like 2,17,99, got '%s'\n",
-                     argv[i]);
-        return 2;
-      }
-    } else {
-      const bool wants_value = a == "--model" || a == "--tokens" || a == "--prompt";
-      std::fprintf(stderr, "generate_ids: %s '%s' (--help for usage)\n",
-                   wants_value ? "missing value for" : "unknown option", a.c_str());
-      return 2;
-    }
-  }
-  return -1;
+  const std::string model_help = std::string("checkpoint directory (default: ") + GEMMA4_T4_DEFAULT_MODEL + ")";
+  args::Parser p("generate_ids", kUsage);
+  p.help_column(17);
+  p.text("--model", "DIR", &args->model, model_help.c_str());
+  p.flag("--cpu", &args->cpu, "use the CPU reference backend (default: CUDA when compiled in and a GPU is present)");
+  p.integer("--tokens", "N", &args->tokens, 0, 1L << 20, "tokens to generate, N >= 0 (default: 16)");
+  p.list("--prompt", "IDS", &args->prompt, 0, INT32_MAX,
+         "comma-separated prompt token ids, at least one (default: 2,17,99,300,42)");
+  p.flag("--ignore-eos", &args->ignore_eos, "keep decoding after an end-of-sequence token");
+  p.footer("\nExit status: 0 ok, 1 the library reported an error, 2 bad command line.\n");
+  return p.parse(argc, argv);
 }
 
 const char* format_name(gemma4_t4::WeightFormat f) {

@@ -1,4 +1,4 @@
-// gemma4_t4 kernels: stream_read, the memory-bandwidth probe of the built-in benchmark (include/gemma4_t4/bench.hpp).
+// gemma4_t4 kernels: stream_read, the memory-bandwidth probe of the built-in benchmark (gemma4_t4/bench/measure.hpp).
 //
 // A decode step streams every weight once, so the benchmark's ceiling is (bytes a read-only kernel moves per
 // second) / (decode bytes per token). This is that kernel:

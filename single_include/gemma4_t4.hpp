@@ -75,11 +75,19 @@
 //       gemma4_t4::bench::run(engine, gemma4_t4::bench::SweepOptions(), &report);
 //       fputs(gemma4_t4::bench::to_table(report).c_str(), stdout);
 //   bench::doctor(model_dir) checks a machine for a model (GPU, compute capability, memory, disk).
+//   What it costs an application: every translation unit that includes this header reads the bench
+//   declarations (gemma4_t4/bench/api.hpp, ~250 lines of plain structs and functions, standard library only);
+//   the implementation unit compiles the bench parts (bench/doctor.hpp, measure.hpp, report.hpp: ~1,500
+//   lines; about a sixth of a CPU-only implementation unit's compile time), which read /proc/meminfo and
+//   /proc/cpuinfo, call statvfs, and with CUDA add one kernel, the stream read of kernels/stream.cuh. Nothing
+//   runs until you call it. GEMMA4_T4_NO_BENCH leaves all of it out.
 //
 // CONFIGURATION MACROS
 //   GEMMA4_T4_IMPLEMENTATION   compile the implementation in this translation unit
 //   GEMMA4_T4_NO_CUDA          leave the CUDA backend out (implied when the compiler is not nvcc)
 //   GEMMA4_T4_SENTENCEPIECE    load SentencePiece .model tokenizers too (link -lsentencepiece)
+//   GEMMA4_T4_NO_BENCH         leave the built-in benchmark (gemma4_t4::bench) out: its declarations and, in the
+//                              implementation unit, its code (define it there and wherever bench is not used)
 //   GEMMA4_T4_SANITIZER_NVTX   for compute-sanitizer initcheck (`--nvtx yes`): mark cuBLAS outputs as
 //                              initialised through the NVTX memory API (the tool does not see cuBLAS's stores)
 //
@@ -688,13 +696,30 @@ void set_alloc_fault_hook(std::function<bool(size_t bytes, const char* what)> ho
 size_t live_cuda_allocations();
 }  // namespace detail
 
+}  // namespace gemma4_t4
+
+#ifndef GEMMA4_T4_NO_BENCH
+// ---- begin include/gemma4_t4/bench/api.hpp ----
+// gemma4_t4 declaration part: gemma4_t4::bench, the built-in benchmark. Included by gemma4_t4.hpp at the end of
+// its declarations (unless GEMMA4_T4_NO_BENCH), after the types it names; like them it needs no CUDA headers and
+// nothing but the standard library. The implementation parts: bench/doctor.hpp (device_report, doctor),
+// bench/measure.hpp (measure_bandwidth, run, lm_head_fidelity), bench/report.hpp (the writers).
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace gemma4_t4 {
+
 // ---- benchmark ----------------------------------------------------------------------------------------------
 
 // The built-in benchmark: what the device is, how fast its memory streams, what a decode step must read
 // (the ceiling tok/s = bandwidth / decode bytes per token), and the sweep of the published T4 study (prompts
 // 512 and 4096 x concurrency 1/4/8/16, 128 output tokens, 3 repeats), as a table, JSON, CSV and an SVG plot,
 // with a T4 projection labelled "projection, not measured". bench/bench.cpp is the command line,
-// examples/bench_embed.cpp an application calling it; include/gemma4_t4/bench.hpp says how each number is
+// examples/bench_embed.cpp an application calling it; include/gemma4_t4/bench/measure.hpp says how each number is
 // measured. Functions here keep no state; numbers measured while other work runs on the device come out lower.
 namespace bench {
 
@@ -918,10 +943,14 @@ std::string to_csv(const Report& report);
 std::string to_svg(const Report& report);
 // Writes text to path (replacing it). IoError naming the path on failure.
 Status write_file(const std::string& path, const std::string& text);
+// Now, UTC, ISO 8601 to the second ("2026-12-03T19:04:44Z"): Report::timestamp's format, for reports of your own.
+std::string utc_timestamp();
 
 }  // namespace bench
 
 }  // namespace gemma4_t4
+// ---- end include/gemma4_t4/bench/api.hpp ----
+#endif
 
 #endif  // GEMMA4_T4_HPP
 
@@ -1227,10 +1256,7 @@ class SafetensorsHeaderReader {
         seen_ = 0;
         state_ = State::Entry;
         return true;
-      case State::Field:
-        skip_ = 1;
-        state_ = State::Entry;
-        return true;  // an unknown field's object
+      case State::Field: return skip_field_value();  // an unknown field's object
       default: return scalar("an object");
     }
   }
@@ -1251,10 +1277,7 @@ class SafetensorsHeaderReader {
     switch (state_) {
       case State::ShapeValue: state_ = State::Shape; return true;
       case State::OffsetsValue: state_ = State::Offsets; return true;
-      case State::Field:
-        skip_ = 1;
-        state_ = State::Entry;
-        return true;  // an unknown field's array
+      case State::Field: return skip_field_value();  // an unknown field's array
       default: return scalar("an array");
     }
   }
@@ -1347,6 +1370,12 @@ class SafetensorsHeaderReader {
       case State::Offsets: return bad(std::string("data_offsets are not non-negative integers (") + kind + ")");
       default: return fail(std::string("unexpected ") + kind + " in the header");
     }
+  }
+  // An unknown field's object or array: skipped whole (its nested events counted in skip_).
+  bool skip_field_value() {
+    skip_ = 1;
+    state_ = State::Entry;
+    return true;
   }
   bool meta_bad(const char* kind) {
     return fail("__metadata__ value '" + meta_key_ + "' is " + kind + ", not a string");
@@ -2100,7 +2129,8 @@ inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/config.hpp ----
 // ---- begin include/gemma4_t4/tokenizer.hpp ----
-// gemma4_t4 implementation part: Tokenizer and Tokenizer::Streamer. Included by gemma4_t4.hpp inside
+// gemma4_t4 implementation part: Tokenizer and Tokenizer::Streamer, the tokenizer's public side (its tables and
+// encoding: tokenizer_impl.hpp; loading: tokenizer_load.hpp). Included by gemma4_t4.hpp inside
 // GEMMA4_T4_IMPLEMENTATION; not a public header.
 //
 // tokenizer.json is run the way Hugging Face `tokenizers` runs Gemma's file:
@@ -2122,20 +2152,25 @@ inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
 // Hugging Face's Rust ByteFallback instead turns a whole run of byte tokens that is not valid UTF-8 into
 // one U+FFFD per byte; the two agree on every valid sequence.
 
-#include <sys/stat.h>
-
-#include <algorithm>
-#include <cerrno>
-#include <climits>
-#include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <memory>
-#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+// ---- begin include/gemma4_t4/tokenizer_impl.hpp ----
+// gemma4_t4 implementation part: Tokenizer::Impl -- the vocabulary, the BPE merge table, the added-token tries,
+// the normalizer / pre-tokenizer / decoder settings -- and the encoding pipeline over them (steps 1-4 of
+// tokenizer.hpp's list). Filled by tokenizer_load.hpp; used by tokenizer.hpp. Included through tokenizer.hpp
+// inside GEMMA4_T4_IMPLEMENTATION; not a public header.
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
 #include <queue>
 #include <string>
 #include <string_view>
@@ -2618,55 +2653,73 @@ struct Tokenizer::Impl {
       if (s.alive) ids->push_back(s.id);
   }
 
-  // A segment of raw text between added tokens: normalize, cut normalized added tokens, pre-tokenize, BPE.
-  void encode_segment(std::string_view raw, std::vector<int32_t>* ids) const {
-    if (raw.empty()) return;
-    std::string s(raw);
-    normalize(&s);
-    auto model = [&](size_t b, size_t e) {
-      std::vector<std::pair<size_t, size_t>> words{{b, e}};
-      for (const SplitStep& st : pre_tokenizer) split_words(s, st, &words);
-      for (const auto& w : words) bpe(std::string_view(s).substr(w.first, w.second - w.first), ids);
-    };
-    if (norm_added.empty()) {
-      model(0, s.size());
+  // Cuts text at the added tokens `trie` finds (leftmost-longest): on_text(begin, end) for each non-empty
+  // stretch between them, in order, and each token's id appended to *ids where it stands.
+  template <class OnText>
+  static void cut_added(const detail::TokenTrie& trie, std::string_view text, std::vector<int32_t>* ids,
+                        const OnText& on_text) {
+    if (trie.empty()) {
+      if (!text.empty()) on_text(size_t(0), text.size());
       return;
     }
     size_t start = 0;
-    for (size_t i = 0; i < s.size();) {
+    for (size_t i = 0; i < text.size();) {
       int32_t id = -1;
-      const size_t len = norm_added.longest(s.data() + i, s.size() - i, &id);
+      const size_t len = trie.longest(text.data() + i, text.size() - i, &id);
       if (len == 0) {
         ++i;
         continue;
       }
-      if (i > start) model(start, i);
+      if (i > start) on_text(start, i);
       ids->push_back(id);
       i += len;
       start = i;
     }
-    if (start < s.size()) model(start, s.size());
+    if (start < text.size()) on_text(start, text.size());
+  }
+
+  // A segment of raw text between added tokens: normalize, cut normalized added tokens, pre-tokenize, BPE.
+  void encode_segment(std::string_view raw, std::vector<int32_t>* ids) const {
+    std::string s(raw);
+    normalize(&s);
+    cut_added(norm_added, s, ids, [&](size_t b, size_t e) {
+      std::vector<std::pair<size_t, size_t>> words{{b, e}};
+      for (const SplitStep& st : pre_tokenizer) split_words(s, st, &words);
+      for (const auto& w : words) bpe(std::string_view(s).substr(w.first, w.second - w.first), ids);
+    });
   }
 
   void encode(std::string_view text, std::vector<int32_t>* ids) const {
-    size_t start = 0;
-    for (size_t i = 0; i < text.size();) {
-      int32_t id = -1;
-      const size_t len = raw_added.longest(text.data() + i, text.size() - i, &id);
-      if (len == 0) {
-        ++i;
-        continue;
-      }
-      encode_segment(text.substr(start, i - start), ids);
-      ids->push_back(id);
-      i += len;
-      start = i;
-    }
-    encode_segment(text.substr(start), ids);
+    cut_added(raw_added, text, ids, [&](size_t b, size_t e) { encode_segment(text.substr(b, e - b), ids); });
   }
 };
 
-// ---- loading tokenizer.json ----
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/tokenizer_impl.hpp ----
+// ---- begin include/gemma4_t4/tokenizer_load.hpp ----
+// gemma4_t4 implementation part: loading a Tokenizer::Impl from a Hugging Face tokenizer.json (read through
+// nlohmann/json's SAX interface, the vocabulary and merges straight into flat tables) or from a SentencePiece
+// .model (with GEMMA4_T4_SENTENCEPIECE). Every part of tokenizer.json this library does not implement is
+// refused with Code::Unsupported naming it (tokenizer.hpp lists what is). Included through tokenizer.hpp
+// inside GEMMA4_T4_IMPLEMENTATION; not a public header.
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+// (include/gemma4_t4/tokenizer_impl.hpp: already inlined above)
+
+namespace gemma4_t4 {
 
 namespace detail {
 
@@ -2684,18 +2737,31 @@ inline Status tok_string_pattern(const tok_json& j, const std::string& where, st
              " is not supported (only {\"String\": ...} literal patterns; regex patterns are not implemented)");
 }
 
-inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
-  if (j.is_null()) return Status::ok();
+// The "type" of a normalizer / pre-tokenizer / decoder object, or FormatError.
+inline Status tok_type(const tok_json& j, const std::string& where, std::string* type) {
   if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
     return err(Code::FormatError, where, ": not an object with a 'type'");
-  const std::string type = j["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (!j.contains("normalizers") || !j["normalizers"].is_array())
-      return err(Code::FormatError, where, ": Sequence without a 'normalizers' list");
-    for (size_t i = 0; i < j["normalizers"].size(); ++i)
-      GEMMA4_T4_TRY(tok_normalizer(j["normalizers"][i], where + "[" + std::to_string(i) + "]", t));
-    return Status::ok();
-  }
+  *type = j["type"].get<std::string>();
+  return Status::ok();
+}
+
+// A normalizer or pre-tokenizer: null (none), a Sequence of them (the entries of its `list`, in order, each
+// read the same way), or one step, which step(j, where, type) reads.
+template <class Step>
+Status tok_component(const tok_json& j, const std::string& where, const char* list, const Step& step) {
+  if (j.is_null()) return Status::ok();
+  std::string type;
+  GEMMA4_T4_TRY(tok_type(j, where, &type));
+  if (type != "Sequence") return step(j, where, type);
+  if (!j.contains(list) || !j[list].is_array())
+    return err(Code::FormatError, where, ": Sequence without a '", list, "' list");
+  for (size_t i = 0; i < j[list].size(); ++i)
+    GEMMA4_T4_TRY(tok_component(j[list][i], where + "[" + std::to_string(i) + "]", list, step));
+  return Status::ok();
+}
+
+inline Status tok_normalizer_step(const tok_json& j, const std::string& where, const std::string& type,
+                                  Tokenizer::Impl* t) {
   if (type == "Replace") {
     Tokenizer::Impl::NormStep st{Tokenizer::Impl::NormStep::Replace, "", ""};
     GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Replace)", &st.a));
@@ -2715,18 +2781,8 @@ inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokeni
              "' is not supported (supported: Replace with a literal pattern, Prepend, Sequence)");
 }
 
-inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
-  if (j.is_null()) return Status::ok();
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return err(Code::FormatError, where, ": not an object with a 'type'");
-  const std::string type = j["type"].get<std::string>();
-  if (type == "Sequence") {
-    if (!j.contains("pretokenizers") || !j["pretokenizers"].is_array())
-      return err(Code::FormatError, where, ": Sequence without a 'pretokenizers' list");
-    for (size_t i = 0; i < j["pretokenizers"].size(); ++i)
-      GEMMA4_T4_TRY(tok_pre_tokenizer(j["pretokenizers"][i], where + "[" + std::to_string(i) + "]", t));
-    return Status::ok();
-  }
+inline Status tok_pre_tokenizer_step(const tok_json& j, const std::string& where, const std::string& type,
+                                     Tokenizer::Impl* t) {
   if (type == "Split") {
     using B = Tokenizer::Impl::SplitBehavior;
     Tokenizer::Impl::SplitStep st{"", B::Isolated};
@@ -2755,11 +2811,23 @@ inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tok
              "' is not supported (supported: Split with a literal pattern, Sequence)");
 }
 
+inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
+  return tok_component(j, where, "normalizers", [t](const tok_json& s, const std::string& w, const std::string& type) {
+    return tok_normalizer_step(s, w, type, t);
+  });
+}
+
+inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
+  return tok_component(j, where, "pretokenizers",
+                       [t](const tok_json& s, const std::string& w, const std::string& type) {
+                         return tok_pre_tokenizer_step(s, w, type, t);
+                       });
+}
+
 // Decoder chain: Replace* (before ByteFallback), ByteFallback?, Fuse?, then Strip (start only) after Fuse.
 inline Status tok_decoder_step(const tok_json& j, const std::string& where, bool* fused, Tokenizer::Impl* t) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return err(Code::FormatError, where, ": not an object with a 'type'");
-  const std::string type = j["type"].get<std::string>();
+  std::string type;
+  GEMMA4_T4_TRY(tok_type(j, where, &type));
   if (t->strip_start > 0) return err(Code::Unsupported, where, ": decoder '", type, "' after Strip is not supported");
   if (type == "Replace") {
     if (t->dec_bytes || *fused)
@@ -3295,6 +3363,11 @@ inline Status tok_load_sentencepiece(const std::string& path, Tokenizer::Impl* t
 }
 
 }  // namespace detail
+
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/tokenizer_load.hpp ----
+
+namespace gemma4_t4 {
 
 // ---- Tokenizer ----
 
@@ -4056,21 +4129,16 @@ inline void linear_row(const LinearW& w, int o, float* dst) {
   }
   const size_t base = size_t(o) * w.in;
   const TensorInfo& t = *w.dense;
+  auto widen = [&](auto to_f32) {  // the row's 16-bit floats -> fp32 (a lambda per format: inlined)
+    for (int i = 0; i < w.in; ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * (base + i), 2);
+      dst[i] = to_f32(h);
+    }
+  };
   switch (t.dtype) {
-    case DType::BF16:
-      for (int i = 0; i < w.in; ++i) {
-        uint16_t h;
-        std::memcpy(&h, t.data + 2 * (base + i), 2);
-        dst[i] = bf16_to_f32(h);
-      }
-      break;
-    case DType::F16:
-      for (int i = 0; i < w.in; ++i) {
-        uint16_t h;
-        std::memcpy(&h, t.data + 2 * (base + i), 2);
-        dst[i] = f16_to_f32(h);
-      }
-      break;
+    case DType::BF16: widen([](uint16_t h) { return bf16_to_f32(h); }); break;
+    case DType::F16: widen([](uint16_t h) { return f16_to_f32(h); }); break;
     default: std::memcpy(dst, t.data + 4 * base, sizeof(float) * w.in); break;
   }
 }
@@ -4322,6 +4390,15 @@ struct SampleItem {
   std::vector<int32_t> seen;  // sorted unique ids in the session (only filled when a penalty applies)
   uint64_t counter = 0;       // RNG counter: the position of the token being sampled
 };
+
+// K + V bytes one position costs over every layer that keeps its own cache (KV-shared layers read another's),
+// at `element` bytes a value: each backend's BackendModel::kv_bytes_per_token.
+inline size_t kv_bytes_per_position(const ModelConfig& cfg, size_t element) {
+  size_t b = 0;
+  for (const LayerConfig& lc : cfg.layers)
+    if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * size_t(lc.head_dim) * element;
+  return b;
+}
 
 class BackendModel {
  public:
@@ -4911,12 +4988,7 @@ class CpuBackend : public BackendModel {
   // Weights are read in place from the mapped checkpoint (plus a quantized LM head copy when asked); the KV cache is
   // fp32, sized as init_session does (a sliding layer keeps a ring of `window` slots once max_ctx exceeds the window).
   size_t weight_bytes() const override { return w_->file_bytes() + model_.head_copy_bytes(); }
-  size_t kv_bytes_per_token() const override {
-    size_t b = 0;
-    for (const LayerConfig& lc : cfg_->layers)
-      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(float);
-    return b;
-  }
+  size_t kv_bytes_per_token() const override { return kv_bytes_per_position(*cfg_, sizeof(float)); }
   size_t session_bytes(size_t max_ctx) const override {
     size_t b = 0;
     for (const LayerConfig& lc : cfg_->layers) {
@@ -8131,6 +8203,18 @@ struct DevLinear {
   half* s16 = nullptr;     // [out, in/32] fp16 scales
 };
 
+// A linear as the GEMV kernels take it, writing y: [n, out] fp32 (null: a fused epilogue writes instead).
+inline kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
+  kernels::GemvMat m;
+  m.w16 = w.w16;
+  m.wq = w.wq;
+  m.s = w.s16;
+  m.out = w.out;
+  m.y = y;
+  m.ldy = w.out;
+  return m;
+}
+
 struct DevLayer {
   DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
   float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32
@@ -8901,17 +8985,6 @@ class LayerEncoder {
     return Status::ok();
   }
 
-  static kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
-    kernels::GemvMat m;
-    m.w16 = w.w16;
-    m.wq = w.wq;
-    m.s = w.s16;
-    m.out = w.out;
-    m.y = y;  // [n, out] fp32
-    m.ldy = w.out;
-    return m;
-  }
-
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
   // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else cuBLAS (w4a16 dequantised first).
@@ -9606,13 +9679,13 @@ class PersistentDecoder {
     const LayerConfig& lc = c_->layers[l];
     const DevLayer& d = w_->layers[l];
     kernels::GemvArgs a;
-    a.mat[0] = mat(d.q, ws_->proj_a);
+    a.mat[0] = gemv_mat(d.q, ws_->proj_a);
     a.count = 1;
     if (!lc.kv_shared) {
-      a.mat[1] = mat(d.k, ws_->proj_b);
+      a.mat[1] = gemv_mat(d.k, ws_->proj_b);
       a.count = 2;
       if (!lc.k_eq_v) {
-        a.mat[2] = mat(d.v, ws_->proj_c);
+        a.mat[2] = gemv_mat(d.v, ws_->proj_c);
         a.count = 3;
       }
     }
@@ -9661,14 +9734,14 @@ class PersistentDecoder {
     const DevLayer& d = w_->layers[l];
     kernels::GemvArgs a;
     if (b == Branch::Mlp) {
-      a.mat[0] = mat(d.gate, nullptr);
-      a.mat[1] = mat(d.up, nullptr);
+      a.mat[0] = gemv_mat(d.gate, nullptr);
+      a.mat[1] = gemv_mat(d.up, nullptr);
       a.out16 = ws_->act16;
       a.ld16 = d.gate.out;
       return gemv(a, 2, kernels::GemvEpilogue::GeluMul, d.gate.in, next_x_, "gate/up_proj");
     }
     const int L = c_->num_layers, D = c_->hidden_size_per_layer_input;
-    a.mat[0] = mat(d.ple_gate, nullptr);
+    a.mat[0] = gemv_mat(d.ple_gate, nullptr);
     a.out16 = ws_->x16;
     a.ld16 = D;
     a.ple = ws_->ple;
@@ -9682,7 +9755,7 @@ class PersistentDecoder {
     const DevLinear& w = b == Branch::Attention ? d.o : b == Branch::Mlp ? d.down : d.ple_proj;
     const half* x = b == Branch::Attention ? ws_->q16 : b == Branch::Mlp ? ws_->act16 : ws_->x16;
     kernels::GemvArgs a;
-    a.mat[0] = mat(w, y_res_);
+    a.mat[0] = gemv_mat(w, y_res_);
     a.x = x;
     kernels::StepX from_buffer;  // build = 0: x = a.x
     GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Store, w.in, from_buffer, "residual projection"));
@@ -9726,17 +9799,6 @@ class PersistentDecoder {
         group = std::max(group, c_->num_heads / lc.num_kv_heads);
       }
     return std::max(1, std::min(s, kernels::attention_fused_splits(group, hd ? hd : 512)));
-  }
-
-  static kernels::GemvMat mat(const DevLinear& w, float* y) {
-    kernels::GemvMat m;
-    m.w16 = w.w16;
-    m.wq = w.wq;
-    m.s = w.s16;
-    m.out = w.out;
-    m.y = y;
-    m.ldy = w.out;
-    return m;
   }
 
   // The x of the next Gemv: the residual stream with the pending branch folded in, then the norm `w` (null:
@@ -9811,7 +9873,7 @@ class PersistentDecoder {
     pending_y_ = nullptr;
     if (D > 0) {  // per-layer inputs: projection of the embedding (x = half(h)), then the combine
       kernels::GemvArgs a;
-      a.mat[0] = mat(w_->ple_model_proj, ws_->tok);
+      a.mat[0] = gemv_mat(w_->ple_model_proj, ws_->tok);
       GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Store, H, take_x(nullptr), "per_layer_model_projection"));
       kernels::StepInstr ins;
       ins.op = kernels::StepOp::PleCombine;
@@ -9830,7 +9892,7 @@ class PersistentDecoder {
     GEMMA4_T4_TRY(gemma4_layers(*this, c));
     {  // LM head: final norm of the folded residual, soft-capped logits, each row's argmax
       kernels::GemvArgs a;
-      a.mat[0] = mat(DevLinear{V, H, w_->lm16, nullptr, nullptr}, ws_->samp_logits);
+      a.mat[0] = gemv_mat(DevLinear{V, H, w_->lm16, nullptr, nullptr}, ws_->samp_logits);
       a.softcap = c.final_logit_softcapping;
       GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Head, H, take_x(w_->final_norm), "LM head"));
       kernels::StepInstr ins;
@@ -10357,12 +10419,7 @@ class CudaBackend : public BackendModel {
   Status check_files(const TensorStore&) const override {
     return cfg_->hidden_size_per_layer_input > 0 && !weights_.ple_table16 ? check_mapped(*ple_table_) : Status::ok();
   }
-  size_t kv_bytes_per_token() const override {
-    size_t b = 0;
-    for (const LayerConfig& lc : cfg_->layers)
-      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(half);
-    return b;
-  }
+  size_t kv_bytes_per_token() const override { return kv_bytes_per_position(*cfg_, sizeof(half)); }
   size_t session_bytes(size_t max_ctx) const override {
     size_t b = 0;
     for (const LayerConfig& lc : cfg_->layers)
@@ -11110,68 +11167,53 @@ std::vector<BatchResult> Batch::take_finished() {
 
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/batch.hpp ----
-// ---- begin include/gemma4_t4/bench.hpp ----
-// gemma4_t4 implementation part: the built-in benchmark (gemma4_t4::bench; declarations and field contracts in
-// the public header).
+#ifndef GEMMA4_T4_NO_BENCH
+// ---- begin include/gemma4_t4/bench/doctor.hpp ----
+// gemma4_t4 implementation part: the machine checks of the built-in benchmark -- bench::device_report and
+// bench::doctor (declarations and field contracts in bench/api.hpp) -- and the host facts the sweep reports
+// too (CPU, RAM). Included by gemma4_t4.hpp inside GEMMA4_T4_IMPLEMENTATION (unless GEMMA4_T4_NO_BENCH).
 //
-// What is measured, and how
-//   device_report  cudaGetDeviceProperties + cudaMemGetInfo; how the library's code runs from
-//                  cudaFuncGetAttributes(kernels::stream_read_kernel) -- a kernel compiled in this translation
-//                  unit with the same -gencode flags as every other kernel, so its binaryVersion / ptxVersion
-//                  are the library's: binary == device cc and ptx == binary -> native SASS; binary == cc and
-//                  ptx < cc -> the driver JIT-compiled PTX (a Turing-only build on a newer GPU); binary < cc ->
-//                  SASS of an older, binary-compatible architecture.
-//   bandwidth      GPU: kernels/stream.cuh over a 1 GiB buffer (8 blocks per SM x 512 threads), and a
-//                  device-to-device cudaMemcpyAsync of one half of the buffer onto the other (bytes = read +
-//                  write); CUDA events, one untimed pass, then the median of `repeats`. Host: T threads, each
-//                  summing its contiguous share of a buffer it first touched itself (pages local to it), timed
-//                  from the first thread's start to the last join; median of `repeats`.
-//   ceiling        read GB/s * 1e9 / Engine::decode_bytes_per_token(): decode steps per second if a step cost
-//                  only streaming the weights once. A batched step also reads the weights once, so the ceiling
-//                  is per stream at every concurrency (KV reads make real steps slower still).
-//   sweep          per cell (prompt P, concurrency C): C sessions of context P + tokens; an untimed warm-up
-//                  (a min(P, 64)-token prompt for every session in one step, two decode steps: CUDA lazy
-//                  loading, cuBLAS, graph capture for C rows), then per repeat: prompt ids drawn from the
-//                  (cell, repeat) seed; each stream's prompt fed in its own Engine::step (prefill + first
-//                  token) in stream order, its TTFT taken when that step returns; then tokens - 1 decode
-//                  steps of all C streams, each timed. Sampling (SweepOptions::sampling, greedy by default) on
-//                  the device (only ids cross PCIe), EOS ignored. ms per token = median over repeats of the
-//                  median step time.
-//   statistics     median: the mean of the two middle values for an even count; p90: nearest rank (the
-//                  ceil(0.9 n)-th smallest).
-//   T4 projection  per cell: ms per token on a T4 = decode bytes / 277 GB/s + the step's fixed cost, where
-//                  fixed cost = this run's ms per token - decode bytes / this device's measured read bandwidth
-//                  (the time a step spends beyond moving its weights: launches, waits, latency, sampling; it
-//                  does not shrink on a slower GPU, while the bytes take 15x longer). Labelled "projection, not
-//                  measured" wherever it appears, with this formula.
+// How device_report knows how the library's code runs: cudaGetDeviceProperties + cudaMemGetInfo, then
+// cudaFuncGetAttributes(kernels::stream_read_kernel) -- a kernel compiled in this translation unit with the same
+// -gencode flags as every other kernel, so its binaryVersion / ptxVersion are the library's: binary == device cc
+// and ptx == binary -> native SASS; binary == cc and ptx < cc -> the driver JIT-compiled PTX (a Turing-only
+// build on a newer GPU); binary < cc -> SASS of an older, binary-compatible architecture.
+// Host facts come from /proc/meminfo, /proc/cpuinfo and statvfs (free disk); doctor reads a checkpoint's
+// config.json and safetensors headers only, never its tensors.
 
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+// ---- begin include/gemma4_t4/bench/common.hpp ----
+// gemma4_t4 implementation part: what the parts of the built-in benchmark (bench/doctor.hpp, bench/measure.hpp,
+// bench/report.hpp) share: the clock, statistics, number formatting and, with CUDA, the stream-read kernel
+// (kernels/stream.cuh: the bandwidth measurement runs it, device_report asks how it was compiled). Included
+// by those parts inside GEMMA4_T4_IMPLEMENTATION (unless GEMMA4_T4_NO_BENCH); not a public header.
+
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
-#include <exception>
-#include <filesystem>
-#include <fstream>
-#include <functional>
-#include <new>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #ifndef GEMMA4_T4_NO_CUDA
 #include <cuda_runtime.h>
 
 // ---- begin kernels/stream.cuh ----
-// gemma4_t4 kernels: stream_read, the memory-bandwidth probe of the built-in benchmark (include/gemma4_t4/bench.hpp).
+// gemma4_t4 kernels: stream_read, the memory-bandwidth probe of the built-in benchmark (gemma4_t4/bench/measure.hpp).
 //
 // A decode step streams every weight once, so the benchmark's ceiling is (bytes a read-only kernel moves per
 // second) / (decode bytes per token). This is that kernel:
@@ -11301,18 +11343,6 @@ inline std::string with_commas(uint64_t v) {
 }
 
 inline std::string cuda_version_string(int v) { return v ? strf("%d.%d", v / 1000, (v % 1000) / 10) : "none"; }
-
-inline std::string utc_now() {
-  const std::time_t t = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
-  return buf;
-}
-
-inline const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : b == Backend::Cpu ? "cpu" : "auto"; }
-
 inline const char* format_name(WeightFormat f) {
   switch (f) {
     case WeightFormat::Bf16: return "bf16";
@@ -11328,26 +11358,27 @@ inline std::string model_summary(const ModelConfig& c) {
               format_name(c.weight_format));
 }
 
-inline std::string xml_escape(const std::string& s) {
-  std::string o;
-  for (char ch : s) {
-    switch (ch) {
-      case '&': o += "&amp;"; break;
-      case '<': o += "&lt;"; break;
-      case '>': o += "&gt;"; break;
-      case '"': o += "&quot;"; break;
-      default: o += ch;
-    }
-  }
-  return o;
+}  // namespace bench_impl
+}  // namespace detail
+
+namespace bench {
+
+std::string utc_timestamp() {
+  const std::time_t t = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
 }
 
-inline std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
-  std::string o = "\"";
-  for (char ch : s) o += ch == '"' ? std::string("\"\"") : std::string(1, ch);
-  return o + "\"";
-}
+}  // namespace bench
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/bench/common.hpp ----
+
+namespace gemma4_t4 {
+namespace detail {
+namespace bench_impl {
 
 // ---- host facts ----
 
@@ -11424,6 +11455,264 @@ inline uint64_t safetensors_bytes(const std::string& path) {
   }
   return total;
 }
+
+#ifndef GEMMA4_T4_NO_CUDA
+
+inline bench::DeviceReport cuda_report(int device) {
+  bench::DeviceReport r = host_report(device, "");
+  cudaDriverGetVersion(&r.driver_version);
+  cudaRuntimeGetVersion(&r.runtime_version);
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    // In words a person can act on: the runtime says "insufficient driver" when there is none at all (then
+    // cudaDriverGetVersion gives 0) as well as when it is too old.
+    if (e == cudaErrorInsufficientDriver && r.driver_version == 0)
+      r.note = "no CUDA device: no NVIDIA driver found (libcuda.so.1 is not installed, or not loadable)";
+    else if (e == cudaErrorInsufficientDriver)
+      r.note = strf(
+          "no CUDA device: the NVIDIA driver (CUDA %s) is older than this build's CUDA runtime (%s); "
+          "update the driver",
+          cuda_version_string(r.driver_version).c_str(), cuda_version_string(r.runtime_version).c_str());
+    else if (e == cudaErrorNoDevice || e == cudaSuccess)
+      r.note = "no CUDA device: the NVIDIA driver finds no GPU";
+    else
+      r.note = strf("no CUDA device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    return r;
+  }
+  if (device < 0 || device >= n) {
+    r.note = strf("no CUDA device %d (%d present)", device, n);
+    return r;
+  }
+  cudaDeviceProp p;
+  const cudaError_t ep = cudaGetDeviceProperties(&p, device);
+  if (ep != cudaSuccess) {
+    cudaGetLastError();
+    r.note = strf("no CUDA device: cudaGetDeviceProperties(%d) failed (%s)", device, cudaGetErrorString(ep));
+    return r;
+  }
+  r.cuda = true;
+  r.name = p.name;
+  r.cc_major = p.major;
+  r.cc_minor = p.minor;
+  r.sm_count = p.multiProcessorCount;
+  r.memory_total = p.totalGlobalMem;
+  r.smem_per_block = p.sharedMemPerBlock;
+  r.smem_per_block_optin = p.sharedMemPerBlockOptin;
+  r.smem_per_sm = p.sharedMemPerMultiprocessor;
+  r.l2_bytes = uint64_t(std::max(p.l2CacheSize, 0));
+  if (cudaSetDevice(device) == cudaSuccess) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) r.memory_free = free_b;
+  }
+  cudaGetLastError();
+  cudaFuncAttributes a;
+  const cudaError_t ea = cudaFuncGetAttributes(&a, kernels::stream_read_kernel);
+  const int cc = p.major * 10 + p.minor;
+  if (ea != cudaSuccess) {
+    cudaGetLastError();
+    r.code = strf("no code for sm_%d in this build (%s): add %d to GEMMA4_T4_CUDA_ARCHS", cc, cudaGetErrorName(ea), cc);
+    return r;
+  }
+  r.kernel_binary_version = a.binaryVersion;
+  r.kernel_ptx_version = a.ptxVersion;
+  r.pdl = kernels::pdl_supported(device);
+  if (a.binaryVersion == cc && a.ptxVersion < cc) {
+    r.jit = true;
+    r.code = strf("PTX compute_%d JIT-compiled for sm_%d", a.ptxVersion, cc);
+  } else if (a.binaryVersion == cc) {
+    r.code = strf("native SASS sm_%d", cc);
+  } else {
+    r.code = strf("SASS sm_%d (binary-compatible with sm_%d)", a.binaryVersion, cc);
+  }
+  return r;
+}
+
+#endif  // GEMMA4_T4_NO_CUDA
+
+// GPU memory free now (CUDA), MemAvailable (CPU).
+inline uint64_t free_memory(Backend backend, int device) {
+#ifndef GEMMA4_T4_NO_CUDA
+  if (backend == Backend::Cuda) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return free_b;
+    cudaGetLastError();
+    return 0;
+  }
+#else
+  (void)device;
+#endif
+  (void)backend;
+  uint64_t total = 0, avail = 0;
+  host_memory(&total, &avail);
+  return avail;
+}
+
+// ---- doctor ----
+
+// Reads config.json and the safetensors headers at `dir` into *d (summary, decode bytes, GPU estimate).
+inline Status inspect_model(const std::string& dir, bench::DoctorReport* d) {
+  ModelConfig cfg;
+  std::string text;
+  const std::string cfg_path = path_join(dir, "config.json");
+  GEMMA4_T4_TRY(read_text_file(cfg_path, &text));
+  GEMMA4_T4_TRY(parse_config(text, cfg_path, &cfg));
+  TensorStore store;
+  GEMMA4_T4_TRY(store.open(dir));
+  Weights w;
+  WeightBinder binder(store, cfg, dir);
+  GEMMA4_T4_TRY(binder.bind(&w));
+  d->model_summary = model_summary(cfg);
+  d->decode_bytes_per_token = w.decode_bytes();
+  // GPU memory with the default LoadOptions (PLE table on the host), as CudaBackend allocates it, roughly:
+  const double V = cfg.vocab_size, H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
+  double weights = w.decode_bytes() + (w.lm_head != w.embed ? V * H * 2 : 0) + L * H * 4 * 8;
+  double wide = std::max({H, L * D}), largest = 0, kv = 0, qw = 0, dmax = 0;
+  auto see = [&](const LinearW& l) {
+    wide = std::max({wide, double(l.out), double(l.in)});
+    if (l.quantized()) largest = std::max(largest, double(l.out) * l.in * 2);
+  };
+  see(w.ple_model_proj);
+  for (const LayerW& l : w.layers)
+    for (const LinearW* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) see(*x);
+  const double ctx = std::min(8192.0, double(cfg.max_position_embeddings));
+  const double rows = LoadOptions().max_pass_rows;  // the CUDA backend's pass size at the default options
+  for (const LayerConfig& lc : cfg.layers) {
+    qw = std::max(qw, double(cfg.num_heads) * lc.head_dim);
+    dmax = std::max(dmax, double(lc.head_dim));
+    if (lc.kv_shared) continue;
+    const double cap = lc.type == LayerType::Sliding ? std::min(ctx, double(cfg.sliding_window) + rows) : ctx;
+    kv += 2 * cap * lc.num_kv_heads * lc.head_dim * 2;
+  }
+  const double workspace = rows * (wide * 14 + qw * 2 + L * D * 12 + H * 4) + 1024 * cfg.num_heads * (dmax + 2) * 4 +
+                           largest + 80 * V * 4 + 512.0 * 1024 * 1024;  // + CUDA context / cuBLAS
+  d->model_gpu_bytes = uint64_t(weights + workspace + kv);
+  return Status::ok();
+}
+
+}  // namespace bench_impl
+}  // namespace detail
+
+namespace bench {
+
+DeviceReport device_report(int device) {
+#ifdef GEMMA4_T4_NO_CUDA
+  return detail::bench_impl::host_report(device,
+                                         "no CUDA device: this build has no CUDA backend (compiled with "
+                                         "GEMMA4_T4_NO_CUDA; compile the implementation with nvcc for one)");
+#else
+  return detail::bench_impl::cuda_report(device);
+#endif
+}
+
+DoctorReport doctor(const std::string& model_path, int device) {
+  using namespace detail::bench_impl;
+  DoctorReport d;
+  d.device = device_report(device);
+  d.model_path = model_path;
+  host_memory(&d.host_ram_total, &d.host_ram_available);
+  d.disk_free = disk_free(model_path);
+  std::vector<std::string>& warn = d.warnings;
+  if (!d.device.cuda) {
+    warn.push_back(d.device.note + "; the CPU reference backend would run the model (much slower)");
+  } else {
+    const int cc = d.device.cc_major * 10 + d.device.cc_minor;
+    if (cc < 75)
+      warn.push_back(
+          strf("GPU '%s' has compute capability %d.%d; gemma4_t4 needs 7.5 (Turing) or newer, so the CPU "
+               "backend would be used",
+               d.device.name.c_str(), d.device.cc_major, d.device.cc_minor));
+    if (d.device.kernel_binary_version == 0 && cc >= 75) warn.push_back("kernels: " + d.device.code);
+    if (d.device.jit)
+      warn.push_back(
+          strf("kernels run as %s: each process pays the JIT at its first forward pass; add %d-real to "
+               "GEMMA4_T4_CUDA_ARCHS for native code",
+               d.device.code.c_str(), cc));
+  }
+  if (!model_path.empty()) {
+    d.model_file_bytes = safetensors_bytes(model_path);
+    Status st;
+    try {
+      st = inspect_model(model_path, &d);
+    } catch (const std::exception& e) {
+      st = detail::err(Code::BackendError, model_path, ": ", e.what());
+    }
+    d.model_ok = bool(st);
+    if (!st) {
+      d.model_summary = st.message;
+      warn.push_back("model: " + st.message);
+    } else if (d.device.cuda && d.device.memory_free && d.model_gpu_bytes > d.device.memory_free) {
+      warn.push_back(
+          strf("the model needs about %s of GPU memory (weights, workspace, one 8192-token session); %s "
+               "free of %s",
+               human_bytes(double(d.model_gpu_bytes)).c_str(), human_bytes(double(d.device.memory_free)).c_str(),
+               human_bytes(double(d.device.memory_total)).c_str()));
+    }
+    if (d.model_ok && !d.device.cuda && d.host_ram_available && d.host_ram_available < d.model_file_bytes)
+      warn.push_back(
+          strf("the CPU backend reads the mapped checkpoint (%s) at every token, but only %s of host RAM is "
+               "available: it will page from disk",
+               human_bytes(double(d.model_file_bytes)).c_str(), human_bytes(double(d.host_ram_available)).c_str()));
+  }
+  if (d.host_ram_available && d.host_ram_available < (uint64_t(1) << 30))
+    warn.push_back("only " + human_bytes(double(d.host_ram_available)) + " of host RAM available");
+  if (d.disk_free < (uint64_t(1) << 30))
+    warn.push_back("only " + human_bytes(double(d.disk_free)) + " free on the file system of '" +
+                   (model_path.empty() ? std::string(".") : model_path) + "'");
+  return d;
+}
+
+}  // namespace bench
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/bench/doctor.hpp ----
+// ---- begin include/gemma4_t4/bench/measure.hpp ----
+// gemma4_t4 implementation part: the measurements of the built-in benchmark -- bench::measure_bandwidth,
+// the sweep bench::run and bench::lm_head_fidelity (declarations and field contracts in bench/api.hpp).
+// Included by gemma4_t4.hpp inside GEMMA4_T4_IMPLEMENTATION (unless GEMMA4_T4_NO_BENCH).
+//
+// What is measured, and how
+//   bandwidth      GPU: kernels/stream.cuh over a 1 GiB buffer (8 blocks per SM x 512 threads), and a
+//                  device-to-device cudaMemcpyAsync of one half of the buffer onto the other (bytes = read +
+//                  write); CUDA events, one untimed pass, then the median of `repeats`. Host: T threads, each
+//                  summing its contiguous share of a buffer it first touched itself (pages local to it), timed
+//                  from the first thread's start to the last join; median of `repeats`.
+//   ceiling        read GB/s * 1e9 / Engine::decode_bytes_per_token(): decode steps per second if a step cost
+//                  only streaming the weights once. A batched step also reads the weights once, so the ceiling
+//                  is per stream at every concurrency (KV reads make real steps slower still).
+//   sweep          per cell (prompt P, concurrency C): C sessions of context P + tokens; an untimed warm-up
+//                  (a min(P, 64)-token prompt for every session in one step, two decode steps: CUDA lazy
+//                  loading, cuBLAS, graph capture for C rows), then per repeat: prompt ids drawn from the
+//                  (cell, repeat) seed; each stream's prompt fed in its own Engine::step (prefill + first
+//                  token) in stream order, its TTFT taken when that step returns; then tokens - 1 decode
+//                  steps of all C streams, each timed. Sampling (SweepOptions::sampling, greedy by default) on
+//                  the device (only ids cross PCIe), EOS ignored. ms per token = median over repeats of the
+//                  median step time.
+//   statistics     median: the mean of the two middle values for an even count; p90: nearest rank (the
+//                  ceil(0.9 n)-th smallest).
+//   T4 projection  per cell: ms per token on a T4 = decode bytes / 277 GB/s + the step's fixed cost, where
+//                  fixed cost = this run's ms per token - decode bytes / this device's measured read bandwidth
+//                  (the time a step spends beyond moving its weights: launches, waits, latency, sampling; it
+//                  does not shrink on a slower GPU, while the bytes take 15x longer). Labelled "projection, not
+//                  measured" wherever it appears, with this formula.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+#include <vector>
+
+// (include/gemma4_t4/bench/common.hpp: already inlined above)
+// (include/gemma4_t4/bench/doctor.hpp: already inlined above)
+
+namespace gemma4_t4 {
+namespace detail {
+namespace bench_impl {
 
 // ---- prompts and seeds ----
 
@@ -11592,237 +11881,7 @@ inline Status cuda_bandwidth(int device, const bench::BandwidthOptions& o, bench
   return Status::ok();
 }
 
-inline bench::DeviceReport cuda_report(int device) {
-  bench::DeviceReport r = host_report(device, "");
-  cudaDriverGetVersion(&r.driver_version);
-  cudaRuntimeGetVersion(&r.runtime_version);
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    // In words a person can act on: the runtime says "insufficient driver" when there is none at all (then
-    // cudaDriverGetVersion gives 0) as well as when it is too old.
-    if (e == cudaErrorInsufficientDriver && r.driver_version == 0)
-      r.note = "no CUDA device: no NVIDIA driver found (libcuda.so.1 is not installed, or not loadable)";
-    else if (e == cudaErrorInsufficientDriver)
-      r.note = strf(
-          "no CUDA device: the NVIDIA driver (CUDA %s) is older than this build's CUDA runtime (%s); "
-          "update the driver",
-          cuda_version_string(r.driver_version).c_str(), cuda_version_string(r.runtime_version).c_str());
-    else if (e == cudaErrorNoDevice || e == cudaSuccess)
-      r.note = "no CUDA device: the NVIDIA driver finds no GPU";
-    else
-      r.note = strf("no CUDA device (%s: %s)", cudaGetErrorName(e), cudaGetErrorString(e));
-    return r;
-  }
-  if (device < 0 || device >= n) {
-    r.note = strf("no CUDA device %d (%d present)", device, n);
-    return r;
-  }
-  cudaDeviceProp p;
-  const cudaError_t ep = cudaGetDeviceProperties(&p, device);
-  if (ep != cudaSuccess) {
-    cudaGetLastError();
-    r.note = strf("no CUDA device: cudaGetDeviceProperties(%d) failed (%s)", device, cudaGetErrorString(ep));
-    return r;
-  }
-  r.cuda = true;
-  r.name = p.name;
-  r.cc_major = p.major;
-  r.cc_minor = p.minor;
-  r.sm_count = p.multiProcessorCount;
-  r.memory_total = p.totalGlobalMem;
-  r.smem_per_block = p.sharedMemPerBlock;
-  r.smem_per_block_optin = p.sharedMemPerBlockOptin;
-  r.smem_per_sm = p.sharedMemPerMultiprocessor;
-  r.l2_bytes = uint64_t(std::max(p.l2CacheSize, 0));
-  if (cudaSetDevice(device) == cudaSuccess) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) r.memory_free = free_b;
-  }
-  cudaGetLastError();
-  cudaFuncAttributes a;
-  const cudaError_t ea = cudaFuncGetAttributes(&a, kernels::stream_read_kernel);
-  const int cc = p.major * 10 + p.minor;
-  if (ea != cudaSuccess) {
-    cudaGetLastError();
-    r.code = strf("no code for sm_%d in this build (%s): add %d to GEMMA4_T4_CUDA_ARCHS", cc, cudaGetErrorName(ea), cc);
-    return r;
-  }
-  r.kernel_binary_version = a.binaryVersion;
-  r.kernel_ptx_version = a.ptxVersion;
-  r.pdl = kernels::pdl_supported(device);
-  if (a.binaryVersion == cc && a.ptxVersion < cc) {
-    r.jit = true;
-    r.code = strf("PTX compute_%d JIT-compiled for sm_%d", a.ptxVersion, cc);
-  } else if (a.binaryVersion == cc) {
-    r.code = strf("native SASS sm_%d", cc);
-  } else {
-    r.code = strf("SASS sm_%d (binary-compatible with sm_%d)", a.binaryVersion, cc);
-  }
-  return r;
-}
-
 #endif  // GEMMA4_T4_NO_CUDA
-
-// GPU memory free now (CUDA), MemAvailable (CPU).
-inline uint64_t free_memory(Backend backend, int device) {
-#ifndef GEMMA4_T4_NO_CUDA
-  if (backend == Backend::Cuda) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaSetDevice(device) == cudaSuccess && cudaMemGetInfo(&free_b, &total_b) == cudaSuccess) return free_b;
-    cudaGetLastError();
-    return 0;
-  }
-#else
-  (void)device;
-#endif
-  (void)backend;
-  uint64_t total = 0, avail = 0;
-  host_memory(&total, &avail);
-  return avail;
-}
-
-// ---- doctor ----
-
-// Reads config.json and the safetensors headers at `dir` into *d (summary, decode bytes, GPU estimate).
-inline Status inspect_model(const std::string& dir, bench::DoctorReport* d) {
-  ModelConfig cfg;
-  std::string text;
-  const std::string cfg_path = path_join(dir, "config.json");
-  GEMMA4_T4_TRY(read_text_file(cfg_path, &text));
-  GEMMA4_T4_TRY(parse_config(text, cfg_path, &cfg));
-  TensorStore store;
-  GEMMA4_T4_TRY(store.open(dir));
-  Weights w;
-  WeightBinder binder(store, cfg, dir);
-  GEMMA4_T4_TRY(binder.bind(&w));
-  d->model_summary = model_summary(cfg);
-  d->decode_bytes_per_token = w.decode_bytes();
-  // GPU memory with the default LoadOptions (PLE table on the host), as CudaBackend allocates it, roughly:
-  const double V = cfg.vocab_size, H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
-  double weights = w.decode_bytes() + (w.lm_head != w.embed ? V * H * 2 : 0) + L * H * 4 * 8;
-  double wide = std::max({H, L * D}), largest = 0, kv = 0, qw = 0, dmax = 0;
-  auto see = [&](const LinearW& l) {
-    wide = std::max({wide, double(l.out), double(l.in)});
-    if (l.quantized()) largest = std::max(largest, double(l.out) * l.in * 2);
-  };
-  see(w.ple_model_proj);
-  for (const LayerW& l : w.layers)
-    for (const LinearW* x : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down, &l.ple_gate, &l.ple_proj}) see(*x);
-  const double ctx = std::min(8192.0, double(cfg.max_position_embeddings));
-  const double rows = LoadOptions().max_pass_rows;  // the CUDA backend's pass size at the default options
-  for (const LayerConfig& lc : cfg.layers) {
-    qw = std::max(qw, double(cfg.num_heads) * lc.head_dim);
-    dmax = std::max(dmax, double(lc.head_dim));
-    if (lc.kv_shared) continue;
-    const double cap = lc.type == LayerType::Sliding ? std::min(ctx, double(cfg.sliding_window) + rows) : ctx;
-    kv += 2 * cap * lc.num_kv_heads * lc.head_dim * 2;
-  }
-  const double workspace = rows * (wide * 14 + qw * 2 + L * D * 12 + H * 4) + 1024 * cfg.num_heads * (dmax + 2) * 4 +
-                           largest + 80 * V * 4 + 512.0 * 1024 * 1024;  // + CUDA context / cuBLAS
-  d->model_gpu_bytes = uint64_t(weights + workspace + kv);
-  return Status::ok();
-}
-
-}  // namespace bench_impl
-}  // namespace detail
-
-// ---- public API ----
-
-namespace bench {
-
-DeviceReport device_report(int device) {
-#ifdef GEMMA4_T4_NO_CUDA
-  return detail::bench_impl::host_report(device,
-                                         "no CUDA device: this build has no CUDA backend (compiled with "
-                                         "GEMMA4_T4_NO_CUDA; compile the implementation with nvcc for one)");
-#else
-  return detail::bench_impl::cuda_report(device);
-#endif
-}
-
-DoctorReport doctor(const std::string& model_path, int device) {
-  using namespace detail::bench_impl;
-  DoctorReport d;
-  d.device = device_report(device);
-  d.model_path = model_path;
-  host_memory(&d.host_ram_total, &d.host_ram_available);
-  d.disk_free = disk_free(model_path);
-  std::vector<std::string>& warn = d.warnings;
-  if (!d.device.cuda) {
-    warn.push_back(d.device.note + "; the CPU reference backend would run the model (much slower)");
-  } else {
-    const int cc = d.device.cc_major * 10 + d.device.cc_minor;
-    if (cc < 75)
-      warn.push_back(
-          strf("GPU '%s' has compute capability %d.%d; gemma4_t4 needs 7.5 (Turing) or newer, so the CPU "
-               "backend would be used",
-               d.device.name.c_str(), d.device.cc_major, d.device.cc_minor));
-    if (d.device.kernel_binary_version == 0 && cc >= 75) warn.push_back("kernels: " + d.device.code);
-    if (d.device.jit)
-      warn.push_back(
-          strf("kernels run as %s: each process pays the JIT at its first forward pass; add %d-real to "
-               "GEMMA4_T4_CUDA_ARCHS for native code",
-               d.device.code.c_str(), cc));
-  }
-  if (!model_path.empty()) {
-    d.model_file_bytes = safetensors_bytes(model_path);
-    Status st;
-    try {
-      st = inspect_model(model_path, &d);
-    } catch (const std::exception& e) {
-      st = detail::err(Code::BackendError, model_path, ": ", e.what());
-    }
-    d.model_ok = bool(st);
-    if (!st) {
-      d.model_summary = st.message;
-      warn.push_back("model: " + st.message);
-    } else if (d.device.cuda && d.device.memory_free && d.model_gpu_bytes > d.device.memory_free) {
-      warn.push_back(
-          strf("the model needs about %s of GPU memory (weights, workspace, one 8192-token session); %s "
-               "free of %s",
-               human_bytes(double(d.model_gpu_bytes)).c_str(), human_bytes(double(d.device.memory_free)).c_str(),
-               human_bytes(double(d.device.memory_total)).c_str()));
-    }
-    if (d.model_ok && !d.device.cuda && d.host_ram_available && d.host_ram_available < d.model_file_bytes)
-      warn.push_back(
-          strf("the CPU backend reads the mapped checkpoint (%s) at every token, but only %s of host RAM is "
-               "available: it will page from disk",
-               human_bytes(double(d.model_file_bytes)).c_str(), human_bytes(double(d.host_ram_available)).c_str()));
-  }
-  if (d.host_ram_available && d.host_ram_available < (uint64_t(1) << 30))
-    warn.push_back("only " + human_bytes(double(d.host_ram_available)) + " of host RAM available");
-  if (d.disk_free < (uint64_t(1) << 30))
-    warn.push_back("only " + human_bytes(double(d.disk_free)) + " free on the file system of '" +
-                   (model_path.empty() ? std::string(".") : model_path) + "'");
-  return d;
-}
-
-Status measure_bandwidth(Backend backend, int device, const BandwidthOptions& options, Bandwidth* out) {
-  if (!out) return detail::err(Code::InvalidArgument, "measure_bandwidth: out is null");
-  try {
-#ifdef GEMMA4_T4_NO_CUDA
-    (void)device;
-    if (backend == Backend::Cuda)
-      return detail::err(Code::Unsupported, "measure_bandwidth: this build has no CUDA backend");
-    return detail::bench_impl::host_bandwidth(options, out);
-#else
-    if (backend == Backend::Auto) backend = detail::cuda_usable(device) ? Backend::Cuda : Backend::Cpu;
-    if (backend == Backend::Cuda) return detail::bench_impl::cuda_bandwidth(device, options, out);
-    return detail::bench_impl::host_bandwidth(options, out);
-#endif
-  } catch (const std::bad_alloc&) {
-    return detail::err(Code::OutOfMemory, "measure_bandwidth: out of host memory");
-  } catch (const std::exception& e) {
-    return detail::err(Code::BackendError, "measure_bandwidth: ", e.what());
-  }
-}
-
-}  // namespace bench
-
-namespace detail {
-namespace bench_impl {
 
 // Measures one cell into *cell (errors land in cell->error). Returns false when on_progress asked to stop or
 // threw; a throw's message goes to *callback_error (the sweep ends as if cancelled, run() says CallbackError).
@@ -11832,16 +11891,9 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
   const int P = cell->prompt, C = cell->concurrency, N = cell->tokens;
   auto progress = [&](int repeat) {
     if (!o.on_progress) return true;
-    bench::Progress p;
-    p.cell = index;
-    p.cells = ncells;
-    p.prompt = P;
-    p.concurrency = C;
-    p.repeat = repeat;
-    p.repeats = o.repeats;
-    p.fraction = (double(index) + double(repeat) / o.repeats) / double(ncells);
+    const double fraction = (double(index) + double(repeat) / o.repeats) / double(ncells);
     try {
-      return o.on_progress(p);
+      return o.on_progress(bench::Progress{index, ncells, P, C, repeat, o.repeats, fraction});
     } catch (const std::exception& ex) {
       *callback_error = ex.what();
     } catch (...) {
@@ -11942,40 +11994,6 @@ inline bool run_cell(const Engine& e, const bench::SweepOptions& o, size_t index
   return progress(o.repeats);
 }
 
-inline Json device_json(const bench::DeviceReport& d) {
-  return Json{{"cuda", d.cuda},
-              {"note", d.note},
-              {"device", d.device},
-              {"name", d.name},
-              {"compute_capability", strf("%d.%d", d.cc_major, d.cc_minor)},
-              {"sm_count", d.sm_count},
-              {"memory_total", d.memory_total},
-              {"memory_free", d.memory_free},
-              {"smem_per_block", d.smem_per_block},
-              {"smem_per_block_optin", d.smem_per_block_optin},
-              {"smem_per_sm", d.smem_per_sm},
-              {"l2_bytes", d.l2_bytes},
-              {"kernel_binary_version", d.kernel_binary_version},
-              {"kernel_ptx_version", d.kernel_ptx_version},
-              {"jit", d.jit},
-              {"pdl", d.pdl},
-              {"code", d.code},
-              {"driver_version", d.driver_version},
-              {"runtime_version", d.runtime_version},
-              {"host_cpu", d.host_cpu},
-              {"host_threads", d.host_threads}};
-}
-
-inline Json bandwidth_json(const bench::Bandwidth& b) {
-  return Json{{"backend", backend_name(b.backend)},
-              {"read_gbs", b.read_gbs},
-              {"copy_gbs", b.copy_gbs},
-              {"bytes", b.bytes},
-              {"repeats", b.repeats},
-              {"threads", b.threads},
-              {"method", b.method}};
-}
-
 // SweepOptions::sampling in words: "greedy", or the filters that are on.
 inline std::string sampling_summary(const SamplingOptions& o) {
   if (o.temperature <= 0.f || o.top_k == 1) return "greedy";
@@ -11987,42 +12005,30 @@ inline std::string sampling_summary(const SamplingOptions& o) {
   return s;
 }
 
-// "512", or "3968*" when clamped (the * explained in the notes).
-inline std::string prompt_label(const bench::Cell& c) {
-  return std::to_string(c.prompt) + (c.prompt != c.requested_prompt ? "*" : "");
-}
-
-// A cell to quote the T4 projection's efficiency from: the first that succeeded (lowest concurrency of the
-// first prompt, as asked).
-inline const bench::Cell* reference_cell(const bench::Report& r) {
-  for (const bench::Cell& c : r.cells)
-    if (c.ok() && c.pct_of_ceiling > 0) return &c;
-  return nullptr;
-}
-
-inline std::string projection_ceiling(const bench::Report& r) {
-  return strf("T4 projection (%s): %.0f GB/s / %.4g GB per token = %.1f tok/s ceiling per stream", kProjectionLabel,
-              r.t4_bandwidth_gbs, r.decode_bytes_per_token / 1e9, r.t4_ceiling_tok_s);
-}
-
-inline std::string projection_scaled(const bench::Report& r) {
-  if (const bench::Cell* c = reference_cell(r))
-    return strf(
-        "ms per token = %.4g GB / %.0f GB/s + fixed %.3f ms (%.3f ms measured here - %.4g GB / %.0f GB/s; "
-        "prompt %d, concurrency %d) = %.1f tok/s per stream on a T4",
-        r.decode_bytes_per_token / 1e9, r.t4_bandwidth_gbs, c->fixed_ms, c->ms_per_token,
-        r.decode_bytes_per_token / 1e9, r.bandwidth.read_gbs, c->prompt, c->concurrency, c->t4_tok_s_per_stream);
-  return "no cell measured a step time to take the fixed cost from";
-}
-
-inline std::string projection_sentence(const bench::Report& r) {
-  return projection_ceiling(r) + "; " + projection_scaled(r);
-}
-
 }  // namespace bench_impl
 }  // namespace detail
 
 namespace bench {
+
+Status measure_bandwidth(Backend backend, int device, const BandwidthOptions& options, Bandwidth* out) {
+  if (!out) return detail::err(Code::InvalidArgument, "measure_bandwidth: out is null");
+  try {
+#ifdef GEMMA4_T4_NO_CUDA
+    (void)device;
+    if (backend == Backend::Cuda)
+      return detail::err(Code::Unsupported, "measure_bandwidth: this build has no CUDA backend");
+    return detail::bench_impl::host_bandwidth(options, out);
+#else
+    if (backend == Backend::Auto) backend = detail::cuda_usable(device) ? Backend::Cuda : Backend::Cpu;
+    if (backend == Backend::Cuda) return detail::bench_impl::cuda_bandwidth(device, options, out);
+    return detail::bench_impl::host_bandwidth(options, out);
+#endif
+  } catch (const std::bad_alloc&) {
+    return detail::err(Code::OutOfMemory, "measure_bandwidth: out of host memory");
+  } catch (const std::exception& e) {
+    return detail::err(Code::BackendError, "measure_bandwidth: ", e.what());
+  }
+}
 
 Status run(const Engine& engine, const SweepOptions& o, Report* out) {
   using namespace detail::bench_impl;
@@ -12044,7 +12050,7 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
   const int device = engine.load_options().device;
   Report r;
   r.version = GEMMA4_T4_VERSION_STRING;
-  r.timestamp = utc_now();
+  r.timestamp = utc_timestamp();
   r.label = o.label;
   r.sampling = sampling_summary(o.sampling);
   r.model = model_summary(cfg);
@@ -12152,6 +12158,202 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
                " cells complete)");
   return Status::ok();
 }
+
+// ---- quantized LM head fidelity ----
+
+Status lm_head_fidelity(const std::string& dir, const LoadOptions& options, const HeadFidelityOptions& o,
+                        HeadFidelity* out) {
+  using namespace detail::bench_impl;
+  if (!out) return detail::err(Code::InvalidArgument, "lm_head_fidelity: out is null");
+  if (o.head == LmHead::F16) return detail::err(Code::InvalidArgument, "lm_head_fidelity: head must be Int8 or Int4");
+  if (o.positions < 1 || o.sequence < 1)
+    return detail::err(Code::InvalidArgument, "lm_head_fidelity: positions and sequence must be >= 1");
+  LoadOptions fo = options, qo = options;
+  fo.lm_head = LmHead::F16;
+  qo.lm_head = o.head;
+  fo.max_context = qo.max_context = size_t(o.sequence);
+  Engine f, q;
+  GEMMA4_T4_TRY(Engine::load(dir, fo, &f));
+  const Clock::time_point t0 = Clock::now();
+  GEMMA4_T4_TRY(Engine::load(dir, qo, &q));
+  HeadFidelity r;
+  r.head = o.head;
+  r.load_ms = ms_since(t0);
+  r.decode_bytes_f16 = f.decode_bytes_per_token();
+  r.decode_bytes = q.decode_bytes_per_token();
+  const size_t V = size_t(f.config().vocab_size), chunk = 64;
+  double sum_abs = 0;
+  double top5_sum = 0;
+  size_t top1 = 0;
+  std::vector<float> lf, lq;
+  std::vector<int32_t> ids;
+  std::vector<size_t> order(V);
+  auto top5 = [&order, V](const float* x, size_t* t) {  // ids of the 5 largest, ties to the lower id
+    for (size_t i = 0; i < V; ++i) order[i] = i;
+    const size_t k = std::min<size_t>(5, V);
+    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(),
+                      [x](size_t a, size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+    for (size_t i = 0; i < 5; ++i) t[i] = i < k ? order[i] : V;
+  };
+  for (int seq = 0; int(r.positions) < o.positions; ++seq) {
+    const int n = std::min(o.sequence, o.positions - int(r.positions));
+    prompt_ids(o.seed, seq, n, f.config(), &ids);
+    Session sf, sq;
+    GEMMA4_T4_TRY(f.create_session(&sf));
+    GEMMA4_T4_TRY(q.create_session(&sq));
+    for (size_t b = 0; b < size_t(n); b += chunk) {
+      const size_t m = std::min(chunk, size_t(n) - b);
+      lf.clear();
+      lq.clear();
+      GEMMA4_T4_TRY(f.forward(sf, &ids[b], m, Logits::All, &lf));
+      GEMMA4_T4_TRY(q.forward(sq, &ids[b], m, Logits::All, &lq));
+      for (size_t row = 0; row < m; ++row) {
+        const float* x = &lf[row * V];
+        const float* y = &lq[row * V];
+        double emax = 0, fmax = 0;
+        for (size_t i = 0; i < V; ++i) {
+          const double e = std::fabs(double(y[i]) - x[i]);
+          emax = std::max(emax, e);
+          fmax = std::max(fmax, double(std::fabs(x[i])));
+          sum_abs += e;
+        }
+        r.max_abs_error = std::max(r.max_abs_error, emax);
+        if (fmax > 0) r.max_rel_error = std::max(r.max_rel_error, emax / fmax);
+        size_t tf[5], tq[5];
+        top5(x, tf);
+        top5(y, tq);
+        top1 += tf[0] == tq[0];
+        int hit = 0;
+        for (size_t i : tf)
+          for (size_t j : tq) hit += i == j && i < V;
+        top5_sum += hit / double(std::min<size_t>(5, V));
+        ++r.positions;
+      }
+    }
+  }
+  r.mean_abs_error = sum_abs / (double(r.positions) * double(V));
+  r.top1 = double(top1) / double(r.positions);
+  r.top5 = top5_sum / double(r.positions);
+  *out = r;
+  return Status::ok();
+}
+
+}  // namespace bench
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/bench/measure.hpp ----
+// ---- begin include/gemma4_t4/bench/report.hpp ----
+// gemma4_t4 implementation part: the report writers of the built-in benchmark -- to_text, to_table, to_json,
+// to_csv, to_svg and write_file (declarations and the fields each writes in bench/api.hpp). Pure functions of
+// the reports; the T4 projection is labelled "projection, not measured" in every format, with its formula.
+// Included by gemma4_t4.hpp inside GEMMA4_T4_IMPLEMENTATION (unless GEMMA4_T4_NO_BENCH).
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+// (include/gemma4_t4/bench/common.hpp: already inlined above)
+
+namespace gemma4_t4 {
+namespace detail {
+namespace bench_impl {
+
+inline const char* backend_name(Backend b) { return b == Backend::Cuda ? "cuda" : b == Backend::Cpu ? "cpu" : "auto"; }
+
+inline std::string xml_escape(const std::string& s) {
+  std::string o;
+  for (char ch : s) {
+    switch (ch) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += ch;
+    }
+  }
+  return o;
+}
+
+inline std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string o = "\"";
+  for (char ch : s) o += ch == '"' ? std::string("\"\"") : std::string(1, ch);
+  return o + "\"";
+}
+
+inline Json device_json(const bench::DeviceReport& d) {
+  return Json{{"cuda", d.cuda},
+              {"note", d.note},
+              {"device", d.device},
+              {"name", d.name},
+              {"compute_capability", strf("%d.%d", d.cc_major, d.cc_minor)},
+              {"sm_count", d.sm_count},
+              {"memory_total", d.memory_total},
+              {"memory_free", d.memory_free},
+              {"smem_per_block", d.smem_per_block},
+              {"smem_per_block_optin", d.smem_per_block_optin},
+              {"smem_per_sm", d.smem_per_sm},
+              {"l2_bytes", d.l2_bytes},
+              {"kernel_binary_version", d.kernel_binary_version},
+              {"kernel_ptx_version", d.kernel_ptx_version},
+              {"jit", d.jit},
+              {"pdl", d.pdl},
+              {"code", d.code},
+              {"driver_version", d.driver_version},
+              {"runtime_version", d.runtime_version},
+              {"host_cpu", d.host_cpu},
+              {"host_threads", d.host_threads}};
+}
+
+inline Json bandwidth_json(const bench::Bandwidth& b) {
+  return Json{{"backend", backend_name(b.backend)},
+              {"read_gbs", b.read_gbs},
+              {"copy_gbs", b.copy_gbs},
+              {"bytes", b.bytes},
+              {"repeats", b.repeats},
+              {"threads", b.threads},
+              {"method", b.method}};
+}
+
+// "512", or "3968*" when clamped (the * explained in the notes).
+inline std::string prompt_label(const bench::Cell& c) {
+  return std::to_string(c.prompt) + (c.prompt != c.requested_prompt ? "*" : "");
+}
+
+// A cell to quote the T4 projection's efficiency from: the first that succeeded (lowest concurrency of the
+// first prompt, as asked).
+inline const bench::Cell* reference_cell(const bench::Report& r) {
+  for (const bench::Cell& c : r.cells)
+    if (c.ok() && c.pct_of_ceiling > 0) return &c;
+  return nullptr;
+}
+
+inline std::string projection_ceiling(const bench::Report& r) {
+  return strf("T4 projection (%s): %.0f GB/s / %.4g GB per token = %.1f tok/s ceiling per stream", kProjectionLabel,
+              r.t4_bandwidth_gbs, r.decode_bytes_per_token / 1e9, r.t4_ceiling_tok_s);
+}
+
+inline std::string projection_scaled(const bench::Report& r) {
+  if (const bench::Cell* c = reference_cell(r))
+    return strf(
+        "ms per token = %.4g GB / %.0f GB/s + fixed %.3f ms (%.3f ms measured here - %.4g GB / %.0f GB/s; "
+        "prompt %d, concurrency %d) = %.1f tok/s per stream on a T4",
+        r.decode_bytes_per_token / 1e9, r.t4_bandwidth_gbs, c->fixed_ms, c->ms_per_token,
+        r.decode_bytes_per_token / 1e9, r.bandwidth.read_gbs, c->prompt, c->concurrency, c->t4_tok_s_per_stream);
+  return "no cell measured a step time to take the fixed cost from";
+}
+
+inline std::string projection_sentence(const bench::Report& r) {
+  return projection_ceiling(r) + "; " + projection_scaled(r);
+}
+
+}  // namespace bench_impl
+}  // namespace detail
+
+namespace bench {
 
 // ---- outputs ----
 
@@ -12492,85 +12694,6 @@ std::string to_svg(const Report& r) {
   return s;
 }
 
-// ---- quantized LM head fidelity ----
-
-Status lm_head_fidelity(const std::string& dir, const LoadOptions& options, const HeadFidelityOptions& o,
-                        HeadFidelity* out) {
-  using namespace detail::bench_impl;
-  if (!out) return detail::err(Code::InvalidArgument, "lm_head_fidelity: out is null");
-  if (o.head == LmHead::F16) return detail::err(Code::InvalidArgument, "lm_head_fidelity: head must be Int8 or Int4");
-  if (o.positions < 1 || o.sequence < 1)
-    return detail::err(Code::InvalidArgument, "lm_head_fidelity: positions and sequence must be >= 1");
-  LoadOptions fo = options, qo = options;
-  fo.lm_head = LmHead::F16;
-  qo.lm_head = o.head;
-  fo.max_context = qo.max_context = size_t(o.sequence);
-  Engine f, q;
-  GEMMA4_T4_TRY(Engine::load(dir, fo, &f));
-  const Clock::time_point t0 = Clock::now();
-  GEMMA4_T4_TRY(Engine::load(dir, qo, &q));
-  HeadFidelity r;
-  r.head = o.head;
-  r.load_ms = ms_since(t0);
-  r.decode_bytes_f16 = f.decode_bytes_per_token();
-  r.decode_bytes = q.decode_bytes_per_token();
-  const size_t V = size_t(f.config().vocab_size), chunk = 64;
-  double sum_abs = 0;
-  double top5_sum = 0;
-  size_t top1 = 0;
-  std::vector<float> lf, lq;
-  std::vector<int32_t> ids;
-  std::vector<size_t> order(V);
-  auto top5 = [&order, V](const float* x, size_t* t) {  // ids of the 5 largest, ties to the lower id
-    for (size_t i = 0; i < V; ++i) order[i] = i;
-    const size_t k = std::min<size_t>(5, V);
-    std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(),
-                      [x](size_t a, size_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
-    for (size_t i = 0; i < 5; ++i) t[i] = i < k ? order[i] : V;
-  };
-  for (int seq = 0; int(r.positions) < o.positions; ++seq) {
-    const int n = std::min(o.sequence, o.positions - int(r.positions));
-    prompt_ids(o.seed, seq, n, f.config(), &ids);
-    Session sf, sq;
-    GEMMA4_T4_TRY(f.create_session(&sf));
-    GEMMA4_T4_TRY(q.create_session(&sq));
-    for (size_t b = 0; b < size_t(n); b += chunk) {
-      const size_t m = std::min(chunk, size_t(n) - b);
-      lf.clear();
-      lq.clear();
-      GEMMA4_T4_TRY(f.forward(sf, &ids[b], m, Logits::All, &lf));
-      GEMMA4_T4_TRY(q.forward(sq, &ids[b], m, Logits::All, &lq));
-      for (size_t row = 0; row < m; ++row) {
-        const float* x = &lf[row * V];
-        const float* y = &lq[row * V];
-        double emax = 0, fmax = 0;
-        for (size_t i = 0; i < V; ++i) {
-          const double e = std::fabs(double(y[i]) - x[i]);
-          emax = std::max(emax, e);
-          fmax = std::max(fmax, double(std::fabs(x[i])));
-          sum_abs += e;
-        }
-        r.max_abs_error = std::max(r.max_abs_error, emax);
-        if (fmax > 0) r.max_rel_error = std::max(r.max_rel_error, emax / fmax);
-        size_t tf[5], tq[5];
-        top5(x, tf);
-        top5(y, tq);
-        top1 += tf[0] == tq[0];
-        int hit = 0;
-        for (size_t i : tf)
-          for (size_t j : tq) hit += i == j && i < V;
-        top5_sum += hit / double(std::min<size_t>(5, V));
-        ++r.positions;
-      }
-    }
-  }
-  r.mean_abs_error = sum_abs / (double(r.positions) * double(V));
-  r.top1 = double(top1) / double(r.positions);
-  r.top5 = top5_sum / double(r.positions);
-  *out = r;
-  return Status::ok();
-}
-
 std::string to_text(const HeadFidelity& h) {
   using namespace detail::bench_impl;
   return strf(
@@ -12608,6 +12731,7 @@ Status write_file(const std::string& path, const std::string& text) {
 
 }  // namespace bench
 }  // namespace gemma4_t4
-// ---- end include/gemma4_t4/bench.hpp ----
+// ---- end include/gemma4_t4/bench/report.hpp ----
+#endif
 #endif  // GEMMA4_T4_IMPLEMENTATION_DONE
 #endif  // GEMMA4_T4_IMPLEMENTATION

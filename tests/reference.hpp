@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,13 @@ inline void load_reference(const std::string& name, Reference* r) {
   r->prefill = floats(*get("prefill_logits"));
   r->decode = floats(*get("decode_logits"));
   r->vocab = int(get("prefill_logits")->shape[1]);
+}
+
+// load_reference as a value: `const Reference ref = reference("mm_bf16");`.
+inline Reference reference(const std::string& name) {
+  Reference r;
+  load_reference(name, &r);
+  return r;
 }
 
 // max |a - b| / max |b| over one row of V logits
@@ -140,6 +148,36 @@ inline std::vector<int32_t> fresh_tokens(const gemma4_t4::Engine& engine, const 
   gemma4_t4::Session s;
   REQUIRE(engine.create_session(&s));
   return tokens_of(engine, s, prompt, opt);
+}
+
+// n token ids uniform in [5, V) (past the special ids), drawn from std::mt19937(seed).
+inline std::vector<int32_t> random_tokens(int V, size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> id(5, V - 1);
+  std::vector<int32_t> t(n);
+  for (auto& x : t) x = id(rng);
+  return t;
+}
+
+// Engines a and b (two backends or decode paths of one checkpoint) fed the same tokens on fresh sessions: the
+// prompt in one forward, then `steps` single tokens, each the argmax of b's logits. check(step, la, lb) gets the
+// last-position logits of both ([vocab] fp32): step 0 after the prompt, then 1..steps.
+template <class Check>
+void lockstep(const gemma4_t4::Engine& a, const gemma4_t4::Engine& b, const std::vector<int32_t>& prompt, int steps,
+              const Check& check) {
+  gemma4_t4::Session sa, sb;
+  REQUIRE(a.create_session(&sa));
+  REQUIRE(b.create_session(&sb));
+  std::vector<float> la, lb;
+  REQUIRE(a.forward(sa, prompt.data(), prompt.size(), gemma4_t4::Logits::Last, &la));
+  REQUIRE(b.forward(sb, prompt.data(), prompt.size(), gemma4_t4::Logits::Last, &lb));
+  check(0, la, lb);
+  for (int step = 1; step <= steps; ++step) {
+    const int32_t t = gemma4_t4::argmax(lb.data(), lb.size());
+    REQUIRE(a.forward(sa, &t, 1, gemma4_t4::Logits::Last, &la));
+    REQUIRE(b.forward(sb, &t, 1, gemma4_t4::Logits::Last, &lb));
+    check(step, la, lb);
+  }
 }
 
 // The fixture's checkpoint files (not its reference outputs) copied into dir / name, a copy a test may

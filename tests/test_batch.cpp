@@ -15,32 +15,32 @@ using namespace gemma4_t4;
 using namespace testref;
 using namespace testbatch;
 
-TEST_CASE("batch: each session's results equal generate() alone (chunked prefill, queueing)", "[batch][cpu]") {
-  for (const char* name : {"mm_bf16", "w4a16"}) {
-    INFO(name);
-    Reference ref;
-    load_reference(name, &ref);
-    Engine engine = load_engine(name, Backend::Cpu);
-    BatchOptions opt;
-    opt.max_sessions = 4;  // the others wait their turn
-    opt.prefill_rows = 6;  // prompts are read 6 tokens a step, shared by the joiners
-    batch_equals_alone(engine, scenario(ref.prompt, ref.decode_ids, true), opt);
-  }
-}
+namespace {
 
-TEST_CASE("batch: each session's results equal generate() alone (whole prompts, all at once)", "[batch][cpu]") {
-  Reference ref;
-  load_reference("flat_keqv", &ref);
-  Engine engine = load_engine("flat_keqv", Backend::Cpu);
+// The reference scenario (batch_scenario.hpp) on fixture `name`, CPU backend, batched with these limits vs alone.
+void fixture_batch_equals_alone(const char* name, int max_sessions, int prefill_rows) {
+  INFO(name);
+  const Reference ref = reference(name);
+  Engine engine = load_engine(name, Backend::Cpu);
   BatchOptions opt;
-  opt.max_sessions = 64;
-  opt.prefill_rows = 1000;
+  opt.max_sessions = max_sessions;
+  opt.prefill_rows = prefill_rows;
   batch_equals_alone(engine, scenario(ref.prompt, ref.decode_ids, true), opt);
 }
 
+}  // namespace
+
+TEST_CASE("batch: each session's results equal generate() alone (chunked prefill, queueing)", "[batch][cpu]") {
+  // 4 sessions at once (the others wait their turn); prompts read 6 tokens a step, shared by the joiners.
+  for (const char* name : {"mm_bf16", "w4a16"}) fixture_batch_equals_alone(name, 4, 6);
+}
+
+TEST_CASE("batch: each session's results equal generate() alone (whole prompts, all at once)", "[batch][cpu]") {
+  fixture_batch_equals_alone("flat_keqv", 64, 1000);
+}
+
 TEST_CASE("batch: prompt chunks are bounded per step and decoding sessions are not starved", "[batch][cpu]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   BatchOptions opt;
   opt.prefill_rows = 4;

@@ -138,47 +138,49 @@ TEST_CASE("format_chat trims like Python's str.strip on malformed UTF-8 too", "[
 
 // ---- generation_config.json ----
 
+namespace {
+
+// The five sampling fields load_generation_config sets, checked together.
+void check_sampling(const SamplingOptions& o, float temperature, int top_k, float top_p, float min_p, float penalty) {
+  CHECK(o.temperature == temperature);
+  CHECK(o.top_k == top_k);
+  CHECK(o.top_p == top_p);
+  CHECK(o.min_p == min_p);
+  CHECK(o.repetition_penalty == penalty);
+}
+
+}  // namespace
+
 TEST_CASE("load_generation_config reads the sampling defaults and eos ids", "[chat]") {
   testutil::TempDir dir;
   SamplingOptions o;
   std::vector<int> eos = {1};
+  auto load = [&](const char* json) {
+    write_file(dir.path() / "generation_config.json", json);
+    REQUIRE(gemma4_t4::load_generation_config(dir.path().string(), &o, &eos).is_ok());
+  };
 
   SECTION("absent file keeps the defaults") {
     REQUIRE(gemma4_t4::load_generation_config(dir.path().string(), &o, &eos).is_ok());
-    CHECK(o.temperature == 1.0f);
-    CHECK(o.top_k == 64);
-    CHECK(o.top_p == 0.95f);
+    check_sampling(o, 1.0f, 64, 0.95f, 0.0f, 1.0f);
     CHECK(eos == std::vector<int>{1});
   }
   SECTION("Gemma 4's file") {
-    write_file(dir.path() / "generation_config.json",
-               R"({"bos_token_id": 2, "do_sample": true, "eos_token_id": [1, 106], "pad_token_id": 0,
-                   "temperature": 0.7, "top_k": 40, "top_p": 0.9, "transformers_version": "5.17.0"})");
-    REQUIRE(gemma4_t4::load_generation_config(dir.path().string(), &o, &eos).is_ok());
-    CHECK(o.temperature == 0.7f);
-    CHECK(o.top_k == 40);
-    CHECK(o.top_p == 0.9f);
-    CHECK(o.min_p == 0.0f);
-    CHECK(o.repetition_penalty == 1.0f);
+    load(R"({"bos_token_id": 2, "do_sample": true, "eos_token_id": [1, 106], "pad_token_id": 0,
+            "temperature": 0.7, "top_k": 40, "top_p": 0.9, "transformers_version": "5.17.0"})");
+    check_sampling(o, 0.7f, 40, 0.9f, 0.0f, 1.0f);
     CHECK(eos == std::vector<int>{1, 106});
   }
   SECTION("every field, eos as one id") {
-    write_file(dir.path() / "generation_config.json",
-               R"({"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.05, "repetition_penalty": 1.1,
-                   "eos_token_id": 106})");
-    REQUIRE(gemma4_t4::load_generation_config(dir.path().string(), &o, &eos).is_ok());
-    CHECK(o.temperature == 1.5f);
-    CHECK(o.top_k == 0);
-    CHECK(o.top_p == 1.0f);
-    CHECK(o.min_p == 0.05f);
-    CHECK(o.repetition_penalty == 1.1f);
+    load(R"({"temperature": 1.5, "top_k": 0, "top_p": 1.0, "min_p": 0.05, "repetition_penalty": 1.1,
+            "eos_token_id": 106})");
+    check_sampling(o, 1.5f, 0, 1.0f, 0.05f, 1.1f);
     CHECK(eos == std::vector<int>{106});
   }
   SECTION("null and absent fields keep what was there; do_sample false means greedy") {
     o.top_k = 7;
     o.seed = 42;
-    write_file(dir.path() / "generation_config.json", R"({"top_k": null, "min_p": null, "do_sample": false})");
-    REQUIRE(gemma4_t4::load_generation_config(dir.path().string(), &o, &eos).is_ok());
+    load(R"({"top_k": null, "min_p": null, "do_sample": false})");
     CHECK(o.top_k == 7);
     CHECK(o.seed == 42);
     CHECK(o.temperature == 0.0f);

@@ -85,8 +85,7 @@ TEST_CASE("faults: code_name of the new code", "[faults][cpu]") {
 }
 
 TEST_CASE("faults: an on_token that throws ends generate() with CallbackError; the session goes on", "[faults][cpu]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   const std::vector<int32_t> expected = fresh_tokens(engine, ref.prompt, greedy(10));
 
@@ -136,8 +135,7 @@ TEST_CASE("faults: an on_token that throws ends generate() with CallbackError; t
 }
 
 TEST_CASE("faults: an on_token that throws in a Batch ends only its session", "[faults][cpu][batch]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   const std::vector<std::vector<int32_t>> prompts = {ref.prompt, prefix(ref.prompt, 9), prefix(ref.prompt, 14)};
   constexpr int kTokens = 8, kThrowAt = 2;  // session 1 throws on its 2nd token
@@ -226,8 +224,7 @@ TEST_CASE("faults: LoadOptions::on_progress that throws fails the load with Call
 }
 
 TEST_CASE("faults: GenerateOptions::cancel set by another thread stops generate() between steps", "[faults][cpu]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   constexpr int kTokens = 12, kCancelAt = 4;
   const std::vector<int32_t> expected = fresh_tokens(engine, ref.prompt, greedy(kTokens));
@@ -257,36 +254,36 @@ TEST_CASE("faults: GenerateOptions::cancel set by another thread stops generate(
     CHECK(more == std::vector<int32_t>(expected.begin() + kCancelAt, expected.end()));
   }
 
-  SECTION("already set: nothing is fed") {
-    std::atomic<bool> flag{true};
-    GenerateOptions opt = greedy(kTokens);
+  // generate() of ref.prompt on session s with GenerateOptions::cancel pointing at a flag that holds `set`.
+  auto with_flag = [&](bool set, int max_new_tokens, Session& s, std::vector<int32_t>* out) {
+    std::atomic<bool> flag{set};
+    GenerateOptions opt = greedy(max_new_tokens);
     opt.cancel = &flag;
+    return generate(engine, s, ref.prompt, opt, nullptr, out);
+  };
+
+  SECTION("already set: nothing is fed") {
     Session s;
     REQUIRE(engine.create_session(&s));
     std::vector<int32_t> out;
-    CHECK(generate(engine, s, ref.prompt, opt, nullptr, &out).code == Code::Cancelled);
+    CHECK(with_flag(true, kTokens, s, &out).code == Code::Cancelled);
     CHECK(out.empty());
     CHECK(s.position() == 0);
-    opt.max_new_tokens = 0;  // the prompt-only path too
-    CHECK(generate(engine, s, ref.prompt, opt, nullptr, &out).code == Code::Cancelled);
+    CHECK(with_flag(true, 0, s, &out).code == Code::Cancelled);  // the prompt-only path too
     CHECK(s.position() == 0);
   }
 
   SECTION("a flag that stays false changes nothing") {
-    std::atomic<bool> flag{false};
-    GenerateOptions opt = greedy(kTokens);
-    opt.cancel = &flag;
     Session s;
     REQUIRE(engine.create_session(&s));
     std::vector<int32_t> out;
-    REQUIRE(generate(engine, s, ref.prompt, opt, nullptr, &out));
+    REQUIRE(with_flag(false, kTokens, s, &out));
     CHECK(out == expected);
   }
 }
 
 TEST_CASE("faults: GenerateOptions::cancel set by another thread finishes a Batch session", "[faults][cpu][batch]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   constexpr int kTokens = 10, kCancelAt = 3;
   const std::vector<int32_t> other = prefix(ref.prompt, 11);
@@ -348,8 +345,7 @@ TEST_CASE("faults: a checkpoint file truncated after load is an IoError, not a c
   for (const auto& fx : {std::make_pair("mm_bf16", "model.safetensors"),
                          std::make_pair("flat_keqv", "model-00002-of-00002.safetensors")}) {
     INFO(fx.first);
-    Reference ref;
-    load_reference(fx.first, &ref);
+    const Reference ref = reference(fx.first);
     testutil::TempDir tmp;
     const fs::path dir = copy_fixture(fx.first, tmp.path());
     const fs::path victim = dir / fx.second;
@@ -389,8 +385,7 @@ TEST_CASE("faults: a checkpoint file truncated after load is an IoError, not a c
 }
 
 TEST_CASE("faults: a checkpoint file deleted after load keeps working", "[faults][cpu][io]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   const Engine original = load_engine("mm_bf16", Backend::Cpu);
   std::vector<float> expected;
   {

@@ -11,15 +11,11 @@ using namespace gemma4_t4;
 using namespace testref;
 
 TEST_CASE("generate: greedy continuation equals the reference's", "[generate][cpu]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   Session s;
   REQUIRE(engine.create_session(&s));
-  GenerateOptions opt;
-  opt.sampling = SamplingOptions::greedy();
-  opt.max_new_tokens = int(ref.decode_ids.size());
-  opt.stop_at_eos = false;
+  const GenerateOptions opt = greedy(int(ref.decode_ids.size()));
   std::vector<int32_t> out, seen;
   Timing t;
   REQUIRE(generate(
@@ -40,13 +36,9 @@ TEST_CASE("generate: greedy continuation equals the reference's", "[generate][cp
 }
 
 TEST_CASE("generate: stop tokens, max_new_tokens and a stopping callback", "[generate][cpu]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
-  GenerateOptions opt;
-  opt.sampling = SamplingOptions::greedy();
-  opt.stop_at_eos = false;
-  opt.max_new_tokens = 16;
+  GenerateOptions opt = greedy(16);
 
   SECTION("a stop token ends generation and is neither returned nor fed") {
     opt.stop_tokens = {ref.decode_ids[3]};
@@ -85,13 +77,9 @@ TEST_CASE("generate: stop tokens, max_new_tokens and a stopping callback", "[gen
 }
 
 TEST_CASE("generate: a later turn continues the cache exactly like re-prefilling everything", "[generate][cpu]") {
-  Reference ref;
-  load_reference("w4a16", &ref);
+  const Reference ref = reference("w4a16");
   Engine engine = load_engine("w4a16", Backend::Cpu);
-  GenerateOptions opt;
-  opt.sampling = SamplingOptions::greedy();
-  opt.stop_at_eos = false;
-  opt.max_new_tokens = 6;
+  const GenerateOptions opt = greedy(6);
   const std::vector<int32_t> turn1(ref.prompt.begin(), ref.prompt.begin() + 9);
   const std::vector<int32_t> turn2 = {105, 17, 300, 41, 107};  // "the user's next message"
   Session s;
@@ -112,15 +100,11 @@ TEST_CASE("generate: a later turn continues the cache exactly like re-prefilling
 }
 
 TEST_CASE("generate: passing the context is an error that keeps what was generated", "[generate][cpu][errors]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   Session s;
   REQUIRE(engine.create_session(&s, ref.prompt.size() + 4));
-  GenerateOptions opt;
-  opt.sampling = SamplingOptions::greedy();
-  opt.stop_at_eos = false;
-  opt.max_new_tokens = 10;
+  const GenerateOptions opt = greedy(10);
   std::vector<int32_t> out;
   const Status st = generate(engine, s, ref.prompt, opt, nullptr, &out);
   CHECK(st.code == Code::ContextOverflow);

@@ -72,8 +72,7 @@ TEST_CASE("CPU backend: quantized LM heads stay close to the checkpoint's head",
   // rounding); measured on these fixtures (hidden 64, so few terms average out) 0.9-1.1% and 12-15% of the
   // logit range. A wrong packing or scale gives errors of the order of the logits themselves.
   for (const char* name : {"mm_bf16", "w4a16"}) {
-    Reference ref;
-    load_reference(name, &ref);
+    const Reference ref = reference(name);
     const size_t T = ref.prompt.size();
     Engine f16 = load_engine(name, Backend::Cpu);
     std::vector<float> lf;

@@ -13,6 +13,7 @@
 
 #include "gemma4_t4.hpp"
 #include "temp_dir.hpp"
+#include "fixture_config.hpp"
 #include "gemma4_t4/common.hpp"
 #include "gemma4_t4/safetensors.hpp"
 #include "gemma4_t4/config.hpp"
@@ -997,18 +998,9 @@ TEST_CASE("config: the real fixture configs parse with the expected values", "[l
       const Status st = parse_config_text(fixture_config_text(name), &cfg);
       INFO(st.message);
       REQUIRE(st.is_ok());
-      CHECK(cfg.model_type == "gemma4");
-      CHECK(cfg.hidden_size == 64);
-      CHECK(cfg.num_layers == 7);
-      CHECK(cfg.num_heads == 4);
-      CHECK(cfg.vocab_size == 512);
-      CHECK(cfg.vocab_size_per_layer_input == 512);
-      CHECK(cfg.hidden_size_per_layer_input == 32);
-      CHECK(cfg.sliding_window == 8);
-      CHECK(cfg.num_kv_shared_layers == 3);
+      testutil::check_tiny_config(cfg);  // sizes, layer types, head dims, KV sharing, MLP widths
       CHECK(cfg.max_position_embeddings == 4096);
       CHECK(cfg.rms_norm_eps == Approx(1e-6f));
-      CHECK(cfg.final_logit_softcapping == Approx(30.f));
       CHECK(cfg.tie_word_embeddings);
       CHECK(cfg.bos_token_id == 2);
       CHECK(cfg.pad_token_id == 0);
@@ -1020,25 +1012,13 @@ TEST_CASE("config: the real fixture configs parse with the expected values", "[l
         CHECK(cfg.weight_format == WeightFormat::Bf16);
         CHECK(cfg.quant_group_size == 0);
       }
-      const std::vector<LayerType> types = {S, S, F, S, S, F, F};
-      const std::vector<int> head_dim = {32, 32, 64, 32, 32, 64, 64};
-      const std::vector<bool> shared = {false, false, false, false, true, true, true};
-      const std::vector<int> source = {0, 1, 2, 3, 3, 2, 2};
-      const std::vector<int> inter = {128, 128, 128, 128, 256, 256, 256};
-      REQUIRE(cfg.layers.size() == 7);
       for (int i = 0; i < 7; ++i) {
         INFO("layer " << i);
         const auto& l = cfg.layers[i];
-        CHECK(l.type == types[i]);
-        CHECK(l.head_dim == head_dim[i]);
-        CHECK(l.num_kv_heads == 1);
-        CHECK(l.kv_shared == shared[i]);
-        CHECK(l.kv_source == source[i]);
-        CHECK(l.intermediate_size == inter[i]);
         CHECK_FALSE(l.k_eq_v);
-        CHECK(l.rope_denominator == head_dim[i]);
+        CHECK(l.rope_denominator == l.head_dim);
         CHECK(l.rope_factor == Approx(1.f));
-        if (types[i] == F) {  // proportional, partial_rotary_factor 0.25 of a 64-wide head: 16 channels
+        if (l.type == F) {  // proportional, partial_rotary_factor 0.25 of a 64-wide head: 16 channels
           CHECK(l.rope_theta == Approx(1e6f));
           CHECK(l.rope_pairs == 8);
         } else {  // default: every pair of a 32-wide head
@@ -1055,30 +1035,15 @@ TEST_CASE("config: the real fixture configs parse with the expected values", "[l
     INFO(st.message);
     REQUIRE(st.is_ok());
     CHECK(cfg.model_type == "gemma4_text");
-    CHECK(cfg.hidden_size == 64);
-    CHECK(cfg.num_layers == 5);
-    CHECK(cfg.num_heads == 4);
-    CHECK(cfg.vocab_size == 512);
-    CHECK(cfg.hidden_size_per_layer_input == 0);
-    CHECK(cfg.num_kv_shared_layers == 0);
-    CHECK(cfg.sliding_window == 8);
+    testutil::check_sizes(cfg, {64, 5, 4, 512, 0, 8, 0});
     CHECK(cfg.eos_token_ids == std::vector<int>{1, 106});
     CHECK(cfg.weight_format != WeightFormat::W4A16);
     CHECK(cfg.quant_group_size == 0);
-    const std::vector<LayerType> types = {S, F, S, S, F};
-    REQUIRE(cfg.layers.size() == 5);
-    for (int i = 0; i < 5; ++i) {
-      INFO("layer " << i);
-      const auto& l = cfg.layers[i];
-      const bool full = types[i] == F;
-      CHECK(l.type == types[i]);
-      CHECK(l.head_dim == (full ? 64 : 32));
-      CHECK(l.num_kv_heads == (full ? 1 : 2));
-      CHECK(l.k_eq_v == full);
-      CHECK_FALSE(l.kv_shared);
-      CHECK(l.kv_source == i);
-      CHECK(l.intermediate_size == 128);
-    }
+    // Full layers (1 and 4): head dim 64, one KV head, k_eq_v; sliding: 32 and two KV heads; nothing shared.
+    testutil::check_layers(cfg, 5, [&](int i) {
+      const bool full = i == 1 || i == 4;
+      return testutil::LayerWant{full ? F : S, full ? 64 : 32, full ? 1 : 2, false, i, 128, full};
+    });
   }
 }
 
@@ -1097,6 +1062,20 @@ gemma4_t4::LoadOptions cpu_options() {
 
 Status load_dir(const fs::path& dir, gemma4_t4::Engine* engine) {
   return gemma4_t4::Engine::load(dir.string(), cpu_options(), engine);
+}
+
+// Engine::load of each case's directory: refused with the case's code and words, the engine left unloaded.
+void check_engine_refuses(const std::vector<DirCase>& cases) {
+  for (const DirCase& c : cases) {
+    INFO("case: " << c.label);
+    TempDir tmp;
+    const fs::path ckpt = build_case(c, tmp);
+    gemma4_t4::Engine engine;
+    Status st;
+    REQUIRE_NOTHROW(st = load_dir(ckpt, &engine));
+    check_status(st, c.codes, c.words);
+    CHECK_FALSE(engine.loaded());
+  }
 }
 
 }  // namespace
@@ -1132,29 +1111,11 @@ TEST_CASE("Engine::load: a bad model.safetensors is a FormatError naming the fil
 }
 
 TEST_CASE("Engine::load: broken single files and shard indexes", "[loader][engine][errors]") {
-  for (const DirCase& c : store_cases()) {
-    INFO("case: " << c.label);
-    TempDir tmp;
-    const fs::path ckpt = build_case(c, tmp);
-    gemma4_t4::Engine engine;
-    Status st;
-    REQUIRE_NOTHROW(st = load_dir(ckpt, &engine));
-    check_status(st, c.codes, c.words);
-    CHECK_FALSE(engine.loaded());
-  }
+  check_engine_refuses(store_cases());
 }
 
 TEST_CASE("Engine::load: tensors that do not fit the config, and config problems", "[loader][engine][errors]") {
-  for (const DirCase& c : engine_cases()) {
-    INFO("case: " << c.label);
-    TempDir tmp;
-    const fs::path ckpt = build_case(c, tmp);
-    gemma4_t4::Engine engine;
-    Status st;
-    REQUIRE_NOTHROW(st = load_dir(ckpt, &engine));
-    check_status(st, c.codes, c.words);
-    CHECK_FALSE(engine.loaded());
-  }
+  check_engine_refuses(engine_cases());
 }
 
 TEST_CASE("Engine::load: a directory that does not exist is NotFound", "[loader][engine][errors]") {

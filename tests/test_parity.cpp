@@ -30,8 +30,7 @@ void check_rows(const std::vector<float>& got, const float* ref, size_t rows, in
 Engine load_engine(const std::string& name) { return testref::load_engine(name, Backend::Cpu, PleLocation::Host, 64); }
 
 void parity(const std::string& name) {
-  Reference ref;
-  load_reference(name, &ref);
+  const Reference ref = reference(name);
   Engine engine = load_engine(name);
   const int V = engine.config().vocab_size;
   REQUIRE(V == ref.vocab);
@@ -98,8 +97,7 @@ TEST_CASE("CPU parity: flat sharded f32 with attention_k_eq_v", "[parity][cpu]")
 TEST_CASE("CPU parity: compressed-tensors w4a16", "[parity][cpu]") { parity("w4a16"); }
 
 TEST_CASE("w4a16 unpacking is bit-exact against the fixture script's packing", "[w4a16][cpu]") {
-  Reference ref;
-  load_reference("w4a16", &ref);
+  const Reference ref = reference("w4a16");
   std::string text;
   const std::string dir = fixtures() + "/w4a16";
   REQUIRE(detail::read_text_file(dir + "/config.json", &text));
@@ -146,8 +144,7 @@ TEST_CASE("decode bytes per token counts packed weights at 4 bits", "[w4a16][cpu
 }
 
 TEST_CASE("invalid tokens and context overflow are errors that leave the session usable", "[cpu][errors]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16");
   Session s;
   REQUIRE(engine.create_session(&s, 24));

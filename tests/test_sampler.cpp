@@ -57,12 +57,13 @@ std::map<int, double> renormalised(int keep, double temperature = 1.0) {
   return m;
 }
 
-SamplingOptions plain() {
+// Sampling with only the filters asked for (the defaults: temperature 1, every filter off).
+SamplingOptions plain(float temperature = 1.f, int top_k = 0, float top_p = 1.f, float min_p = 0.f) {
   SamplingOptions o;
-  o.temperature = 1.f;
-  o.top_k = 0;
-  o.top_p = 1.f;
-  o.min_p = 0.f;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.min_p = min_p;
   return o;
 }
 
@@ -95,34 +96,17 @@ TEST_CASE("sampler: deterministic per seed and counter", "[sampler]") {
 
 TEST_CASE("sampler: distributions of the filters", "[sampler]") {
   const int N = 20000;
-  SECTION("temperature 1, no filter") { check_distribution(frequencies(plain(), N), renormalised(6)); }
-  SECTION("temperature 2 flattens: p^(1/2)") {
-    SamplingOptions o = plain();
-    o.temperature = 2.f;
-    // the 10 far-away ids get e^-15 each: still negligible
-    check_distribution(frequencies(o, N), renormalised(6, 2.0));
-  }
-  SECTION("top-k 3") {
-    SamplingOptions o = plain();
-    o.top_k = 3;
-    check_distribution(frequencies(o, N), renormalised(3));
-  }
-  SECTION("top-p 0.7 keeps the smallest prefix reaching 0.7 (0.4 + 0.25 + 0.15)") {
-    SamplingOptions o = plain();
-    o.top_p = 0.7f;
-    check_distribution(frequencies(o, N), renormalised(3));
-  }
-  SECTION("min-p 0.3 keeps p >= 0.12") {
-    SamplingOptions o = plain();
-    o.min_p = 0.3f;
-    check_distribution(frequencies(o, N), renormalised(3));
-  }
-  SECTION("the strictest filter wins: top-k 4 with top-p 0.5") {
-    SamplingOptions o = plain();
-    o.top_k = 4;
-    o.top_p = 0.5f;
-    check_distribution(frequencies(o, N), renormalised(2));
-  }
+  // The ids each setting keeps, drawn N times: renormalised(n) is the n most likely with their p renormalised.
+  auto keeps = [&](const SamplingOptions& o, int n, double temperature = 1.0) {
+    check_distribution(frequencies(o, N), renormalised(n, temperature));
+  };
+  SECTION("temperature 1, no filter") { keeps(plain(), 6); }
+  // The 10 far-away ids get e^-15 each at temperature 2: still negligible.
+  SECTION("temperature 2 flattens: p^(1/2)") { keeps(plain(2.f), 6, 2.0); }
+  SECTION("top-k 3") { keeps(plain(1.f, 3), 3); }
+  SECTION("top-p 0.7 keeps the smallest prefix reaching 0.7 (0.4 + 0.25 + 0.15)") { keeps(plain(1.f, 0, 0.7f), 3); }
+  SECTION("min-p 0.3 keeps p >= 0.12") { keeps(plain(1.f, 0, 1.f, 0.3f), 3); }
+  SECTION("the strictest filter wins: top-k 4 with top-p 0.5") { keeps(plain(1.f, 4, 0.5f), 2); }
   SECTION("repetition penalty divides positive logits and multiplies negative ones") {
     std::vector<float> x = {2.f, -1.f, 0.5f};
     const int32_t seen[2] = {0, 1};

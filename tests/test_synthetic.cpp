@@ -12,6 +12,7 @@
 
 #include "gemma4_t4.hpp"
 #include "temp_dir.hpp"
+#include "fixture_config.hpp"
 
 #ifdef GEMMA4_T4_MAKE_SYNTHETIC
 
@@ -171,31 +172,8 @@ TEST_CASE("make_synthetic --model tiny: the mm_bf16 fixture's layout, loads and 
     const uint64_t decode = make(tmp.path(), {"--model", "tiny", "--format", format, "--seed", "5"});
     Engine engine = load_and_run(tmp.path(), decode);
     const gemma4_t4::ModelConfig& c = engine.config();
-    CHECK(c.model_type == "gemma4");
-    CHECK(c.hidden_size == 64);
-    CHECK(c.num_layers == 7);
-    CHECK(c.num_heads == 4);
-    CHECK(c.vocab_size == 512);
-    CHECK(c.vocab_size_per_layer_input == 512);
-    CHECK(c.hidden_size_per_layer_input == 32);
-    CHECK(c.num_kv_shared_layers == 3);
-    CHECK(c.sliding_window == 8);
-    CHECK(c.final_logit_softcapping == 30.f);
+    testutil::check_tiny_config(c);
     CHECK(c.weight_format == (format == "w4a16" ? WeightFormat::W4A16 : WeightFormat::Bf16));
-    REQUIRE(c.layers.size() == 7);
-    const char* types = "SSFSSFF";
-    const int sources[7] = {0, 1, 2, 3, 3, 2, 2};
-    for (int i = 0; i < 7; ++i) {
-      INFO("layer " << i);
-      const gemma4_t4::LayerConfig& l = c.layers[size_t(i)];
-      const bool full = types[i] == 'F';
-      CHECK(l.type == (full ? LayerType::Full : LayerType::Sliding));
-      CHECK(l.head_dim == (full ? 64 : 32));
-      CHECK(l.num_kv_heads == 1);
-      CHECK(l.kv_shared == (i >= 4));
-      CHECK(l.kv_source == sources[i]);
-      CHECK(l.intermediate_size == (i >= 4 ? 256 : 128));
-    }
 
 #ifdef GEMMA4_T4_FIXTURES
     // Same config and the same tensor layout as the fixture (which the Python safetensors writer made).

@@ -28,8 +28,7 @@ std::vector<int32_t> prompt_for(const std::vector<int32_t>& base, size_t k) {
 
 TEST_CASE("threads: one Engine, several threads with their own Sessions, results equal one thread", "[threads][cpu]") {
   for (const char* fixture : {"mm_bf16", "w4a16"}) {
-    Reference ref;
-    load_reference(fixture, &ref);
+    const Reference ref = reference(fixture);
     Engine engine = load_engine(fixture, Backend::Cpu);
     constexpr size_t kThreads = 4, kPerThread = 3;
     constexpr int kTokens = 8;
@@ -61,8 +60,7 @@ TEST_CASE("threads: one Engine, several threads with their own Sessions, results
 }
 
 TEST_CASE("threads: a Batch on one thread beside generate() on others shares the Engine", "[threads][cpu]") {
-  Reference ref;
-  load_reference("mm_bf16", &ref);
+  const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
   constexpr int kTokens = 6;
   constexpr size_t kSessions = 4;

@@ -88,6 +88,15 @@ struct SampleItem {
   uint64_t counter = 0;       // RNG counter: the position of the token being sampled
 };
 
+// K + V bytes one position costs over every layer that keeps its own cache (KV-shared layers read another's),
+// at `element` bytes a value: each backend's BackendModel::kv_bytes_per_token.
+inline size_t kv_bytes_per_position(const ModelConfig& cfg, size_t element) {
+  size_t b = 0;
+  for (const LayerConfig& lc : cfg.layers)
+    if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * size_t(lc.head_dim) * element;
+  return b;
+}
+
 class BackendModel {
  public:
   virtual ~BackendModel() = default;

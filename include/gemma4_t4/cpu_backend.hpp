@@ -474,12 +474,7 @@ class CpuBackend : public BackendModel {
   // Weights are read in place from the mapped checkpoint (plus a quantized LM head copy when asked); the KV cache is
   // fp32, sized as init_session does (a sliding layer keeps a ring of `window` slots once max_ctx exceeds the window).
   size_t weight_bytes() const override { return w_->file_bytes() + model_.head_copy_bytes(); }
-  size_t kv_bytes_per_token() const override {
-    size_t b = 0;
-    for (const LayerConfig& lc : cfg_->layers)
-      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(float);
-    return b;
-  }
+  size_t kv_bytes_per_token() const override { return kv_bytes_per_position(*cfg_, sizeof(float)); }
   size_t session_bytes(size_t max_ctx) const override {
     size_t b = 0;
     for (const LayerConfig& lc : cfg_->layers) {

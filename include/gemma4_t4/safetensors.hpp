@@ -184,10 +184,7 @@ class SafetensorsHeaderReader {
         seen_ = 0;
         state_ = State::Entry;
         return true;
-      case State::Field:
-        skip_ = 1;
-        state_ = State::Entry;
-        return true;  // an unknown field's object
+      case State::Field: return skip_field_value();  // an unknown field's object
       default: return scalar("an object");
     }
   }
@@ -208,10 +205,7 @@ class SafetensorsHeaderReader {
     switch (state_) {
       case State::ShapeValue: state_ = State::Shape; return true;
       case State::OffsetsValue: state_ = State::Offsets; return true;
-      case State::Field:
-        skip_ = 1;
-        state_ = State::Entry;
-        return true;  // an unknown field's array
+      case State::Field: return skip_field_value();  // an unknown field's array
       default: return scalar("an array");
     }
   }
@@ -304,6 +298,12 @@ class SafetensorsHeaderReader {
       case State::Offsets: return bad(std::string("data_offsets are not non-negative integers (") + kind + ")");
       default: return fail(std::string("unexpected ") + kind + " in the header");
     }
+  }
+  // An unknown field's object or array: skipped whole (its nested events counted in skip_).
+  bool skip_field_value() {
+    skip_ = 1;
+    state_ = State::Entry;
+    return true;
   }
   bool meta_bad(const char* kind) {
     return fail("__metadata__ value '" + meta_key_ + "' is " + kind + ", not a string");

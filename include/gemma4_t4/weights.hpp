@@ -349,21 +349,16 @@ inline void linear_row(const LinearW& w, int o, float* dst) {
   }
   const size_t base = size_t(o) * w.in;
   const TensorInfo& t = *w.dense;
+  auto widen = [&](auto to_f32) {  // the row's 16-bit floats -> fp32 (a lambda per format: inlined)
+    for (int i = 0; i < w.in; ++i) {
+      uint16_t h;
+      std::memcpy(&h, t.data + 2 * (base + i), 2);
+      dst[i] = to_f32(h);
+    }
+  };
   switch (t.dtype) {
-    case DType::BF16:
-      for (int i = 0; i < w.in; ++i) {
-        uint16_t h;
-        std::memcpy(&h, t.data + 2 * (base + i), 2);
-        dst[i] = bf16_to_f32(h);
-      }
-      break;
-    case DType::F16:
-      for (int i = 0; i < w.in; ++i) {
-        uint16_t h;
-        std::memcpy(&h, t.data + 2 * (base + i), 2);
-        dst[i] = f16_to_f32(h);
-      }
-      break;
+    case DType::BF16: widen([](uint16_t h) { return bf16_to_f32(h); }); break;
+    case DType::F16: widen([](uint16_t h) { return f16_to_f32(h); }); break;
     default: std::memcpy(dst, t.data + 4 * base, sizeof(float) * w.in); break;
   }
 }

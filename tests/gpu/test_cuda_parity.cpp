@@ -81,8 +81,7 @@ TEST_CASE("CUDA parity with the reference: w4a16, PLE table on the GPU", "[gpu][
 TEST_CASE("CUDA batched decode: each session's greedy tokens equal running it alone", "[gpu][batch]") {
   for (const char* name : kFixtureNames) {
     INFO(name);
-    Reference ref;
-    load_reference(name, &ref);
+    const Reference ref = reference(name);
     Engine engine = load_engine(name, Backend::Cuda);
     const int V = engine.config().vocab_size;
     const size_t prefixes[] = {ref.prompt.size(), 13, 7, 1};
@@ -133,24 +132,12 @@ TEST_CASE("CUDA matches the CPU backend on a prompt longer than one pass and the
       Engine gpu = load_engine(name, Backend::Cuda, PleLocation::Host, 1024, LmHead::F16, pass_rows);
       Engine cpu = load_engine(name, Backend::Cpu);
       const int V = gpu.config().vocab_size;
-      std::mt19937 rng(1234);
-      std::uniform_int_distribution<int> id(5, V - 1);
-      std::vector<int32_t> prompt(700);  // >> window + ring slack
-      for (auto& t : prompt) t = id(rng);
+      std::vector<int32_t> prompt = random_tokens(V, 700, 1234);  // >> window + ring slack
       prompt[0] = 2;
-      Session sg, sc;
-      REQUIRE(gpu.create_session(&sg));
-      REQUIRE(cpu.create_session(&sc));
-      std::vector<float> lg, lc;
-      REQUIRE(gpu.forward(sg, prompt.data(), prompt.size(), Logits::Last, &lg));
-      REQUIRE(cpu.forward(sc, prompt.data(), prompt.size(), Logits::Last, &lc));
-      check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " 700-token prefill");
-      for (int i = 0; i < 8; ++i) {
-        const int32_t t = argmax(lc.data(), size_t(V));
-        REQUIRE(gpu.forward(sg, &t, 1, Logits::Last, &lg));
-        REQUIRE(cpu.forward(sc, &t, 1, Logits::Last, &lc));
-        check_rows(lg, lc.data(), 1, V, kTolRef, std::string(name) + " decode past the window");
-      }
+      lockstep(gpu, cpu, prompt, 8, [&](int step, const std::vector<float>& lg, const std::vector<float>& lc) {
+        check_rows(lg, lc.data(), 1, V, kTolRef,
+                   std::string(name) + (step == 0 ? " 700-token prefill" : " decode past the window"));
+      });
     }
 }
 
@@ -310,8 +297,7 @@ TEST_CASE("CUDA programmatic launch: logits equal plain launches bit for bit", "
 TEST_CASE("CUDA step: greedy tokens sampled on the GPU equal the reference's", "[gpu][sampling]") {
   for (const char* name : kFixtureNames) {
     INFO(name);
-    Reference ref;
-    load_reference(name, &ref);
+    const Reference ref = reference(name);
     Engine engine = load_engine(name, Backend::Cuda);
     Session s;
     REQUIRE(engine.create_session(&s));

@@ -179,12 +179,7 @@ class CudaBackend : public BackendModel {
   Status check_files(const TensorStore&) const override {
     return cfg_->hidden_size_per_layer_input > 0 && !weights_.ple_table16 ? check_mapped(*ple_table_) : Status::ok();
   }
-  size_t kv_bytes_per_token() const override {
-    size_t b = 0;
-    for (const LayerConfig& lc : cfg_->layers)
-      if (!lc.kv_shared) b += 2 * size_t(lc.num_kv_heads) * lc.head_dim * sizeof(half);
-    return b;
-  }
+  size_t kv_bytes_per_token() const override { return kv_bytes_per_position(*cfg_, sizeof(half)); }
   size_t session_bytes(size_t max_ctx) const override {
     size_t b = 0;
     for (const LayerConfig& lc : cfg_->layers)

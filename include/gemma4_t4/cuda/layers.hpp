@@ -259,17 +259,6 @@ class LayerEncoder {
     return Status::ok();
   }
 
-  static kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
-    kernels::GemvMat m;
-    m.w16 = w.w16;
-    m.wq = w.wq;
-    m.s = w.s16;
-    m.out = w.out;
-    m.y = y;  // [n, out] fp32
-    m.ldy = w.out;
-    return m;
-  }
-
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
   // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else cuBLAS (w4a16 dequantised first).

@@ -140,13 +140,13 @@ class PersistentDecoder {
     const LayerConfig& lc = c_->layers[l];
     const DevLayer& d = w_->layers[l];
     kernels::GemvArgs a;
-    a.mat[0] = mat(d.q, ws_->proj_a);
+    a.mat[0] = gemv_mat(d.q, ws_->proj_a);
     a.count = 1;
     if (!lc.kv_shared) {
-      a.mat[1] = mat(d.k, ws_->proj_b);
+      a.mat[1] = gemv_mat(d.k, ws_->proj_b);
       a.count = 2;
       if (!lc.k_eq_v) {
-        a.mat[2] = mat(d.v, ws_->proj_c);
+        a.mat[2] = gemv_mat(d.v, ws_->proj_c);
         a.count = 3;
       }
     }
@@ -195,14 +195,14 @@ class PersistentDecoder {
     const DevLayer& d = w_->layers[l];
     kernels::GemvArgs a;
     if (b == Branch::Mlp) {
-      a.mat[0] = mat(d.gate, nullptr);
-      a.mat[1] = mat(d.up, nullptr);
+      a.mat[0] = gemv_mat(d.gate, nullptr);
+      a.mat[1] = gemv_mat(d.up, nullptr);
       a.out16 = ws_->act16;
       a.ld16 = d.gate.out;
       return gemv(a, 2, kernels::GemvEpilogue::GeluMul, d.gate.in, next_x_, "gate/up_proj");
     }
     const int L = c_->num_layers, D = c_->hidden_size_per_layer_input;
-    a.mat[0] = mat(d.ple_gate, nullptr);
+    a.mat[0] = gemv_mat(d.ple_gate, nullptr);
     a.out16 = ws_->x16;
     a.ld16 = D;
     a.ple = ws_->ple;
@@ -216,7 +216,7 @@ class PersistentDecoder {
     const DevLinear& w = b == Branch::Attention ? d.o : b == Branch::Mlp ? d.down : d.ple_proj;
     const half* x = b == Branch::Attention ? ws_->q16 : b == Branch::Mlp ? ws_->act16 : ws_->x16;
     kernels::GemvArgs a;
-    a.mat[0] = mat(w, y_res_);
+    a.mat[0] = gemv_mat(w, y_res_);
     a.x = x;
     kernels::StepX from_buffer;  // build = 0: x = a.x
     GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Store, w.in, from_buffer, "residual projection"));
@@ -260,17 +260,6 @@ class PersistentDecoder {
         group = std::max(group, c_->num_heads / lc.num_kv_heads);
       }
     return std::max(1, std::min(s, kernels::attention_fused_splits(group, hd ? hd : 512)));
-  }
-
-  static kernels::GemvMat mat(const DevLinear& w, float* y) {
-    kernels::GemvMat m;
-    m.w16 = w.w16;
-    m.wq = w.wq;
-    m.s = w.s16;
-    m.out = w.out;
-    m.y = y;
-    m.ldy = w.out;
-    return m;
   }
 
   // The x of the next Gemv: the residual stream with the pending branch folded in, then the norm `w` (null:
@@ -345,7 +334,7 @@ class PersistentDecoder {
     pending_y_ = nullptr;
     if (D > 0) {  // per-layer inputs: projection of the embedding (x = half(h)), then the combine
       kernels::GemvArgs a;
-      a.mat[0] = mat(w_->ple_model_proj, ws_->tok);
+      a.mat[0] = gemv_mat(w_->ple_model_proj, ws_->tok);
       GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Store, H, take_x(nullptr), "per_layer_model_projection"));
       kernels::StepInstr ins;
       ins.op = kernels::StepOp::PleCombine;
@@ -364,7 +353,7 @@ class PersistentDecoder {
     GEMMA4_T4_TRY(gemma4_layers(*this, c));
     {  // LM head: final norm of the folded residual, soft-capped logits, each row's argmax
       kernels::GemvArgs a;
-      a.mat[0] = mat(DevLinear{V, H, w_->lm16, nullptr, nullptr}, ws_->samp_logits);
+      a.mat[0] = gemv_mat(DevLinear{V, H, w_->lm16, nullptr, nullptr}, ws_->samp_logits);
       a.softcap = c.final_logit_softcapping;
       GEMMA4_T4_TRY(gemv(a, 1, kernels::GemvEpilogue::Head, H, take_x(w_->final_norm), "LM head"));
       kernels::StepInstr ins;

@@ -28,6 +28,18 @@ struct DevLinear {
   half* s16 = nullptr;     // [out, in/32] fp16 scales
 };
 
+// A linear as the GEMV kernels take it, writing y: [n, out] fp32 (null: a fused epilogue writes instead).
+inline kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
+  kernels::GemvMat m;
+  m.w16 = w.w16;
+  m.wq = w.wq;
+  m.s = w.s16;
+  m.out = w.out;
+  m.y = y;
+  m.ldy = w.out;
+  return m;
+}
+
 struct DevLayer {
   DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
   float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32

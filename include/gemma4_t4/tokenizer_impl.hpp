@@ -1,0 +1,535 @@
+// gemma4_t4 implementation part: Tokenizer::Impl -- the vocabulary, the BPE merge table, the added-token tries,
+// the normalizer / pre-tokenizer / decoder settings -- and the encoding pipeline over them (steps 1-4 of
+// tokenizer.hpp's list). Filled by tokenizer_load.hpp; used by tokenizer.hpp. Included through tokenizer.hpp
+// inside GEMMA4_T4_IMPLEMENTATION; not a public header.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <queue>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#ifdef GEMMA4_T4_SENTENCEPIECE
+#include <sentencepiece_processor.h>
+#endif
+
+namespace gemma4_t4 {
+namespace detail {
+
+// ---- UTF-8 ----
+
+// Scans the UTF-8 sequence starting at s[0] (n >= 1 bytes available). Returns 1 and *len = its length when
+// it is complete and valid; 0 when s[0..n) is a valid but incomplete prefix (*len = n); -1 when ill-formed,
+// *len = the maximal ill-formed subpart (>= 1 byte) to replace with one U+FFFD.
+inline int utf8_scan(const unsigned char* s, size_t n, size_t* len) {
+  const unsigned c = s[0];
+  size_t need = 0;
+  unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
+  if (c < 0x80) {
+    *len = 1;
+    return 1;
+  } else if (c >= 0xC2 && c <= 0xDF) {
+    need = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    need = 3;
+    if (c == 0xE0) lo = 0xA0;  // no overlong forms
+    if (c == 0xED) hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    need = 4;
+    if (c == 0xF0) lo = 0x90;  // no overlong forms
+    if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
+  } else {
+    *len = 1;
+    return -1;
+  }
+  for (size_t i = 1; i < need; ++i) {
+    if (i >= n) {
+      *len = i;
+      return 0;
+    }
+    const unsigned b = s[i];
+    if (b < (i == 1 ? lo : 0x80u) || b > (i == 1 ? hi : 0xBFu)) {
+      *len = i;
+      return -1;
+    }
+  }
+  *len = need;
+  return 1;
+}
+
+// Offset of the first byte that is not part of valid UTF-8, or npos.
+inline size_t utf8_invalid_at(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  for (size_t i = 0; i < s.size();) {
+    size_t len = 0;
+    if (utf8_scan(p + i, s.size() - i, &len) != 1) return i;
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+// ---- BPE tables ----
+
+// Token text -> id, the text viewed in strings that outlive the table: open addressing, linear probing, at
+// most half full. Replaces std::unordered_map<std::string_view, int32_t>, whose lookups (prime modulo, a node
+// per entry, a string compare in another cache line) were the largest part of loading Gemma's 262,144-token
+// vocabulary and its 514,906 merges. A slot keeps the text's size and first 8 bytes, so a probe of another
+// text, and the whole compare of a text of <= 8 bytes, stays in the slot. The same interface subset as the
+// map: find() -> pointer (end() = nullptr) with ->second, emplace() keeping the first id of a text, reserve().
+class VocabIndex {
+ public:
+  struct Entry {
+    const char* text = nullptr;  // not owned
+    uint64_t head = 0;           // its first 8 bytes, zero-padded
+    uint32_t size = 0;           // its length
+    int32_t second = -1;         // the id; -1: an empty slot
+  };
+  void reserve(size_t n) {
+    if (2 * n > slots_.size()) rehash(2 * n);
+  }
+  const Entry* end() const { return nullptr; }
+  size_t size() const { return size_; }
+  const Entry* find(std::string_view k) const { return find(k, probe(k)); }
+  // A lookup in two steps, so that many can be in flight: probe() hashes k and prefetches its slot, find(k,
+  // probe) then finds it there (loading the merges: three lookups each, mostly cache misses).
+  struct Probe {
+    uint64_t hash, head;
+  };
+  Probe probe(std::string_view k) const {
+    Probe p{0, 0};
+    p.hash = hash(k, &p.head);
+    if (!slots_.empty()) __builtin_prefetch(&slots_[size_t(p.hash) & mask_]);
+    return p;
+  }
+  const Entry* find(std::string_view k, Probe p) const {
+    if (slots_.empty() || k.size() > UINT32_MAX) return nullptr;
+    for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
+      const Entry& e = slots_[i];
+      if (e.second < 0) return nullptr;
+      if (same(e, k, p.head)) return &e;
+    }
+  }
+  // Adds k -> id unless k is there; returns the entry and whether it was added.
+  std::pair<const Entry*, bool> emplace(std::string_view k, int32_t id) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
+    uint64_t head = 0;
+    for (size_t i = size_t(hash(k, &head)) & mask_;; i = (i + 1) & mask_) {
+      Entry& e = slots_[i];
+      if (e.second < 0) {
+        e = Entry{k.data(), head, uint32_t(k.size()), id};
+        ++size_;
+        return {&e, true};
+      }
+      if (same(e, k, head)) return {&e, false};
+    }
+  }
+
+ private:
+  static bool same(const Entry& e, std::string_view k, uint64_t head) {
+    return e.size == k.size() && e.head == head &&
+           (k.size() <= 8 || std::memcmp(e.text + 8, k.data() + 8, k.size() - 8) == 0);
+  }
+  // FNV-1a over 8-byte words, then a finalizer (token texts are short: a few words at most); *head = the
+  // first word.
+  static uint64_t hash(std::string_view k, uint64_t* head) {
+    uint64_t h = 0xcbf29ce484222325ull ^ k.size();
+    size_t i = 0;
+    for (; i + 8 <= k.size(); i += 8) {
+      uint64_t w;
+      std::memcpy(&w, k.data() + i, 8);
+      if (i == 0) *head = w;
+      h = (h ^ w) * 0x100000001b3ull;
+    }
+    if (k.size() > i) {
+      uint64_t w = 0;
+      std::memcpy(&w, k.data() + i, k.size() - i);
+      if (i == 0) *head = w;
+      h = (h ^ w) * 0x100000001b3ull;
+    }
+    h ^= h >> 33;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 33;
+    return h;
+  }
+  void rehash(size_t want) {
+    size_t cap = 16;
+    while (cap < want) cap <<= 1;
+    std::vector<Entry> old = std::move(slots_);
+    slots_.assign(cap, Entry{});
+    mask_ = cap - 1;
+    size_ = 0;
+    for (const Entry& e : old)
+      if (e.second >= 0) emplace(std::string_view(e.text, e.size), e.second);
+  }
+  std::vector<Entry> slots_;
+  size_t mask_ = 0, size_ = 0;
+};
+
+// (left id, right id) -> (rank, merged id): open addressing, linear probing, 16 bytes a slot.
+class MergeTable {
+ public:
+  void reserve(size_t n) {
+    size_t cap = 16;
+    while (cap < 2 * n) cap <<= 1;
+    slots_.assign(cap, Slot{kEmpty, 0, 0});
+    mask_ = cap - 1;
+  }
+  // A later duplicate replaces an earlier one (tokenizers collects the merges into a HashMap).
+  void put(int32_t a, int32_t b, int32_t rank, int32_t id) {
+    const uint64_t key = make_key(a, b);
+    for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].key == kEmpty || slots_[i].key == key) {
+        slots_[i] = Slot{key, rank, id};
+        return;
+      }
+    }
+  }
+  // Rank and merged id of (a, b); false when the pair does not merge.
+  bool find(int32_t a, int32_t b, int32_t* rank, int32_t* id) const {
+    if (slots_.empty()) return false;
+    const uint64_t key = make_key(a, b);
+    for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i].key == key) {
+        *rank = slots_[i].rank;
+        *id = slots_[i].id;
+        return true;
+      }
+      if (slots_[i].key == kEmpty) return false;
+    }
+  }
+
+ private:
+  struct Slot {
+    uint64_t key;
+    int32_t rank;
+    int32_t id;
+  };
+  static constexpr uint64_t kEmpty = ~uint64_t(0);
+  static uint64_t make_key(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
+  static uint64_t mix(uint64_t k) {
+    k ^= k >> 33;
+    k *= 0xff51afd7ed558ccdull;
+    k ^= k >> 33;
+    return k;
+  }
+  std::vector<Slot> slots_;
+  uint64_t mask_ = 0;
+};
+
+// Byte trie of added-token strings: longest match at a position.
+class TokenTrie {
+ public:
+  bool empty() const { return nodes_.size() == 1; }
+  void add(std::string_view s, int32_t id) {
+    size_t node = 0;
+    for (unsigned char c : s) {
+      int32_t next = child(node, c);
+      if (next < 0) {
+        next = int32_t(nodes_.size());
+        nodes_[node].next.emplace_back(c, next);
+        nodes_.emplace_back();
+      }
+      node = size_t(next);
+    }
+    nodes_[node].id = id;
+  }
+  // Length of the longest token that s[0..n) starts with (0: none); *id its id.
+  size_t longest(const char* s, size_t n, int32_t* id) const {
+    size_t node = 0, best = 0;
+    for (size_t i = 0; i < n; ++i) {
+      const int32_t next = child(node, static_cast<unsigned char>(s[i]));
+      if (next < 0) break;
+      node = size_t(next);
+      if (nodes_[node].id >= 0) {
+        best = i + 1;
+        *id = nodes_[node].id;
+      }
+    }
+    return best;
+  }
+
+ private:
+  struct Node {
+    std::vector<std::pair<unsigned char, int32_t>> next;
+    int32_t id = -1;
+  };
+  int32_t child(size_t node, unsigned char c) const {
+    for (const auto& e : nodes_[node].next)
+      if (e.first == c) return e.second;
+    return -1;
+  }
+  std::vector<Node> nodes_ = std::vector<Node>(1);
+};
+
+inline void replace_all(std::string* s, const std::string& from, const std::string& to) {
+  if (from.empty()) return;
+  std::string out;
+  size_t pos = 0;
+  for (size_t hit; (hit = s->find(from, pos)) != std::string::npos; pos = hit + from.size()) {
+    out.append(*s, pos, hit - pos);
+    out += to;
+  }
+  if (pos == 0) return;
+  out.append(*s, pos, std::string::npos);
+  *s = std::move(out);
+}
+
+}  // namespace detail
+
+// ---- Tokenizer::Impl ----
+
+struct Tokenizer::Impl {
+  std::string source;  // the file it came from (for messages)
+
+  // vocabulary: model vocab overlaid with added tokens
+  std::vector<std::string> pieces;                     // [vocab] token text ("" for an unused id)
+  std::vector<uint8_t> present;                        // [vocab] 1 where an id has a token
+  detail::VocabIndex lookup;                           // model vocab: text -> id (views into pieces)
+  std::unordered_map<std::string, int32_t> added_ids;  // added tokens: text -> id
+  std::deque<std::string> renamed;                     // model text of ids an added token renamed
+  std::vector<uint8_t> special;                        // [vocab] 1 for added tokens marked special
+  std::vector<int16_t> byte_value;                     // [vocab] 0..255 for "<0xXX>" tokens, else -1
+
+  // normalizer: steps in order
+  struct NormStep {
+    enum Kind { Replace, Prepend } kind;
+    std::string a, b;  // Replace: a -> b; Prepend: a
+  };
+  std::vector<NormStep> normalizer;
+
+  // pre-tokenizer: Split steps in order
+  enum class SplitBehavior { Removed, Isolated, MergedWithPrevious, MergedWithNext, Contiguous };
+  struct SplitStep {
+    std::string pattern;
+    SplitBehavior behavior;
+  };
+  std::vector<SplitStep> pre_tokenizer;
+
+  // model (BPE)
+  detail::MergeTable merges;
+  int32_t unk_id = -1;
+  bool byte_fallback = false, fuse_unk = false, ignore_merges = false;
+  std::vector<int32_t> byte_ids = std::vector<int32_t>(256, -1);  // [256] id of "<0xXX>" or -1
+
+  // added tokens, matched before the model
+  detail::TokenTrie raw_added;   // normalized: false, matched on the raw text
+  detail::TokenTrie norm_added;  // normalized: true, matched on the normalized text (content normalized)
+
+  // decoder
+  std::vector<std::pair<std::string, std::string>> dec_replace;  // applied to every non-byte token
+  bool dec_bytes = false;                                        // ByteFallback present
+  bool dec_join_space = false;                                   // no decoder: tokens joined with " "
+  std::string strip_content;                                     // Strip after Fuse: leading chars to drop
+  int strip_start = 0;                                           //   at most this many
+
+#ifdef GEMMA4_T4_SENTENCEPIECE
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
+#endif
+
+  bool valid_id(int32_t id) const { return id >= 0 && size_t(id) < pieces.size() && present[size_t(id)]; }
+
+  void normalize(std::string* s) const {
+    for (const NormStep& st : normalizer) {
+      if (st.kind == NormStep::Replace) {
+        detail::replace_all(s, st.a, st.b);
+      } else if (!s->empty()) {
+        s->insert(0, st.a);
+      }
+    }
+  }
+
+  // ---- encoding ----
+
+  // tokenizers' Split with a literal pattern: (begin, end) ranges of the words of s, in order.
+  static void split_words(const std::string& s, const SplitStep& st, std::vector<std::pair<size_t, size_t>>* in_out) {
+    std::vector<std::pair<size_t, size_t>> out;
+    for (const auto& w : *in_out) {
+      // (range, is_match) covering the word
+      std::vector<std::pair<std::pair<size_t, size_t>, bool>> parts;
+      size_t pos = w.first;
+      while (pos < w.second) {
+        size_t hit = s.find(st.pattern, pos);
+        if (hit == std::string::npos || hit + st.pattern.size() > w.second) break;
+        if (hit > pos) parts.push_back({{pos, hit}, false});
+        parts.push_back({{hit, hit + st.pattern.size()}, true});
+        pos = hit + st.pattern.size();
+      }
+      if (pos < w.second) parts.push_back({{pos, w.second}, false});
+      std::vector<std::pair<size_t, size_t>> acc;
+      bool prev_match = false;
+      switch (st.behavior) {
+        case SplitBehavior::Removed:
+          for (const auto& p : parts)
+            if (!p.second) acc.push_back(p.first);
+          break;
+        case SplitBehavior::Isolated:
+          for (const auto& p : parts) acc.push_back(p.first);
+          break;
+        case SplitBehavior::MergedWithPrevious:
+          for (const auto& p : parts) {
+            if (p.second && !prev_match && !acc.empty()) {
+              acc.back().second = p.first.second;
+            } else {
+              acc.push_back(p.first);
+            }
+            prev_match = p.second;
+          }
+          break;
+        case SplitBehavior::MergedWithNext:
+          for (size_t i = parts.size(); i-- > 0;) {
+            const auto& p = parts[i];
+            if (p.second && !prev_match && !acc.empty()) {
+              acc.back().first = p.first.first;
+            } else {
+              acc.push_back(p.first);
+            }
+            prev_match = p.second;
+          }
+          std::reverse(acc.begin(), acc.end());
+          break;
+        case SplitBehavior::Contiguous:
+          for (size_t i = 0; i < parts.size(); ++i) {
+            const auto& p = parts[i];
+            if (i > 0 && p.second == prev_match) {
+              acc.back().second = p.first.second;
+            } else {
+              acc.push_back(p.first);
+            }
+            prev_match = p.second;
+          }
+          break;
+      }
+      out.insert(out.end(), acc.begin(), acc.end());
+    }
+    *in_out = std::move(out);
+  }
+
+  // BPE of one word (normalized text), appended to *ids.
+  void bpe(std::string_view w, std::vector<int32_t>* ids) const {
+    if (w.empty()) return;
+    if (ignore_merges) {
+      auto it = lookup.find(w);
+      if (it != lookup.end()) {
+        ids->push_back(it->second);
+        return;
+      }
+    }
+    struct Sym {
+      int32_t id;
+      int32_t prev, next;  // indices in syms, -1 at the ends
+      bool alive;
+    };
+    std::vector<Sym> syms;
+    syms.reserve(w.size());
+    auto add = [&](int32_t id) {
+      const int32_t i = int32_t(syms.size());
+      syms.push_back(Sym{id, i - 1, -1, true});
+      if (i > 0) syms[size_t(i) - 1].next = i;
+    };
+    const auto* p = reinterpret_cast<const unsigned char*>(w.data());
+    bool pending_unk = false;
+    for (size_t i = 0; i < w.size();) {
+      size_t len = 1;
+      detail::utf8_scan(p + i, w.size() - i, &len);  // input was validated: always a whole character
+      auto it = lookup.find(w.substr(i, len));
+      if (it != lookup.end()) {
+        if (pending_unk) add(unk_id), pending_unk = false;
+        add(it->second);
+      } else {
+        bool bytes_ok = byte_fallback;
+        for (size_t k = 0; bytes_ok && k < len; ++k) bytes_ok = byte_ids[p[i + k]] >= 0;
+        if (bytes_ok) {
+          if (pending_unk) add(unk_id), pending_unk = false;
+          for (size_t k = 0; k < len; ++k) add(byte_ids[p[i + k]]);
+        } else if (unk_id >= 0) {
+          if (pending_unk && !fuse_unk) add(unk_id);
+          pending_unk = true;
+        }  // no unk token: the character is dropped, as tokenizers does
+      }
+      i += len;
+    }
+    if (pending_unk) add(unk_id);
+
+    // Merge the lowest-ranked pair first, the leftmost on ties; entries made stale by earlier merges are
+    // recognised when popped (the pair at pos no longer yields the same merged id).
+    struct Cand {
+      int32_t rank, pos, id;
+      bool operator<(const Cand& o) const { return rank != o.rank ? rank > o.rank : pos > o.pos; }  // min-heap
+    };
+    std::priority_queue<Cand> heap;
+    auto consider = [&](int32_t pos) {
+      if (pos < 0) return;
+      const int32_t nx = syms[size_t(pos)].next;
+      if (nx < 0) return;
+      int32_t rank = 0, id = 0;
+      if (merges.find(syms[size_t(pos)].id, syms[size_t(nx)].id, &rank, &id)) heap.push(Cand{rank, pos, id});
+    };
+    for (int32_t i = 0; i + 1 < int32_t(syms.size()); ++i) consider(i);
+    while (!heap.empty()) {
+      const Cand c = heap.top();
+      heap.pop();
+      Sym& left = syms[size_t(c.pos)];
+      if (!left.alive || left.next < 0) continue;
+      Sym& right = syms[size_t(left.next)];
+      int32_t rank = 0, id = 0;
+      if (!merges.find(left.id, right.id, &rank, &id) || id != c.id) continue;
+      left.id = id;
+      right.alive = false;
+      left.next = right.next;
+      if (right.next >= 0) syms[size_t(right.next)].prev = c.pos;
+      consider(left.prev);
+      consider(c.pos);
+    }
+    for (const Sym& s : syms)
+      if (s.alive) ids->push_back(s.id);
+  }
+
+  // Cuts text at the added tokens `trie` finds (leftmost-longest): on_text(begin, end) for each non-empty
+  // stretch between them, in order, and each token's id appended to *ids where it stands.
+  template <class OnText>
+  static void cut_added(const detail::TokenTrie& trie, std::string_view text, std::vector<int32_t>* ids,
+                        const OnText& on_text) {
+    if (trie.empty()) {
+      if (!text.empty()) on_text(size_t(0), text.size());
+      return;
+    }
+    size_t start = 0;
+    for (size_t i = 0; i < text.size();) {
+      int32_t id = -1;
+      const size_t len = trie.longest(text.data() + i, text.size() - i, &id);
+      if (len == 0) {
+        ++i;
+        continue;
+      }
+      if (i > start) on_text(start, i);
+      ids->push_back(id);
+      i += len;
+      start = i;
+    }
+    if (start < text.size()) on_text(start, text.size());
+  }
+
+  // A segment of raw text between added tokens: normalize, cut normalized added tokens, pre-tokenize, BPE.
+  void encode_segment(std::string_view raw, std::vector<int32_t>* ids) const {
+    std::string s(raw);
+    normalize(&s);
+    cut_added(norm_added, s, ids, [&](size_t b, size_t e) {
+      std::vector<std::pair<size_t, size_t>> words{{b, e}};
+      for (const SplitStep& st : pre_tokenizer) split_words(s, st, &words);
+      for (const auto& w : words) bpe(std::string_view(s).substr(w.first, w.second - w.first), ids);
+    });
+  }
+
+  void encode(std::string_view text, std::vector<int32_t>* ids) const {
+    cut_added(raw_added, text, ids, [&](size_t b, size_t e) { encode_segment(text.substr(b, e - b), ids); });
+  }
+};
+
+}  // namespace gemma4_t4
