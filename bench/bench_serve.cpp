@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -39,7 +40,7 @@
 #include <thread>
 #include <vector>
 
-#include "common.hpp"
+#include "../programs/args.hpp"
 #include "gemma4_t4.hpp"
 
 namespace {
@@ -52,20 +53,7 @@ const char kUsage[] =
     "\n"
     "Drives an OpenAI-compatible server (examples/server.cpp) with concurrent streaming clients and reports\n"
     "tok/s per stream, total tok/s and TTFT p50/p90/p99 per (prompt, concurrency) cell.\n"
-    "\n"
-    "  --url URL              the server (default http://127.0.0.1:8080)\n"
-    "  --api-key KEY          sent as \"Authorization: Bearer KEY\"\n"
-    "  --model NAME           the model field (default: the first model GET /v1/models lists)\n"
-    "  --prompts LIST         prompt tokens per stream (default 512,4096)\n"
-    "  --concurrency LIST     streams at once (default 1,8,16,64)\n"
-    "  --tokens N             output tokens per stream, EOS ignored (default 128)\n"
-    "  --repeats N            timed repeats per cell (default 3)\n"
-    "  --seed N               base seed of the prompts, as bench's (default 20250101)\n"
-    "  --temperature F        sampling temperature (default 0: greedy, as bench)\n"
-    "  --no-warmup            skip the untimed request per stream before each cell\n"
-    "  --timeout S            per request (default 600)\n"
-    "  --label TEXT           names the run in the outputs\n"
-    "  --json PATH, --csv PATH  write the results there too\n";
+    "\n";
 
 // ---- prompts: bench's (include/gemma4_t4/bench.hpp: cell_seed, prompt_ids), so both see the same ids ----
 
@@ -372,18 +360,6 @@ std::string to_csv(const std::vector<Cell>& cells) {
   return s;
 }
 
-bool parse_list(const char* s, std::vector<int>* out) {
-  out->clear();
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    long v = 0;
-    if (!example::parse_long(item.c_str(), 1, 1 << 24, &v)) return false;
-    out->push_back(int(v));
-  }
-  return !out->empty();
-}
-
 bool write(const std::string& path, const std::string& text) {
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
   f << text;
@@ -394,59 +370,25 @@ bool write(const std::string& path, const std::string& text) {
 
 int main(int argc, char** argv) {
   Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      std::printf("%s", kUsage);
-      return 0;
-    }
-    if (a == "--no-warmup") {
-      o.warmup = false;
-      continue;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "bench_serve: unknown option or missing value: %s (--help for usage)\n", a.c_str());
-      return 2;
-    }
-    const char* v = argv[++i];
-    long n = 0;
-    bool ok = true;
-    if (a == "--url")
-      o.url = v;
-    else if (a == "--api-key")
-      o.api_key = v;
-    else if (a == "--model")
-      o.model = v;
-    else if (a == "--label")
-      o.label = v;
-    else if (a == "--json")
-      o.json_path = v;
-    else if (a == "--csv")
-      o.csv_path = v;
-    else if (a == "--prompts")
-      ok = parse_list(v, &o.prompts);
-    else if (a == "--concurrency")
-      ok = parse_list(v, &o.concurrency);
-    else if (a == "--tokens")
-      ok = example::parse_long(v, 2, 1 << 20, &o.tokens);
-    else if (a == "--repeats")
-      ok = example::parse_long(v, 1, 1000, &o.repeats);
-    else if (a == "--timeout")
-      ok = example::parse_long(v, 1, 86400, &o.timeout);
-    else if (a == "--temperature")
-      ok = example::parse_float(v, 0.f, 100.f, &o.temperature);
-    else if (a == "--seed") {
-      ok = example::parse_long(v, 0, LONG_MAX, &n);
-      o.seed = static_cast<unsigned long long>(n);
-    } else {
-      std::fprintf(stderr, "bench_serve: unknown option %s (--help for usage)\n", a.c_str());
-      return 2;
-    }
-    if (!ok) {
-      std::fprintf(stderr, "bench_serve: bad value '%s' for %s\n", v, a.c_str());
-      return 2;
-    }
-  }
+  bool no_warmup = false;
+  args::Parser p("bench_serve", kUsage);
+  p.text("--url", "URL", &o.url, "the server (default http://127.0.0.1:8080)");
+  p.text("--api-key", "KEY", &o.api_key, "sent as \"Authorization: Bearer KEY\"");
+  p.text("--model", "NAME", &o.model, "the model field (default: the first model GET /v1/models lists)");
+  p.list("--prompts", "LIST", &o.prompts, 1, 1 << 24, "prompt tokens per stream (default 512,4096)");
+  p.list("--concurrency", "LIST", &o.concurrency, 1, 1 << 24, "streams at once (default 1,8,16,64)");
+  p.integer("--tokens", "N", &o.tokens, 2, 1 << 20, "output tokens per stream, EOS ignored (default 128)");
+  p.integer("--repeats", "N", &o.repeats, 1, 1000, "timed repeats per cell (default 3)");
+  p.integer("--seed", "N", &o.seed, 0, ULLONG_MAX, "base seed of the prompts, as bench's (default 20250101)");
+  p.number("--temperature", "F", &o.temperature, 0, 100, "sampling temperature (default 0: greedy, as bench)");
+  p.flag("--no-warmup", &no_warmup, "skip the untimed request per stream before each cell");
+  p.integer("--timeout", "S", &o.timeout, 1, 86400, "per request (default 600)");
+  p.text("--label", "TEXT", &o.label, "names the run in the outputs");
+  p.text("--json", "PATH", &o.json_path, "write the results there too");
+  p.text("--csv", "PATH", &o.csv_path, "write the results there too");
+  p.footer("\nExit status: 0 every cell ran, 1 an error, 2 bad command line.\n");
+  if (const int rc = p.parse(argc, argv); rc >= 0) return rc;
+  o.warmup = !no_warmup;
 
   // the model: its name, context and vocabulary, from GET /v1/models
   httplib::Client cli(o.url);

@@ -39,7 +39,7 @@ struct ModelArgs {
   // sampling flags given on the command line (they override generation_config.json)
   std::optional<float> temperature, top_p, min_p, repeat_penalty;
   std::optional<int> top_k;
-  uint64_t seed = 0;
+  std::optional<uint64_t> seed;  // given on the command line (default 0)
 };
 
 // Declares the model and sampling flags on p, stored into *a (which must outlive p.parse()).
@@ -124,7 +124,7 @@ inline gemma4_t4::Status load(const ModelArgs& a, Loaded* out) {
   g.sampling.top_p = a.top_p.value_or(g.sampling.top_p);
   g.sampling.min_p = a.min_p.value_or(g.sampling.min_p);
   g.sampling.repetition_penalty = a.repeat_penalty.value_or(g.sampling.repetition_penalty);
-  g.sampling.seed = a.seed;
+  g.sampling.seed = a.seed.value_or(0);
   g.max_new_tokens = static_cast<int>(a.max_tokens);
   g.stop_at_eos = !a.ignore_eos;
   if (!a.ignore_eos) g.stop_tokens.assign(eos.begin(), eos.end());  // generation_config's, besides config.json's

@@ -54,27 +54,9 @@ const char kUsage[] =
     "\n"
     "An OpenAI-compatible server: POST /v1/chat/completions, POST /v1/completions (\"stream\": true for\n"
     "server-sent events), GET /v1/models, GET /health, GET /metrics (Prometheus).\n"
-    "\n"
-    "server:\n"
-    "  --host HOST              address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)\n"
-    "  --port N                 port (default 8080; 0: any free port). The first line on stdout says\n"
-    "                           \"listening on http://HOST:PORT\"\n"
-    "  --api-key KEY            require \"Authorization: Bearer KEY\" on /v1/ endpoints\n"
-    "  --served-model-name NAME the model's name in the API (default: the model directory's name)\n"
-    "  --parallel N             requests generating at once, one session each (default 64)\n"
-    "  --max-queue N            requests waiting beyond those; more get 429 (default 64)\n"
-    "  --prefill-rows N         prompt tokens per engine step, all joining requests together (default: the\n"
-    "                           CUDA pass size, 2048, less --parallel: prompt chunks and every decode row in one "
-    "pass)\n"
-    "  --prefix-cache N         prefixes kept for reuse (default 8; 0: off)\n"
-    "  --prefix-cache-min N     shortest prefix worth keeping, tokens (default 256)\n"
-    "  --max-body-bytes N       larger request bodies get 413 (default 4194304)\n"
-    "  --read-timeout S         a read that waits longer closes the connection (default 10)\n"
-    "  --body-timeout S         a request body that takes longer gets 408 (default 30)\n"
-    "  --keep-alive-timeout S   idle keep-alive connections are closed after S seconds (default 5)\n"
-    "  --shutdown-timeout S     on SIGINT/SIGTERM, time in-flight requests get to finish (default 30)\n"
-    "  --threads N              HTTP threads (default: parallel + max-queue + 8)\n"
-    "  --log-requests           one line per request on stderr\n"
+    "\n";
+
+const char kRequestFields[] =
     "\n"
     "Request fields: OpenAI's (model, messages, prompt, stream, stream_options.include_usage, max_tokens,\n"
     "max_completion_tokens, temperature, top_p, seed, stop, n = 1) plus vLLM's top_k, min_p,\n"
@@ -82,12 +64,8 @@ const char kUsage[] =
     "chat_template_kwargs.enable_thinking (Gemma 4 thinking; the thought comes back as reasoning_content).\n"
     "Without a seed a request draws a random one (--seed N sets a fixed default). --max-tokens sets the\n"
     "default completion length.\n"
-    "\n";
-
-void usage() {
-  std::printf("%s", kUsage);
-  std::printf(example::kModelFlagsHelp, GEMMA4_T4_DEFAULT_MODEL, GEMMA4_T4_DEFAULT_TOKENIZER, 512);
-}
+    "\n"
+    "Exit status: 0 after a clean shutdown, 1 an error (message on stderr), 2 bad command line.\n";
 
 struct Options {
   std::string host = "127.0.0.1";
@@ -602,52 +580,35 @@ class HttpServer : public httplib::Server {
   bool deepen_backlog(int backlog) { return ::listen(svr_sock_, backlog) == 0; }
 };
 
-bool parse_server_flag(int argc, char** argv, int* i, Options* o, int* rc) {
-  const std::string f = argv[*i];
-  if (f == "--log-requests") {
-    o->log_requests = true;
-    return true;
-  }
-  struct Num {
-    const char* name;
-    long* v;
-    long lo, hi;
-  };
-  const Num nums[] = {{"--port", &o->port, 0, 65535},
-                      {"--parallel", &o->parallel, 1, 4096},
-                      {"--max-queue", &o->max_queue, 0, 1 << 20},
-                      {"--prefill-rows", &o->prefill_rows, 1, 1 << 20},
-                      {"--prefix-cache", &o->prefix_cache, 0, 4096},
-                      {"--prefix-cache-min", &o->prefix_min, 1, 1 << 24},
-                      {"--max-body-bytes", &o->max_body, 1, 1L << 32},
-                      {"--read-timeout", &o->read_timeout, 1, 3600},
-                      {"--body-timeout", &o->body_timeout, 1, 3600},
-                      {"--keep-alive-timeout", &o->keep_alive, 1, 3600},
-                      {"--shutdown-timeout", &o->shutdown_timeout, 0, 86400},
-                      {"--threads", &o->threads, 1, 65536}};
-  std::string* strs[] = {&o->host, &o->api_key, &o->model_name};
-  const char* const str_names[] = {"--host", "--api-key", "--served-model-name"};
-  for (int k = 0; k < 3; ++k)
-    if (f == str_names[k]) {
-      if (*i + 1 >= argc) {
-        std::fprintf(stderr, "server: missing value for %s (--help for usage)\n", f.c_str());
-        *rc = 2;
-        return true;
-      }
-      *strs[k] = argv[++*i];
-      return true;
-    }
-  for (const Num& n : nums)
-    if (f == n.name) {
-      if (*i + 1 >= argc || !example::parse_long(argv[*i + 1], n.lo, n.hi, n.v)) {
-        std::fprintf(stderr, "server: bad or missing value for %s (--help for usage)\n", f.c_str());
-        *rc = 2;
-        return true;
-      }
-      ++*i;
-      return true;
-    }
-  return false;
+// The server's flags on p, stored into *o (which must outlive p.parse()).
+void add_server_flags(args::Parser* p, Options* o) {
+  p->section("server:");
+  p->text("--host", "HOST", &o->host, "address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)");
+  p->integer("--port", "N", &o->port, 0, 65535,
+             "port (default 8080; 0: any free port). The first line on stdout says\n"
+             "\"listening on http://HOST:PORT\"");
+  p->text("--api-key", "KEY", &o->api_key, "require \"Authorization: Bearer KEY\" on /v1/ endpoints");
+  p->text("--served-model-name", "NAME", &o->model_name,
+          "the model's name in the API (default: the model directory's name)");
+  p->integer("--parallel", "N", &o->parallel, 1, 4096, "requests generating at once, one session each (default 64)");
+  p->integer("--max-queue", "N", &o->max_queue, 0, 1 << 20, "requests waiting beyond those; more get 429 (default 64)");
+  p->integer("--prefill-rows", "N", &o->prefill_rows, 1, 1 << 20,
+             "prompt tokens per engine step, all joining requests together (default: the\n"
+             "CUDA pass size, 2048, less --parallel: prompt chunks and every decode row in one pass)");
+  p->integer("--prefix-cache", "N", &o->prefix_cache, 0, 4096, "prefixes kept for reuse (default 8; 0: off)");
+  p->integer("--prefix-cache-min", "N", &o->prefix_min, 1, 1 << 24,
+             "shortest prefix worth keeping, tokens (default 256)");
+  p->integer("--max-body-bytes", "N", &o->max_body, 1, 1L << 32, "larger request bodies get 413 (default 4194304)");
+  p->integer("--read-timeout", "S", &o->read_timeout, 1, 3600,
+             "a read that waits longer closes the connection (default 10)");
+  p->integer("--body-timeout", "S", &o->body_timeout, 1, 3600,
+             "a request body that takes longer gets 408 (default 30)");
+  p->integer("--keep-alive-timeout", "S", &o->keep_alive, 1, 3600,
+             "idle keep-alive connections are closed after S seconds (default 5)");
+  p->integer("--shutdown-timeout", "S", &o->shutdown_timeout, 0, 86400,
+             "on SIGINT/SIGTERM, time in-flight requests get to finish (default 30)");
+  p->integer("--threads", "N", &o->threads, 1, 65536, "HTTP threads (default: parallel + max-queue + 8)");
+  p->flag("--log-requests", &o->log_requests, "one line per request on stderr");
 }
 
 }  // namespace
@@ -655,25 +616,12 @@ bool parse_server_flag(int argc, char** argv, int* i, Options* o, int* rc) {
 int main(int argc, char** argv) {
   example::ModelArgs args;
   Options opt;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--help" || a == "-h") {
-      usage();
-      return 0;
-    }
-    if (a == "--seed") opt.seed_given = true;
-    int rc = 0;
-    if (parse_server_flag(argc, argv, &i, &opt, &rc)) {
-      if (rc) return rc;
-      continue;
-    }
-    if (const int r = example::parse_model_flag("server", argc, argv, &i, &args); r == 2)
-      return 2;
-    else if (r == 0) {
-      std::fprintf(stderr, "server: unknown option '%s' (--help for usage)\n", argv[i]);
-      return 2;
-    }
-  }
+  args::Parser parser("server", kUsage);
+  add_server_flags(&parser, &opt);
+  example::add_model_flags(&parser, &args);
+  parser.footer(kRequestFields);
+  if (const int rc = parser.parse(argc, argv); rc >= 0) return rc;
+  opt.seed_given = args.seed.has_value();
 
   // Signals are taken by one thread (sigwait): block them before any thread starts.
   sigset_t signals;
