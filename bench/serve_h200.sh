@@ -8,8 +8,9 @@
 #   bash bench/serve_h200.sh                     outputs in $OUT (default /tmp/serve_out)
 #
 # Environment: CKPT (default /tmp/e2b-w4a16: written by tools/make_synthetic when missing), ARCH (nvcc
-# -gencode, default arch=compute_90,code=sm_90), PORT (8080), CPU=1 (no GPU: the tiny model on the CPU backend,
-# a dry run of this script).
+# -gencode, default arch=compute_90,code=sm_90), IMPL (a built gemma4_t4::impl archive to link instead of
+# compiling src/impl.cu again), SERVE_SWEEP (the cells' bench arguments, default --prompts 512,4096 --tokens 128
+# --repeats 3), PORT (8080), CPU=1 (no GPU: the tiny model on the CPU backend, a dry run of this script).
 #
 # The GPU machine has no package manager: cpp-httplib comes as Debian's packages, downloaded on the dev machine
 # into .deps/debs (carry .deps) and unpacked here with dpkg -x, as the device README does for other packages:
@@ -51,6 +52,9 @@ DEFS=(-DGEMMA4_T4_DEFAULT_MODEL="\"$ROOT/tests/fixtures/mm_bf16\""
 if [[ ${CPU:-0} == 1 ]]; then
   g++ -std=c++17 -O2 -DGEMMA4_T4_NO_CUDA "${INC[@]}" -c src/impl.cpp -o "$B/impl.o" || exit 1
   RT=(-pthread)
+elif [[ -n ${IMPL:-} ]]; then  # a ready-made gemma4_t4::impl (e.g. build-gpu-native/libgemma4_t4_impl.a)
+  cp "$IMPL" "$B/impl.o" || exit 1
+  RT=(-L/usr/local/cuda/lib64 -lcudart -lcublas -pthread)
 else
   nvcc -std=c++17 -O2 -gencode "${ARCH:-arch=compute_90,code=sm_90}" "${INC[@]}" -x cu -c src/impl.cu \
     -o "$B/impl.o" || exit 1
@@ -76,7 +80,7 @@ else
   fi
   MODEL=(--model "$CKPT" --tokenizer examples/tiny/tokenizer.json)
   BENCH_MODEL=(--model "$CKPT")
-  SWEEP=(--prompts 512,4096 --tokens 128 --repeats 3)
+  read -r -a SWEEP <<<"${SERVE_SWEEP:---prompts 512,4096 --tokens 128 --repeats 3}"
 fi
 
 # ---- 1a. in-process bench at c=8 (no server running) ----

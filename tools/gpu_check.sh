@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one script: build through CMake (CMakePresets.json: gpu-native, gpu-turing = compute_75
-# PTX only), run the GPU suite (ctest -L gpu) in both, then the measurements; every log under $OUT.
+# PTX only), run the GPU suite (ctest -L gpu) in both, then the measurements; every log under $OUT, packed at
+# the end into $OUT/results.tgz (beside $OUT/summary.txt).
 #
 #   tools/gpu_check.sh STEP...      steps, in order:
 #     build     configure + build both presets (in parallel)
@@ -10,6 +11,7 @@
 #               kernels src bench | tar -x -C tmp_base`), that tree -- same lease, same checkpoint
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
+#     serve     the server against the in-process bench, and prefix reuse (bench/serve_h200.sh, issue 18)
 #     sanitize  compute-sanitizer memcheck and racecheck over the persistent-decode and kernel tests
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
 # Environment: SWEEP (bench arguments), JOBS (build parallelism, default nproc).
@@ -94,6 +96,15 @@ step_bench() {
   done
 }
 
+step_serve() {  # issue 18's measurements (bench/serve_h200.sh) on the full-size w4a16 checkpoint
+  synth w4a16 || { note "make_synthetic failed"; return 1; }
+  OUT="$OUT/serve" CKPT="$MODELS/e2b-w4a16" IMPL=build-gpu-native/libgemma4_t4_impl.a \
+    timeout "${SERVE_S:-400}" bash bench/serve_h200.sh > "$OUT/serve.log" 2>&1
+  note "serve rc=$?"
+  grep -A3 "HTTP + JSON cost" "$OUT/serve.log" | tee -a "$OUT/summary.txt"
+  grep -iE "ttft|second" "$OUT/serve/serve.log" | tail -4 | tee -a "$OUT/summary.txt"
+}
+
 step_sanitize() {
   local T=build-gpu-native/gemma4_t4_gpu_tests SAN=(env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer)
   timeout "${SAN_S:-240}" "${SAN[@]}" --tool memcheck --error-exitcode 9 "$T" "[persistent]" > "$OUT/memcheck.log" 2>&1
@@ -113,4 +124,7 @@ for s in "$@"; do
   note "---- $s ($(date +%T))"
   "step_$s" || fail=1
 done
+# At most 8 files come back from the GPU machine: everything goes into one archive, summary.txt stays beside it.
+( cd "$OUT" && tar czf /tmp/gpu_check.tgz --exclude=results.tgz . && find . -mindepth 1 ! -name summary.txt -delete &&
+  mv /tmp/gpu_check.tgz results.tgz )
 exit $fail
