@@ -59,6 +59,12 @@ int main(int argc, char** argv) {
   parser.choice("--decode", "PATH", &opt.decode_path,
                 {{"persistent", DecodePath::Persistent}, {"kernels", DecodePath::Kernels}},
                 "persistent or kernels (LoadOptions::decode_path; default kernels)");
+  parser.integer("--persistent-blocks", "N", &opt.persistent.blocks_per_sm, 1, 2,
+                 "persistent decode: blocks per SM, 1 or 2 (LoadOptions::persistent; default 1)");
+  parser.integer("--persistent-prefetch", "BYTES", &opt.persistent.prefetch_bytes, -1, 1 << 26,
+                 "persistent decode: L2 prefetch bytes ahead per block (default -1: a share of half the L2)");
+  parser.text("--persistent-trace", "FILE", &opt.persistent.trace,
+              "persistent decode: write where each step's time goes to FILE at exit");
   parser.flag("--no-graphs", &opt.cuda_graphs, "no CUDA graphs (LoadOptions::cuda_graphs = false)", false);
   parser.flag("--no-pdl", &opt.programmatic_launch, "plain launches (LoadOptions::programmatic_launch = false)", false);
   parser.flag("--sampled", &sampled, "sample with Gemma 4's defaults instead of greedy decoding");

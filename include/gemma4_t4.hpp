@@ -272,6 +272,15 @@ struct LoadOptions {
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
   DecodePath decode_path = DecodePath::Kernels;
+  // DecodePath::Persistent's knobs, for A/B runs and profiling (bench/quick_bench.cpp's --persistent-*).
+  struct PersistentTuning {
+    int blocks_per_sm = 1;    // 1, or 2: registers capped at 128 per thread (steps of <= 8 rows only)
+    int prefetch_bytes = -1;  // weights a block pulls into L2 ahead of its items; -1: a share of half the L2
+    // A file: after each step the per-instruction timing (kernels/decode_step.cuh's trace) is accumulated, and
+    // when the engine closes a table of where the step's time went is written there (empty: no trace; a
+    // traced step is slower: its trace is copied to the host each step).
+    std::string trace;
+  } persistent;
   bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 16 sessions) as CUDA graphs
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.

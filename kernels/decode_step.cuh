@@ -116,6 +116,9 @@ struct StepParams {
   float eps = 1e-6f;
   int prefetch_bytes = 0;          // weights a block keeps in flight to L2 ahead of its items
   const void* ple_rows = nullptr;  // [rows, L * D] PLE table rows as stored (StepPle::tok_type), or null
+  // Optional timing trace, [count][gridDim.x][3] globaltimer ns per (instruction, block) with items: its wait
+  // begins, its wait ends, its items are done (and counted). Zeroed before the launch; null: no trace.
+  unsigned long long* trace = nullptr;
 };
 
 // ---- synchronisation ----
@@ -165,6 +168,10 @@ __device__ __forceinline__ void step_signal(unsigned* counter, unsigned n) {
     __threadfence();
     atomicAdd(counter, n);
   }
+}
+
+__device__ __forceinline__ void step_trace(const StepParams& p, int instr, int slot) {
+  if (p.trace && threadIdx.x == 0) p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * 3 + slot] = global_ns();
 }
 
 // ---- L2 prefetch of a GEMV item's weights ----
@@ -371,9 +378,10 @@ __device__ __forceinline__ void step_gemv_item(const StepInstr& ins, int item, f
 }
 
 // NT: 8-row tiles (1: rows <= 8, 2: <= 16); WL: the body's weight layout (kGemvF16 / kGemvW4; the LM head is
-// fp16); D_S, D_F: the sliding and full layers' head dims (256 / 512 on Gemma 4); G: the GQA group, padded.
-template <int NT, int WL, int G>
-static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(const StepParams p) {
+// fp16); G: the GQA group, padded; MB: blocks per SM the registers are budgeted for (1: as many as the code
+// wants; 2: at most 128 per thread, two co-resident blocks where shared memory allows).
+template <int NT, int WL, int G, int MB = 1>
+static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(const StepParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   // Two instruction slots: instruction i + 1 is loaded into registers while i runs, stored into the other slot.
   constexpr int n16 = int(sizeof(StepInstr) / 16);
@@ -420,7 +428,9 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)
         prefetch_range(gemv_item_range(ins.gemv, first + fetched * nb, two));
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       float* red = reinterpret_cast<float*>(smem);
       half* xs = reinterpret_cast<half*>(smem + sizeof(float) * gemv_red_floats<NT>());
       if (ins.x.build) {
@@ -444,7 +454,9 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
         if (tid < p.rows && best_s[tid]) atomicMax(p.best + tid, best_s[tid]);
       }
     } else if (ins.op == StepOp::Attention) {
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       for (int k = 0, t = first; t < items; ++k, t += nb) {
         if (k > 0) __syncthreads();
         if (ins.head_dim == 256)
@@ -453,7 +465,9 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
           step_attention<512, G>(ins, p, t, smem);
       }
     } else if (ins.op == StepOp::PleCombine) {
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       const StepPle& s = ins.ple;
       for (int k = 0, t = first; t < items; ++k, t += nb) {
         const size_t off = size_t(t) * s.D;  // (row, layer) slice of [rows, L, D]
@@ -479,10 +493,13 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
         }
       }
     } else {  // Tokens
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       if (tid < p.rows) p.tokens[tid] = argmax_index(__ldcg(p.best + tid));
     }
     step_signal(p.done + i, mine);
+    step_trace(p, i, 2);
   }
 }
 

@@ -273,6 +273,15 @@ struct LoadOptions {
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
   DecodePath decode_path = DecodePath::Kernels;
+  // DecodePath::Persistent's knobs, for A/B runs and profiling (bench/quick_bench.cpp's --persistent-*).
+  struct PersistentTuning {
+    int blocks_per_sm = 1;    // 1, or 2: registers capped at 128 per thread (steps of <= 8 rows only)
+    int prefetch_bytes = -1;  // weights a block pulls into L2 ahead of its items; -1: a share of half the L2
+    // A file: after each step the per-instruction timing (kernels/decode_step.cuh's trace) is accumulated, and
+    // when the engine closes a table of where the step's time went is written there (empty: no trace; a
+    // traced step is slower: its trace is copied to the host each step).
+    std::string trace;
+  } persistent;
   bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 16 sessions) as CUDA graphs
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
@@ -9175,6 +9184,9 @@ struct StepParams {
   float eps = 1e-6f;
   int prefetch_bytes = 0;          // weights a block keeps in flight to L2 ahead of its items
   const void* ple_rows = nullptr;  // [rows, L * D] PLE table rows as stored (StepPle::tok_type), or null
+  // Optional timing trace, [count][gridDim.x][3] globaltimer ns per (instruction, block) with items: its wait
+  // begins, its wait ends, its items are done (and counted). Zeroed before the launch; null: no trace.
+  unsigned long long* trace = nullptr;
 };
 
 // ---- synchronisation ----
@@ -9224,6 +9236,10 @@ __device__ __forceinline__ void step_signal(unsigned* counter, unsigned n) {
     __threadfence();
     atomicAdd(counter, n);
   }
+}
+
+__device__ __forceinline__ void step_trace(const StepParams& p, int instr, int slot) {
+  if (p.trace && threadIdx.x == 0) p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * 3 + slot] = global_ns();
 }
 
 // ---- L2 prefetch of a GEMV item's weights ----
@@ -9430,9 +9446,10 @@ __device__ __forceinline__ void step_gemv_item(const StepInstr& ins, int item, f
 }
 
 // NT: 8-row tiles (1: rows <= 8, 2: <= 16); WL: the body's weight layout (kGemvF16 / kGemvW4; the LM head is
-// fp16); D_S, D_F: the sliding and full layers' head dims (256 / 512 on Gemma 4); G: the GQA group, padded.
-template <int NT, int WL, int G>
-static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(const StepParams p) {
+// fp16); G: the GQA group, padded; MB: blocks per SM the registers are budgeted for (1: as many as the code
+// wants; 2: at most 128 per thread, two co-resident blocks where shared memory allows).
+template <int NT, int WL, int G, int MB = 1>
+static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(const StepParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   // Two instruction slots: instruction i + 1 is loaded into registers while i runs, stored into the other slot.
   constexpr int n16 = int(sizeof(StepInstr) / 16);
@@ -9479,7 +9496,9 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)
         prefetch_range(gemv_item_range(ins.gemv, first + fetched * nb, two));
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       float* red = reinterpret_cast<float*>(smem);
       half* xs = reinterpret_cast<half*>(smem + sizeof(float) * gemv_red_floats<NT>());
       if (ins.x.build) {
@@ -9503,7 +9522,9 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
         if (tid < p.rows && best_s[tid]) atomicMax(p.best + tid, best_s[tid]);
       }
     } else if (ins.op == StepOp::Attention) {
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       for (int k = 0, t = first; t < items; ++k, t += nb) {
         if (k > 0) __syncthreads();
         if (ins.head_dim == 256)
@@ -9512,7 +9533,9 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
           step_attention<512, G>(ins, p, t, smem);
       }
     } else if (ins.op == StepOp::PleCombine) {
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       const StepPle& s = ins.ple;
       for (int k = 0, t = first; t < items; ++k, t += nb) {
         const size_t off = size_t(t) * s.D;  // (row, layer) slice of [rows, L, D]
@@ -9538,10 +9561,13 @@ static __global__ void __launch_bounds__(kStepThreads, 1) decode_step_kernel(con
         }
       }
     } else {  // Tokens
+      step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
+      step_trace(p, i, 1);
       if (tid < p.rows) p.tokens[tid] = argmax_index(__ldcg(p.best + tid));
     }
     step_signal(p.done + i, mine);
+    step_trace(p, i, 2);
   }
 }
 
@@ -9559,6 +9585,137 @@ constexpr size_t decode_step_smem(int H) {
 }  // namespace gemma4_t4
 // ---- end kernels/decode_step.cuh ----
 // (include/gemma4_t4/cuda/planner.hpp: already inlined above)
+// ---- begin include/gemma4_t4/cuda/step_trace.hpp ----
+// gemma4_t4 implementation part, CUDA backend: where a persistent decode step's time goes
+// (LoadOptions::PersistentTuning::trace). The kernel (kernels/decode_step.cuh) stamps, per instruction and per
+// block with items, when the block's wait begins, when it ends and when its items are counted; after each step
+// this copies the stamps to the host and accumulates, per instruction:
+//   release  the first block's wait ends - the previous instruction's last count: the counter's latency;
+//   span     the last count - the first block's wait end: the instruction on the critical path;
+//   spread   the last block's wait end - the first's: blocks still busy with earlier instructions;
+//   work     the longest single block's items (wait end to count).
+// When the engine closes, a table grouped by what the instructions compute is written to the trace file.
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+// (include/gemma4_t4/cuda/device.hpp: already inlined above)
+
+namespace gemma4_t4 {
+namespace detail {
+
+class StepTrace {
+ public:
+  unsigned long long* dev = nullptr;  // [count][grid][3] ns, zeroed before each traced launch
+  int grid = 0;                       // blocks of the launch being traced
+
+  size_t bytes() const { return size_t(count_) * size_t(max_grid_) * 3 * sizeof(unsigned long long); }
+
+  // Opens the file now, so that an unwritable path is an error at load, not a silent loss at close.
+  Status init(DeviceMemory& mem, const std::string& path, int count, int max_grid) {
+    file_ = std::fopen(path.c_str(), "w");
+    if (!file_) return err(Code::IoError, "persistent decode trace: cannot write ", path);
+    count_ = count;
+    max_grid_ = max_grid;
+    GEMMA4_T4_TRY(mem.alloc(size_t(count) * size_t(max_grid) * 3, "persistent decode: trace", &dev));
+    host_.resize(size_t(count) * size_t(max_grid) * 3);
+    sum_.assign(size_t(count), Sums{});
+    return Status::ok();
+  }
+
+  // After the traced step's stream has synchronised.
+  Status add() {
+    const size_t n = size_t(count_) * size_t(grid) * 3;
+    GEMMA4_T4_CUDA_TRY(cudaMemcpy(host_.data(), dev, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
+                       "persistent decode: trace download");
+    unsigned long long prev_end = 0, first = ~0ull, last = 0;
+    for (int i = 0; i < count_; ++i) {
+      unsigned long long t1_min = ~0ull, t1_max = 0, t2_max = 0, work = 0;
+      int blocks = 0;
+      for (int b = 0; b < grid; ++b) {
+        const unsigned long long* t = &host_[(size_t(i) * size_t(grid) + size_t(b)) * 3];
+        if (t[2] == 0) continue;  // no items in this instruction
+        ++blocks;
+        first = std::min(first, t[0]);
+        t1_min = std::min(t1_min, t[1]);
+        t1_max = std::max(t1_max, t[1]);
+        t2_max = std::max(t2_max, t[2]);
+        work = std::max(work, t[2] - t[1]);
+      }
+      if (blocks == 0) continue;
+      Sums& s = sum_[size_t(i)];
+      if (prev_end && t1_min > prev_end) s.release += double(t1_min - prev_end);
+      s.span += double(t2_max - t1_min);
+      s.spread += double(t1_max - t1_min);
+      s.work += double(work);
+      s.blocks += blocks;
+      prev_end = t2_max;
+      last = std::max(last, t2_max);
+    }
+    if (last > first) step_ns_ += double(last - first);
+    ++steps_;
+    return Status::ok();
+  }
+
+  // The table (microseconds per step, means over the traced steps), grouped by label; closes the file.
+  void write(const std::vector<std::string>& labels) {
+    if (!file_) return;
+    struct Group {
+      int n = 0;
+      double release = 0, span = 0, spread = 0, work = 0, blocks = 0;
+    };
+    std::map<std::string, Group> groups;
+    double total = 0;
+    for (int i = 0; i < count_ && i < int(labels.size()); ++i) {
+      Group& g = groups[labels[size_t(i)]];
+      const Sums& s = sum_[size_t(i)];
+      ++g.n;
+      g.release += s.release;
+      g.span += s.span;
+      g.spread += s.spread;
+      g.work += s.work;
+      g.blocks += s.blocks;
+      total += s.release + s.span;
+    }
+    const double k = steps_ ? 1e-3 / double(steps_) : 0.0;  // ns summed over steps -> us per step
+    std::fprintf(file_, "persistent decode step trace: %ld steps, %d instructions, %d blocks\n", steps_, count_, grid);
+    std::fprintf(file_, "step (first wait to last count): %.1f us; release + span summed: %.1f us\n", step_ns_ * k,
+                 total * k);
+    std::fprintf(file_, "%-36s %5s %12s %12s %12s %12s %12s %8s\n", "instruction", "n", "release us", "span us",
+                 "span/instr", "spread/instr", "work/instr", "blocks");
+    for (const auto& [label, g] : groups)
+      std::fprintf(file_, "%-36s %5d %12.1f %12.1f %12.2f %12.2f %12.2f %8.0f\n", label.c_str(), g.n, g.release * k,
+                   g.span * k, g.span * k / g.n, g.spread * k / g.n, g.work * k / g.n,
+                   steps_ ? g.blocks / double(steps_) / g.n : 0.0);
+    std::fclose(file_);
+    file_ = nullptr;
+  }
+
+  StepTrace() = default;
+  ~StepTrace() {
+    if (file_) std::fclose(file_);
+  }
+  StepTrace(const StepTrace&) = delete;
+  StepTrace& operator=(const StepTrace&) = delete;
+
+ private:
+  struct Sums {
+    double release = 0, span = 0, spread = 0, work = 0, blocks = 0;
+  };
+  std::FILE* file_ = nullptr;
+  int count_ = 0, max_grid_ = 0;
+  std::vector<unsigned long long> host_;
+  std::vector<Sums> sum_;
+  double step_ns_ = 0;
+  long steps_ = 0;
+};
+
+}  // namespace detail
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/cuda/step_trace.hpp ----
 
 namespace gemma4_t4 {
 namespace detail {
@@ -9588,18 +9745,22 @@ class PersistentDecoder {
   }
 
   // The program and the launch shape. ple_type: how the PLE table's rows are stored (PleLocation::Host).
-  Status init(const ModelConfig& c, const DeviceWeights& w, Workspace& ws, int device, kernels::RawFloat ple_type) {
+  Status init(const ModelConfig& c, const DeviceWeights& w, Workspace& ws, int device, kernels::RawFloat ple_type,
+              const LoadOptions::PersistentTuning& tune) {
     c_ = &c;
     w_ = &w;
     ws_ = &ws;
     ple_type_ = ple_type;
+    if (tune.blocks_per_sm != 1 && tune.blocks_per_sm != 2)
+      return err(Code::InvalidArgument, "LoadOptions::persistent.blocks_per_sm ", tune.blocks_per_sm, " (1 or 2)");
+    mb_ = tune.blocks_per_sm;
     int sms = 0, smem_optin = 0;
     GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "device attributes");
     GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                        "device attributes");
     int l2 = 0;
     GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "device attributes");
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < (mb_ == 2 ? 1 : 2); ++nt) {  // two blocks per SM: the 8-row instantiation alone
       const void* fn = kernel(nt + 1);
       const size_t smem = smem_bytes(nt + 1);
       if (smem > size_t(smem_optin)) {
@@ -9613,15 +9774,19 @@ class PersistentDecoder {
       GEMMA4_T4_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kernels::kStepThreads, smem),
                          "persistent decode: occupancy");
       if (per_sm < 1) return err(Code::Unsupported, "persistent decode: the kernel does not fit an SM");
-      grid_[nt] = per_sm * sms;
+      grid_[nt] = std::min(per_sm, mb_) * sms;
       max_rows_ = (nt + 1) * 8;
     }
     // L2 prefetch ahead of a block's items: a share of half the L2 (T4: ~50 KB per block, H200: ~190 KB).
-    prefetch_bytes_ = std::max(16 << 10, l2 / 2 / std::max(grid_[0], 1));
-    return build();
+    prefetch_bytes_ =
+        tune.prefetch_bytes >= 0 ? tune.prefetch_bytes : std::max(16 << 10, l2 / 2 / std::max(grid_[0], 1));
+    GEMMA4_T4_TRY(build());
+    if (!tune.trace.empty()) GEMMA4_T4_TRY(trace_.init(mem_, tune.trace, count_, std::max(grid_[0], grid_[1])));
+    return Status::ok();
   }
 
   int max_rows() const { return max_rows_; }
+  int blocks_per_sm() const { return mb_; }
   int grid(int rows) const { return grid_[rows <= 8 ? 0 : 1]; }
 
   // One decode step of `rows` rows whose metadata is on the device (ws.dev) and whose PLE rows are at
@@ -9651,6 +9816,11 @@ class PersistentDecoder {
     p.prefetch_bytes = prefetch_bytes_;
     p.ple_rows = ple_rows;
     const int nt = rows <= 8 ? 1 : 2;
+    if (trace_.dev) {
+      GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(trace_.dev, 0, trace_.bytes(), stream), "persistent decode: trace");
+      p.trace = trace_.dev;
+      trace_.grid = grid_[nt - 1];
+    }
     void* args[] = {&p};
     GEMMA4_T4_CUDA_TRY(cudaLaunchCooperativeKernel(kernel(nt), dim3(unsigned(grid_[nt - 1])),
                                                    dim3(kernels::kStepThreads), args, smem_bytes(nt), stream),
@@ -9661,7 +9831,8 @@ class PersistentDecoder {
   }
 
   // After the stream has synchronised: whether the last run() gave up waiting (kernels::kStepWaitNs).
-  Status check() const {
+  Status check() {
+    if (trace_.dev && *fault_host_ == 0) GEMMA4_T4_TRY(trace_.add());
     if (*fault_host_ == 0) return Status::ok();
     return err(Code::BackendError, "persistent decode step: a block waited more than ", kernels::kStepWaitNs / 1000000,
                " ms before instruction ", *fault_host_ - 1, " of ", count_,
@@ -9727,6 +9898,8 @@ class PersistentDecoder {
       s.own_layer = l;
     }
     prog_host_.push_back(ins);
+    labels_.push_back(std::string("attention, ") + (a.window > 0 ? "sliding" : "full") +
+                      (lc.kv_shared ? ", KV-shared" : ""));
     return Status::ok();
   }
 
@@ -9771,15 +9944,19 @@ class PersistentDecoder {
   }
 
   PersistentDecoder() = default;
-  ~PersistentDecoder() { cuda_free(Mem::Pinned, fault_host_); }
+  ~PersistentDecoder() {
+    trace_.write(labels_);
+    cuda_free(Mem::Pinned, fault_host_);
+  }
   PersistentDecoder(const PersistentDecoder&) = delete;
   PersistentDecoder& operator=(const PersistentDecoder&) = delete;
 
  private:
   // The instantiations: 8-row tiles (rows <= 8 / <= 16) of w4a16 bodies with GQA groups padded to 8 (E2B's;
   // unsupported() refuses the rest until an instantiation for them is worth its compile time).
-  static const void* kernel(int nt) {
+  const void* kernel(int nt) const {
     using kernels::decode_step_kernel;
+    if (mb_ == 2) return reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8, 2>);
     return nt == 1 ? reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8>)
                    : reinterpret_cast<const void*>(&decode_step_kernel<2, kernels::kGemvW4, 8>);
   }
@@ -9845,6 +10022,7 @@ class PersistentDecoder {
     ins.gemv = a;
     ins.x = x;
     prog_host_.push_back(ins);
+    labels_.push_back(what);
     return Status::ok();
   }
 
@@ -9869,6 +10047,7 @@ class PersistentDecoder {
     h_[1] = ws_->h + size_t(kernels::kStepMaxRows) * H;
     y_res_ = ws_->h + size_t(2) * kernels::kStepMaxRows * H;
     prog_host_.clear();
+    labels_.clear();
     h_valid_ = false;
     pending_y_ = nullptr;
     if (D > 0) {  // per-layer inputs: projection of the embedding (x = half(h)), then the combine
@@ -9888,6 +10067,7 @@ class PersistentDecoder {
       ins.ple.L = L;
       ins.ple.D = D;
       prog_host_.push_back(ins);
+      labels_.push_back("PLE combine");
     }
     GEMMA4_T4_TRY(gemma4_layers(*this, c));
     {  // LM head: final norm of the folded residual, soft-capped logits, each row's argmax
@@ -9899,6 +10079,7 @@ class PersistentDecoder {
       ins.op = kernels::StepOp::Tokens;
       ins.items = 1;
       prog_host_.push_back(ins);
+      labels_.push_back("tokens");
     }
     count_ = int(prog_host_.size());
     if (size_t(count_) > max_count)
@@ -9915,6 +10096,7 @@ class PersistentDecoder {
   Workspace* ws_ = nullptr;
   kernels::RawFloat ple_type_ = kernels::RawFloat::BF16;
   int grid_[2] = {0, 0};  // blocks for rows <= 8 / <= 16
+  int mb_ = 1;            // blocks per SM (LoadOptions::PersistentTuning)
   int max_rows_ = 0;
   int prefetch_bytes_ = 0;
   int kv_heads_max_ = 1;
@@ -9922,6 +10104,8 @@ class PersistentDecoder {
   kernels::StepInstr* prog_ = nullptr;  // [count_] device copy of prog_host_
   int count_ = 0;
   std::vector<kernels::StepInstr> prog_host_;
+  std::vector<std::string> labels_;  // [count_] what each instruction computes (the trace's rows)
+  StepTrace trace_;
   size_t counter_bytes_ = 0;            // best_ + done_ + tickets_, zeroed before each step
   unsigned long long* best_ = nullptr;  // [16] packed argmax keys
   unsigned* done_ = nullptr;            // [count_] finished items per instruction
@@ -9977,10 +10161,11 @@ class PassExecutor {
     persistent_why_ = PersistentDecoder::unsupported(c, dw, opt);
     if (persistent_why_.empty()) {
       persistent_ = std::make_unique<PersistentDecoder>();
-      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type());
+      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type(), opt.persistent);
       if (!st) {
         persistent_.reset();
-        if (st.code == Code::OutOfMemory) return st;
+        // the caller's options (LoadOptions::persistent) or memory: the load fails
+        if (st.code == Code::OutOfMemory || st.code == Code::InvalidArgument || st.code == Code::IoError) return st;
         persistent_why_ = st.message;  // e.g. too little shared memory: the per-kernel path serves
       }
     }
@@ -9990,8 +10175,9 @@ class PassExecutor {
   // How decode passes run, in words.
   std::string decode_path() const {
     if (persistent_)
-      return "persistent kernel (" + std::to_string(persistent_->grid(1)) +
-             " blocks, <= " + std::to_string(persistent_->max_rows()) + " rows; larger batches: per-kernel)";
+      return "persistent kernel (" + std::to_string(persistent_->grid(1)) + " blocks, " +
+             std::to_string(persistent_->blocks_per_sm()) + " per SM, <= " + std::to_string(persistent_->max_rows()) +
+             " rows; larger batches: per-kernel)";
     std::string s = opt_->cuda_graphs ? "per-kernel, CUDA graphs" : "per-kernel";
     if (launch_.pdl) s += ", programmatic dependent launch";
     return s + " (persistent kernel not used: " + persistent_why_ + ")";

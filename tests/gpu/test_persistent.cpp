@@ -35,11 +35,13 @@ void make_model(const std::string& dir, const std::string& format, int layers = 
   REQUIRE(std::system(cmd.c_str()) == 0);
 }
 
-Engine load(const std::string& dir, Backend backend, DecodePath path) {
+Engine load(const std::string& dir, Backend backend, DecodePath path,
+            const LoadOptions::PersistentTuning& tune = LoadOptions::PersistentTuning()) {
   Engine e;
   LoadOptions opt;
   opt.backend = backend;
   opt.decode_path = path;
+  opt.persistent = tune;
   opt.max_context = 1024;
   opt.max_pass_rows = 64;
   const Status st = Engine::load(dir, opt, &e);
@@ -72,11 +74,16 @@ double max_abs(const float* x, int V) {
 }  // namespace
 
 TEST_CASE("persistent decode: each step equals the per-kernel path (1, 3, 9 and 16 rows; w4a16)", "[gpu][persistent]") {
-  for (const std::string format : {"w4a16"}) {  // fp16 models fall back to the per-kernel path (unsupported())
-    INFO("format " << format);
+  // blocks_per_sm 2 (128 registers, rows <= 8; 9 and 16 rows take the per-kernel path) with the step trace on
+  for (const int blocks_per_sm : {1, 2}) {
+    const std::string format = "w4a16";  // fp16 models fall back to the per-kernel path (unsupported())
+    INFO("format " << format << ", " << blocks_per_sm << " blocks per SM");
     testutil::TempDir tmp;
     make_model(tmp.path().string(), format);
-    Engine fast = load(tmp.path().string(), Backend::Cuda, DecodePath::Persistent);
+    LoadOptions::PersistentTuning tune;
+    tune.blocks_per_sm = blocks_per_sm;
+    if (blocks_per_sm == 2) tune.trace = (tmp.path() / "trace.txt").string();
+    Engine fast = load(tmp.path().string(), Backend::Cuda, DecodePath::Persistent, tune);
     Engine ref = load(tmp.path().string(), Backend::Cuda, DecodePath::Kernels);
     INFO("persistent engine: " << fast.decode_path());
     REQUIRE(fast.decode_path().rfind("persistent kernel", 0) == 0);
@@ -128,9 +135,39 @@ TEST_CASE("persistent decode: each step equals the per-kernel path (1, 3, 9 and 
         }
       }
       for (int b = 0; b < rows; ++b) CHECK(sf[b].position() == prompts[b].size() + 6);
-      WARN(format << ", " << rows << " rows: persistent vs per-kernel decode, max rel err " << worst);
+      WARN(format << ", " << blocks_per_sm << " blocks/SM, " << rows << " rows: persistent vs per-kernel decode, "
+                  << "max rel err " << worst);
+    }
+    if (!tune.trace.empty()) {  // written when the engine closes: every traced step's instructions, by kind
+      fast = Engine();
+      std::FILE* f = std::fopen(tune.trace.c_str(), "r");
+      REQUIRE(f != nullptr);
+      std::string text(1 << 16, '\0');
+      text.resize(std::fread(&text[0], 1, text.size(), f));
+      std::fclose(f);
+      INFO(text);
+      CHECK(text.find("persistent decode step trace: 12 steps") != std::string::npos);  // rows 1 and 3, 6 each
+      CHECK(text.find("attention, sliding") != std::string::npos);
+      CHECK(text.find("gate/up_proj") != std::string::npos);
     }
   }
+}
+
+TEST_CASE("persistent decode: bad tuning fails the load, naming the option", "[gpu][persistent]") {
+  testutil::TempDir tmp;
+  make_model(tmp.path().string(), "w4a16", 1);
+  LoadOptions opt;
+  opt.decode_path = DecodePath::Persistent;
+  opt.persistent.blocks_per_sm = 3;
+  Engine e;
+  Status st = Engine::load(tmp.path().string(), opt, &e);
+  CHECK(st.code == Code::InvalidArgument);
+  CHECK(st.message.find("blocks_per_sm") != std::string::npos);
+  opt.persistent.blocks_per_sm = 1;
+  opt.persistent.trace = (tmp.path() / "no-such-dir" / "trace.txt").string();
+  st = Engine::load(tmp.path().string(), opt, &e);
+  CHECK(st.code == Code::IoError);
+  CHECK(st.message.find("no-such-dir") != std::string::npos);
 }
 
 TEST_CASE("persistent decode: 1- and 2-layer models equal the per-kernel path and the CPU backend",

@@ -47,10 +47,11 @@ class PassExecutor {
     persistent_why_ = PersistentDecoder::unsupported(c, dw, opt);
     if (persistent_why_.empty()) {
       persistent_ = std::make_unique<PersistentDecoder>();
-      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type());
+      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type(), opt.persistent);
       if (!st) {
         persistent_.reset();
-        if (st.code == Code::OutOfMemory) return st;
+        // the caller's options (LoadOptions::persistent) or memory: the load fails
+        if (st.code == Code::OutOfMemory || st.code == Code::InvalidArgument || st.code == Code::IoError) return st;
         persistent_why_ = st.message;  // e.g. too little shared memory: the per-kernel path serves
       }
     }
@@ -60,8 +61,9 @@ class PassExecutor {
   // How decode passes run, in words.
   std::string decode_path() const {
     if (persistent_)
-      return "persistent kernel (" + std::to_string(persistent_->grid(1)) +
-             " blocks, <= " + std::to_string(persistent_->max_rows()) + " rows; larger batches: per-kernel)";
+      return "persistent kernel (" + std::to_string(persistent_->grid(1)) + " blocks, " +
+             std::to_string(persistent_->blocks_per_sm()) + " per SM, <= " + std::to_string(persistent_->max_rows()) +
+             " rows; larger batches: per-kernel)";
     std::string s = opt_->cuda_graphs ? "per-kernel, CUDA graphs" : "per-kernel";
     if (launch_.pdl) s += ", programmatic dependent launch";
     return s + " (persistent kernel not used: " + persistent_why_ + ")";

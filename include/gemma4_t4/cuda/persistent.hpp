@@ -20,6 +20,7 @@
 
 #include "../../../kernels/decode_step.cuh"
 #include "planner.hpp"
+#include "step_trace.hpp"
 
 namespace gemma4_t4 {
 namespace detail {
@@ -49,18 +50,22 @@ class PersistentDecoder {
   }
 
   // The program and the launch shape. ple_type: how the PLE table's rows are stored (PleLocation::Host).
-  Status init(const ModelConfig& c, const DeviceWeights& w, Workspace& ws, int device, kernels::RawFloat ple_type) {
+  Status init(const ModelConfig& c, const DeviceWeights& w, Workspace& ws, int device, kernels::RawFloat ple_type,
+              const LoadOptions::PersistentTuning& tune) {
     c_ = &c;
     w_ = &w;
     ws_ = &ws;
     ple_type_ = ple_type;
+    if (tune.blocks_per_sm != 1 && tune.blocks_per_sm != 2)
+      return err(Code::InvalidArgument, "LoadOptions::persistent.blocks_per_sm ", tune.blocks_per_sm, " (1 or 2)");
+    mb_ = tune.blocks_per_sm;
     int sms = 0, smem_optin = 0;
     GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "device attributes");
     GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
                        "device attributes");
     int l2 = 0;
     GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "device attributes");
-    for (int nt = 0; nt < 2; ++nt) {
+    for (int nt = 0; nt < (mb_ == 2 ? 1 : 2); ++nt) {  // two blocks per SM: the 8-row instantiation alone
       const void* fn = kernel(nt + 1);
       const size_t smem = smem_bytes(nt + 1);
       if (smem > size_t(smem_optin)) {
@@ -74,15 +79,19 @@ class PersistentDecoder {
       GEMMA4_T4_CUDA_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kernels::kStepThreads, smem),
                          "persistent decode: occupancy");
       if (per_sm < 1) return err(Code::Unsupported, "persistent decode: the kernel does not fit an SM");
-      grid_[nt] = per_sm * sms;
+      grid_[nt] = std::min(per_sm, mb_) * sms;
       max_rows_ = (nt + 1) * 8;
     }
     // L2 prefetch ahead of a block's items: a share of half the L2 (T4: ~50 KB per block, H200: ~190 KB).
-    prefetch_bytes_ = std::max(16 << 10, l2 / 2 / std::max(grid_[0], 1));
-    return build();
+    prefetch_bytes_ =
+        tune.prefetch_bytes >= 0 ? tune.prefetch_bytes : std::max(16 << 10, l2 / 2 / std::max(grid_[0], 1));
+    GEMMA4_T4_TRY(build());
+    if (!tune.trace.empty()) GEMMA4_T4_TRY(trace_.init(mem_, tune.trace, count_, std::max(grid_[0], grid_[1])));
+    return Status::ok();
   }
 
   int max_rows() const { return max_rows_; }
+  int blocks_per_sm() const { return mb_; }
   int grid(int rows) const { return grid_[rows <= 8 ? 0 : 1]; }
 
   // One decode step of `rows` rows whose metadata is on the device (ws.dev) and whose PLE rows are at
@@ -112,6 +121,11 @@ class PersistentDecoder {
     p.prefetch_bytes = prefetch_bytes_;
     p.ple_rows = ple_rows;
     const int nt = rows <= 8 ? 1 : 2;
+    if (trace_.dev) {
+      GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(trace_.dev, 0, trace_.bytes(), stream), "persistent decode: trace");
+      p.trace = trace_.dev;
+      trace_.grid = grid_[nt - 1];
+    }
     void* args[] = {&p};
     GEMMA4_T4_CUDA_TRY(cudaLaunchCooperativeKernel(kernel(nt), dim3(unsigned(grid_[nt - 1])),
                                                    dim3(kernels::kStepThreads), args, smem_bytes(nt), stream),
@@ -122,7 +136,8 @@ class PersistentDecoder {
   }
 
   // After the stream has synchronised: whether the last run() gave up waiting (kernels::kStepWaitNs).
-  Status check() const {
+  Status check() {
+    if (trace_.dev && *fault_host_ == 0) GEMMA4_T4_TRY(trace_.add());
     if (*fault_host_ == 0) return Status::ok();
     return err(Code::BackendError, "persistent decode step: a block waited more than ", kernels::kStepWaitNs / 1000000,
                " ms before instruction ", *fault_host_ - 1, " of ", count_,
@@ -188,6 +203,8 @@ class PersistentDecoder {
       s.own_layer = l;
     }
     prog_host_.push_back(ins);
+    labels_.push_back(std::string("attention, ") + (a.window > 0 ? "sliding" : "full") +
+                      (lc.kv_shared ? ", KV-shared" : ""));
     return Status::ok();
   }
 
@@ -232,15 +249,19 @@ class PersistentDecoder {
   }
 
   PersistentDecoder() = default;
-  ~PersistentDecoder() { cuda_free(Mem::Pinned, fault_host_); }
+  ~PersistentDecoder() {
+    trace_.write(labels_);
+    cuda_free(Mem::Pinned, fault_host_);
+  }
   PersistentDecoder(const PersistentDecoder&) = delete;
   PersistentDecoder& operator=(const PersistentDecoder&) = delete;
 
  private:
   // The instantiations: 8-row tiles (rows <= 8 / <= 16) of w4a16 bodies with GQA groups padded to 8 (E2B's;
   // unsupported() refuses the rest until an instantiation for them is worth its compile time).
-  static const void* kernel(int nt) {
+  const void* kernel(int nt) const {
     using kernels::decode_step_kernel;
+    if (mb_ == 2) return reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8, 2>);
     return nt == 1 ? reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8>)
                    : reinterpret_cast<const void*>(&decode_step_kernel<2, kernels::kGemvW4, 8>);
   }
@@ -306,6 +327,7 @@ class PersistentDecoder {
     ins.gemv = a;
     ins.x = x;
     prog_host_.push_back(ins);
+    labels_.push_back(what);
     return Status::ok();
   }
 
@@ -330,6 +352,7 @@ class PersistentDecoder {
     h_[1] = ws_->h + size_t(kernels::kStepMaxRows) * H;
     y_res_ = ws_->h + size_t(2) * kernels::kStepMaxRows * H;
     prog_host_.clear();
+    labels_.clear();
     h_valid_ = false;
     pending_y_ = nullptr;
     if (D > 0) {  // per-layer inputs: projection of the embedding (x = half(h)), then the combine
@@ -349,6 +372,7 @@ class PersistentDecoder {
       ins.ple.L = L;
       ins.ple.D = D;
       prog_host_.push_back(ins);
+      labels_.push_back("PLE combine");
     }
     GEMMA4_T4_TRY(gemma4_layers(*this, c));
     {  // LM head: final norm of the folded residual, soft-capped logits, each row's argmax
@@ -360,6 +384,7 @@ class PersistentDecoder {
       ins.op = kernels::StepOp::Tokens;
       ins.items = 1;
       prog_host_.push_back(ins);
+      labels_.push_back("tokens");
     }
     count_ = int(prog_host_.size());
     if (size_t(count_) > max_count)
@@ -376,6 +401,7 @@ class PersistentDecoder {
   Workspace* ws_ = nullptr;
   kernels::RawFloat ple_type_ = kernels::RawFloat::BF16;
   int grid_[2] = {0, 0};  // blocks for rows <= 8 / <= 16
+  int mb_ = 1;            // blocks per SM (LoadOptions::PersistentTuning)
   int max_rows_ = 0;
   int prefetch_bytes_ = 0;
   int kv_heads_max_ = 1;
@@ -383,6 +409,8 @@ class PersistentDecoder {
   kernels::StepInstr* prog_ = nullptr;  // [count_] device copy of prog_host_
   int count_ = 0;
   std::vector<kernels::StepInstr> prog_host_;
+  std::vector<std::string> labels_;  // [count_] what each instruction computes (the trace's rows)
+  StepTrace trace_;
   size_t counter_bytes_ = 0;            // best_ + done_ + tickets_, zeroed before each step
   unsigned long long* best_ = nullptr;  // [16] packed argmax keys
   unsigned* done_ = nullptr;            // [count_] finished items per instruction
