@@ -11,6 +11,9 @@
 #               kernels src bench | tar -x -C tmp_base`), that tree -- same lease, same checkpoint
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
+#     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
+#               per-instruction trace (issue 16)
+#     lab       every lab_* program of the native build (dev/), default arguments
 #     serve     the server against the in-process bench, and prefix reuse (bench/serve_h200.sh, issue 18)
 #     sanitize  compute-sanitizer memcheck and racecheck over the persistent-decode and kernel tests
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
@@ -51,14 +54,18 @@ step_build() {
   fi
 }
 
-step_suite() {
+step_suite() {  # both builds at once (one GPU; the suite times nothing)
+  local t0=$SECONDS
   for p in gpu-native gpu-turing; do
-    local t0=$SECONDS
-    timeout "${SUITE_S:-400}" "build-$p/gemma4_t4_gpu_tests" > "$OUT/suite-$p.log" 2>&1
-    local rc=$?
+    ( timeout "${SUITE_S:-400}" "build-$p/gemma4_t4_gpu_tests" > "$OUT/suite-$p.log" 2>&1; echo $? > "$OUT/suite-$p.rc" ) &
+  done
+  wait
+  for p in gpu-native gpu-turing; do
+    local rc
+    rc=$(cat "$OUT/suite-$p.rc")
     note "suite $p rc=$rc ($((SECONDS - t0)) s): $(grep -E 'All tests passed|test cases' "$OUT/suite-$p.log" | tail -1)"
-    [ $rc -eq 0 ] || { fail=1; grep -B2 -A12 -E "FAILED|REQUIRE|CHECK\(" "$OUT/suite-$p.log" | head -60; }
-    grep -E "persistent|max rel err" "$OUT/suite-$p.log" | head -20
+    [ "$rc" -eq 0 ] || { fail=1; grep -B2 -A12 -E "FAILED|REQUIRE|CHECK\(" "$OUT/suite-$p.log" | head -60; }
+    grep -E "persistent|max rel err" "$OUT/suite-$p.log" | head -24
   done
 }
 
@@ -82,6 +89,33 @@ step_ab() {
   note "== TTFT 4096"
   build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 4096 --tokens 4 --batch 1 --ttft 5 2>&1 |
     tee -a "$OUT/ab.log" | grep -E "TTFT|median"
+}
+
+step_decode() {  # issue 16: per-kernel vs persistent (1 and 2 blocks per SM, L2 prefetch off), then the step traces
+  synth w4a16 || { note "make_synthetic failed"; return 1; }
+  local Q=(build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 64)
+  local runs=("--decode kernels --batch 1,8,16" "--decode persistent --batch 1,8,16"
+    "--decode persistent --persistent-blocks 2 --batch 1,8" "--decode persistent --persistent-prefetch 0 --batch 1,8")
+  for r in "${runs[@]}"; do
+    note "== quick_bench $r"
+    # shellcheck disable=SC2086
+    timeout 120 "${Q[@]}" $r 2>&1 | tee -a "$OUT/decode.log" | grep -E "decode path|^ +[0-9]" | tee -a "$OUT/summary.txt"
+  done
+  for b in 1 8; do
+    timeout 120 "${Q[@]}" --tokens 32 --decode persistent --batch $b --persistent-trace "$OUT/trace-c$b.txt" \
+      >> "$OUT/decode.log" 2>&1
+    cat "$OUT/trace-c$b.txt" >> "$OUT/summary.txt"
+  done
+}
+
+step_lab() {  # the kernel lab's programs that exist in this build (dev/README.md), default arguments
+  for l in build-gpu-native/lab_*; do
+    [ -x "$l" ] || continue
+    note "== $l"
+    timeout "${LAB_S:-90}" "$l" > "$OUT/$(basename "$l").log" 2>&1
+    note "rc=$?"
+    tail -25 "$OUT/$(basename "$l").log" | tee -a "$OUT/summary.txt"
+  done
 }
 
 step_bench() {
