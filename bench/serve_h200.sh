@@ -10,7 +10,8 @@
 # Environment: CKPT (default /tmp/e2b-w4a16: written by tools/make_synthetic when missing), ARCH (nvcc
 # -gencode, default arch=compute_90,code=sm_90), IMPL (a built gemma4_t4::impl archive to link instead of
 # compiling src/impl.cu again), SERVE_SWEEP (the cells' bench arguments, default --prompts 512,4096 --tokens 128
-# --repeats 3), PORT (8080), CPU=1 (no GPU: the tiny model on the CPU backend, a dry run of this script).
+# --repeats 3), SERVE_CONC (the sweep's concurrencies, default 1,8,16,64), PORT (8080), CPU=1 (no GPU: the
+# tiny model on the CPU backend, a dry run of this script).
 #
 # The GPU machine has no package manager: cpp-httplib comes as Debian's packages, downloaded on the dev machine
 # into .deps/debs (carry .deps) and unpacked here with dpkg -x, as the device README does for other packages:
@@ -112,8 +113,8 @@ start_server
 log "bench_serve, concurrency 8"
 "$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency 8 --json "$OUT/serve-c8.json" \
   --csv "$OUT/serve-c8.csv" 2>&1 | tee -a "$OUT/serve.log"
-log "bench_serve, concurrency 1,8,16,64"
-"$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency 1,8,16,64 \
+log "bench_serve, concurrency ${SERVE_CONC:-1,8,16,64}"
+"$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency "${SERVE_CONC:-1,8,16,64}" \
   --json "$OUT/serve-sweep.json" --csv "$OUT/serve-sweep.csv" 2>&1 | tee -a "$OUT/serve.log"
 # ---- 2. prefix reuse: 2,000-token system prompt ----
 log "prefix reuse"
