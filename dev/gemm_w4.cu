@@ -11,7 +11,7 @@
 //      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
 //   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
 //      per T4 SM).
-//   3  the same with a 64-deep k-tile (two scale groups per warp per tile): 45.8 KiB (1 block per T4 SM), twice
+//   3  the same with a 64-deep k-tile (two scale groups per warp per tile): 45.0 KiB (1 block per T4 SM), twice
 //      the math between barriers, for GPUs where a 32-deep tile drains before the next one lands.
 //   4  tile 128 x 64 x 64: warps 2 (m) x 2 (n) x 2 (k, one scale group each, summed through smem at the end).
 //   5  tile 32|64 x 64 x 128 (32 rows when M <= 32): warps 1 x 2 x 4 (k): more blocks for few rows.
@@ -651,7 +651,7 @@ const char* kAbout[] = {
     "",
     "today's path: launch_dequant_w4 (whole matrix -> fp16), then cublasGemmEx (fp32 compute, fp32 out)",
     "gemm_w4 128 x 128 x 32, warps 2 x 4 x 1 (warp 64 x 32), 24.5 KiB smem",
-    "gemm_w4 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile, 45.8 KiB smem",
+    "gemm_w4 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile, 45.0 KiB smem",
     "gemm_w4 128 x 64 x 64, warps 2 x 2 x 2 (k-split in the block), 40.5 KiB smem",
     "gemm_w4 64 x 64 x 128 (32 x 64 x 128 for M <= 32), warps 1 x 2 x 4 (k-split in the block)",
     "by M: <= 64 -> 5, <= 256 -> 4, else 2",
