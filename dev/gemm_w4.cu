@@ -1,0 +1,907 @@
+// Kernel lab: the w4a16 matmul for more than 16 rows (issue 17): batched decode (17..256 rows) and prefill.
+//
+//   Y[M, N] fp32 = X[M, K] fp16 (row stride ldx) x W^T,   W [N, K] int4 (compressed-tensors, symmetric, group 32
+//   along K) with fp16 group scales: w[n][k] = (u - 8) * S[n][k / 32], u the stored nibble (GEMMA4.md).
+//
+//   lab_gemm_w4 [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only]
+//               [--self-check]
+//
+// VERSIONS: a comma list (default 1,2,3,4,5,6).
+//   1  what the CUDA backend does today for passes of more than 16 rows (cuda/layers.hpp mm()): the whole matrix
+//      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
+//   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
+//      per T4 SM).
+//   3  the same with a 64-deep k-tile (two scale groups per warp per tile): 45.0 KiB (1 block per T4 SM), twice
+//      the math between barriers, for GPUs where a 32-deep tile drains before the next one lands.
+//   4  tile 128 x 64 x 64: warps 2 (m) x 2 (n) x 2 (k, one scale group each, summed through smem at the end).
+//   5  tile 32|64 x 64 x 128 (32 rows when M <= 32): warps 1 x 2 x 4 (k): more blocks for few rows.
+//   6  by M, the dispatch a shipped launcher would start from (a guess until measured): M <= 64 -> 5,
+//      M <= 256 -> 4, else 2.
+// Versions 2..6 read the weights in the GEMM layout below (built once from the checkpoint layout, as a load-time
+// repack would) and never make an fp16 copy.
+//
+// ---- the GEMM weight layout (the one-time repack; why not the checkpoint's) ----
+// The checkpoint's words (kept as they are on the GPU today: kernels/gemv.cuh, cuda/weights.hpp) hold 8
+// consecutive k of one row. An mma B fragment (m16n8k8: b0 = W[n g][k 2t, 2t+1]) needs, per lane, k pairs
+// (2t, 2t+1) of row g: from the checkpoint words a lane would unpack 8 nibbles to use 2, or shuffle. So the
+// weights are repacked once so that one 32-bit word is exactly what a lane multiplies for one n8 tile and one
+// scale group, and one 16-byte shared load is what it multiplies for 4 n8 tiles:
+//   wp  [N/32][K/32][32 lanes][4 j] u32: nb = n / 32 (a "super-row" of 32 n), kb = k / 32 (a scale group),
+//       lane = 4 g + t, j = n8 tile; word (nb, kb, lane, j), nibble s (0..3) = u of W[32 nb + 8 j + g][32 kb +
+//       8 s + 2 t], nibble s + 4 = u of the next k. kernels/mma.cuh's w4_pair(word, s, scale) then yields the
+//       half2 (k 8s + 2t, 8s + 2t + 1) of n 8j + g: b0 of k8-step s. 512 bytes per (nb, kb) unit.
+//   sp  [N/32][K/32][8 g][4 j] fp16: S[32 nb + 8 j + g][kb]; a lane reads its 4 scales (one per j) as 8 bytes.
+//   Same bytes as the checkpoint layout (N K / 2 + N K / 16). A block's (BN x BK) weight tile is BN / 32 runs of
+//   BK / 32 contiguous units: plain 16-byte loads, copied to shared memory as they are; no index arithmetic per
+//   weight. Requires N % 32 == 0 and K % 32 == 0 (every Gemma 4 linear). The GEMV (<= 16 rows) could read this
+//   layout as well; until it does, a backend would keep both or convert the GEMV.
+//
+// ---- the kernel ----
+// X is the mma's A operand (16 m x 16 k via ldmatrix.x4 from a padded [BM][BK + 8] smem tile: conflict-free
+// rows), the dequantised weights are B (n8 tiles; w4_pair = OR the nibbles into 1024.0's mantissa, subtract
+// 1032.0 (exact), times the fp16 scale (one rounding): the same fp16 weight launch_dequant_w4 builds), fp32
+// accumulators; m16n8k16 on sm_80+, two m16n8k8 on sm_75 (kernels/mma.cuh mma_16x8x16). 256 threads, warps
+// WM (m) x WN (n) x WK (k); a warp owns MT m16 tiles x 4 n8 tiles (one super-row) and, per k-tile, GPW scale
+// groups (BK = 32 WK GPW). Pipeline without cp.async (sm_75): tile kt + 1's 16-byte global loads (X through L1,
+// weights and scales L1::no_allocate) are issued into registers before tile kt's math from shared memory, then
+// stored to the other of two smem stages; one __syncthreads per k-tile. The WK k-warps' accumulators are summed
+// through smem (tree, fixed order: deterministic), and fragments go straight to Y as float2 (a row's 4 lanes
+// write 32 contiguous bytes). Rows past M and groups past K are loaded as zeros, columns past N not stored.
+//
+// Validation first: every listed version at odd sizes (M 17, 33, 100, 257; N 32..1056 with partial n tiles; K
+// 32..2080 with partial k tiles; ldx = K + 8, ldy = N + 2) and at the E2B shapes (M 33 and 257), random inputs,
+// Y poisoned with NaN (and one row past M, and the ldy padding, checked untouched), against gemm_w4_ref (double
+// sums of the same fp16 weights): max |got - ref| / max |ref| <= 1e-3 per launch, every element finite; the first
+// failing element is printed as (m, n) got / ref. Any failure: exit 1 before timing.
+// Timing: cudaEvents around --reps calls, median of --samples, weights rotated over copies > 3 x L2 (as in a decode
+// step); TFLOP/s against a stated fp16 tensor-core peak per GPU (dense, from the datasheets: H100/H200 989, A100
+// 312, L4 121, T4 65), GB/s (weights + scales + X + Y bytes) against the measured stream read bandwidth, and
+// %bound = max(flops / peak, bytes / bandwidth) / time.
+//
+// A CPU-only self-check of the repack and of the kernel's index math (fragment by fragment, from the PTX ISA's
+// fragment layouts) runs first, and alone with --self-check; it also builds with g++ (no GPU, no nvcc):
+//   g++ -std=c++17 -O2 -x c++ -DGEMM_W4_HOST_ONLY -I/usr/local/cuda/include dev/gemm_w4.cu -o /tmp/gemm_w4_host
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#ifndef GEMM_W4_HOST_ONLY
+#include <cublas_v2.h>
+
+#include "../kernels/gemv.cuh"
+#include "lab.cuh"
+#define G4_HD __host__ __device__
+#else
+#define G4_HD
+#endif
+
+namespace {
+
+// ---- the GEMM layout: index maps shared by the repack, the kernel and the CPU self-check ----
+
+// Nibble u (0..15) of W[n][k] in the checkpoint layout: wq [N, K/8] u32, column 8j + i in bits 4i..4i+3 of word j.
+G4_HD inline uint32_t ckpt_nibble(const uint32_t* wq, int K, int n, int k) {
+  return (wq[size_t(n) * (K / 8) + k / 8] >> (4 * (k % 8))) & 0xFu;
+}
+
+// Word w of wp (N x K / 8 words): built from the checkpoint words (see the header).
+G4_HD inline uint32_t repack_word(const uint32_t* wq, int N, int K, size_t w) {
+  (void)N;
+  const int KG = K / 32;
+  const int j = int(w % 4), lane = int(w / 4 % 32), g = lane >> 2, t = lane & 3;
+  const size_t unit = w / 128;
+  const int kb = int(unit % size_t(KG)), nb = int(unit / size_t(KG));
+  const int n = 32 * nb + 8 * j + g;
+  uint32_t word = 0;
+  for (int s = 0; s < 4; ++s) {
+    const int k = 32 * kb + 8 * s + 2 * t;
+    word |= ckpt_nibble(wq, K, n, k) << (4 * s);
+    word |= ckpt_nibble(wq, K, n, k + 1) << (4 * (s + 4));
+  }
+  return word;
+}
+
+// Scale i of sp (N x K / 32): S[32 nb + 8 j + g][kb], S [N, K/32] (raw fp16 bits).
+G4_HD inline uint16_t repack_scale(const uint16_t* s, int N, int K, size_t i) {
+  (void)N;
+  const int KG = K / 32;
+  const int q = int(i % 32), g = q / 4, j = q % 4;
+  const size_t unit = i / 32;
+  const int kb = int(unit % size_t(KG)), nb = int(unit / size_t(KG));
+  return s[size_t(32 * nb + 8 * j + g) * KG + kb];
+}
+
+// The host repack (what a backend would run once at load; the lab runs the same maps on the device).
+void repack_host(const std::vector<uint32_t>& wq, const std::vector<uint16_t>& s, int N, int K,
+                 std::vector<uint32_t>* wp, std::vector<uint16_t>* sp) {
+  wp->resize(size_t(N) * K / 8);
+  sp->resize(size_t(N) * K / 32);
+  for (size_t w = 0; w < wp->size(); ++w) (*wp)[w] = repack_word(wq.data(), N, K, w);
+  for (size_t i = 0; i < sp->size(); ++i) (*sp)[i] = repack_scale(s.data(), N, K, i);
+}
+
+// A kernel configuration: 8 warps as WM (m) x WN (n) x WK (k); a warp computes MT m16 tiles x 4 n8 tiles (32 n:
+// one super-row) over GPW scale groups of every k-tile. MINB: __launch_bounds__ min blocks per SM.
+template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_>
+struct Cfg {
+  static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_;
+  static constexpr int kThreads = 256;
+  static_assert(WM * WN * WK == 8, "8 warps");
+  static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
+  static constexpr int BM = WM * MT * 16;  // rows of X per block
+  static constexpr int BN = WN * 32;       // outputs per block
+  static constexpr int G = WK * GPW;       // scale groups per k-tile
+  static constexpr int BK = 32 * G;        // k per tile
+  static constexpr int XS = BK + 8;        // smem row stride of the X tile, halves (16 B pad: ldmatrix conflict-free)
+  static constexpr int kXBytes = BM * XS * 2, kWBytes = BN * BK / 2, kSBytes = BN * G * 2;
+  static constexpr int kStage = kXBytes + kWBytes + kSBytes;
+  static constexpr int kXLoads = BM * BK / 8, kWLoads = BN * BK / 32, kSLoads = BN * G / 8;  // 16-byte units
+  // Per thread in flight: kXL X units, kWL weight-or-scale units (units [0, kWLoads) are W, then S: one register
+  // set serves both, as in v2 only 144 of the 256 threads load either).
+  static constexpr int kXL = (kXLoads + 255) / 256, kWL = (kWLoads + kSLoads + 255) / 256;
+  static constexpr int kAcc = MT * NT * 4;  // fp32 accumulators per lane
+  static constexpr int kRedBytes = (WK / 2) * WM * WN * kAcc * 32 * 4;
+  static_assert(2 * kStage <= 48 * 1024, "static shared memory <= 48 KiB (sm_75 without opt-in)");
+  static_assert(kRedBytes <= 2 * kStage, "the k-warp reduction reuses the stages");
+  static_assert(kXBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte aligned smem parts");
+};
+
+// Tile-load maps (kernel and self-check): unit idx of a k-tile's X / W / S tile -> where it comes from.
+// X: row, column (halves) inside the tile; smem at row * XS + col.
+G4_HD inline void x_unit(int idx, int bk, int* row, int* col) {
+  *row = idx / (bk / 8);
+  *col = idx % (bk / 8) * 8;
+}
+// W and S: super-row sr of the tile and group gi of the tile; global 16-byte unit (from wp or sp as uint4).
+// smem: unit idx (the tile is copied as it is).
+G4_HD inline size_t w_unit(int idx, int G, int nb0, int kb0, int KG, int* sr, int* gi) {
+  *sr = idx / (G * 32);
+  const int r = idx % (G * 32);
+  *gi = r / 32;
+  return (size_t(nb0 + *sr) * KG + kb0) * 32 + r;
+}
+G4_HD inline size_t s_unit(int idx, int G, int nb0, int kb0, int KG, int* sr, int* gi) {
+  *sr = idx / (G * 4);
+  const int r = idx % (G * 4);
+  *gi = r / 4;
+  return (size_t(nb0 + *sr) * KG + kb0) * 4 + r;
+}
+// A fragment address (ldmatrix.x4 row of `lane`) for m16 tile i and k16 half h of group gi: row and column
+// of the X tile. Lanes 0-7 / 8-15 / 16-23 / 24-31 address matrices (rows 0-7, k 0-7) / (rows 8-15, k 0-7) /
+// (rows 0-7, k 8-15) / (rows 8-15, k 8-15): registers a0..a3 of m16n8k16.
+G4_HD inline void a_addr(int lane, int row0, int i, int gi, int h, int* row, int* col) {
+  *row = row0 + 16 * i + (lane & 15);
+  *col = 32 * gi + 16 * h + (lane >> 4) * 8;
+}
+// The B word and scale pair of (super-row sr, group gi) for a lane: word index (u32) and scale index (fp16) in
+// the stage's W / S parts.
+G4_HD inline int b_word(int sr, int gi, int G, int lane, int j) { return ((sr * G + gi) * 32 + lane) * 4 + j; }
+G4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) { return (sr * G + gi) * 32 + (lane >> 2) * 4 + j; }
+
+// ---- host reference ----
+
+inline float h2f(uint16_t b) {
+  __half_raw r;
+  r.x = b;
+  return __half2float(__half(r));
+}
+inline uint16_t f2h(float v) { return static_cast<__half_raw>(__float2half_rn(v)).x; }
+
+// body(i) for i in [0, count) on every host core.
+void parallel_for(int count, const std::function<void(int)>& body) {
+  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < nt; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = t; i < count; i += nt) body(i);
+    });
+  for (std::thread& th : pool) th.join();
+}
+
+// y[m][n] = sum_k x[m][k] w[n][k] in double, w = fp16((u - 8) * S[n][k / 32]) (the fp16 weight every version
+// multiplies). The operation's arguments in the CHECKPOINT layout (the definition): x [M, ldx] fp16 bits,
+// wq [N, K/8], s [N, K/32] fp16 bits; y [M, N].
+std::vector<double> gemm_w4_ref(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
+                                const std::vector<uint32_t>& wq, const std::vector<uint16_t>& s) {
+  std::vector<double> y(size_t(M) * N);
+  std::vector<float> xf(size_t(M) * K);
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) xf[size_t(m) * K + k] = h2f(x[size_t(m) * ldx + k]);
+  parallel_for(N, [&](int n) {
+    std::vector<float> w(static_cast<size_t>(K));
+    for (int k = 0; k < K; ++k) {
+      const int q = int(ckpt_nibble(wq.data(), K, n, k)) - 8;
+      w[size_t(k)] = h2f(f2h(float(q) * h2f(s[size_t(n) * (K / 32) + k / 32])));
+    }
+    for (int m = 0; m < M; ++m) {
+      const float* xr = xf.data() + size_t(m) * K;
+      double acc = 0;
+      for (int k = 0; k < K; ++k) acc += double(w[size_t(k)]) * xr[k];
+      y[size_t(m) * N + n] = acc;
+    }
+  });
+  return y;
+}
+
+// ---- CPU self-check: the repack and the kernel's index maps, one fragment at a time ----
+
+// w4_pair on the host, as values: (u_s - 8) * scale and (u_{s+4} - 8) * scale rounded to fp16.
+void host_w4_pair(uint32_t word, int s, uint16_t scale, float* lo, float* hi) {
+  *lo = h2f(f2h(float(int((word >> (4 * s)) & 0xFu) - 8) * h2f(scale)));
+  *hi = h2f(f2h(float(int((word >> (4 * (s + 4))) & 0xFu) - 8) * h2f(scale)));
+}
+
+// Emulates kernel C on the CPU for one problem: the same tile-load maps into two "smem" stages, ldmatrix.x4
+// and m16n8k16 (two m16n8k8) per the PTX ISA's fragment layouts, the same epilogue map. Sums in double.
+template <class C>
+std::vector<double> emulate(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
+                            const std::vector<uint32_t>& wp, const std::vector<uint16_t>& sp) {
+  std::vector<double> y(size_t(M) * N, std::nan(""));
+  const int NB = N / 32, KG = K / 32, KT = (KG + C::G - 1) / C::G;
+  std::vector<uint16_t> xs(size_t(C::BM) * C::XS);
+  std::vector<uint32_t> ws(size_t(C::kWBytes) / 4);
+  std::vector<uint16_t> ss(size_t(C::kSBytes) / 2);
+  for (int by = 0; by * C::BM < M; ++by)
+    for (int bx = 0; bx * C::BN < N; ++bx) {
+      const int m0 = by * C::BM, nb0 = bx * (C::BN / 32);
+      // acc[warp mn][lane][MT][4][4], summed over the k-warps (the kernel's reduction)
+      std::vector<double> acc(size_t(C::WM * C::WN) * 32 * C::kAcc, 0.0);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int kb0 = kt * C::G;
+        for (int idx = 0; idx < C::kXLoads; ++idx) {
+          int row, col;
+          x_unit(idx, C::BK, &row, &col);
+          const bool ok = m0 + row < M && kb0 * 32 + col < K;
+          for (int e = 0; e < 8; ++e)
+            xs[size_t(row) * C::XS + col + e] = ok ? x[size_t(m0 + row) * ldx + kb0 * 32 + col + e] : 0;
+        }
+        for (int idx = 0; idx < C::kWLoads; ++idx) {
+          int sr, gi;
+          const size_t src = w_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
+          const bool ok = nb0 + sr < NB && kb0 + gi < KG;
+          for (int e = 0; e < 4; ++e) ws[size_t(idx) * 4 + e] = ok ? wp[src * 4 + e] : 0;
+        }
+        for (int idx = 0; idx < C::kSLoads; ++idx) {
+          int sr, gi;
+          const size_t src = s_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
+          const bool ok = nb0 + sr < NB && kb0 + gi < KG;
+          for (int e = 0; e < 8; ++e) ss[size_t(idx) * 8 + e] = ok ? sp[src * 8 + e] : 0;
+        }
+        for (int warp = 0; warp < 8; ++warp) {
+          const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+          for (int q = 0; q < C::GPW; ++q) {
+            const int gi = ks + C::WK * q;
+            if (kb0 + gi >= KG) continue;
+            for (int h = 0; h < 2; ++h)
+              for (int i = 0; i < C::MT; ++i) {
+                // ldmatrix.x4: register r of lane (g, t) = row g, halves 2t, 2t+1 of the matrix whose rows lanes
+                // 8r..8r+7 address. A[16][16] rebuilt from all lanes' registers per m16n8k16's A layout.
+                float A[16][16], a_reg[32][4][2];
+                for (int lane = 0; lane < 32; ++lane)
+                  for (int r = 0; r < 4; ++r) {
+                    int row, col;
+                    a_addr(8 * r + (lane >> 2), wm * C::MT * 16, i, gi, h, &row, &col);
+                    for (int e = 0; e < 2; ++e)
+                      a_reg[lane][r][e] = h2f(xs[size_t(row) * C::XS + col + 2 * (lane & 3) + e]);
+                  }
+                for (int lane = 0; lane < 32; ++lane) {
+                  const int g = lane >> 2, t = lane & 3;
+                  for (int e = 0; e < 2; ++e) {
+                    A[g][2 * t + e] = a_reg[lane][0][e];
+                    A[g + 8][2 * t + e] = a_reg[lane][1][e];
+                    A[g][2 * t + 8 + e] = a_reg[lane][2][e];
+                    A[g + 8][2 * t + 8 + e] = a_reg[lane][3][e];
+                  }
+                }
+                for (int j = 0; j < 4; ++j) {
+                  float B[16][8];  // [k][n]: b0 = (k 2t, 2t+1; n g), b1 = (k 2t+8, 2t+9; n g)
+                  for (int lane = 0; lane < 32; ++lane) {
+                    const int g = lane >> 2, t = lane & 3;
+                    const uint32_t word = ws[size_t(b_word(wn, gi, C::G, lane, j))];
+                    const uint16_t sc = ss[size_t(b_scale(wn, gi, C::G, lane, j))];
+                    host_w4_pair(word, 2 * h, sc, &B[2 * t][g], &B[2 * t + 1][g]);
+                    host_w4_pair(word, 2 * h + 1, sc, &B[2 * t + 8][g], &B[2 * t + 9][g]);
+                  }
+                  for (int lane = 0; lane < 32; ++lane) {
+                    const int g = lane >> 2, t = lane & 3;
+                    for (int c = 0; c < 4; ++c) {  // c0, c1 = (row g, n 2t, 2t+1); c2, c3 = row g + 8
+                      const int r = g + 8 * (c >> 1), n = 2 * t + (c & 1);
+                      double d = 0;
+                      for (int k = 0; k < 16; ++k) d += double(A[r][k]) * B[k][n];
+                      acc[(size_t(wmn) * 32 + lane) * C::kAcc + (i * 4 + j) * 4 + c] += d;
+                    }
+                  }
+                }
+              }
+          }
+        }
+      }
+      for (int wmn = 0; wmn < C::WM * C::WN; ++wmn)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int i = 0; i < C::MT; ++i)
+            for (int j = 0; j < 4; ++j)
+              for (int c = 0; c < 4; ++c) {
+                const int wm = wmn / C::WN, wn = wmn % C::WN, g = lane >> 2, t = lane & 3;
+                const int row = m0 + wm * C::MT * 16 + 16 * i + g + 8 * (c >> 1);
+                const int col = (nb0 + wn) * 32 + 8 * j + 2 * t + (c & 1);
+                if (row < M && col < N)
+                  y[size_t(row) * N + col] = acc[(size_t(wmn) * 32 + lane) * C::kAcc + (i * 4 + j) * 4 + c];
+              }
+    }
+  return y;
+}
+
+// The version configurations (see the header).
+using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32
+using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64
+using CfgMid = Cfg<4, 2, 2, 2, 1, 1>;    // 128 x 64 x 64
+using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128
+using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128
+
+void random_problem(std::mt19937* rng, int M, int N, int K, int ldx, std::vector<uint16_t>* x,
+                    std::vector<uint32_t>* wq, std::vector<uint16_t>* s) {
+  std::uniform_real_distribution<float> ux(-1.f, 1.f), us(0.002f, 0.02f);
+  x->assign(size_t(M) * ldx, f2h(1e4f));  // padding past K: large, so reading it would show
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) (*x)[size_t(m) * ldx + k] = f2h(ux(*rng));
+  wq->resize(size_t(N) * K / 8);
+  for (uint32_t& w : *wq) w = uint32_t((*rng)());
+  s->resize(size_t(N) * K / 32);
+  for (uint16_t& v : *s) v = f2h(us(*rng));
+}
+
+template <class C>
+bool self_check_one(const char* name, int M, int N, int K, std::mt19937* rng) {
+  const int ldx = K + 8;
+  std::vector<uint16_t> x, s, sp;
+  std::vector<uint32_t> wq, wp;
+  random_problem(rng, M, N, K, ldx, &x, &wq, &s);
+  repack_host(wq, s, N, K, &wp, &sp);
+  const std::vector<double> ref = gemm_w4_ref(x, ldx, M, N, K, wq, s);
+  const std::vector<double> got = emulate<C>(x, ldx, M, N, K, wp, sp);
+  double max_ref = 0, max_err = 0;
+  size_t bad = 0, worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    const double d = std::fabs(got[i] - ref[i]);
+    if (!(d <= max_err)) max_err = d, worst = i;  // NaN (never written) is the worst
+  }
+  const double rel = max_err / std::max(max_ref, 1e-30);
+  bad = rel > 1e-9;
+  std::printf("  self-check %-6s M %4d N %4d K %4d: max rel err %.2e%s", name, M, N, K, rel, bad ? "  FAIL" : "\n");
+  if (bad)
+    std::printf(" at (m %zu, n %zu): emulated %.6g, reference %.6g\n", worst / size_t(N), worst % size_t(N), got[worst],
+                ref[worst]);
+  return !bad;
+}
+
+// The repack against the checkpoint nibbles directly (every nibble of a few sizes), then every configuration's
+// index maps through emulate() at sizes with partial m, n and k tiles.
+bool self_check() {
+  std::printf("CPU self-check (repack + the kernel's tile, fragment and epilogue maps, emulated)\n");
+  std::mt19937 rng(1234);
+  bool ok = true;
+  for (const int N : {32, 96}) {
+    for (const int K : {32, 160}) {
+      std::vector<uint16_t> x, s, sp;
+      std::vector<uint32_t> wq, wp;
+      random_problem(&rng, 1, N, K, K, &x, &wq, &s);
+      repack_host(wq, s, N, K, &wp, &sp);
+      size_t wrong = 0;
+      for (int n = 0; n < N; ++n)
+        for (int k = 0; k < K; ++k) {  // where the header says W[n][k] and S[n][k / 32] are
+          const int nb = n / 32, j = n % 32 / 8, g = n % 8, kb = k / 32, s8 = k % 32 / 8, t = k % 8 / 2, hi = k % 2;
+          const size_t unit = size_t(nb) * (K / 32) + kb;
+          const uint32_t word = wp[(unit * 32 + 4 * g + t) * 4 + j];
+          wrong += ((word >> (4 * (s8 + 4 * hi))) & 0xFu) != ckpt_nibble(wq.data(), K, n, k);
+          wrong += sp[unit * 32 + g * 4 + j] != s[size_t(n) * (K / 32) + kb];
+        }
+      std::printf("  repack N %d K %d: %zu wrong nibbles or scales\n", N, K, wrong);
+      ok = ok && wrong == 0;
+    }
+  }
+  ok = self_check_one<CfgLarge>("v2", 17, 96, 96, &rng) && ok;
+  ok = self_check_one<CfgLarge>("v2", 130, 160, 32, &rng) && ok;
+  ok = self_check_one<CfgDeep>("v3", 33, 96, 160, &rng) && ok;
+  ok = self_check_one<CfgMid>("v4", 129, 96, 96, &rng) && ok;
+  ok = self_check_one<CfgSmall>("v5", 65, 96, 416, &rng) && ok;
+  ok = self_check_one<CfgTiny>("v5/32", 17, 160, 160, &rng) && ok;
+  std::printf("  self-check: %s\n", ok ? "OK" : "FAILED");
+  return ok;
+}
+
+}  // namespace
+
+#ifdef GEMM_W4_HOST_ONLY
+int main() { return self_check() ? 0 : 1; }
+#else
+
+namespace {
+
+namespace kn = gemma4_t4::kernels;
+
+// ---- the kernel (versions 2..6) ----
+
+struct GemmW4Args {
+  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
+  int ldx = 0;
+  int m = 0, n = 0, k = 0;       // N % 32 == 0, K % 32 == 0
+  const uint32_t* wp = nullptr;  // [N/32][K/32][32][4] u32: the GEMM layout
+  const half* sp = nullptr;      // [N/32][K/32][8][4] fp16 scales
+  float* y = nullptr;            // [M, ldy] fp32, ldy % 2 == 0
+  int ldy = 0;
+};
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const GemmW4Args a) {
+  __shared__ __align__(16) unsigned char smem[2 * C::kStage];  // 2 stages of [X tile | W tile | S tile]
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
+  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;
+
+  uint4 xr[C::kXL], wr[C::kWL];  // the next k-tile, in flight in registers
+  const half* xrow[C::kXL];      // this thread's X units: row start + column in the tile (null: row past M)
+#pragma unroll
+  for (int c = 0; c < C::kXL; ++c) {
+    const int idx = tid + c * C::kThreads;
+    int row, col;
+    x_unit(idx, C::BK, &row, &col);
+    xrow[c] = idx < C::kXLoads && m0 + row < a.m ? a.x + size_t(m0 + row) * a.ldx + col : nullptr;
+  }
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int col = (tid + c * C::kThreads) % (C::BK / 8) * 8;
+      const bool ok = xrow[c] != nullptr && kb0 * 32 + col < a.k;
+      xr[c] = kn::ld_x(reinterpret_cast<const uint4*>(ok ? xrow[c] + kb0 * 32 : a.x), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      const bool is_w = idx < C::kWLoads;
+      int s_r, gi;
+      const size_t src =
+          is_w ? w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi) : s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
+      const bool ok = idx < C::kWLoads + C::kSLoads && nb0 + s_r < NB && kb0 + gi < KG;
+      const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
+      wr[c] = kn::ld_weights(base + (ok ? src : 0), ok);
+    }
+  };
+  auto store = [&](int stage) {
+    unsigned char* base = smem + stage * C::kStage;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int row, col;
+      x_unit(idx, C::BK, &row, &col);
+      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xr[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {  // the S part follows the W part: unit idx of W | S
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kWLoads + C::kSLoads) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wr[c];
+    }
+  };
+
+  float acc[C::MT][4][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  kn::pdl_enter();  // X comes from the previous kernel
+  load(0);
+  store(0);
+  __syncthreads();
+  for (int kt = 0; kt < KT; ++kt) {
+    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+    const unsigned char* base = smem + (kt & 1) * C::kStage;
+    const half* xs = reinterpret_cast<const half*>(base);
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
+#pragma unroll
+    for (int q = 0; q < C::GPW; ++q) {
+      const int gi = ks + C::WK * q;
+      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
+      const uint4 w = *reinterpret_cast<const uint4*>(ws + b_word(wn, gi, C::G, lane, 0));
+      const uint2 sc = *reinterpret_cast<const uint2*>(ss + b_scale(wn, gi, C::G, lane, 0));
+      const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
+      const uint32_t s2[4] = {__byte_perm(sc.x, 0, 0x1010), __byte_perm(sc.x, 0, 0x3232), __byte_perm(sc.y, 0, 0x1010),
+                              __byte_perm(sc.y, 0, 0x3232)};  // scale of n8 tile j in both halves
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {                           // k 0..15, 16..31 of the group
+        uint32_t b[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          b[j][0] = kn::w4_pair(wd[j], 2 * h, s2[j]);
+          b[j][1] = kn::w4_pair(wd[j], 2 * h + 1, s2[j]);
+        }
+#pragma unroll
+        for (int i = 0; i < C::MT; ++i) {
+          int row, col;
+          a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
+          uint32_t af[4];
+          kn::ldsm_x4(af, xs + row * C::XS + col);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) kn::mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+    if (kt + 1 < KT) store((kt + 1) & 1);
+    __syncthreads();
+  }
+
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
+    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
+    float* mine = &acc[0][0][0];
+#pragma unroll
+    for (int step = C::WK / 2; step >= 1; step /= 2) {
+      if (ks >= step && ks < 2 * step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e)
+          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
+      }
+      __syncthreads();
+      if (ks < step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
+      }
+      __syncthreads();
+    }
+    if (ks != 0) return;
+  }
+
+  const int g = lane >> 2, t = lane & 3, nb = nb0 + wn;
+  if (nb >= NB) return;
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i) {
+    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = nb * 32 + 8 * j + 2 * t;
+      if (row < a.m)
+        *reinterpret_cast<float2*>(a.y + size_t(row) * a.ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+      if (row + 8 < a.m)
+        *reinterpret_cast<float2*>(a.y + size_t(row + 8) * a.ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  }
+}
+
+template <class C>
+cudaError_t launch_gemm_w4(const GemmW4Args& a, const kn::Launch& l) {
+  if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ldy % 2 != 0 || a.ldx < a.k || a.ldy < a.n ||
+      reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.y) % 8 != 0)
+    return cudaErrorInvalidValue;
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  if (a.k == 0) return cudaErrorInvalidValue;
+  const dim3 grid(kn::ceil_div(size_t(a.n), C::BN), kn::ceil_div(size_t(a.m), C::BM));
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  return kn::launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
+}
+
+// ---- the repack on the device (the header's maps; a backend would run it once at load) ----
+
+__global__ void repack_kernel(const uint32_t* wq, const half* s, int N, int K, uint32_t* wp, half* sp) {
+  const size_t words = size_t(N) * K / 8, scales = size_t(N) * K / 32, step = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += step) {
+    wp[i] = repack_word(wq, N, K, i);
+    if (i < scales) {
+      const uint16_t v = repack_scale(reinterpret_cast<const uint16_t*>(s), N, K, i);
+      reinterpret_cast<uint16_t*>(sp)[i] = v;
+    }
+  }
+}
+
+// ---- problems ----
+
+// One shape: X, `copies` copies of the weights in both layouts, Y with a poisoned border.
+struct Problem {
+  const char* name = "";
+  int M = 0, N = 0, K = 0, ldx = 0, ldy = 0, copies = 1;
+  lab::DevBuf<half> x;       // [M, ldx] fp16
+  lab::DevBuf<uint32_t> wq;  // [copies, N, K/8] checkpoint words
+  lab::DevBuf<half> s;       // [copies, N, K/32] fp16 scales
+  lab::DevBuf<uint32_t> wp;  // [copies, N*K/8] the GEMM layout
+  lab::DevBuf<half> sp;      // [copies, N*K/32]
+  lab::DevBuf<half> deq;     // [N, K] fp16: version 1's dequantised copy
+  lab::DevBuf<float> y;      // [M + 1, ldy] fp32: row M and columns N..ldy-1 must stay poisoned
+};
+
+std::unique_ptr<Problem> make_problem(const char* name, int M, int N, int K, int ldx, int ldy, int copies,
+                                      uint64_t seed) {
+  auto p = std::make_unique<Problem>();
+  p->name = name, p->M = M, p->N = N, p->K = K, p->ldx = ldx, p->ldy = ldy, p->copies = copies;
+  p->x = lab::DevBuf<half>(size_t(M) * ldx);
+  lab::fill_uniform(p->x.get(), p->x.size(), -1.f, 1.f, seed);
+  if (ldx > K)  // the row padding NaN: a version that read past K (into a zero weight) would turn a row NaN
+    LAB_CHECK(cudaMemset2D(p->x.get() + K, size_t(ldx) * 2, 0xFF, size_t(ldx - K) * 2, size_t(M)));
+  const size_t nk = size_t(N) * K;
+  p->wq = lab::DevBuf<uint32_t>(nk / 8 * copies);
+  p->s = lab::DevBuf<half>(nk / 32 * copies);
+  p->wp = lab::DevBuf<uint32_t>(nk / 8 * copies);
+  p->sp = lab::DevBuf<half>(nk / 32 * copies);
+  lab::fill_bits(p->wq.get(), p->wq.size(), seed + 1);
+  lab::fill_uniform(p->s.get(), p->s.size(), 0.002f, 0.02f, seed + 2);
+  for (int c = 0; c < copies; ++c) {
+    LAB_CHECK(kn::launch_kernel(repack_kernel, 1024, 256, kn::Launch(), p->wq.get() + nk / 8 * c,
+                                p->s.get() + nk / 32 * c, N, K, p->wp.get() + nk / 8 * c, p->sp.get() + nk / 32 * c));
+  }
+  p->deq = lab::DevBuf<half>(nk);
+  p->y = lab::DevBuf<float>(size_t(M + 1) * ldy);
+  LAB_CHECK(cudaDeviceSynchronize());
+  return p;
+}
+
+const char* kAbout[] = {
+    "",
+    "today's path: launch_dequant_w4 (whole matrix -> fp16), then cublasGemmEx (fp32 compute, fp32 out)",
+    "gemm_w4 128 x 128 x 32, warps 2 x 4 x 1 (warp 64 x 32), 24.5 KiB smem",
+    "gemm_w4 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile, 45.0 KiB smem",
+    "gemm_w4 128 x 64 x 64, warps 2 x 2 x 2 (k-split in the block), 40.5 KiB smem",
+    "gemm_w4 64 x 64 x 128 (32 x 64 x 128 for M <= 32), warps 1 x 2 x 4 (k-split in the block)",
+    "by M: <= 64 -> 5, <= 256 -> 4, else 2",
+};
+constexpr int kVersions = 6;
+
+// Version v of p for its M rows on weight copy `copy`.
+cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Launch& l) {
+  const size_t nk = size_t(p.N) * p.K, c = size_t(copy % p.copies);
+  if (v == 1) {
+    if (const cudaError_t e =
+            kn::launch_dequant_w4(p.wq.get() + nk / 8 * c, p.s.get() + nk / 32 * c, p.N, p.K, p.deq.get(), l);
+        e != cudaSuccess)
+      return e;
+    const float alpha = 1.f, beta = 0.f;
+    const cublasStatus_t st =
+        cublasGemmEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, p.N, p.M, p.K, &alpha, p.deq.get(), CUDA_R_16F, p.K, p.x.get(),
+                     CUDA_R_16F, p.ldx, &beta, p.y.get(), CUDA_R_32F, p.ldy, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return st == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+  }
+  GemmW4Args a;
+  a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
+  a.wp = p.wp.get() + nk / 8 * c, a.sp = p.sp.get() + nk / 32 * c;
+  a.y = p.y.get(), a.ldy = p.ldy;
+  if (v == 6) v = p.M <= 64 ? 5 : (p.M <= 256 ? 4 : 2);
+  switch (v) {
+    case 2: return launch_gemm_w4<CfgLarge>(a, l);
+    case 3: return launch_gemm_w4<CfgDeep>(a, l);
+    case 4: return launch_gemm_w4<CfgMid>(a, l);
+    case 5: return p.M <= 32 ? launch_gemm_w4<CfgTiny>(a, l) : launch_gemm_w4<CfgSmall>(a, l);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+// ---- validation ----
+
+struct Stats {
+  double max_rel = 0;
+  int launches = 0, failures = 0;
+};
+constexpr double kTol = 1e-3;  // max |got - ref| / max |ref|: fp32 sums of up to 12288 fp16 products
+
+// Y's rows [0, M) x columns [0, N) against ref; the rest of the [M + 1, ldy] buffer must still be the poison.
+bool check(const Problem& p, int v, const std::vector<double>& ref, Stats* st) {
+  const std::vector<float> y = p.y.download();
+  double max_ref = 0;
+  for (double r : ref) max_ref = std::max(max_ref, std::fabs(r));
+  double max_err = 0;
+  size_t nonfinite = 0, stray = 0, worst = 0;
+  long first_nan = -1, first_bad = -1;
+  for (int m = 0; m <= p.M; ++m)
+    for (int n = 0; n < p.ldy; ++n) {
+      const size_t i = size_t(m) * p.ldy + n;
+      if (m == p.M || n >= p.N) {
+        uint32_t bits;
+        std::memcpy(&bits, &y[i], 4);
+        stray += bits != 0xFFFFFFFFu;
+        continue;
+      }
+      const size_t r = size_t(m) * p.N + n;
+      if (!std::isfinite(y[i])) {
+        if (nonfinite++ == 0) first_nan = long(r);
+        continue;
+      }
+      const double d = std::fabs(double(y[i]) - ref[r]);
+      if (d > max_err) max_err = d, worst = r;
+      if (first_bad < 0 && d > kTol * max_ref) first_bad = long(r);
+    }
+  const double rel = max_ref > 0 ? max_err / max_ref : max_err;
+  ++st->launches;
+  st->max_rel = std::max(st->max_rel, rel);
+  const bool ok = nonfinite == 0 && stray == 0 && rel <= kTol;
+  if (!ok && ++st->failures <= 8) {
+    std::printf(
+        "  FAIL version %d, %s M %d N %d K %d: %zu non-finite, %zu changed outside Y, max rel err %.3g (tol %.0e)\n", v,
+        p.name, p.M, p.N, p.K, nonfinite, stray, rel, kTol);
+    for (long r : {first_nan, first_bad, long(worst)}) {
+      if (r < 0) continue;
+      const int m = int(r / p.N), n = int(r % p.N);
+      std::printf("    (m %d, n %d): got %.6g, reference %.6g\n", m, n, double(y[size_t(m) * p.ldy + n]),
+                  ref[size_t(r)]);
+    }
+  }
+  return ok;
+}
+
+template <typename T>
+std::vector<uint16_t> as_bits(const std::vector<T>& v) {
+  std::vector<uint16_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * 2);
+  return b;
+}
+
+void validate(Problem& p, const std::vector<int>& versions, std::vector<Stats>* stats, cublasHandle_t blas,
+              const kn::Launch& l) {
+  const std::vector<double> ref =
+      gemm_w4_ref(as_bits(p.x.download()), p.ldx, p.M, p.N, p.K, p.wq.download(size_t(p.N) * p.K / 8),
+                  as_bits(p.s.download(size_t(p.N) * p.K / 32)));
+  for (int v : versions) {
+    p.y.poison();
+    const cudaError_t e = run(v, p, 0, blas, l);
+    Stats& st = (*stats)[size_t(v)];
+    if (e != cudaSuccess) {
+      std::printf("  FAIL version %d, %s M %d N %d K %d: launch returned %s\n", v, p.name, p.M, p.N, p.K,
+                  cudaGetErrorString(e));
+      ++st.launches, ++st.failures;
+      continue;
+    }
+    LAB_CHECK(cudaDeviceSynchronize());
+    check(p, v, ref, &st);
+  }
+}
+
+// ---- the cases ----
+
+struct Shape {
+  const char* name;
+  int n, k;
+};
+// Gemma 4 E2B (hidden 1536, 8 x 256 query heads, 1 KV head, MLP 6144, double-wide MLP 12288).
+const Shape kE2B[] = {
+    {"q_proj", 2048, 1536}, {"k/v_proj", 256, 1536},   {"gate/up", 6144, 1536},    {"gate/up wide", 12288, 1536},
+    {"o_proj", 1536, 2048}, {"down_proj", 1536, 6144}, {"down wide", 1536, 12288},
+};
+// Odd: N super-rows 1, 3, 5, 33, 7 (partial 64- and 128-wide n tiles); K groups 1, 13, 3, 49, 65 (partial 64-
+// and 128-deep k tiles).
+const Shape kOdd[] = {{"odd", 32, 32}, {"odd", 96, 416}, {"odd", 160, 96}, {"odd", 1056, 1568}, {"odd", 224, 2080}};
+const int kOddM[] = {17, 33, 100, 257};
+const int kE2BM[] = {33, 257};
+
+// Dense fp16 tensor-core peak (fp32 accumulate where the datasheet gives it), TFLOP/s; 0: unknown.
+double peak_tflops(const std::string& name) {
+  const struct {
+    const char* key;
+    double tf;
+  } table[] = {{"H200", 989}, {"H100", 989}, {"A100", 312}, {"L40S", 362}, {"L4", 121}, {"A10", 125}, {"T4", 65}};
+  for (const auto& e : table)
+    if (name.find(e.key) != std::string::npos) return e.tf;
+  return 0;
+}
+
+int usage(const char* argv0) {
+  std::printf(
+      "usage: %s [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only] "
+      "[--self-check]\n  VERSIONS: comma list of 1..%d (default all)\n",
+      argv0, kVersions);
+  for (int v = 1; v <= kVersions; ++v) std::printf("  %d  %s\n", v, kAbout[v]);
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> versions = {1, 2, 3, 4, 5, 6}, ms = {32, 64, 128, 256, 2048, 4096};
+  int reps = 20, samples = 5;
+  bool validate_only = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const bool has_value = i + 1 < argc;
+    std::vector<int> v;
+    if (arg == "--m" && has_value && lab::parse_ints(argv[++i], &ms)) continue;
+    if (arg == "--reps" && has_value && lab::parse_ints(argv[++i], &v) && v.size() == 1 && v[0] > 0) {
+      reps = v[0];
+      continue;
+    }
+    if (arg == "--samples" && has_value && lab::parse_ints(argv[++i], &v) && v.size() == 1 && v[0] > 0) {
+      samples = v[0];
+      continue;
+    }
+    if (arg == "--validate-only") {
+      validate_only = true;
+      continue;
+    }
+    if (arg == "--self-check") return self_check() ? 0 : 1;
+    if (arg[0] != '-' && lab::parse_ints(arg.c_str(), &versions) &&
+        std::all_of(versions.begin(), versions.end(), [](int x) { return x >= 1 && x <= kVersions; }))
+      continue;
+    return usage(argv[0]);
+  }
+  if (std::any_of(ms.begin(), ms.end(), [](int m) { return m < 1; })) return usage(argv[0]);
+
+  if (!self_check()) return 1;
+  cudaDeviceProp prop;
+  LAB_CHECK(cudaGetDeviceProperties(&prop, 0));
+  cudaStream_t stream;
+  LAB_CHECK(cudaStreamCreate(&stream));
+  cublasHandle_t blas;
+  if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) {
+    std::printf("cublasCreate failed\n");
+    return 2;
+  }
+  cublasSetStream(blas, stream);
+  const kn::Launch launch(stream);
+  std::printf("\nlab_gemm_w4 on %s (sm_%d%d, %d SMs, L2 %d MiB)\n", prop.name, prop.major, prop.minor,
+              prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  for (int v : versions) std::printf("  version %d: %s\n", v, kAbout[v]);
+
+  // ---- validate
+  std::printf("\nvalidating (random inputs, Y poisoned; max |got - ref| / max |ref| against the host, tol %.0e)\n",
+              kTol);
+  std::vector<Stats> stats(kVersions + 1);
+  uint64_t seed = 100;
+  for (const Shape& s : kOdd)
+    for (int m : kOddM) {
+      auto p = make_problem(s.name, m, s.n, s.k, s.k + 8, s.n + 2, 1, seed += 10);
+      validate(*p, versions, &stats, blas, launch);
+    }
+  for (const Shape& s : kE2B)
+    for (int m : kE2BM) {
+      auto p = make_problem(s.name, m, s.n, s.k, s.k, s.n, 1, seed += 10);
+      validate(*p, versions, &stats, blas, launch);
+    }
+  bool ok = true;
+  for (int v : versions) {
+    const Stats& s = stats[size_t(v)];
+    std::printf("  version %d: %d launches, max rel err %.2e: %s\n", v, s.launches, s.max_rel,
+                s.failures ? "FAILED" : "OK");
+    ok = ok && s.failures == 0;
+  }
+  if (!ok) return 1;
+  if (validate_only) return 0;
+
+  // ---- time
+  const double bw = lab::stream_read_gbs(stream), peak = peak_tflops(prop.name);
+  std::printf(
+      "\nstream read %.0f GB/s (measured), fp16 tensor peak %s TFLOP/s (stated, dense). Per version: us per call "
+      "(median of %d x %d), TFLOP/s, GB/s (weights + scales + X + Y), %% of bound = max(flops / peak, bytes / "
+      "bandwidth) / time; weights rotated over copies > 3 x L2\n",
+      bw, peak > 0 ? std::to_string(int(peak)).c_str() : "unknown", samples, reps);
+  std::printf("%-13s %5s %5s %5s", "shape", "N", "K", "M");
+  for (int v : versions) std::printf(" | v%d %8s %6s %5s %4s", v, "us", "TF/s", "GB/s", "%bd");
+  std::printf("\n");
+  for (const Shape& s : kE2B)
+    for (int m : ms) {
+      const size_t wbytes = size_t(s.n) * s.k / 2 + size_t(s.n) * (s.k / 32) * 2;
+      const int copies = int(std::min<size_t>(64, 3 * size_t(prop.l2CacheSize) / wbytes + 1));
+      auto p = make_problem(s.name, m, s.n, s.k, s.k, s.n, copies, seed += 10);
+      const double flops = 2.0 * m * s.n * s.k;
+      const double bytes = double(wbytes) + 2.0 * m * s.k + 4.0 * m * s.n;
+      const double bound_us = std::max(peak > 0 ? flops / (peak * 1e6) : 0.0, bytes / (bw * 1e3));
+      std::printf("%-13s %5d %5d %5d", s.name, s.n, s.k, m);
+      for (int v : versions) {
+        const double us = lab::median_us([&](int i) { LAB_CHECK(run(v, *p, i, blas, launch)); }, reps, samples, stream);
+        std::printf(" | %11.2f %6.1f %5.0f %3.0f%%", us, flops / us / 1e6, bytes / us / 1e3, 100 * bound_us / us);
+      }
+      std::printf("\n");
+      std::fflush(stdout);
+    }
+  cublasDestroy(blas);
+  LAB_CHECK(cudaStreamDestroy(stream));
+  return 0;
+}
+#endif
