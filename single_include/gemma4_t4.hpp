@@ -5496,6 +5496,26 @@ __host__ __device__ constexpr int gqa_group_index(int group) {
   return group <= 1 ? 0 : group <= 2 ? 1 : group <= 4 ? 2 : 3;
 }
 
+// ---- additions for the w4a16 GEMM (issue 17, dev/gemm_w4.cu); keep this block separate ----
+
+// c += A (16x16 fp16) B (16x8 fp16), fp32 accumulators. a[0..3] = ldsm_x4 of a [16 rows][16 k] block (a0, a1 =
+// k 0..7 of rows g, g + 8; a2, a3 = k 8..15); b0 = (k 2t, 2t+1; n g), b1 = (k 2t+8, 2t+9; n g). sm_80+ has
+// m16n8k16, one instruction for twice the work of m16n8k8; sm_75 has only m16n8k8, so there it is two m16n8k8
+// with the same registers (k 0..7, then k 8..15). Sums may round differently between the two paths.
+__device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+  mma_16x8x8(c, a[0], a[1], b0);
+  mma_16x8x8(c, a[2], a[3], b1);
+#endif
+}
+
+// ---- end of the w4a16 GEMM additions ----
+
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/mma.cuh ----
