@@ -45,40 +45,28 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, <= 1024). Every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
+// Sum (kMax false) or max (kMax true) over the block (blockDim.x a multiple of 32, <= 1024). Every thread gets
+// the result. Each instantiation has its own shared scratch.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v) {
   __shared__ float partial[32];
   __shared__ float total;
-  v = warp_sum(v);
+  v = kMax ? warp_max(v) : warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // partial may still be read by a previous call
   if (lane == 0) partial[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float s = lane < int(blockDim.x >> 5) ? partial[lane] : 0.f;
-    s = warp_sum(s);
+    float s = lane < int(blockDim.x >> 5) ? partial[lane] : (kMax ? -INFINITY : 0.f);
+    s = kMax ? warp_max(s) : warp_sum(s);
     if (lane == 0) total = s;
   }
   __syncthreads();
   return total;
 }
 
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  v = warp_max(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float s = lane < int(blockDim.x >> 5) ? partial[lane] : -INFINITY;
-    s = warp_max(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
 
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)

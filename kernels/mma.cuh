@@ -53,59 +53,50 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* row_
 // ---- global loads ----
 // Predicated in PTX (zeros when !ok), so no lane branches around a load before a warp-wide mma.sync.
 
+// Which path a 16-byte global load takes; each wrapper below says why it exists.
+enum class Ld16 { kWeights, kX, kCoherent };
+
+// The predicated 16-byte load's PTX, written once: %0-%3 are zeroed, then loaded through `insn` when %5 != 0.
+// clang-format off
+#define GEMMA4_T4_PRED_LD16(insn)             \
+  "{\n"                                       \
+  "  .reg .pred p;\n"                         \
+  "  setp.ne.b32 p, %5, 0;\n"                 \
+  "  mov.b32 %0, 0;\n"                        \
+  "  mov.b32 %1, 0;\n"                        \
+  "  mov.b32 %2, 0;\n"                        \
+  "  mov.b32 %3, 0;\n"                        \
+  "  @p " insn " {%0, %1, %2, %3}, [%4];\n"   \
+  "}\n"
+// clang-format on
+
+template <Ld16 kPath>
+__device__ __forceinline__ uint4 ld16(const uint4* p, bool ok) {
+  uint4 v;
+  if constexpr (kPath == Ld16::kWeights)
+    asm(GEMMA4_T4_PRED_LD16("ld.global.nc.L1::no_allocate.v4.u32")
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "r"(int(ok)));
+  else if constexpr (kPath == Ld16::kX)
+    asm(GEMMA4_T4_PRED_LD16("ld.global.nc.v4.u32") : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "r"(int(ok)));
+  else  // volatile: other blocks write this data during the kernel, so the load must not be merged or hoisted
+    asm volatile(GEMMA4_T4_PRED_LD16("ld.global.cg.v4.u32")
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "r"(int(ok)));
+  return v;
+}
+#undef GEMMA4_T4_PRED_LD16
+
 // Weights: 16 bytes through the non-coherent path, not allocated in L1 -- read once per step; L1 is better
 // left to the activations, which every row tile re-reads.
-__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
+__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) { return ld16<Ld16::kWeights>(p, ok); }
 
 // Activations written by an earlier kernel: 16 bytes through the read-only path (kept in L1).
-__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
+__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) { return ld16<Ld16::kX>(p, ok); }
 
 // Activations written earlier IN THE SAME KERNEL by another block (a persistent kernel's previous phase):
 // 16 bytes through L2 (ld.global.cg), never the non-coherent path, whose L1 lines may be stale.
-__device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) {
-  uint4 v;
-  asm volatile(
-      "{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
+__device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) { return ld16<Ld16::kCoherent>(p, ok); }
 
 // A 2-byte scale, zero-extended (zero when !ok).
 __device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {

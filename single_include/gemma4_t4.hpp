@@ -5204,40 +5204,28 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over the block (blockDim.x a multiple of 32, <= 1024). Every thread gets the result.
-__device__ __forceinline__ float block_sum(float v) {
+// Sum (kMax false) or max (kMax true) over the block (blockDim.x a multiple of 32, <= 1024). Every thread gets
+// the result. Each instantiation has its own shared scratch.
+template <bool kMax>
+__device__ __forceinline__ float block_reduce(float v) {
   __shared__ float partial[32];
   __shared__ float total;
-  v = warp_sum(v);
+  v = kMax ? warp_max(v) : warp_sum(v);
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __syncthreads();  // partial may still be read by a previous call
   if (lane == 0) partial[warp] = v;
   __syncthreads();
   if (warp == 0) {
-    float s = lane < int(blockDim.x >> 5) ? partial[lane] : 0.f;
-    s = warp_sum(s);
+    float s = lane < int(blockDim.x >> 5) ? partial[lane] : (kMax ? -INFINITY : 0.f);
+    s = kMax ? warp_max(s) : warp_sum(s);
     if (lane == 0) total = s;
   }
   __syncthreads();
   return total;
 }
 
-__device__ __forceinline__ float block_max(float v) {
-  __shared__ float partial[32];
-  __shared__ float total;
-  v = warp_max(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads();
-  if (lane == 0) partial[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    float s = lane < int(blockDim.x >> 5) ? partial[lane] : -INFINITY;
-    s = warp_max(s);
-    if (lane == 0) total = s;
-  }
-  __syncthreads();
-  return total;
-}
+__device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
+__device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
 
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -5374,59 +5362,50 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* row_
 // ---- global loads ----
 // Predicated in PTX (zeros when !ok), so no lane branches around a load before a warp-wide mma.sync.
 
+// Which path a 16-byte global load takes; each wrapper below says why it exists.
+enum class Ld16 { kWeights, kX, kCoherent };
+
+// The predicated 16-byte load's PTX, written once: %0-%3 are zeroed, then loaded through `insn` when %5 != 0.
+// clang-format off
+#define GEMMA4_T4_PRED_LD16(insn)             \
+  "{\n"                                       \
+  "  .reg .pred p;\n"                         \
+  "  setp.ne.b32 p, %5, 0;\n"                 \
+  "  mov.b32 %0, 0;\n"                        \
+  "  mov.b32 %1, 0;\n"                        \
+  "  mov.b32 %2, 0;\n"                        \
+  "  mov.b32 %3, 0;\n"                        \
+  "  @p " insn " {%0, %1, %2, %3}, [%4];\n"   \
+  "}\n"
+// clang-format on
+
+template <Ld16 kPath>
+__device__ __forceinline__ uint4 ld16(const uint4* p, bool ok) {
+  uint4 v;
+  if constexpr (kPath == Ld16::kWeights)
+    asm(GEMMA4_T4_PRED_LD16("ld.global.nc.L1::no_allocate.v4.u32")
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p), "r"(int(ok)));
+  else if constexpr (kPath == Ld16::kX)
+    asm(GEMMA4_T4_PRED_LD16("ld.global.nc.v4.u32") : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p), "r"(int(ok)));
+  else  // volatile: other blocks write this data during the kernel, so the load must not be merged or hoisted
+    asm volatile(GEMMA4_T4_PRED_LD16("ld.global.cg.v4.u32")
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p), "r"(int(ok)));
+  return v;
+}
+#undef GEMMA4_T4_PRED_LD16
+
 // Weights: 16 bytes through the non-coherent path, not allocated in L1 -- read once per step; L1 is better
 // left to the activations, which every row tile re-reads.
-__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
+__device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) { return ld16<Ld16::kWeights>(p, ok); }
 
 // Activations written by an earlier kernel: 16 bytes through the read-only path (kept in L1).
-__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) {
-  uint4 v;
-  asm("{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
+__device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) { return ld16<Ld16::kX>(p, ok); }
 
 // Activations written earlier IN THE SAME KERNEL by another block (a persistent kernel's previous phase):
 // 16 bytes through L2 (ld.global.cg), never the non-coherent path, whose L1 lines may be stale.
-__device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) {
-  uint4 v;
-  asm volatile(
-      "{\n"
-      "  .reg .pred p;\n"
-      "  setp.ne.b32 p, %5, 0;\n"
-      "  mov.b32 %0, 0;\n"
-      "  mov.b32 %1, 0;\n"
-      "  mov.b32 %2, 0;\n"
-      "  mov.b32 %3, 0;\n"
-      "  @p ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      "}\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p), "r"(int(ok)));
-  return v;
-}
+__device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) { return ld16<Ld16::kCoherent>(p, ok); }
 
 // A 2-byte scale, zero-extended (zero when !ok).
 __device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {

@@ -45,17 +45,6 @@ using namespace gputest;
 constexpr uint16_t kNaN16 = 0xFFFFu;  // an fp16 NaN
 constexpr double kTolFlash = 2e-3;    // max |err| / max |ref|: fp16 P and fp16 outputs
 
-// Uniform in [-amp, amp] rounded to fp16 bits, never zero.
-std::vector<uint16_t> rand_f16(std::mt19937& rng, size_t n, float amp) {
-  std::uniform_real_distribution<float> u(-amp, amp);
-  std::vector<uint16_t> h(n);
-  for (uint16_t& x : h) {
-    x = f32_to_f16(u(rng));
-    if ((x & 0x7fffu) == 0) x = f32_to_f16(0.5f * amp);
-  }
-  return h;
-}
-
 // ---- a prefill pass: sequences' prompt chunks over their caches ----
 
 constexpr int kLayers = 2, kLayer = 1;  // caches of layer 1 are read; layer 0's are NaN
@@ -94,7 +83,7 @@ Pass make_pass(std::mt19937& rng, int D, int kv_heads, int group, int window, co
     }
   }
   p.rows = int(p.seq.size());
-  p.q = rand_f16(rng, size_t(p.rows) * p.heads * D, q_amp);
+  p.q = rand_f16(rng, size_t(p.rows) * p.heads * D, -q_amp, q_amp);
   p.klog.resize(size_t(p.seqs));
   p.vlog.resize(size_t(p.seqs));
   p.capacity.assign(size_t(p.seqs) * kLayers, 1);
@@ -103,8 +92,8 @@ Pass make_pass(std::mt19937& rng, int D, int kv_heads, int group, int window, co
   const size_t row = size_t(kv_heads) * D;  // one position of one cache
   for (const Run& r : runs) {
     const int last = r.p0 + r.n - 1, cap = (window > 0 ? window + r.n : last + 1 + 5) + ring_extra;
-    const std::vector<uint16_t> k16 = rand_f16(rng, size_t(last + 1) * row, 1.f);
-    const std::vector<uint16_t> v16 = rand_f16(rng, size_t(last + 1) * row, 1.f);
+    const std::vector<uint16_t> k16 = rand_f16(rng, size_t(last + 1) * row, -1.f, 1.f);
+    const std::vector<uint16_t> v16 = rand_f16(rng, size_t(last + 1) * row, -1.f, 1.f);
     p.klog[size_t(r.seq)] = widen(k16);
     p.vlog[size_t(r.seq)] = widen(v16);
     for (int l = 0; l < kLayers; ++l) {
@@ -162,8 +151,7 @@ std::vector<double> flash_attention_ref(const Pass& p) {
 
 // The pass on the device: caches, tables, q, the tile table and an output buffer per kernel.
 struct DevPass {
-  std::vector<std::unique_ptr<Dev<half>>> kc, vc;
-  std::unique_ptr<Dev<half*>> kb, vb;
+  DevKvCaches kv;
   std::unique_ptr<Dev<int>> cap, seq, pos;
   std::unique_ptr<Dev<half>> q, out, out_split;  // out, out_split: [rows, heads * D] fp16
   std::unique_ptr<Dev<int2>> tiles;              // [num_tiles] {first row, row count}
@@ -171,26 +159,13 @@ struct DevPass {
   kn::AttnArgs args;
 
   // shuffle_rng: shuffle the tile table first (null: keep flash_attention_tiles' order).
-  DevPass(const Pass& p, std::mt19937* shuffle_rng) : head_dim(p.D) {
-    std::vector<half*> kbase, vbase;
-    for (size_t i = 0; i < p.kc.size(); ++i) {
-      kc.push_back(std::make_unique<Dev<half>>(p.kc[i].size()));
-      vc.push_back(std::make_unique<Dev<half>>(p.vc[i].size()));
-      kc.back()->upload(p.kc[i]);
-      vc.back()->upload(p.vc[i]);
-      kbase.push_back(kc.back()->get());
-      vbase.push_back(vc.back()->get());
-    }
-    kb = std::make_unique<Dev<half*>>(kbase.size());
-    vb = std::make_unique<Dev<half*>>(vbase.size());
+  DevPass(const Pass& p, std::mt19937* shuffle_rng) : kv(p.kc, p.vc), head_dim(p.D) {
     cap = std::make_unique<Dev<int>>(p.capacity.size());
     seq = std::make_unique<Dev<int>>(p.seq.size());
     pos = std::make_unique<Dev<int>>(p.pos.size());
     q = std::make_unique<Dev<half>>(p.q.size());
     out = std::make_unique<Dev<half>>(p.q.size());
     out_split = std::make_unique<Dev<half>>(p.q.size());
-    kb->upload(kbase);
-    vb->upload(vbase);
     cap->upload(p.capacity);
     seq->upload(p.seq);
     pos->upload(p.pos);
@@ -207,8 +182,8 @@ struct DevPass {
     tiles->upload(t);
 
     args.q = q->get();
-    args.kbase = kb->get();
-    args.vbase = vb->get();
+    args.kbase = kv.kb->get();
+    args.vbase = kv.vb->get();
     args.capacity = cap->get();
     args.seq = seq->get();
     args.pos = pos->get();
@@ -437,14 +412,8 @@ TEST_CASE("flash attention: tile table cuts runs, launcher refuses unsupported s
 
 // ---- resources ----
 
-struct FlashKernel {
-  std::string name;
-  const void* fn;
-  int block;
-};
-
 template <int D>
-void add_flash(std::vector<FlashKernel>& ks) {
+void add_flash(std::vector<KernelUse>& ks) {
   ks.push_back({cat("flash_attention_kernel<", D, ",1>"),
                 reinterpret_cast<const void*>(&kn::flash_attention_kernel<D, 1>), kn::flash_threads<D>()});
   ks.push_back({cat("flash_attention_kernel<", D, ",2>"),
@@ -456,36 +425,12 @@ void add_flash(std::vector<FlashKernel>& ks) {
 }
 
 TEST_CASE("flash attention fits Turing limits (64 KiB shared memory, block size, registers, no spills)", "[gpu]") {
-  std::vector<FlashKernel> ks;
+  std::vector<KernelUse> ks;
   add_flash<64>(ks);
   add_flash<128>(ks);
   add_flash<256>(ks);
   add_flash<512>(ks);
-  constexpr size_t kTuringSmem = 64 * 1024;        // per block, static + dynamic
-  constexpr size_t kStaticSmem = 48 * 1024;        // static shared memory per block, any architecture
-  constexpr long kTuringRegsPerBlock = 64 * 1024;  // 32-bit registers per block (and per SM) on sm_75
-  int dev = 0;
-  cudaDeviceProp prop;
-  REQUIRE_CUDA(cudaGetDevice(&dev));
-  REQUIRE_CUDA(cudaGetDeviceProperties(&prop, dev));
-  std::printf("\nflash attention kernel resources on %s (sm_%d%d; numbers are for the binary this device runs)\n",
-              prop.name, prop.major, prop.minor);
-  std::printf("%-32s %6s %5s %7s %9s %6s %7s %4s\n", "kernel", "block", "regs", "smem B", "dyn max B", "local",
-              "maxthr", "bin");
-  for (const FlashKernel& k : ks) {
-    cudaFuncAttributes attr;
-    std::memset(&attr, 0, sizeof attr);
-    INFO(k.name);
-    REQUIRE_CUDA(cudaFuncGetAttributes(&attr, k.fn));
-    std::printf("%-32s %6d %5d %7zu %9d %6zu %7d %4d\n", k.name.c_str(), k.block, attr.numRegs, attr.sharedSizeBytes,
-                attr.maxDynamicSharedSizeBytes, attr.localSizeBytes, attr.maxThreadsPerBlock, attr.binaryVersion);
-    CHECK(attr.sharedSizeBytes + size_t(attr.maxDynamicSharedSizeBytes) <= kTuringSmem);
-    CHECK(attr.sharedSizeBytes <= kStaticSmem);
-    CHECK(attr.maxThreadsPerBlock >= k.block);
-    CHECK(long(attr.numRegs) * k.block <= kTuringRegsPerBlock);
-    CHECK(attr.localSizeBytes == 0);  // no local arrays, no register spills
-  }
-  std::fflush(stdout);
+  check_turing_limits("flash attention kernel", ks, LocalMemory::kForbidden);
 }
 
 }  // namespace

@@ -85,28 +85,6 @@ constexpr double kTolF16 = 2e-3;      // fp16 outputs, relative L2
 constexpr double kTolF32Half = 1e-3;  // fp32 outputs from fp16 inputs, relative to max |ref|
 constexpr double kTolF32 = 1e-5;      // fp32 outputs from fp32 inputs, relative to max |ref|
 
-// Uniform in [lo, hi], never exactly zero.
-std::vector<float> rand_f32(std::mt19937& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) {
-    x = u(rng);
-    if (x == 0.f) x = 0.5f * hi;
-  }
-  return v;
-}
-
-// The same, rounded to fp16 bits.
-std::vector<uint16_t> rand_f16(std::mt19937& rng, size_t n, float lo, float hi) {
-  std::vector<uint16_t> h(n);
-  const std::vector<float> f = rand_f32(rng, n, lo, hi);
-  for (size_t i = 0; i < n; ++i) {
-    h[i] = f32_to_f16(f[i]);
-    if ((h[i] & 0x7fffu) == 0) h[i] = f32_to_f16(0.5f * hi);
-  }
-  return h;
-}
-
 // Host twin of to_half_sat: clamp to the fp16 range, then round to nearest even.
 uint16_t f32_to_f16_sat(float v) { return f32_to_f16(std::min(std::max(v, -kn::kHalfMax), kn::kHalfMax)); }
 
@@ -269,6 +247,29 @@ TEST_CASE("rmsnorm: fp16 rows from fp32 rows, contiguous and gathered with a row
       }
 }
 
+// A residual_norm case's random inputs, drawn in this order, and their device copies.
+struct ResidualNormInputs {
+  ResidualNormInputs(std::mt19937& rng, int rows, int cols)
+      : h(rand_f32(rng, size_t(rows) * cols, -4.f, 4.f)),
+        y(rand_f32(rng, size_t(rows) * cols, -50.f, 50.f)),
+        w_post(rand_f32(rng, size_t(cols), -2.f, 2.f)),
+        w_next(rand_f32(rng, size_t(cols), -2.f, 2.f)),
+        dh(h.size()),
+        dy(y.size()),
+        dwp(w_post.size()),
+        dwn(w_next.size()) {
+    dh.upload(h);
+    dy.upload(y);
+    dwp.upload(w_post);
+    dwn.upload(w_next);
+  }
+  const std::vector<float> h;       // [rows, cols] fp32 residual
+  const std::vector<float> y;       // [rows, cols] fp32 block output
+  const std::vector<float> w_post;  // [cols] fp32
+  const std::vector<float> w_next;  // [cols] fp32
+  Dev<float> dh, dy, dwp, dwn;      // the same on the device
+};
+
 TEST_CASE("residual_norm: h += norm(y) * w_post, scaled, then the next norm / copy / nothing", "[gpu]") {
   std::mt19937 rng(102);
   Stream st;
@@ -279,19 +280,16 @@ TEST_CASE("residual_norm: h += norm(y) * w_post, scaled, then the next norm / co
       for (kn::NextNorm next : modes)
         for (float scalar : {1.f, 0.73f}) {
           const size_t n = size_t(rows) * cols;
-          const std::vector<float> h = rand_f32(rng, n, -4.f, 4.f);    // [rows, cols] fp32 residual
-          const std::vector<float> y = rand_f32(rng, n, -50.f, 50.f);  // [rows, cols] fp32 block output
-          const std::vector<float> w_post = rand_f32(rng, size_t(cols), -2.f, 2.f);
-          const std::vector<float> w_next = rand_f32(rng, size_t(cols), -2.f, 2.f);
+          const ResidualNormInputs in(rng, rows, cols);
 
           // reference
           std::vector<double> h_ref(n), o_ref(n);
           std::vector<float> yn(static_cast<size_t>(cols)), hn(static_cast<size_t>(cols)), on(hn.size());
           for (int r = 0; r < rows; ++r) {
-            gemma4_t4::detail::rmsnorm_ref(&y[size_t(r) * cols], w_post.data(), cols, eps, yn.data());
-            for (int c = 0; c < cols; ++c) hn[size_t(c)] = (h[size_t(r) * cols + c] + yn[size_t(c)]) * scalar;
+            gemma4_t4::detail::rmsnorm_ref(&in.y[size_t(r) * cols], in.w_post.data(), cols, eps, yn.data());
+            for (int c = 0; c < cols; ++c) hn[size_t(c)] = (in.h[size_t(r) * cols + c] + yn[size_t(c)]) * scalar;
             if (next == kn::NextNorm::Norm)
-              gemma4_t4::detail::rmsnorm_ref(hn.data(), w_next.data(), cols, eps, on.data());
+              gemma4_t4::detail::rmsnorm_ref(hn.data(), in.w_next.data(), cols, eps, on.data());
             else
               on = hn;
             for (int c = 0; c < cols; ++c) {
@@ -300,20 +298,15 @@ TEST_CASE("residual_norm: h += norm(y) * w_post, scaled, then the next norm / co
             }
           }
 
-          Dev<float> dh(n), dy(n), dwp(w_post.size()), dwn(w_next.size());
           Dev<half> dout(n);  // [rows, cols] fp16
-          dh.upload(h);
-          dy.upload(y);
-          dwp.upload(w_post);
-          dwn.upload(w_next);
           dout.poison();
           // w_next is only read by NextNorm::Norm: the other modes get nullptr, as the CUDA backend passes.
-          REQUIRE_CUDA(kn::launch_residual_norm(dh.get(), dy.get(), dwp.get(), rows, cols, eps, scalar, next,
-                                                next == kn::NextNorm::Norm ? dwn.get() : nullptr, dout.get(), st.s));
+          REQUIRE_CUDA(kn::launch_residual_norm(in.dh.get(), in.dy.get(), in.dwp.get(), rows, cols, eps, scalar, next,
+                                                next == kn::NextNorm::Norm ? in.dwn.get() : nullptr, dout.get(), st.s));
           st.sync();
           const std::string what =
               cat("residual_norm rows ", rows, " cols ", cols, " next ", int(next), " scalar ", scalar);
-          check_max_rel(dh.download<float>(), h_ref, kTolF32, what + " (h)");
+          check_max_rel(in.dh.download<float>(), h_ref, kTolF32, what + " (h)");
           const std::vector<uint16_t> out = dout.download<uint16_t>();
           if (next == kn::NextNorm::None) {
             INFO(what << ": NextNorm::None must leave out16 untouched");
@@ -334,21 +327,14 @@ TEST_CASE("residual_norm NextNorm::Norm equals rmsnorm of the updated residual, 
     for (int cols : {8, 300, 1536, 1538, 2056, 9000})  // vectorised and scalar kernels
       for (float scalar : {1.f, 0.73f}) {
         const size_t n = size_t(rows) * cols;
-        const std::vector<float> h = rand_f32(rng, n, -4.f, 4.f);    // [rows, cols] fp32 residual
-        const std::vector<float> y = rand_f32(rng, n, -50.f, 50.f);  // [rows, cols] fp32 block output
-        const std::vector<float> w_post = rand_f32(rng, size_t(cols), -2.f, 2.f);
-        const std::vector<float> w_next = rand_f32(rng, size_t(cols), -2.f, 2.f);
-        Dev<float> dh(n), dy(n), dwp(w_post.size()), dwn(w_next.size());
+        const ResidualNormInputs in(rng, rows, cols);
         Dev<half> fused(n), separate(n);  // [rows, cols] fp16
-        dh.upload(h);
-        dy.upload(y);
-        dwp.upload(w_post);
-        dwn.upload(w_next);
         fused.poison();
         separate.poison();
-        REQUIRE_CUDA(kn::launch_residual_norm(dh.get(), dy.get(), dwp.get(), rows, cols, eps, scalar,
-                                              kn::NextNorm::Norm, dwn.get(), fused.get(), st.s));
-        REQUIRE_CUDA(kn::launch_rmsnorm(dh.get(), cols, nullptr, dwn.get(), rows, cols, eps, separate.get(), st.s));
+        REQUIRE_CUDA(kn::launch_residual_norm(in.dh.get(), in.dy.get(), in.dwp.get(), rows, cols, eps, scalar,
+                                              kn::NextNorm::Norm, in.dwn.get(), fused.get(), st.s));
+        REQUIRE_CUDA(
+            kn::launch_rmsnorm(in.dh.get(), cols, nullptr, in.dwn.get(), rows, cols, eps, separate.get(), st.s));
         st.sync();
         const std::vector<uint16_t> a = fused.download<uint16_t>(), b = separate.download<uint16_t>();
         size_t diff = 0;
@@ -415,6 +401,55 @@ TEST_CASE("head_norm_rope: per-head norm + RoPE into a contiguous fp16 buffer (q
                          cat("head_norm_rope d ", d, " heads ", heads, " rows ", rows, " weighted ", weighted, " rope ",
                              int(rope)));
           }
+}
+
+// What a head_norm_rope launch wrote into the KV caches: row r of in ([rows, ld_in] fp32, sequence seq[r],
+// position pos[r]) as heads of d values, normed with w and rotated by inv_freq (both null for V).
+struct KvWrite {
+  KvWrite(const std::vector<int>& seq_, const std::vector<int>& pos_, const std::vector<float>& in_, int ld_in_,
+          int heads_, int d_, const float* w_, const float* inv_freq_, float eps_)
+      : seq(seq_.data()),
+        pos(pos_.data()),
+        in(in_.data()),
+        ld_in(ld_in_),
+        heads(heads_),
+        d(d_),
+        w(w_),
+        inv_freq(inv_freq_),
+        eps(eps_) {}
+  const int* seq;  // [rows]
+  const int* pos;  // [rows]
+  const float* in;
+  int ld_in, heads, d;
+  const float* w;
+  const float* inv_freq;
+  float eps;
+};
+
+// Reads back sequence s's cache c ([cap, heads, d] fp16 bits) after the launch wrote rows r < rows of that
+// sequence at slot pos[r] % cap (rows 0: none): appends each written head and its reference to got / ref and
+// returns how many halves of the slots no row maps to lost the poison.
+size_t read_kv_cache(const std::vector<uint16_t>& c, int cap, int s, int rows, const KvWrite& k,
+                     std::vector<float>& got, std::vector<double>& ref) {
+  std::vector<bool> written(size_t(cap), false);
+  for (int r = 0; r < rows; ++r) {
+    if (k.seq[r] != s) continue;
+    const int slot = k.pos[r] % cap;
+    written[size_t(slot)] = true;
+    for (int h = 0; h < k.heads; ++h) {
+      const std::vector<float> o =
+          head_norm_rope_ref(k.in + size_t(r) * k.ld_in + size_t(h) * k.d, k.d, k.w, k.eps, k.inv_freq, k.pos[r]);
+      for (int i = 0; i < k.d; ++i) {
+        got.push_back(f16_to_f32(c[(size_t(slot) * k.heads + h) * k.d + i]));
+        ref.push_back(o[size_t(i)]);
+      }
+    }
+  }
+  size_t stray = 0;
+  for (int slot = 0; slot < cap; ++slot)
+    if (!written[size_t(slot)])
+      for (size_t i = 0; i < size_t(k.heads) * k.d; ++i) stray += c[size_t(slot) * k.heads * k.d + i] != kPoison16;
+  return stray;
 }
 
 TEST_CASE("head_norm_rope: K/V rows into per-(sequence, layer) caches, full and ring slots", "[gpu]") {
@@ -485,29 +520,13 @@ TEST_CASE("head_norm_rope: K/V rows into per-(sequence, layer) caches, full and 
         const std::string what = cat("head_norm_rope KV d ", d, " kv_heads ", heads, is_k ? " K" : " V");
         std::vector<float> got;
         std::vector<double> ref;
+        const KvWrite k(seq, pos, in, ld_in, heads, d, is_k ? w.data() : nullptr, is_k ? inv_freq.data() : nullptr,
+                        eps);
         for (int s = 0; s < kSeqs; ++s)
           for (int l = 0; l < kLayers; ++l) {
-            const int idx = s * kLayers + l, cap = capacity[size_t(idx)];
-            const std::vector<uint16_t> c = caches[size_t(idx)]->download<uint16_t>();
-            std::vector<bool> written(static_cast<size_t>(cap), false);
-            for (int r = 0; r < rows; ++r) {
-              if (seq[size_t(r)] != s || l != kLayer) continue;
-              const int slot = pos[size_t(r)] % cap;
-              written[size_t(slot)] = true;
-              for (int h = 0; h < heads; ++h) {
-                const std::vector<float> t =
-                    head_norm_rope_ref(&in[size_t(r) * ld_in + size_t(h) * d], d, is_k ? w.data() : nullptr, eps,
-                                       is_k ? inv_freq.data() : nullptr, pos[size_t(r)]);
-                for (int i = 0; i < d; ++i) {
-                  got.push_back(f16_to_f32(c[(size_t(slot) * heads + h) * d + i]));
-                  ref.push_back(t[size_t(i)]);
-                }
-              }
-            }
-            size_t stray = 0;
-            for (int slot = 0; slot < cap; ++slot)
-              if (!written[size_t(slot)])
-                for (size_t i = 0; i < size_t(heads) * d; ++i) stray += c[size_t(slot) * heads * d + i] != kPoison16;
+            const int idx = s * kLayers + l;
+            const size_t stray = read_kv_cache(caches[size_t(idx)]->download<uint16_t>(), capacity[size_t(idx)], s,
+                                               l == kLayer ? rows : 0, k, got, ref);
             INFO(what << ": seq " << s << " layer " << l << ": " << stray << " halves written outside the rows' slots");
             REQUIRE(stray == 0);
           }
@@ -605,29 +624,12 @@ TEST_CASE("head_norm_rope multi: a layer's q, k and v targets in one launch", "[
             const std::vector<float>& in = is_k ? kin : vin;
             std::vector<float> got;
             std::vector<double> ref;
+            const KvWrite k(seq, pos, in, ldk, kv_heads, d, is_k ? kw.data() : nullptr,
+                            is_k ? inv_freq.data() : nullptr, eps);
             size_t stray = 0;
-            for (int s = 0; s < kSeqs; ++s) {
-              const std::vector<uint16_t> c = (is_k ? kc : vc)[size_t(s)]->download<uint16_t>();
-              std::vector<bool> written(size_t(capacity[size_t(s)]), false);
-              for (int r = 0; r < rows && count == 3; ++r) {
-                if (seq[size_t(r)] != s) continue;
-                const int slot = pos[size_t(r)] % capacity[size_t(s)];
-                written[size_t(slot)] = true;
-                for (int h = 0; h < kv_heads; ++h) {
-                  const std::vector<float> o =
-                      head_norm_rope_ref(&in[size_t(r) * ldk + size_t(h) * d], d, is_k ? kw.data() : nullptr, eps,
-                                         is_k ? inv_freq.data() : nullptr, pos[size_t(r)]);
-                  for (int i = 0; i < d; ++i) {
-                    got.push_back(f16_to_f32(c[(size_t(slot) * kv_heads + h) * d + i]));
-                    ref.push_back(o[size_t(i)]);
-                  }
-                }
-              }
-              for (int slot = 0; slot < capacity[size_t(s)]; ++slot)
-                if (!written[size_t(slot)])
-                  for (size_t i = 0; i < size_t(kv_heads) * d; ++i)
-                    stray += c[size_t(slot) * kv_heads * d + i] != kPoison16;
-            }
+            for (int s = 0; s < kSeqs; ++s)
+              stray += read_kv_cache((is_k ? kc : vc)[size_t(s)]->download<uint16_t>(), capacity[size_t(s)], s,
+                                     count == 3 ? rows : 0, k, got, ref);
             const std::string w2 = what + (is_k ? " (k)" : " (v)");
             INFO(w2 << ": " << stray << " halves written outside the rows' slots");
             REQUIRE(stray == 0);
@@ -688,40 +690,32 @@ std::unique_ptr<GemvWeights> make_gemv_weights(std::mt19937& rng, bool w4, int o
   return g;
 }
 
-// y: [16, ldy] fp32 after a launch for n rows. Returns y[:n, :out] row-major ([n, out]); everything else
-// must still hold the poison.
-std::vector<float> gemv_written(const std::vector<float>& y, int ldy, int n, int out, const std::string& what) {
-  std::vector<float> got;
-  size_t stray = 0;
-  for (int r = 0; r < kn::kGemvMaxRows; ++r)
-    for (int o = 0; o < ldy; ++o) {
-      const float v = y[size_t(r) * ldy + o];
-      if (r < n && o < out) {
-        got.push_back(v);
-      } else {
-        uint32_t bits;
-        std::memcpy(&bits, &v, 4);
-        stray += bits != kPoison32;
-      }
-    }
-  INFO(what << ": " << stray << " floats written outside y[:n, :out]");
-  REQUIRE(stray == 0);
-  return got;
+// An output element as fp32, and whether it still holds the poison: fp32 values or fp16 bits.
+float as_f32(float v) { return v; }
+float as_f32(uint16_t h) { return f16_to_f32(h); }
+bool is_poison(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return bits == kPoison32;
 }
+bool is_poison(uint16_t h) { return h == kPoison16; }
 
-// The same for fp16 outputs out16: [16, ld] -> out16[:n, :cols] widened.
-std::vector<float> gemv_written16(const std::vector<uint16_t>& y, int ld, int n, int cols, const std::string& what) {
+// y: [16, ld] after a launch for n rows -- fp32 (a store's y) or fp16 bits (a fused epilogue's out16). Returns
+// y[:n, :cols] row-major ([n, cols]) as fp32; everything else must still hold the poison.
+template <typename T>
+std::vector<float> gemv_written(const std::vector<T>& y, int ld, int n, int cols, const std::string& what) {
   std::vector<float> got;
   size_t stray = 0;
   for (int r = 0; r < kn::kGemvMaxRows; ++r)
     for (int o = 0; o < ld; ++o) {
-      const uint16_t v = y[size_t(r) * ld + o];
+      const T v = y[size_t(r) * ld + o];
       if (r < n && o < cols)
-        got.push_back(f16_to_f32(v));
+        got.push_back(as_f32(v));
       else
-        stray += v != kPoison16;
+        stray += !is_poison(v);
     }
-  INFO(what << ": " << stray << " halves written outside out16[:n, :" << cols << "]");
+  INFO(what << ": " << stray << (sizeof(T) == 4 ? " floats written outside y" : " halves written outside out16")
+            << "[:n, :" << cols << "]");
   REQUIRE(stray == 0);
   return got;
 }
@@ -850,7 +844,7 @@ TEST_CASE("gemv gelu_mul: half(gelu_tanh(x Wg^T) * (x Wu^T)) in one launch, fp16
                                                 ld16, st.s));
           st.sync();
           const std::string what = cat("gemv gelu_mul ", w4 ? "w4a16" : "fp16", " n ", n, " I ", I, " in ", in);
-          check_rel_l2(gemv_written16(dout.download<uint16_t>(), ld16, n, I, what), head_rows(ref_all, n, I), kTolF16,
+          check_rel_l2(gemv_written(dout.download<uint16_t>(), ld16, n, I, what), head_rows(ref_all, n, I), kTolF16,
                        what);
         }
       }
@@ -884,7 +878,7 @@ TEST_CASE("gemv gelu_ple: half(gelu_tanh(x Wg^T) * ple[:, layer]) in one launch,
             st.sync();
             const std::string what =
                 cat("gemv gelu_ple ", w4 ? "w4a16" : "fp16", " n ", n, " D ", D, " in ", in, " layer ", layer);
-            check_rel_l2(gemv_written16(dout.download<uint16_t>(), D, n, D, what), head_rows(ref_all, n, D), kTolF16,
+            check_rel_l2(gemv_written(dout.download<uint16_t>(), D, n, D, what), head_rows(ref_all, n, D), kTolF16,
                          what);
           }
         }
@@ -1003,10 +997,10 @@ TEST_CASE("gemv_block: x from shared memory or through L2, several items per blo
             }
             st.sync();
             const std::string how = shared ? " shared" : " coherent";
-            REQUIRE(gemv_written16(ob.download<uint16_t>(), I, n, I, tag + how + " gelu_mul (items)") ==
-                    gemv_written16(oa.download<uint16_t>(), I, n, I, tag + " gelu_mul"));
-            REQUIRE(gemv_written16(pb.download<uint16_t>(), D, n, D, tag + how + " gelu_ple (items)") ==
-                    gemv_written16(pa.download<uint16_t>(), D, n, D, tag + " gelu_ple"));
+            REQUIRE(gemv_written(ob.download<uint16_t>(), I, n, I, tag + how + " gelu_mul (items)") ==
+                    gemv_written(oa.download<uint16_t>(), I, n, I, tag + " gelu_mul"));
+            REQUIRE(gemv_written(pb.download<uint16_t>(), D, n, D, tag + how + " gelu_ple (items)") ==
+                    gemv_written(pa.download<uint16_t>(), D, n, D, tag + " gelu_ple"));
           }
         }
 }
@@ -1168,29 +1162,15 @@ void attn_fill(std::mt19937& rng, AttnData& d, float qa) {
 
 // AttnData on the device, with scratch for up to max_splits splits and zeroed arrival counters.
 struct AttnDev {
-  std::vector<std::unique_ptr<Dev<half>>> kc, vc;
-  std::unique_ptr<Dev<half*>> kb, vb;
+  DevKvCaches kv;
   std::unique_ptr<Dev<int>> cap, seq, pos;
   std::unique_ptr<Dev<half>> q, out;            // out: [rows, heads * D] fp16
   std::unique_ptr<Dev<float>> part_o, part_ml;  // [rows, heads, splits, D], [rows, heads, splits, 2] fp32
   std::unique_ptr<Dev<unsigned>> counters;      // [rows, kv_heads]
   int max_splits = 0;
 
-  AttnDev(const AttnData& d, int max_splits_) : max_splits(max_splits_) {
+  AttnDev(const AttnData& d, int max_splits_) : kv(d.k16, d.v16), max_splits(max_splits_) {
     const AttnHost& a = d.h;
-    std::vector<half*> kbase, vbase;
-    for (size_t i = 0; i < a.capacity.size(); ++i) {
-      kc.push_back(std::make_unique<Dev<half>>(d.k16[i].size()));
-      vc.push_back(std::make_unique<Dev<half>>(d.v16[i].size()));
-      kc.back()->upload(d.k16[i]);
-      vc.back()->upload(d.v16[i]);
-      kbase.push_back(kc.back()->get());
-      vbase.push_back(vc.back()->get());
-    }
-    kb = std::make_unique<Dev<half*>>(kbase.size());
-    vb = std::make_unique<Dev<half*>>(vbase.size());
-    kb->upload(kbase);
-    vb->upload(vbase);
     cap = std::make_unique<Dev<int>>(a.capacity.size());
     seq = std::make_unique<Dev<int>>(a.seq.size());
     pos = std::make_unique<Dev<int>>(a.pos.size());
@@ -1210,8 +1190,8 @@ struct AttnDev {
     REQUIRE(splits <= max_splits);
     kn::AttnArgs r;
     r.q = q->get();
-    r.kbase = kb->get();
-    r.vbase = vb->get();
+    r.kbase = kv.kb->get();
+    r.vbase = kv.vb->get();
     r.capacity = cap->get();
     r.seq = seq->get();
     r.pos = pos->get();
@@ -2099,12 +2079,6 @@ TEST_CASE("launchers: empty work is a no-op, unsupported shapes are refused befo
 
 // ---- resources ----
 
-struct KernelUse {
-  std::string name;
-  const void* fn;
-  int block;  // the largest block its launcher uses
-};
-
 template <int D, int G>
 void add_attention_split(std::vector<KernelUse>& ks) {
   ks.push_back({cat("attention_split_kernel<", D, ",", G, ">"),
@@ -2169,32 +2143,8 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back({"argmax_rows_kernel", reinterpret_cast<const void*>(&kn::argmax_rows_kernel), 256});
   ks.push_back({"sample_kernel", reinterpret_cast<const void*>(&kn::sample_kernel), kn::kSampleThreads});
 
-  constexpr size_t kTuringSmem = 64 * 1024;        // per block, static + dynamic
-  constexpr size_t kStaticSmem = 48 * 1024;        // static shared memory per block, any architecture
-  constexpr long kTuringRegsPerBlock = 64 * 1024;  // 32-bit registers per block (and per SM) on sm_75
-  int dev = 0;
-  cudaDeviceProp prop;
-  REQUIRE_CUDA(cudaGetDevice(&dev));
-  REQUIRE_CUDA(cudaGetDeviceProperties(&prop, dev));
-  std::printf("\nkernel resources on %s (sm_%d%d; numbers are for the binary this device runs)\n", prop.name,
-              prop.major, prop.minor);
-  std::printf("%-32s %6s %5s %7s %9s %6s %7s %4s\n", "kernel", "block", "regs", "smem B", "dyn max B", "local",
-              "maxthr", "bin");
-  for (const KernelUse& k : ks) {
-    cudaFuncAttributes attr;
-    std::memset(&attr, 0, sizeof attr);
-    INFO(k.name);
-    REQUIRE_CUDA(cudaFuncGetAttributes(&attr, k.fn));
-    std::printf("%-32s %6d %5d %7zu %9d %6zu %7d %4d\n", k.name.c_str(), k.block, attr.numRegs, attr.sharedSizeBytes,
-                attr.maxDynamicSharedSizeBytes, attr.localSizeBytes, attr.maxThreadsPerBlock, attr.binaryVersion);
-    CHECK(attr.sharedSizeBytes + size_t(attr.maxDynamicSharedSizeBytes) <= kTuringSmem);
-    CHECK(attr.sharedSizeBytes <= kStaticSmem);
-    CHECK(attr.maxThreadsPerBlock >= k.block);
-    CHECK(long(attr.numRegs) * k.block <= kTuringRegsPerBlock);
-    if (attr.localSizeBytes > 0)  // head_norm_rope: sincosf's slow path for large angles keeps a local array
-      WARN(k.name << " uses " << attr.localSizeBytes << " B of local memory (a local array or register spills)");
-  }
-  std::fflush(stdout);
+  // Warn only: head_norm_rope's sincosf keeps a local array for its slow path (large angles).
+  check_turing_limits("kernel", ks, LocalMemory::kWarn);
 }
 
 }  // namespace
