@@ -71,7 +71,7 @@ struct Options {
   std::string host = "127.0.0.1";
   long port = 8080;
   std::string api_key, model_name;
-  long parallel = 64, max_queue = 64, prefill_rows = 0, prefix_cache = 8, prefix_min = 256;
+  long parallel = 64, max_queue = 64, prefill_rows = 0, prefill_sessions = 1, prefix_cache = 8, prefix_min = 256;
   long max_body = 4 << 20, read_timeout = 10, body_timeout = 30, keep_alive = 5, shutdown_timeout = 30;
   long threads = 0;
   bool log_requests = false;
@@ -592,9 +592,16 @@ void add_server_flags(args::Parser* p, Options* o) {
           "the model's name in the API (default: the model directory's name)");
   p->integer("--parallel", "N", &o->parallel, 1, 4096, "requests generating at once, one session each (default 64)");
   p->integer("--max-queue", "N", &o->max_queue, 0, 1 << 20, "requests waiting beyond those; more get 429 (default 64)");
+  p->integer("--prefill-sessions", "N", &o->prefill_sessions, 0, 4096,
+             "requests whose prompts one engine step reads (default 1: one at a time, so each\n"
+             "first token waits only for the prompts before it, as in bench; 0: as many as\n"
+             "--prefill-rows holds, which fills more of each pass but makes every prompt of a step\n"
+             "wait for the whole step)");
   p->integer("--prefill-rows", "N", &o->prefill_rows, 1, 1 << 20,
-             "prompt tokens per engine step, all joining requests together (default: the\n"
-             "CUDA pass size, 2048, less --parallel: prompt chunks and every decode row in one pass)");
+             "prompt tokens per engine step, all its prompts together (default: with\n"
+             "--prefill-sessions N > 0, two CUDA passes, 4096: a 4096-token prompt in one step,\n"
+             "read as bench reads it; with 0, the pass size, 2048, less --parallel: prompt chunks\n"
+             "and every decode row in one pass)");
   p->integer("--prefix-cache", "N", &o->prefix_cache, 0, 4096, "prefixes kept for reuse (default 8; 0: off)");
   p->integer("--prefix-cache-min", "N", &o->prefix_min, 1, 1 << 24,
              "shortest prefix worth keeping, tokens (default 256)");
@@ -643,10 +650,17 @@ int main(int argc, char** argv) {
   server::DriverOptions d;
   d.parallel = int(opt.parallel);
   d.max_queue = int(opt.max_queue);
-  // A step's rows are its prompt chunks plus one decode row per generating session; past LoadOptions::max_pass_rows
-  // the CUDA backend splits the step into two passes, each reading every weight.
-  d.prefill_rows = opt.prefill_rows > 0 ? int(opt.prefill_rows)
-                                        : std::max(256, model.engine.load_options().max_pass_rows - int(opt.parallel));
+  // A step's rows are its prompt chunks plus one decode row per generating session; the CUDA backend runs them in
+  // passes of LoadOptions::max_pass_rows, each reading every weight, and stages a pass's per-layer-embedding rows
+  // while the one before it runs. Prompts one at a time (the default): up to two whole passes of one prompt, its
+  // first token at the step's end, the decode rows after it -- a prompt's first token waits for no other prompt's
+  // rows, as in bench (each stream's prompt prefilled in one Engine::step, one after the other). Packed: every
+  // joining prompt and every decode row in one pass.
+  const int pass_rows = model.engine.load_options().max_pass_rows;
+  d.prefill_sessions = int(opt.prefill_sessions);
+  d.prefill_rows = opt.prefill_rows > 0     ? int(opt.prefill_rows)
+                   : d.prefill_sessions > 0 ? 2 * pass_rows
+                                            : std::max(256, pass_rows - int(opt.parallel));
   d.context = model.context;
   d.prefix_cache = int(opt.prefix_cache);
   d.prefix_min = size_t(opt.prefix_min);

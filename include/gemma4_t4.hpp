@@ -618,6 +618,19 @@ inline const char* finish_reason_name(FinishReason r) {
 struct BatchOptions {
   int max_sessions = 16;   // sessions generating at once; later add()s wait their turn in order (< 1: 1)
   int prefill_rows = 256;  // prompt tokens fed per step, all joining sessions together (< 1: 1)
+  // Joining sessions whose prompts one step feeds, in join order (0: as many as prefill_rows holds, the last
+  // one's prompt cut to fill it). A session's first token comes at the end of the step that feeds the end of
+  // its prompt, so prompts packed into one step all wait for the whole step: 1 reads prompts one at a time,
+  // each first token after its own rows only, as prompts prefilled one by one (bench::run) get theirs. When
+  // set, a step's prompt rows come before its decode rows (a pass of prompt rows stays whole).
+  int prefill_sessions = 0;
+};
+
+// What one Batch::step() fed (Batch::last_step): for a server's metrics and for tests of the scheduling.
+struct BatchStep {
+  size_t prompt_sessions = 0;  // sessions fed prompt rows
+  size_t prompt_rows = 0;      // prompt tokens fed
+  size_t decode_rows = 0;      // sampled tokens fed back (one per generating session)
 };
 
 // What one session of a Batch produced: generate()'s *out, *timing and Status, and why it ended.
@@ -676,8 +689,9 @@ class Batch {
   // error) finishes the sessions in it with FinishReason::Error and returns that Status; the others stay.
   Status step();
 
-  bool idle() const;    // no session waiting or running: step() has nothing to do
-  size_t size() const;  // unfinished sessions in the batch, waiting or running
+  bool idle() const;            // no session waiting or running: step() has nothing to do
+  size_t size() const;          // unfinished sessions in the batch, waiting or running
+  BatchStep last_step() const;  // what the last step() fed (all zero before the first, or when it fed nothing)
 
   // The results of the sessions that finished since the last call, in the order they finished.
   std::vector<BatchResult> take_finished();

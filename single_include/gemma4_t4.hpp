@@ -619,6 +619,19 @@ inline const char* finish_reason_name(FinishReason r) {
 struct BatchOptions {
   int max_sessions = 16;   // sessions generating at once; later add()s wait their turn in order (< 1: 1)
   int prefill_rows = 256;  // prompt tokens fed per step, all joining sessions together (< 1: 1)
+  // Joining sessions whose prompts one step feeds, in join order (0: as many as prefill_rows holds, the last
+  // one's prompt cut to fill it). A session's first token comes at the end of the step that feeds the end of
+  // its prompt, so prompts packed into one step all wait for the whole step: 1 reads prompts one at a time,
+  // each first token after its own rows only, as prompts prefilled one by one (bench::run) get theirs. When
+  // set, a step's prompt rows come before its decode rows (a pass of prompt rows stays whole).
+  int prefill_sessions = 0;
+};
+
+// What one Batch::step() fed (Batch::last_step): for a server's metrics and for tests of the scheduling.
+struct BatchStep {
+  size_t prompt_sessions = 0;  // sessions fed prompt rows
+  size_t prompt_rows = 0;      // prompt tokens fed
+  size_t decode_rows = 0;      // sampled tokens fed back (one per generating session)
 };
 
 // What one session of a Batch produced: generate()'s *out, *timing and Status, and why it ended.
@@ -677,8 +690,9 @@ class Batch {
   // error) finishes the sessions in it with FinishReason::Error and returns that Status; the others stay.
   Status step();
 
-  bool idle() const;    // no session waiting or running: step() has nothing to do
-  size_t size() const;  // unfinished sessions in the batch, waiting or running
+  bool idle() const;            // no session waiting or running: step() has nothing to do
+  size_t size() const;          // unfinished sessions in the batch, waiting or running
+  BatchStep last_step() const;  // what the last step() fed (all zero before the first, or when it fed nothing)
 
   // The results of the sessions that finished since the last call, in the order they finished.
   std::vector<BatchResult> take_finished();
@@ -11068,7 +11082,9 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
 //   2. one pass is built, in join order: a generating session feeds its last sampled token (1 row, sampled);
 //      a session whose last token only needs feeding (max_new_tokens reached, callback said stop) feeds it
 //      (1 row, not sampled) and finishes after the pass; a joining session feeds the next chunk of its
-//      prompt from what is left of the prefill_rows budget (sampled when the chunk ends the prompt);
+//      prompt from what is left of the prefill_rows budget (sampled when the chunk ends the prompt), while
+//      fewer than prefill_sessions (when set) have; with prefill_sessions set the prompt chunks go first, so
+//      the engine's passes of prompt rows are full and the decode rows end the step;
 //   3. Engine::step runs it (items that need no token get greedy options and their token is ignored);
 //   4. each sampled token goes through generate()'s rules: a stop token finishes the session, others are
 //      kept and shown to on_token, and max_new_tokens or a false from on_token ends it after one more feed;
@@ -11082,6 +11098,7 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -11113,6 +11130,7 @@ struct Batch::Impl {
   std::deque<std::unique_ptr<Entry>> waiting;
   std::vector<std::unique_ptr<Entry>> running;  // in join order
   std::vector<BatchResult> finished;
+  BatchStep last;         // what the last step() fed
   bool stepping = false;  // inside step(): callbacks run, entries must stay where they are
 
   void finish(Entry& e, FinishReason reason, Status status = Status::ok()) {
@@ -11279,32 +11297,43 @@ Status Batch::step() {
   std::vector<SamplingOptions> sample;  // [count]: the session's options, greedy when the token is unused
   std::vector<Impl::Entry*> owner;      // [count]
   size_t budget = size_t(b.options.prefill_rows);
-  for (auto& ep : b.running) {
-    Impl::Entry& e = *ep;
-    Session* s = e.result.session;
-    BatchItem it{s, nullptr, 0};
-    bool samples = false;
-    if (e.phase == Impl::Phase::Prefill) {
-      if (budget == 0) continue;
-      it.tokens = e.prompt.data() + e.fed;
-      it.n = std::min(budget, e.prompt.size() - e.fed);
-      budget -= it.n;
-      samples = e.fed + it.n == e.prompt.size() && e.options.max_new_tokens > 0;
-    } else {
-      it.tokens = &e.pending;
-      it.n = 1;
-      samples = e.phase == Impl::Phase::Decode;
-      if (s->position() + 1 > s->max_context()) {
-        b.finish(e, FinishReason::Error,
-                 detail::err(Code::ContextOverflow, "batch: session ", e.result.id, ": 1 token at position ",
-                             s->position(), " passes the session's context of ", s->max_context(), " tokens"));
-        continue;
+  // prefill_sessions set: at most that many prompts, and the prompt rows first (round 0), then the decode rows
+  const size_t prompts_max =
+      b.options.prefill_sessions > 0 ? size_t(b.options.prefill_sessions) : std::numeric_limits<size_t>::max();
+  const int rounds = b.options.prefill_sessions > 0 ? 2 : 1;
+  b.last = BatchStep{};
+  for (int round = 0; round < rounds; ++round)
+    for (auto& ep : b.running) {
+      Impl::Entry& e = *ep;
+      const bool prompt = e.phase == Impl::Phase::Prefill;
+      if (rounds == 2 && prompt != (round == 0)) continue;
+      Session* s = e.result.session;
+      BatchItem it{s, nullptr, 0};
+      bool samples = false;
+      if (prompt) {
+        if (budget == 0 || b.last.prompt_sessions == prompts_max) continue;
+        it.tokens = e.prompt.data() + e.fed;
+        it.n = std::min(budget, e.prompt.size() - e.fed);
+        budget -= it.n;
+        samples = e.fed + it.n == e.prompt.size() && e.options.max_new_tokens > 0;
+        ++b.last.prompt_sessions;
+        b.last.prompt_rows += it.n;
+      } else {
+        it.tokens = &e.pending;
+        it.n = 1;
+        samples = e.phase == Impl::Phase::Decode;
+        if (s->position() + 1 > s->max_context()) {
+          b.finish(e, FinishReason::Error,
+                   detail::err(Code::ContextOverflow, "batch: session ", e.result.id, ": 1 token at position ",
+                               s->position(), " passes the session's context of ", s->max_context(), " tokens"));
+          continue;
+        }
+        ++b.last.decode_rows;
       }
+      items.push_back(it);
+      sample.push_back(samples ? e.options.sampling : SamplingOptions::greedy());
+      owner.push_back(&e);
     }
-    items.push_back(it);
-    sample.push_back(samples ? e.options.sampling : SamplingOptions::greedy());
-    owner.push_back(&e);
-  }
   if (items.empty()) {
     b.drop_done();
     return Status::ok();
@@ -11343,6 +11372,8 @@ Status Batch::step() {
 bool Batch::idle() const { return !impl_ || (impl_->waiting.empty() && impl_->running.empty()); }
 
 size_t Batch::size() const { return impl_ ? impl_->waiting.size() + impl_->running.size() : 0; }
+
+BatchStep Batch::last_step() const { return impl_ ? impl_->last : BatchStep{}; }
 
 std::vector<BatchResult> Batch::take_finished() {
   std::vector<BatchResult> out;

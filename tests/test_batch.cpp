@@ -6,6 +6,7 @@
 // decoding sessions keep getting a token every step; add() argument errors.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "batch_scenario.hpp"
@@ -37,6 +38,68 @@ TEST_CASE("batch: each session's results equal generate() alone (chunked prefill
 
 TEST_CASE("batch: each session's results equal generate() alone (whole prompts, all at once)", "[batch][cpu]") {
   fixture_batch_equals_alone("flat_keqv", 64, 1000);
+}
+
+TEST_CASE("batch: each session's results equal generate() alone (prompts one or two at a time)", "[batch][cpu]") {
+  for (int prompts : {1, 2}) {
+    INFO("prefill_sessions " << prompts);
+    const Reference ref = reference("mm_bf16");
+    Engine engine = load_engine("mm_bf16", Backend::Cpu);
+    BatchOptions opt;
+    opt.max_sessions = 6;
+    opt.prefill_rows = prompts == 1 ? 1000 : 9;
+    opt.prefill_sessions = prompts;
+    batch_equals_alone(engine, scenario(ref.prompt, ref.decode_ids, true), opt);
+  }
+}
+
+// A server's first tokens: prompts added together are read one at a time with prefill_sessions 1, so the k-th
+// prompt's first token comes after k steps (as prompts prefilled one by one), not all after one packed step.
+TEST_CASE("batch: prefill_sessions bounds the prompts a step reads; prompt rows come before decode rows",
+          "[batch][cpu]") {
+  Engine engine = load_engine("mm_bf16", Backend::Cpu);
+  const std::vector<int32_t> prompt = {2, 17, 99, 5, 8, 300, 41};
+  for (int prompts : {0, 1, 3}) {
+    INFO("prefill_sessions " << prompts);
+    BatchOptions opt;
+    opt.prefill_rows = 64;
+    opt.prefill_sessions = prompts;
+    Batch batch(engine, opt);
+    CHECK(batch.last_step().prompt_sessions == 0);
+    std::vector<Session> s(5);
+    std::vector<int> first_step(5, -1), tokens(5, 0);
+    std::vector<bool> last_fed(5, false);  // the 4th token fed (generate() feeds it before returning)
+    int step = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      REQUIRE(engine.create_session(&s[i]));
+      REQUIRE(batch.add(&s[i], prompt, greedy(4), [&, i](int32_t) {
+        if (tokens[i]++ == 0) first_step[i] = step;
+        return true;
+      }));
+    }
+    for (step = 1; step <= 40 && !batch.idle(); ++step) {
+      size_t generating = 0;  // sessions with a sampled token to feed back this step (one row each)
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (tokens[i] == 0 || last_fed[i]) continue;
+        ++generating;
+        if (tokens[i] == 4) last_fed[i] = true;
+      }
+      REQUIRE(batch.step());
+      const BatchStep b = batch.last_step();
+      const size_t per_step = prompts == 0 ? s.size() : size_t(prompts);
+      const size_t joined_before = std::min(s.size(), size_t(step - 1) * per_step);
+      const size_t reading = std::min(per_step, s.size() - joined_before);
+      CHECK(b.prompt_sessions == reading);
+      CHECK(b.prompt_rows == reading * prompt.size());
+      CHECK(b.decode_rows == generating);
+    }
+    CHECK(batch.idle());
+    for (size_t i = 0; i < s.size(); ++i) {
+      INFO("session " << i);
+      CHECK(tokens[i] == 4);
+      CHECK(first_step[i] == (prompts == 0 ? 1 : int(i) / prompts + 1));
+    }
+  }
 }
 
 TEST_CASE("batch: prompt chunks are bounded per step and decoding sessions are not starved", "[batch][cpu]") {

@@ -3,11 +3,18 @@
 // condition variable and the token list). Also the prefix cache and the Prometheus metrics.
 //
 // Flow of a job: submit() (bounded: at most parallel + max_queue jobs in flight, else Admit::Full -> 429) ->
-// the inbox -> a free session (a pool of `parallel`, created on first use, reset and reused) -> the prefix
-// cache (below) -> Batch::add -> tokens, appended to the job's channel from the Batch's on_token callback as
-// they are sampled -> the Batch result completes the job and the session goes back to the pool. A job whose
-// `cancel` flag is set -- its client went away, a stop string matched, shutdown -- is finished by the Batch at
-// its next step (GenerateOptions::cancel), or dropped from the inbox.
+// the inbox (its jobs join before the next step, while sessions are free) -> a free session (a pool of `parallel`,
+// created on first use, reset and reused) -> the prefix cache (below) -> Batch::add -> tokens, appended to the job's
+// channel from the Batch's on_token callback as they are sampled -> the Batch result completes the job and the session
+// goes back to the pool. A job whose `cancel` flag is set -- its client went away, a stop string matched, shutdown --
+// is finished by the Batch at its next step (GenerateOptions::cancel), or dropped from the inbox.
+//
+// Scheduling (DriverOptions::prefill_sessions -> BatchOptions): a step reads at most that many prompts. A prompt's
+// first token comes at the end of the step that reads its last row, so with prompts packed into one step the
+// first of them waits for all the others' rows: 8 prompts of 512 tokens sent together had their first tokens
+// after ~2 packed passes of 1984 rows where bench (each prompt prefilled alone, one after another) gives the k-th
+// its token after k single-prompt steps. One prompt per step (the server's default) is bench's order; the decode
+// rows of the sessions already generating ride in the same step, after the prompt's rows.
 //
 // Prefix cache (vLLM's automatic prefix caching / llama.cpp's cache reuse, at the granularity the engine has):
 // an entry is a session holding exactly the tokens of a prefix (Engine::copy_prefix copies from a session whose
@@ -80,6 +87,8 @@ struct Metrics {
   uint64_t prompt_tokens = 0, generation_tokens = 0;
   uint64_t cancelled = 0;  // generations cut short: client gone, stop string, shutdown
   uint64_t prefix_hits = 0, prefix_reused_tokens = 0, prefix_entries_made = 0;
+  uint64_t steps = 0, step_prompt_rows = 0, step_decode_rows = 0;  // Batch steps and what they fed
+  Histogram prompts_per_step{{1, 2, 4, 8, 16, 32, 64}};            // steps that fed prompt rows: how many prompts
   Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   // gauges (the driver sets them after each step)
@@ -116,6 +125,13 @@ struct Metrics {
            prefix_reused_tokens);
     metric("gemma4_t4_prefix_cache_prefills_total", "counter", "Prefixes prefilled into the prefix cache",
            prefix_entries_made);
+    metric("gemma4_t4_engine_steps_total", "counter", "Engine steps (one batch of prompt chunks and decode rows)",
+           steps);
+    metric("gemma4_t4_engine_prompt_rows_total", "counter", "Prompt tokens fed to the engine (prefix cache included)",
+           step_prompt_rows);
+    metric("gemma4_t4_engine_decode_rows_total", "counter", "Sampled tokens fed back to the engine", step_decode_rows);
+    s += prompts_per_step.text("gemma4_t4_engine_prompts_per_step",
+                               "Prompts (prefix-cache prefills included) fed by a step that fed prompt rows");
     return s;
   }
 };
@@ -151,12 +167,13 @@ struct Job {
 };
 
 struct DriverOptions {
-  int parallel = 64;        // sessions generating at once
-  int max_queue = 64;       // jobs waiting beyond those; more in flight: Admit::Full
-  int prefill_rows = 2048;  // BatchOptions::prefill_rows
-  size_t context = 4096;    // tokens per session
-  int prefix_cache = 8;     // prefix-cache entries (0: off)
-  size_t prefix_min = 256;  // shortest prefix worth an entry, tokens
+  int parallel = 64;         // sessions generating at once
+  int max_queue = 64;        // jobs waiting beyond those; more in flight: Admit::Full
+  int prefill_rows = 2048;   // BatchOptions::prefill_rows
+  int prefill_sessions = 1;  // BatchOptions::prefill_sessions
+  size_t context = 4096;     // tokens per session
+  int prefix_cache = 8;      // prefix-cache entries (0: off)
+  size_t prefix_min = 256;   // shortest prefix worth an entry, tokens
 };
 
 class Driver {
@@ -242,6 +259,7 @@ class Driver {
     gemma4_t4::BatchOptions b;
     b.max_sessions = o.parallel + std::max(o.prefix_cache, 0);  // entries being prefilled never wait for a slot
     b.prefill_rows = o.prefill_rows;
+    b.prefill_sessions = o.prefill_sessions;
     return b;
   }
 
@@ -302,6 +320,7 @@ class Driver {
       if (!batch_.idle()) {
         const gemma4_t4::Status st = batch_.step();  // a failed pass finishes its sessions with the error
         if (!st) std::fprintf(stderr, "server: batch step failed: %s\n", st.message.c_str());
+        steps_.push_back(batch_.last_step());
       }
       for (gemma4_t4::BatchResult& r : batch_.take_finished()) finished(r);
       publish();
@@ -520,6 +539,13 @@ class Driver {
     for (double v : tpot_) metrics_->tpot.observe(v);
     ttft_.clear();
     tpot_.clear();
+    for (const gemma4_t4::BatchStep& b : steps_) {
+      ++metrics_->steps;
+      metrics_->step_prompt_rows += b.prompt_rows;
+      metrics_->step_decode_rows += b.decode_rows;
+      if (b.prompt_sessions > 0) metrics_->prompts_per_step.observe(double(b.prompt_sessions));
+    }
+    steps_.clear();
     metrics_->generation_tokens += generated_;
     metrics_->prompt_tokens += prompt_tokens_;
     metrics_->cancelled += cancelled_;
@@ -553,7 +579,8 @@ class Driver {
   std::vector<std::unique_ptr<Entry>> cache_;
   std::map<uint64_t, Entry*> computing_;  // entries being prefilled, by Batch id
   uint64_t tick_ = 0;
-  std::vector<double> ttft_, tpot_;  // observed since the last publish()
+  std::vector<double> ttft_, tpot_;          // observed since the last publish()
+  std::vector<gemma4_t4::BatchStep> steps_;  // likewise
   uint64_t generated_ = 0, prompt_tokens_ = 0, cancelled_ = 0, hits_ = 0, reused_ = 0, entries_made_ = 0;
   std::thread thread_;  // last: starts after everything above is built
 };

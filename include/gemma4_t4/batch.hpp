@@ -6,7 +6,9 @@
 //   2. one pass is built, in join order: a generating session feeds its last sampled token (1 row, sampled);
 //      a session whose last token only needs feeding (max_new_tokens reached, callback said stop) feeds it
 //      (1 row, not sampled) and finishes after the pass; a joining session feeds the next chunk of its
-//      prompt from what is left of the prefill_rows budget (sampled when the chunk ends the prompt);
+//      prompt from what is left of the prefill_rows budget (sampled when the chunk ends the prompt), while
+//      fewer than prefill_sessions (when set) have; with prefill_sessions set the prompt chunks go first, so
+//      the engine's passes of prompt rows are full and the decode rows end the step;
 //   3. Engine::step runs it (items that need no token get greedy options and their token is ignored);
 //   4. each sampled token goes through generate()'s rules: a stop token finishes the session, others are
 //      kept and shown to on_token, and max_new_tokens or a false from on_token ends it after one more feed;
@@ -21,6 +23,7 @@
 #include <chrono>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <utility>
@@ -52,6 +55,7 @@ struct Batch::Impl {
   std::deque<std::unique_ptr<Entry>> waiting;
   std::vector<std::unique_ptr<Entry>> running;  // in join order
   std::vector<BatchResult> finished;
+  BatchStep last;         // what the last step() fed
   bool stepping = false;  // inside step(): callbacks run, entries must stay where they are
 
   void finish(Entry& e, FinishReason reason, Status status = Status::ok()) {
@@ -218,32 +222,43 @@ Status Batch::step() {
   std::vector<SamplingOptions> sample;  // [count]: the session's options, greedy when the token is unused
   std::vector<Impl::Entry*> owner;      // [count]
   size_t budget = size_t(b.options.prefill_rows);
-  for (auto& ep : b.running) {
-    Impl::Entry& e = *ep;
-    Session* s = e.result.session;
-    BatchItem it{s, nullptr, 0};
-    bool samples = false;
-    if (e.phase == Impl::Phase::Prefill) {
-      if (budget == 0) continue;
-      it.tokens = e.prompt.data() + e.fed;
-      it.n = std::min(budget, e.prompt.size() - e.fed);
-      budget -= it.n;
-      samples = e.fed + it.n == e.prompt.size() && e.options.max_new_tokens > 0;
-    } else {
-      it.tokens = &e.pending;
-      it.n = 1;
-      samples = e.phase == Impl::Phase::Decode;
-      if (s->position() + 1 > s->max_context()) {
-        b.finish(e, FinishReason::Error,
-                 detail::err(Code::ContextOverflow, "batch: session ", e.result.id, ": 1 token at position ",
-                             s->position(), " passes the session's context of ", s->max_context(), " tokens"));
-        continue;
+  // prefill_sessions set: at most that many prompts, and the prompt rows first (round 0), then the decode rows
+  const size_t prompts_max =
+      b.options.prefill_sessions > 0 ? size_t(b.options.prefill_sessions) : std::numeric_limits<size_t>::max();
+  const int rounds = b.options.prefill_sessions > 0 ? 2 : 1;
+  b.last = BatchStep{};
+  for (int round = 0; round < rounds; ++round)
+    for (auto& ep : b.running) {
+      Impl::Entry& e = *ep;
+      const bool prompt = e.phase == Impl::Phase::Prefill;
+      if (rounds == 2 && prompt != (round == 0)) continue;
+      Session* s = e.result.session;
+      BatchItem it{s, nullptr, 0};
+      bool samples = false;
+      if (prompt) {
+        if (budget == 0 || b.last.prompt_sessions == prompts_max) continue;
+        it.tokens = e.prompt.data() + e.fed;
+        it.n = std::min(budget, e.prompt.size() - e.fed);
+        budget -= it.n;
+        samples = e.fed + it.n == e.prompt.size() && e.options.max_new_tokens > 0;
+        ++b.last.prompt_sessions;
+        b.last.prompt_rows += it.n;
+      } else {
+        it.tokens = &e.pending;
+        it.n = 1;
+        samples = e.phase == Impl::Phase::Decode;
+        if (s->position() + 1 > s->max_context()) {
+          b.finish(e, FinishReason::Error,
+                   detail::err(Code::ContextOverflow, "batch: session ", e.result.id, ": 1 token at position ",
+                               s->position(), " passes the session's context of ", s->max_context(), " tokens"));
+          continue;
+        }
+        ++b.last.decode_rows;
       }
+      items.push_back(it);
+      sample.push_back(samples ? e.options.sampling : SamplingOptions::greedy());
+      owner.push_back(&e);
     }
-    items.push_back(it);
-    sample.push_back(samples ? e.options.sampling : SamplingOptions::greedy());
-    owner.push_back(&e);
-  }
   if (items.empty()) {
     b.drop_done();
     return Status::ok();
@@ -282,6 +297,8 @@ Status Batch::step() {
 bool Batch::idle() const { return !impl_ || (impl_->waiting.empty() && impl_->running.empty()); }
 
 size_t Batch::size() const { return impl_ ? impl_->waiting.size() + impl_->running.size() : 0; }
+
+BatchStep Batch::last_step() const { return impl_ ? impl_->last : BatchStep{}; }
 
 std::vector<BatchResult> Batch::take_finished() {
   std::vector<BatchResult> out;

@@ -17,6 +17,7 @@ Cases:
               ...), 401 (missing / wrong key), 404 (model, path), 413 (Content-Length and chunked); OpenAI's
               error JSON each time and the server serving on after each
   disconnect  clients leaving mid-generation (streamed and not): their sessions are freed (/metrics)
+  first_tokens  8 requests sent together are read one prompt a step (/metrics), each equal to the reference
   concurrent  64 streaming clients at once (16 sessions, the rest queued; shared system prompts through the
               prefix cache): every response complete and equal to its request run alone
   overflow    a full queue answers 429 with Retry-After; the server serves again once it drains
@@ -552,6 +553,53 @@ def case_concurrent():
     check(m["gemma4_t4_queue_depth"] == 0, "requests left in the queue")
     print(f"64 streams equal to generate() alone; prefix cache hits {m['gemma4_t4_prefix_cache_hits_total']:.0f}")
     srv.stop()
+
+
+def case_first_tokens():
+    """Requests sent together are read one at a time (--prefill-sessions 1, the default), so a request's first
+    token waits only for the prompts before it, as in the in-process bench: /metrics counts exactly one prompt per
+    step that read prompt rows, however the requests' arrivals fell between steps. With --prefill-sessions 0 the
+    prompts may share steps; both equal generate() alone."""
+    n, length = 8, 2 if ARGS.light else 300
+    rnd = random.Random(7)
+    qs = [{"prompt_ids": [2] + [rnd.randrange(4, 512) for _ in range(length - 1)], "max_tokens": 3,
+           "ignore_eos": True, "temperature": 0} for _ in range(n)]
+    refs = reference(qs)
+    for flags in ((), ("--prefill-sessions", "0", "--prefill-rows", "4096")):
+        srv = Server("--prefix-cache", "0", *flags)
+        results = [None] * n
+        errors = []
+        go = threading.Barrier(n, timeout=60)
+
+        def run(i):
+            try:
+                go.wait()
+                results[i] = stream_request(srv, to_body(qs[i], stream=True, endpoint="completion"),
+                                            "/v1/completions", "completion")
+            except BaseException as e:  # noqa: BLE001 -- reported below
+                errors.append(f"client {i}: {e!r}")
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        check(not any(t.is_alive() for t in threads), "clients still running after 120 s")
+        check(not errors, "; ".join(errors))
+        for i, (got, ref) in enumerate(zip(results, refs)):
+            same(got, ref, f"{' '.join(flags) or 'default'}: client {i}")
+        srv.wait_metric("gemma4_t4_active_sessions", lambda v: v == 0)
+        m = srv.metrics()
+        steps = m["gemma4_t4_engine_prompts_per_step_count"]
+        check(m["gemma4_t4_engine_prompts_per_step_sum"] == n, "every prompt read in one step (shorter than a step)")
+        check(m["gemma4_t4_engine_prompt_rows_total"] == n * length, "prompt rows")
+        check(m["gemma4_t4_engine_decode_rows_total"] == n * 3, "decode rows: 3 tokens each, the last fed too")
+        check(m["gemma4_t4_engine_steps_total"] >= steps, "steps")
+        if not flags:
+            check(steps == n and m['gemma4_t4_engine_prompts_per_step_bucket{le="1"}'] == n,
+                  f"{n} requests sent together: {steps:.0f} steps read their prompts, wanted one each")
+        print(f"{' '.join(flags) or 'default'}: {n} prompts read in {steps:.0f} steps")
+        srv.stop()
 
 
 def case_overflow():
