@@ -198,17 +198,6 @@ inline float h2f(uint16_t b) {
 }
 inline uint16_t f2h(float v) { return static_cast<__half_raw>(__float2half_rn(v)).x; }
 
-// body(i) for i in [0, count) on every host core.
-void parallel_for(int count, const std::function<void(int)>& body) {
-  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < nt; ++t)
-    pool.emplace_back([&, t] {
-      for (int i = t; i < count; i += nt) body(i);
-    });
-  for (std::thread& th : pool) th.join();
-}
-
 // y[m][n] = sum_k x[m][k] w[n][k] in double, w = fp16((u - 8) * S[n][k / 32]) (the fp16 weight every version
 // multiplies). The operation's arguments in the CHECKPOINT layout (the definition): x [M, ldx] fp16 bits,
 // wq [N, K/8], s [N, K/32] fp16 bits; y [M, N].
@@ -218,7 +207,7 @@ std::vector<double> gemm_w4_ref(const std::vector<uint16_t>& x, int ldx, int M, 
   std::vector<float> xf(size_t(M) * K);
   for (int m = 0; m < M; ++m)
     for (int k = 0; k < K; ++k) xf[size_t(m) * K + k] = h2f(x[size_t(m) * ldx + k]);
-  parallel_for(N, [&](int n) {
+  lab::parallel_for(N, [&](int n) {
     std::vector<float> w(static_cast<size_t>(K));
     for (int k = 0; k < K; ++k) {
       const int q = int(ckpt_nibble(wq.data(), K, n, k)) - 8;
@@ -805,32 +794,21 @@ int usage(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> versions = {1, 2, 3, 4, 5, 6}, ms = {32, 64, 128, 256, 2048, 4096};
-  int reps = 20, samples = 5;
-  bool validate_only = false;
+  std::vector<int> ms = {32, 64, 128, 256, 2048, 4096};
+  lab::CommonArgs common;
+  common.versions = {1, 2, 3, 4, 5, 6};
+  common.reps = 20;
+  common.samples = 5;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    std::vector<int> v;
-    if (arg == "--m" && has_value && lab::parse_ints(argv[++i], &ms)) continue;
-    if (arg == "--reps" && has_value && lab::parse_ints(argv[++i], &v) && v.size() == 1 && v[0] > 0) {
-      reps = v[0];
-      continue;
-    }
-    if (arg == "--samples" && has_value && lab::parse_ints(argv[++i], &v) && v.size() == 1 && v[0] > 0) {
-      samples = v[0];
-      continue;
-    }
-    if (arg == "--validate-only") {
-      validate_only = true;
-      continue;
-    }
+    if (common.take(argc, argv, &i, kVersions)) continue;
+    if (arg == "--m" && i + 1 < argc && lab::parse_ints(argv[++i], &ms)) continue;
     if (arg == "--self-check") return self_check() ? 0 : 1;
-    if (arg[0] != '-' && lab::parse_ints(arg.c_str(), &versions) &&
-        std::all_of(versions.begin(), versions.end(), [](int x) { return x >= 1 && x <= kVersions; }))
-      continue;
     return usage(argv[0]);
   }
+  const std::vector<int>& versions = common.versions;
+  const int reps = common.reps, samples = common.samples;
+  const bool validate_only = common.validate_only;
   if (std::any_of(ms.begin(), ms.end(), [](int m) { return m < 1; })) return usage(argv[0]);
 
   if (!self_check()) return 1;

@@ -476,21 +476,10 @@ struct HostWeights {
   }
 };
 
-// body(o) for o in [0, count) on every host core.
-void parallel_for(int count, const std::function<void(int)>& body) {
-  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < nt; ++t)
-    pool.emplace_back([&, t] {
-      for (int o = t; o < count; o += nt) body(o);
-    });
-  for (std::thread& th : pool) th.join();
-}
-
 // y[r, o] = sum_i x[r, i] W[o, i] for r < n: launch_gemv's operation in double. x: [n, in]; y: [n, out].
 std::vector<double> gemv_ref(const HostWeights& W, const std::vector<float>& x, int n) {
   std::vector<double> y(size_t(n) * W.out);
-  parallel_for(W.out, [&](int o) {
+  lab::parallel_for(W.out, [&](int o) {
     std::vector<float> w(size_t(W.in));
     W.row(o, w.data());
     for (int r = 0; r < n; ++r) {
@@ -708,23 +697,15 @@ int usage(const char* argv0) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> versions = {1, 2, 3}, rows = {1, 8, 16};
-  bool fp16 = true, w4 = true, pdl = false, validate_only = false;
-  int reps = 50, samples = 7;
+  std::vector<int> rows = {1, 8, 16};
+  bool fp16 = true, w4 = true, pdl = false;
+  lab::CommonArgs common;
+  common.versions = {1, 2, 3};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    const bool has_value = i + 1 < argc;
-    std::vector<int> v;
-    if (arg == "--rows" && has_value && lab::parse_ints(argv[++i], &rows)) continue;
-    if (arg == "--reps" && has_value && lab::parse_ints(argv[++i], &v) && v.size() == 1 && v[0] > 0) {
-      reps = v[0];
-      continue;
-    }
-    if (arg == "--samples" && has_value && lab::parse_ints(argv[++i], &v) && v.size() == 1 && v[0] > 0) {
-      samples = v[0];
-      continue;
-    }
-    if (arg == "--weights" && has_value) {
+    if (common.take(argc, argv, &i, 3)) continue;
+    if (arg == "--rows" && i + 1 < argc && lab::parse_ints(argv[++i], &rows)) continue;
+    if (arg == "--weights" && i + 1 < argc) {
       const std::string w = argv[++i];
       fp16 = w.find("fp16") != std::string::npos;
       w4 = w.find("w4a16") != std::string::npos;
@@ -734,15 +715,11 @@ int main(int argc, char** argv) {
       pdl = true;
       continue;
     }
-    if (arg == "--validate-only") {
-      validate_only = true;
-      continue;
-    }
-    if (arg[0] != '-' && lab::parse_ints(arg.c_str(), &versions) &&
-        std::all_of(versions.begin(), versions.end(), [](int x) { return x >= 1 && x <= 3; }))
-      continue;
     return usage(argv[0]);
   }
+  const std::vector<int>& versions = common.versions;
+  const int reps = common.reps, samples = common.samples;
+  const bool validate_only = common.validate_only;
   if (std::any_of(rows.begin(), rows.end(), [](int n) { return n < 1 || n > kRows; })) return usage(argv[0]);
 
   cudaDeviceProp prop;

@@ -19,6 +19,7 @@
 #include <cstring>
 #include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace lab {
@@ -205,6 +206,17 @@ inline double stream_read_gbs(cudaStream_t stream) {
   return double(bytes) / us / 1e3;
 }
 
+// body(i) for i in [0, count) on every host core (the host references).
+inline void parallel_for(int count, const std::function<void(int)>& body) {
+  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < nt; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = t; i < count; i += nt) body(i);
+    });
+  for (std::thread& th : pool) th.join();
+}
+
 // ---- command line ----
 
 // "1,8,16" -> {1, 8, 16}; false on anything else.
@@ -223,5 +235,30 @@ inline bool parse_ints(const char* s, std::vector<int>* out) {
   }
   return !out->empty();
 }
+
+// The flags every lab program takes: VERSIONS (a list of 1..max_version), --reps N, --samples N,
+// --validate-only. Returns true when argv[*i] was one of them (and moves *i past its value).
+struct CommonArgs {
+  std::vector<int> versions;
+  int reps = 50, samples = 7;
+  bool validate_only = false;
+
+  bool take(int argc, char** argv, int* i, int max_version) {
+    const std::string arg = argv[*i];
+    std::vector<int> v;
+    if ((arg == "--reps" || arg == "--samples") && *i + 1 < argc) {
+      if (!parse_ints(argv[*i + 1], &v) || v.size() != 1 || v[0] < 1) return false;
+      (arg == "--reps" ? reps : samples) = v[0];
+      ++*i;
+      return true;
+    }
+    if (arg == "--validate-only") return validate_only = true;
+    if (arg[0] == '-' || !parse_ints(arg.c_str(), &v)) return false;
+    for (int x : v)
+      if (x < 1 || x > max_version) return false;
+    versions = v;
+    return true;
+  }
+};
 
 }  // namespace lab

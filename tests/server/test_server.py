@@ -520,28 +520,38 @@ def case_disconnect():
     srv.stop()
 
 
+def run_clients(n, request, timeout):
+    """request(i) for i < n, each on its own thread, all at once: the results in order; fails the case on a
+    client's error or one still running after `timeout` seconds."""
+    results, errors = [None] * n, []
+
+    def run(i):
+        try:
+            results[i] = request(i)
+        except BaseException as e:  # noqa: BLE001 -- reported below
+            errors.append(f"client {i}: {e!r}")
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+    check(not any(t.is_alive() for t in threads), f"clients still running after {timeout} s")
+    check(not errors, "; ".join(errors))
+    return results
+
+
 def case_concurrent():
     srv = Server("--parallel", "16", "--max-queue", "64", "--prefix-cache-min", "16")
     qs = requests_mix(64, seed=2)
     refs = reference(qs[:8] if ARGS.light else qs)  # --light: the rest are checked for completeness only
-    results = [None] * len(qs)
-    errors = []
 
-    def run(i):
-        try:
-            endpoint = "chat" if "messages" in qs[i] else "completion"
-            path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
-            results[i] = stream_request(srv, to_body(qs[i], stream=True, endpoint=endpoint), path, endpoint)
-        except BaseException as e:  # noqa: BLE001 -- reported below
-            errors.append(f"client {i}: {e!r}")
+    def request(i):
+        endpoint = "chat" if "messages" in qs[i] else "completion"
+        path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+        return stream_request(srv, to_body(qs[i], stream=True, endpoint=endpoint), path, endpoint)
 
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(qs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    check(not any(t.is_alive() for t in threads), "clients still running after 240 s")
-    check(not errors, "; ".join(errors))
+    results = run_clients(len(qs), request, 240)
     for i, (got, ref) in enumerate(zip(results, refs)):
         same(got, ref, f"concurrent client {i} ({'chat' if 'messages' in qs[i] else 'completion'})")
     for i, (got, q) in enumerate(zip(results, qs)):
@@ -567,25 +577,14 @@ def case_first_tokens():
     refs = reference(qs)
     for flags in ((), ("--prefill-sessions", "0", "--prefill-rows", "4096")):
         srv = Server("--prefix-cache", "0", *flags)
-        results = [None] * n
-        errors = []
         go = threading.Barrier(n, timeout=60)
 
-        def run(i):
-            try:
-                go.wait()
-                results[i] = stream_request(srv, to_body(qs[i], stream=True, endpoint="completion"),
-                                            "/v1/completions", "completion")
-            except BaseException as e:  # noqa: BLE001 -- reported below
-                errors.append(f"client {i}: {e!r}")
+        def request(i):
+            go.wait()
+            return stream_request(srv, to_body(qs[i], stream=True, endpoint="completion"), "/v1/completions",
+                                  "completion")
 
-        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(120)
-        check(not any(t.is_alive() for t in threads), "clients still running after 120 s")
-        check(not errors, "; ".join(errors))
+        results = run_clients(n, request, 120)
         for i, (got, ref) in enumerate(zip(results, refs)):
             same(got, ref, f"{' '.join(flags) or 'default'}: client {i}")
         srv.wait_metric("gemma4_t4_active_sessions", lambda v: v == 0)
