@@ -17,7 +17,8 @@
 #     serve     the server against the in-process bench, and prefix reuse (bench/serve_h200.sh, issue 18)
 #     sanitize  compute-sanitizer memcheck and racecheck over the persistent-decode and kernel tests
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
-# Environment: SWEEP (bench arguments), JOBS (build parallelism, default nproc).
+# Environment: SWEEP (bench arguments), FORMATS (the bench step's checkpoints, default "w4a16 bf16"), JOBS
+# (build parallelism, default nproc).
 # The machine has no package manager: nlohmann/json and Catch2 come from .deps/ (tools/gpu_deps.sh unpacks
 # the Debian packages there on this machine; name .deps in the call's carry list).
 set -uo pipefail
@@ -119,9 +120,9 @@ step_lab() {  # the kernel lab's programs that exist in this build (dev/README.m
 }
 
 step_bench() {
-  synth w4a16 && synth bf16 || { note "make_synthetic failed"; return 1; }
+  for fmt in ${FORMATS:-w4a16 bf16}; do synth "$fmt" || { note "make_synthetic failed"; return 1; }; done
   local sweep=${SWEEP:-"--prompts 512,4096 --concurrency 1,4,8,16 --tokens 128 --repeats 3"}
-  for fmt in w4a16 bf16; do
+  for fmt in ${FORMATS:-w4a16 bf16}; do
     for b in native turing; do
       note "== bench E2B $fmt, $b"
       timeout "${SWEEP_S:-300}" "build-gpu-$b/bench" --model "$MODELS/e2b-$fmt" $sweep --quiet \
