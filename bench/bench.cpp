@@ -65,8 +65,8 @@ struct Args {
 // Returns -1 to continue, else the exit status (0 for --help, 2 for a bad command line).
 int parse_args(int argc, char** argv, Args* a) {
   using gemma4_t4::LmHead;
-  using gemma4_t4::W4Matmul;
   using gemma4_t4::SamplingOptions;
+  using gemma4_t4::W4Matmul;
   const std::string model_help = std::string("checkpoint directory (default: ") + GEMMA4_T4_DEFAULT_MODEL + ")";
   args::Parser p("bench", kUsage);
   p.help_column(21);
@@ -96,8 +96,7 @@ int parse_args(int argc, char** argv, Args* a) {
   p.flag("--ple-device", &a->ple_device, "keep the per-layer-embedding table on the GPU (LoadOptions::ple)");
   p.choice("--lm-head", "KIND", &a->lm_head, {{"f16", LmHead::F16}, {"int8", LmHead::Int8}, {"int4", LmHead::Int4}},
            "LM head storage: f16 (default), int8 (per row) or int4 (group 32) (LoadOptions::lm_head)");
-  p.choice("--w4-matmul", "HOW", &a->w4_matmul,
-           {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}},
+  p.choice("--w4-matmul", "HOW", &a->w4_matmul, {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}},
            "w4a16 passes of > 16 rows: dequant (+ cuBLAS, default) or tensorcore (kernels/gemm_w4.cuh)\n"
            "(LoadOptions::w4_matmul)");
   p.choice("--sampling", "MODE", &a->sweep.sampling,

@@ -15,10 +15,13 @@
 //      the math between barriers, for GPUs where a 32-deep tile drains before the next one lands.
 //   4  tile 128 x 64 x 64: warps 2 (m) x 2 (n) x 2 (k, one scale group each, summed through smem at the end).
 //   5  tile 32|64 x 64 x 128 (32 rows when M <= 32): warps 1 x 2 x 4 (k): more blocks for few rows.
-//   6  by M, the dispatch a shipped launcher would start from (a guess until measured): M <= 64 -> 5,
-//      M <= 256 -> 4, else 2.
-// Versions 2..6 read the weights in the GEMM layout below (built once from the checkpoint layout, as a load-time
-// repack would) and never make an fp16 copy.
+//   6  the shipped launcher, kernels/gemm_w4.cuh launch_gemm_w4 (LoadOptions::w4_matmul = TensorCore): by M (a
+//      guess until measured): M <= 64 -> 5, M <= 256 -> 4, else 2.
+// The kernel, the layout's index maps and the configurations of versions 2, 4, 5 are kernels/gemm_w4.cuh's (moved
+// there; versions 2, 4, 5 call its launch_gemm_w4_cfg<C>, version 3 the same template with this file's CfgDeep);
+// the layout and kernel notes below are kept here for the lab's readers (the header has the same text).
+// Versions 2..6 read the weights in the GEMM layout below (built once from the checkpoint layout by
+// kernels/gemm_w4.cuh launch_repack_w4_gemm, the load-time repack) and never make an fp16 copy.
 //
 // ---- the GEMM weight layout (the one-time repack; why not the checkpoint's) ----
 // The checkpoint's words (kept as they are on the GPU today: kernels/gemv.cuh, cuda/weights.hpp) hold 8
@@ -370,8 +373,8 @@ std::unique_ptr<Problem> make_problem(const char* name, int M, int N, int K, int
   lab::fill_bits(p->wq.get(), p->wq.size(), seed + 1);
   lab::fill_uniform(p->s.get(), p->s.size(), 0.002f, 0.02f, seed + 2);
   for (int c = 0; c < copies; ++c) {
-    LAB_CHECK(kn::launch_repack_w4_gemm(p->wq.get() + nk / 8 * c, p->s.get() + nk / 32 * c, N, K, p->wp.get() + nk / 8 * c,
-                                       p->sp.get() + nk / 32 * c, kn::Launch()));
+    LAB_CHECK(kn::launch_repack_w4_gemm(p->wq.get() + nk / 8 * c, p->s.get() + nk / 32 * c, N, K,
+                                        p->wp.get() + nk / 8 * c, p->sp.get() + nk / 32 * c, kn::Launch()));
   }
   p->deq = lab::DevBuf<half>(nk);
   p->y = lab::DevBuf<float>(size_t(M + 1) * ldy);

@@ -141,8 +141,12 @@ GEMMA4_T4_GEMM_W4_HD inline void a_addr(int lane, int row0, int i, int gi, int h
 }
 // The B word and scale pair of (super-row sr, group gi) for a lane: word index (u32) and scale index (fp16) in
 // the stage's W / S parts.
-GEMMA4_T4_GEMM_W4_HD inline int b_word(int sr, int gi, int G, int lane, int j) { return ((sr * G + gi) * 32 + lane) * 4 + j; }
-GEMMA4_T4_GEMM_W4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) { return (sr * G + gi) * 32 + (lane >> 2) * 4 + j; }
+GEMMA4_T4_GEMM_W4_HD inline int b_word(int sr, int gi, int G, int lane, int j) {
+  return ((sr * G + gi) * 32 + lane) * 4 + j;
+}
+GEMMA4_T4_GEMM_W4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) {
+  return (sr * G + gi) * 32 + (lane >> 2) * 4 + j;
+}
 
 // The shipped configurations (launch_gemm_w4's dispatch by M).
 using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32, warps 2 x 4 x 1; 24.5 KiB smem, 2 blocks per SM
@@ -196,8 +200,8 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
       const int idx = tid + c * C::kThreads;
       const bool is_w = idx < C::kWLoads;
       int s_r, gi;
-      const size_t src =
-          is_w ? gemm_w4::w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi) : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
+      const size_t src = is_w ? gemm_w4::w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi)
+                              : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
       const bool ok = idx < C::kWLoads + C::kSLoads && nb0 + s_r < NB && kb0 + gi < KG;
       const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
       wr[c] = ld_weights(base + (ok ? src : 0), ok);
@@ -247,7 +251,7 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
       const uint32_t s2[4] = {__byte_perm(sc.x, 0, 0x1010), __byte_perm(sc.x, 0, 0x3232), __byte_perm(sc.y, 0, 0x1010),
                               __byte_perm(sc.y, 0, 0x3232)};  // scale of n8 tile j in both halves
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {                           // k 0..15, 16..31 of the group
+      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
         uint32_t b[4][2];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -349,8 +353,8 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
   if (N < 0 || K < 0 || N % 32 != 0 || K % 32 != 0) return cudaErrorInvalidValue;
   const size_t words = size_t(N) * K / 8;
   if (words == 0) return cudaSuccess;
-  return launch_kernel(repack_w4_gemm_kernel, ceil_div(words, 256) < 4096u ? ceil_div(words, 256) : 4096u, 256,
-                       launch, wq, s, N, K, wp, sp);
+  return launch_kernel(repack_w4_gemm_kernel, ceil_div(words, 256) < 4096u ? ceil_div(words, 256) : 4096u, 256, launch,
+                       wq, s, N, K, wp, sp);
 }
 
 #endif  // __CUDACC__

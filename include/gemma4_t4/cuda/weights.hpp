@@ -246,7 +246,7 @@ class DeviceWeights {
   const Weights* w_ = nullptr;
   const LoadOptions* opt_ = nullptr;
   DeviceMemory mem_;
-  void* staging_ = nullptr;  // [kStagingBytes] pinned, during upload() only
+  void* staging_ = nullptr;        // [kStagingBytes] pinned, during upload() only
   cudaStream_t stream_ = nullptr;  // upload()'s stream (the GEMM-layout repacks)
   double total_upload_ = 0;
   size_t uploaded_ = 0;
