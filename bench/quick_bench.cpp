@@ -97,6 +97,8 @@ int main(int argc, char** argv) {
   std::printf("load %.2f s, peak host RSS after load %.0f MiB, decode bytes/token %.3f GB\n", load_s, peak_rss_mib(),
               engine.decode_bytes_per_token() / 1e9);
   std::printf("decode path: %s\n", engine.decode_path().c_str());
+  std::printf("w4a16 passes of > 16 rows (--w4-matmul): %s\n",
+              opt.w4_matmul == W4Matmul::TensorCore ? "tensorcore (kernels/gemm_w4.cuh)" : "dequant + cuBLAS");
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> id(5, c.vocab_size - 1);

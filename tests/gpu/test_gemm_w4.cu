@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "../../kernels/gemm_w4.cuh"
+#include "gemma4_t4.hpp"
 #include "gemma4_t4/common.hpp"
 #include "harness.hpp"
 
