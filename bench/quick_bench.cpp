@@ -5,7 +5,8 @@
 // for same-lease A/B runs of two builds (bench/RESULTS.md).
 //
 //   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple host|device]
-//               [--decode persistent|kernels] [--no-graphs] [--no-pdl] [--sampled] [--pass-rows N] [--ttft N]
+//               [--decode persistent|kernels] [--w4-matmul dequant|tensorcore] [--no-graphs] [--no-pdl] [--sampled]
+//               [--pass-rows N] [--ttft N]
 // --ttft N: before the batches, N prefills of fresh prompts in one session (reset between), each timed to the
 // first token; prints every time and the median (the first one pays one-time costs: page faults, cuBLAS).
 // Exit status: 0 ok, 1 an error (message on stderr), 2 bad command line.
@@ -59,6 +60,10 @@ int main(int argc, char** argv) {
   parser.choice("--decode", "PATH", &opt.decode_path,
                 {{"persistent", DecodePath::Persistent}, {"kernels", DecodePath::Kernels}},
                 "persistent or kernels (LoadOptions::decode_path; default kernels)");
+  parser.choice("--w4-matmul", "HOW", &opt.w4_matmul,
+                {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}},
+                "w4a16 passes of > 16 rows: dequant (+ cuBLAS) or tensorcore (kernels/gemm_w4.cuh)\n"
+                "(LoadOptions::w4_matmul; default dequant)");
   parser.integer("--persistent-blocks", "N", &opt.persistent.blocks_per_sm, 1, 2,
                  "persistent decode: blocks per SM, 1 or 2 (LoadOptions::persistent; default 1)");
   parser.integer("--persistent-prefetch", "BYTES", &opt.persistent.prefetch_bytes, -1, 1 << 26,
@@ -92,6 +97,8 @@ int main(int argc, char** argv) {
   std::printf("load %.2f s, peak host RSS after load %.0f MiB, decode bytes/token %.3f GB\n", load_s, peak_rss_mib(),
               engine.decode_bytes_per_token() / 1e9);
   std::printf("decode path: %s\n", engine.decode_path().c_str());
+  std::printf("w4a16 passes of > 16 rows (--w4-matmul): %s\n",
+              opt.w4_matmul == W4Matmul::TensorCore ? "tensorcore (kernels/gemm_w4.cuh)" : "dequant + cuBLAS");
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> id(5, c.vocab_size - 1);

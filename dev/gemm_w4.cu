@@ -15,10 +15,13 @@
 //      the math between barriers, for GPUs where a 32-deep tile drains before the next one lands.
 //   4  tile 128 x 64 x 64: warps 2 (m) x 2 (n) x 2 (k, one scale group each, summed through smem at the end).
 //   5  tile 32|64 x 64 x 128 (32 rows when M <= 32): warps 1 x 2 x 4 (k): more blocks for few rows.
-//   6  by M, the dispatch a shipped launcher would start from (a guess until measured): M <= 64 -> 5,
-//      M <= 256 -> 4, else 2.
-// Versions 2..6 read the weights in the GEMM layout below (built once from the checkpoint layout, as a load-time
-// repack would) and never make an fp16 copy.
+//   6  the shipped launcher, kernels/gemm_w4.cuh launch_gemm_w4 (LoadOptions::w4_matmul = TensorCore): by M (a
+//      guess until measured): M <= 64 -> 5, M <= 256 -> 4, else 2.
+// The kernel, the layout's index maps and the configurations of versions 2, 4, 5 are kernels/gemm_w4.cuh's (moved
+// there; versions 2, 4, 5 call its launch_gemm_w4_cfg<C>, version 3 the same template with this file's CfgDeep);
+// the layout and kernel notes below are kept here for the lab's readers (the header has the same text).
+// Versions 2..6 read the weights in the GEMM layout below (built once from the checkpoint layout by
+// kernels/gemm_w4.cuh launch_repack_w4_gemm, the load-time repack) and never make an fp16 copy.
 //
 // ---- the GEMM weight layout (the one-time repack; why not the checkpoint's) ----
 // The checkpoint's words (kept as they are on the GPU today: kernels/gemv.cuh, cuda/weights.hpp) hold 8
@@ -76,51 +79,19 @@
 #include <thread>
 #include <vector>
 
+#include "../kernels/gemm_w4.cuh"  // without nvcc: the layout's index maps and configurations only
 #ifndef GEMM_W4_HOST_ONLY
 #include <cublas_v2.h>
 
 #include "../kernels/gemv.cuh"
 #include "lab.cuh"
-#define G4_HD __host__ __device__
-#else
-#define G4_HD
 #endif
 
 namespace {
 
-// ---- the GEMM layout: index maps shared by the repack, the kernel and the CPU self-check ----
-
-// Nibble u (0..15) of W[n][k] in the checkpoint layout: wq [N, K/8] u32, column 8j + i in bits 4i..4i+3 of word j.
-G4_HD inline uint32_t ckpt_nibble(const uint32_t* wq, int K, int n, int k) {
-  return (wq[size_t(n) * (K / 8) + k / 8] >> (4 * (k % 8))) & 0xFu;
-}
-
-// Word w of wp (N x K / 8 words): built from the checkpoint words (see the header).
-G4_HD inline uint32_t repack_word(const uint32_t* wq, int N, int K, size_t w) {
-  (void)N;
-  const int KG = K / 32;
-  const int j = int(w % 4), lane = int(w / 4 % 32), g = lane >> 2, t = lane & 3;
-  const size_t unit = w / 128;
-  const int kb = int(unit % size_t(KG)), nb = int(unit / size_t(KG));
-  const int n = 32 * nb + 8 * j + g;
-  uint32_t word = 0;
-  for (int s = 0; s < 4; ++s) {
-    const int k = 32 * kb + 8 * s + 2 * t;
-    word |= ckpt_nibble(wq, K, n, k) << (4 * s);
-    word |= ckpt_nibble(wq, K, n, k + 1) << (4 * (s + 4));
-  }
-  return word;
-}
-
-// Scale i of sp (N x K / 32): S[32 nb + 8 j + g][kb], S [N, K/32] (raw fp16 bits).
-G4_HD inline uint16_t repack_scale(const uint16_t* s, int N, int K, size_t i) {
-  (void)N;
-  const int KG = K / 32;
-  const int q = int(i % 32), g = q / 4, j = q % 4;
-  const size_t unit = i / 32;
-  const int kb = int(unit % size_t(KG)), nb = int(unit / size_t(KG));
-  return s[size_t(32 * nb + 8 * j + g) * KG + kb];
-}
+// The GEMM layout's index maps, the configuration template and the shipped configurations (CfgLarge, CfgMid,
+// CfgSmall, CfgTiny) are kernels/gemm_w4.cuh's (namespace gemm_w4); the self-check emulates them.
+using namespace gemma4_t4::kernels::gemm_w4;  // NOLINT(google-build-using-namespace)
 
 // The host repack (what a backend would run once at load; the lab runs the same maps on the device).
 void repack_host(const std::vector<uint32_t>& wq, const std::vector<uint16_t>& s, int N, int K,
@@ -130,64 +101,6 @@ void repack_host(const std::vector<uint32_t>& wq, const std::vector<uint16_t>& s
   for (size_t w = 0; w < wp->size(); ++w) (*wp)[w] = repack_word(wq.data(), N, K, w);
   for (size_t i = 0; i < sp->size(); ++i) (*sp)[i] = repack_scale(s.data(), N, K, i);
 }
-
-// A kernel configuration: 8 warps as WM (m) x WN (n) x WK (k); a warp computes MT m16 tiles x 4 n8 tiles (32 n:
-// one super-row) over GPW scale groups of every k-tile. MINB: __launch_bounds__ min blocks per SM.
-template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_>
-struct Cfg {
-  static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_;
-  static constexpr int kThreads = 256;
-  static_assert(WM * WN * WK == 8, "8 warps");
-  static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
-  static constexpr int BM = WM * MT * 16;  // rows of X per block
-  static constexpr int BN = WN * 32;       // outputs per block
-  static constexpr int G = WK * GPW;       // scale groups per k-tile
-  static constexpr int BK = 32 * G;        // k per tile
-  static constexpr int XS = BK + 8;        // smem row stride of the X tile, halves (16 B pad: ldmatrix conflict-free)
-  static constexpr int kXBytes = BM * XS * 2, kWBytes = BN * BK / 2, kSBytes = BN * G * 2;
-  static constexpr int kStage = kXBytes + kWBytes + kSBytes;
-  static constexpr int kXLoads = BM * BK / 8, kWLoads = BN * BK / 32, kSLoads = BN * G / 8;  // 16-byte units
-  // Per thread in flight: kXL X units, kWL weight-or-scale units (units [0, kWLoads) are W, then S: one register
-  // set serves both, as in v2 only 144 of the 256 threads load either).
-  static constexpr int kXL = (kXLoads + 255) / 256, kWL = (kWLoads + kSLoads + 255) / 256;
-  static constexpr int kAcc = MT * NT * 4;  // fp32 accumulators per lane
-  static constexpr int kRedBytes = (WK / 2) * WM * WN * kAcc * 32 * 4;
-  static_assert(2 * kStage <= 48 * 1024, "static shared memory <= 48 KiB (sm_75 without opt-in)");
-  static_assert(kRedBytes <= 2 * kStage, "the k-warp reduction reuses the stages");
-  static_assert(kXBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte aligned smem parts");
-};
-
-// Tile-load maps (kernel and self-check): unit idx of a k-tile's X / W / S tile -> where it comes from.
-// X: row, column (halves) inside the tile; smem at row * XS + col.
-G4_HD inline void x_unit(int idx, int bk, int* row, int* col) {
-  *row = idx / (bk / 8);
-  *col = idx % (bk / 8) * 8;
-}
-// W and S: super-row sr of the tile and group gi of the tile; global 16-byte unit (from wp or sp as uint4).
-// smem: unit idx (the tile is copied as it is).
-G4_HD inline size_t w_unit(int idx, int G, int nb0, int kb0, int KG, int* sr, int* gi) {
-  *sr = idx / (G * 32);
-  const int r = idx % (G * 32);
-  *gi = r / 32;
-  return (size_t(nb0 + *sr) * KG + kb0) * 32 + r;
-}
-G4_HD inline size_t s_unit(int idx, int G, int nb0, int kb0, int KG, int* sr, int* gi) {
-  *sr = idx / (G * 4);
-  const int r = idx % (G * 4);
-  *gi = r / 4;
-  return (size_t(nb0 + *sr) * KG + kb0) * 4 + r;
-}
-// A fragment address (ldmatrix.x4 row of `lane`) for m16 tile i and k16 half h of group gi: row and column
-// of the X tile. Lanes 0-7 / 8-15 / 16-23 / 24-31 address matrices (rows 0-7, k 0-7) / (rows 8-15, k 0-7) /
-// (rows 0-7, k 8-15) / (rows 8-15, k 8-15): registers a0..a3 of m16n8k16.
-G4_HD inline void a_addr(int lane, int row0, int i, int gi, int h, int* row, int* col) {
-  *row = row0 + 16 * i + (lane & 15);
-  *col = 32 * gi + 16 * h + (lane >> 4) * 8;
-}
-// The B word and scale pair of (super-row sr, group gi) for a lane: word index (u32) and scale index (fp16) in
-// the stage's W / S parts.
-G4_HD inline int b_word(int sr, int gi, int G, int lane, int j) { return ((sr * G + gi) * 32 + lane) * 4 + j; }
-G4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) { return (sr * G + gi) * 32 + (lane >> 2) * 4 + j; }
 
 // ---- host reference ----
 
@@ -331,12 +244,8 @@ std::vector<double> emulate(const std::vector<uint16_t>& x, int ldx, int M, int 
   return y;
 }
 
-// The version configurations (see the header).
-using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32
-using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64
-using CfgMid = Cfg<4, 2, 2, 2, 1, 1>;    // 128 x 64 x 64
-using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128
-using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128
+// The version configurations (see the header): 2, 4, 5 are the shipped ones (kernels/gemm_w4.cuh); 3 lives here.
+using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;  // 128 x 128 x 64
 
 void random_problem(std::mt19937* rng, int M, int N, int K, int ldx, std::vector<uint16_t>* x,
                     std::vector<uint32_t>* wq, std::vector<uint16_t>* s) {
@@ -420,181 +329,7 @@ namespace {
 
 namespace kn = gemma4_t4::kernels;
 
-// ---- the kernel (versions 2..6) ----
-
-struct GemmW4Args {
-  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
-  int ldx = 0;
-  int m = 0, n = 0, k = 0;       // N % 32 == 0, K % 32 == 0
-  const uint32_t* wp = nullptr;  // [N/32][K/32][32][4] u32: the GEMM layout
-  const half* sp = nullptr;      // [N/32][K/32][8][4] fp16 scales
-  float* y = nullptr;            // [M, ldy] fp32, ldy % 2 == 0
-  int ldy = 0;
-};
-
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const GemmW4Args a) {
-  __shared__ __align__(16) unsigned char smem[2 * C::kStage];  // 2 stages of [X tile | W tile | S tile]
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
-  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
-  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;
-
-  uint4 xr[C::kXL], wr[C::kWL];  // the next k-tile, in flight in registers
-  const half* xrow[C::kXL];      // this thread's X units: row start + column in the tile (null: row past M)
-#pragma unroll
-  for (int c = 0; c < C::kXL; ++c) {
-    const int idx = tid + c * C::kThreads;
-    int row, col;
-    x_unit(idx, C::BK, &row, &col);
-    xrow[c] = idx < C::kXLoads && m0 + row < a.m ? a.x + size_t(m0 + row) * a.ldx + col : nullptr;
-  }
-  auto load = [&](int kt) {
-    const int kb0 = kt * C::G;
-#pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int col = (tid + c * C::kThreads) % (C::BK / 8) * 8;
-      const bool ok = xrow[c] != nullptr && kb0 * 32 + col < a.k;
-      xr[c] = kn::ld_x(reinterpret_cast<const uint4*>(ok ? xrow[c] + kb0 * 32 : a.x), ok);
-    }
-#pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      const bool is_w = idx < C::kWLoads;
-      int s_r, gi;
-      const size_t src =
-          is_w ? w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi) : s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
-      const bool ok = idx < C::kWLoads + C::kSLoads && nb0 + s_r < NB && kb0 + gi < KG;
-      const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
-      wr[c] = kn::ld_weights(base + (ok ? src : 0), ok);
-    }
-  };
-  auto store = [&](int stage) {
-    unsigned char* base = smem + stage * C::kStage;
-#pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      int row, col;
-      x_unit(idx, C::BK, &row, &col);
-      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xr[c];
-    }
-#pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {  // the S part follows the W part: unit idx of W | S
-      const int idx = tid + c * C::kThreads;
-      if (idx < C::kWLoads + C::kSLoads) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wr[c];
-    }
-  };
-
-  float acc[C::MT][4][4];
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
-
-  kn::pdl_enter();  // X comes from the previous kernel
-  load(0);
-  store(0);
-  __syncthreads();
-  for (int kt = 0; kt < KT; ++kt) {
-    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
-    const unsigned char* base = smem + (kt & 1) * C::kStage;
-    const half* xs = reinterpret_cast<const half*>(base);
-    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
-    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
-#pragma unroll
-    for (int q = 0; q < C::GPW; ++q) {
-      const int gi = ks + C::WK * q;
-      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
-      const uint4 w = *reinterpret_cast<const uint4*>(ws + b_word(wn, gi, C::G, lane, 0));
-      const uint2 sc = *reinterpret_cast<const uint2*>(ss + b_scale(wn, gi, C::G, lane, 0));
-      const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
-      const uint32_t s2[4] = {__byte_perm(sc.x, 0, 0x1010), __byte_perm(sc.x, 0, 0x3232), __byte_perm(sc.y, 0, 0x1010),
-                              __byte_perm(sc.y, 0, 0x3232)};  // scale of n8 tile j in both halves
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {                           // k 0..15, 16..31 of the group
-        uint32_t b[4][2];
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          b[j][0] = kn::w4_pair(wd[j], 2 * h, s2[j]);
-          b[j][1] = kn::w4_pair(wd[j], 2 * h + 1, s2[j]);
-        }
-#pragma unroll
-        for (int i = 0; i < C::MT; ++i) {
-          int row, col;
-          a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
-          uint32_t af[4];
-          kn::ldsm_x4(af, xs + row * C::XS + col);
-#pragma unroll
-          for (int j = 0; j < 4; ++j) kn::mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
-        }
-      }
-    }
-    if (kt + 1 < KT) store((kt + 1) & 1);
-    __syncthreads();
-  }
-
-  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
-    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
-    float* mine = &acc[0][0][0];
-#pragma unroll
-    for (int step = C::WK / 2; step >= 1; step /= 2) {
-      if (ks >= step && ks < 2 * step) {
-#pragma unroll
-        for (int e = 0; e < C::kAcc; ++e)
-          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
-      }
-      __syncthreads();
-      if (ks < step) {
-#pragma unroll
-        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
-      }
-      __syncthreads();
-    }
-    if (ks != 0) return;
-  }
-
-  const int g = lane >> 2, t = lane & 3, nb = nb0 + wn;
-  if (nb >= NB) return;
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i) {
-    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = nb * 32 + 8 * j + 2 * t;
-      if (row < a.m)
-        *reinterpret_cast<float2*>(a.y + size_t(row) * a.ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
-      if (row + 8 < a.m)
-        *reinterpret_cast<float2*>(a.y + size_t(row + 8) * a.ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
-    }
-  }
-}
-
-template <class C>
-cudaError_t launch_gemm_w4(const GemmW4Args& a, const kn::Launch& l) {
-  if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ldy % 2 != 0 || a.ldx < a.k || a.ldy < a.n ||
-      reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.y) % 8 != 0)
-    return cudaErrorInvalidValue;
-  if (a.m == 0 || a.n == 0) return cudaSuccess;
-  if (a.k == 0) return cudaErrorInvalidValue;
-  const dim3 grid(kn::ceil_div(size_t(a.n), C::BN), kn::ceil_div(size_t(a.m), C::BM));
-  if (grid.y > 65535) return cudaErrorInvalidValue;
-  return kn::launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
-}
-
-// ---- the repack on the device (the header's maps; a backend would run it once at load) ----
-
-__global__ void repack_kernel(const uint32_t* wq, const half* s, int N, int K, uint32_t* wp, half* sp) {
-  const size_t words = size_t(N) * K / 8, scales = size_t(N) * K / 32, step = size_t(gridDim.x) * blockDim.x;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += step) {
-    wp[i] = repack_word(wq, N, K, i);
-    if (i < scales) {
-      const uint16_t v = repack_scale(reinterpret_cast<const uint16_t*>(s), N, K, i);
-      reinterpret_cast<uint16_t*>(sp)[i] = v;
-    }
-  }
-}
+using kn::GemmW4Args;  // the kernel (versions 2..6): kernels/gemm_w4.cuh's gemm_w4_kernel<C>, any C
 
 // ---- problems ----
 
@@ -627,8 +362,8 @@ std::unique_ptr<Problem> make_problem(const char* name, int M, int N, int K, int
   lab::fill_bits(p->wq.get(), p->wq.size(), seed + 1);
   lab::fill_uniform(p->s.get(), p->s.size(), 0.002f, 0.02f, seed + 2);
   for (int c = 0; c < copies; ++c) {
-    LAB_CHECK(kn::launch_kernel(repack_kernel, 1024, 256, kn::Launch(), p->wq.get() + nk / 8 * c,
-                                p->s.get() + nk / 32 * c, N, K, p->wp.get() + nk / 8 * c, p->sp.get() + nk / 32 * c));
+    LAB_CHECK(kn::launch_repack_w4_gemm(p->wq.get() + nk / 8 * c, p->s.get() + nk / 32 * c, N, K,
+                                        p->wp.get() + nk / 8 * c, p->sp.get() + nk / 32 * c, kn::Launch()));
   }
   p->deq = lab::DevBuf<half>(nk);
   p->y = lab::DevBuf<float>(size_t(M + 1) * ldy);
@@ -665,12 +400,12 @@ cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Laun
   a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
   a.wp = p.wp.get() + nk / 8 * c, a.sp = p.sp.get() + nk / 32 * c;
   a.y = p.y.get(), a.ldy = p.ldy;
-  if (v == 6) v = p.M <= 64 ? 5 : (p.M <= 256 ? 4 : 2);
   switch (v) {
-    case 2: return launch_gemm_w4<CfgLarge>(a, l);
-    case 3: return launch_gemm_w4<CfgDeep>(a, l);
-    case 4: return launch_gemm_w4<CfgMid>(a, l);
-    case 5: return p.M <= 32 ? launch_gemm_w4<CfgTiny>(a, l) : launch_gemm_w4<CfgSmall>(a, l);
+    case 2: return kn::launch_gemm_w4_cfg<CfgLarge>(a, l);
+    case 3: return kn::launch_gemm_w4_cfg<CfgDeep>(a, l);
+    case 4: return kn::launch_gemm_w4_cfg<CfgMid>(a, l);
+    case 5: return p.M <= 32 ? kn::launch_gemm_w4_cfg<CfgTiny>(a, l) : kn::launch_gemm_w4_cfg<CfgSmall>(a, l);
+    case 6: return kn::launch_gemm_w4(a, l);  // the shipped launcher
     default: return cudaErrorInvalidValue;
   }
 }

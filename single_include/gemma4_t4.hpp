@@ -266,6 +266,16 @@ enum class DecodePath {
                // and GPU allow it (Engine::decode_path() tells), else Kernels
 };
 
+// How the CUDA backend multiplies w4a16 weights in passes of more than 16 rows (batched decode of more than 16
+// sessions, prefill). Ignored for fp16 checkpoints and on the CPU.
+enum class W4Matmul {
+  Dequant,     // each matrix dequantised to fp16 (into a workspace the size of the largest one), then cuBLAS
+               // (default)
+  TensorCore,  // EXPERIMENTAL: kernels/gemm_w4.cuh, a tensor-core matmul reading the int4 weights directly, from a
+               // copy repacked into its layout at load: costs as many bytes of GPU memory again as the w4a16
+               // weights (int4 words + scales of every decoder linear), and saves the dequantisation workspace
+};
+
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
   int device = 0;                   // CUDA device ordinal
@@ -273,6 +283,7 @@ struct LoadOptions {
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
   DecodePath decode_path = DecodePath::Kernels;
+  W4Matmul w4_matmul = W4Matmul::Dequant;  // w4a16 passes of more than 16 rows (bench's --w4-matmul)
   // DecodePath::Persistent's knobs, for A/B runs and profiling (bench/quick_bench.cpp's --persistent-*).
   struct PersistentTuning {
     int blocks_per_sm = 1;    // 1, or 2: registers capped at 128 per thread (steps of <= 8 rows only)
@@ -6616,6 +6627,372 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/flash_attention.cuh ----
+// ---- begin kernels/gemm_w4.cuh ----
+// gemma4_t4 kernels: the w4a16 matmul for passes of more than 16 rows (batched decode past 16 sessions, prefill)
+// on tensor cores, from a GEMM layout the weights are repacked into once at load (issue 17; lab: dev/gemm_w4.cu).
+//
+//   Y[M, N] fp32 = X[M, K] fp16 (row stride ldx) x W^T,   W [N, K] int4 (compressed-tensors, symmetric, group 32
+//   along K) with fp16 group scales: w[n][k] = (u - 8) * S[n][k / 32], u the stored nibble.
+//
+// ---- the GEMM weight layout (the one-time repack; why not the checkpoint's) ----
+// The checkpoint's words (kernels/gemv.cuh's layout, kept for the <= 16-row GEMV) hold 8 consecutive k of one row.
+// An mma B fragment (m16n8k8: b0 = W[n g][k 2t, 2t+1]) needs, per lane, k pairs (2t, 2t+1) of row g: from the
+// checkpoint words a lane would unpack 8 nibbles to use 2, or shuffle. So the weights are repacked once so that
+// one 32-bit word is exactly what a lane multiplies for one n8 tile and one scale group, and one 16-byte shared
+// load is what it multiplies for 4 n8 tiles:
+//   wp  [N/32][K/32][32 lanes][4 j] u32: nb = n / 32 (a "super-row" of 32 n), kb = k / 32 (a scale group),
+//       lane = 4 g + t, j = n8 tile; word (nb, kb, lane, j), nibble s (0..3) = u of W[32 nb + 8 j + g][32 kb +
+//       8 s + 2 t], nibble s + 4 = u of the next k. mma.cuh's w4_pair(word, s, scale) then yields the half2
+//       (k 8s + 2t, 8s + 2t + 1) of n 8j + g: b0 of k8-step s. 512 bytes per (nb, kb) unit.
+//   sp  [N/32][K/32][8 g][4 j] fp16: S[32 nb + 8 j + g][kb]; a lane reads its 4 scales (one per j) as 8 bytes.
+//   Same bytes as the checkpoint layout (N K / 2 + N K / 16). A block's (BN x BK) weight tile is BN / 32 runs of
+//   BK / 32 contiguous units: plain 16-byte loads, copied to shared memory as they are; no index arithmetic per
+//   weight. Requires N % 32 == 0 and K % 32 == 0. launch_repack_w4_gemm builds it on the device from the
+//   checkpoint words; the index maps (namespace gemm_w4) are plain host/device functions, so the lab's CPU
+//   self-check emulates the kernel with the very same maps (this part compiles without nvcc).
+//
+// ---- the kernel ----
+// X is the mma's A operand (16 m x 16 k via ldmatrix.x4 from a padded [BM][BK + 8] smem tile: conflict-free
+// rows), the dequantised weights are B (n8 tiles; w4_pair = OR the nibbles into 1024.0's mantissa, subtract
+// 1032.0 (exact), times the fp16 scale (one rounding): the same fp16 weight launch_dequant_w4 builds), fp32
+// accumulators; m16n8k16 on sm_80+, two m16n8k8 on sm_75 (mma.cuh mma_16x8x16). 256 threads, warps WM (m) x
+// WN (n) x WK (k); a warp owns MT m16 tiles x 4 n8 tiles (one super-row) and, per k-tile, GPW scale groups
+// (BK = 32 WK GPW). Pipeline without cp.async (sm_75): tile kt + 1's 16-byte global loads (X through L1, weights
+// and scales L1::no_allocate) are issued into registers before tile kt's math from shared memory, then stored to
+// the other of two smem stages; one __syncthreads per k-tile. The WK k-warps' accumulators are summed through
+// smem (tree, fixed order: deterministic), and fragments go straight to Y as float2 (a row's 4 lanes write 32
+// contiguous bytes). Rows past M and groups past K are loaded as zeros, columns past N not stored. Static smem
+// <= 45 KiB (sm_75 without opt-in), no cp.async.
+// launch_gemm_w4 picks the tile by M (a starting guess from the lab, not yet measured): M <= 32: 32 x 64 x 128,
+// <= 64: 64 x 64 x 128, <= 256: 128 x 64 x 64, else 128 x 128 x 32. A row's result depends on the tile
+// configuration (the k-split sums), so it is deterministic for a given M but not equal across M buckets.
+
+#include <cstddef>
+#include <cstdint>
+
+#ifdef __CUDACC__
+// (kernels/common.cuh: already inlined above)
+// (kernels/mma.cuh: already inlined above)
+#define GEMMA4_T4_GEMM_W4_HD __host__ __device__
+#else
+#define GEMMA4_T4_GEMM_W4_HD
+#endif
+
+namespace gemma4_t4 {
+namespace kernels {
+namespace gemm_w4 {
+
+// ---- the GEMM layout: index maps shared by the repack, the kernel and the lab's CPU self-check ----
+// Nibble u (0..15) of W[n][k] in the checkpoint layout: wq [N, K/8] u32, column 8j + i in bits 4i..4i+3 of word j.
+GEMMA4_T4_GEMM_W4_HD inline uint32_t ckpt_nibble(const uint32_t* wq, int K, int n, int k) {
+  return (wq[size_t(n) * (K / 8) + k / 8] >> (4 * (k % 8))) & 0xFu;
+}
+
+// Word w of wp (N x K / 8 words): built from the checkpoint words (see this file's header).
+GEMMA4_T4_GEMM_W4_HD inline uint32_t repack_word(const uint32_t* wq, int N, int K, size_t w) {
+  (void)N;
+  const int KG = K / 32;
+  const int j = int(w % 4), lane = int(w / 4 % 32), g = lane >> 2, t = lane & 3;
+  const size_t unit = w / 128;
+  const int kb = int(unit % size_t(KG)), nb = int(unit / size_t(KG));
+  const int n = 32 * nb + 8 * j + g;
+  uint32_t word = 0;
+  for (int s = 0; s < 4; ++s) {
+    const int k = 32 * kb + 8 * s + 2 * t;
+    word |= ckpt_nibble(wq, K, n, k) << (4 * s);
+    word |= ckpt_nibble(wq, K, n, k + 1) << (4 * (s + 4));
+  }
+  return word;
+}
+
+// Scale i of sp (N x K / 32): S[32 nb + 8 j + g][kb], S [N, K/32] (raw fp16 bits).
+GEMMA4_T4_GEMM_W4_HD inline uint16_t repack_scale(const uint16_t* s, int N, int K, size_t i) {
+  (void)N;
+  const int KG = K / 32;
+  const int q = int(i % 32), g = q / 4, j = q % 4;
+  const size_t unit = i / 32;
+  const int kb = int(unit % size_t(KG)), nb = int(unit / size_t(KG));
+  return s[size_t(32 * nb + 8 * j + g) * KG + kb];
+}
+
+// A kernel configuration: 8 warps as WM (m) x WN (n) x WK (k); a warp computes MT m16 tiles x 4 n8 tiles (32 n:
+// one super-row) over GPW scale groups of every k-tile. MINB: __launch_bounds__ min blocks per SM.
+template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_>
+struct Cfg {
+  static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_;
+  static constexpr int kThreads = 256;
+  static_assert(WM * WN * WK == 8, "8 warps");
+  static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
+  static constexpr int BM = WM * MT * 16;  // rows of X per block
+  static constexpr int BN = WN * 32;       // outputs per block
+  static constexpr int G = WK * GPW;       // scale groups per k-tile
+  static constexpr int BK = 32 * G;        // k per tile
+  static constexpr int XS = BK + 8;        // smem row stride of the X tile, halves (16 B pad: ldmatrix conflict-free)
+  static constexpr int kXBytes = BM * XS * 2, kWBytes = BN * BK / 2, kSBytes = BN * G * 2;
+  static constexpr int kStage = kXBytes + kWBytes + kSBytes;
+  static constexpr int kXLoads = BM * BK / 8, kWLoads = BN * BK / 32, kSLoads = BN * G / 8;  // 16-byte units
+  // Per thread in flight: kXL X units, kWL weight-or-scale units (units [0, kWLoads) are W, then S: one register
+  // set serves both, as in v2 only 144 of the 256 threads load either).
+  static constexpr int kXL = (kXLoads + 255) / 256, kWL = (kWLoads + kSLoads + 255) / 256;
+  static constexpr int kAcc = MT * NT * 4;  // fp32 accumulators per lane
+  static constexpr int kRedBytes = (WK / 2) * WM * WN * kAcc * 32 * 4;
+  static_assert(2 * kStage <= 48 * 1024, "static shared memory <= 48 KiB (sm_75 without opt-in)");
+  static_assert(kRedBytes <= 2 * kStage, "the k-warp reduction reuses the stages");
+  static_assert(kXBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte aligned smem parts");
+};
+
+// Tile-load maps (kernel and self-check): unit idx of a k-tile's X / W / S tile -> where it comes from.
+// X: row, column (halves) inside the tile; smem at row * XS + col.
+GEMMA4_T4_GEMM_W4_HD inline void x_unit(int idx, int bk, int* row, int* col) {
+  *row = idx / (bk / 8);
+  *col = idx % (bk / 8) * 8;
+}
+// W and S: super-row sr of the tile and group gi of the tile; global 16-byte unit (from wp or sp as uint4).
+// smem: unit idx (the tile is copied as it is).
+GEMMA4_T4_GEMM_W4_HD inline size_t w_unit(int idx, int G, int nb0, int kb0, int KG, int* sr, int* gi) {
+  *sr = idx / (G * 32);
+  const int r = idx % (G * 32);
+  *gi = r / 32;
+  return (size_t(nb0 + *sr) * KG + kb0) * 32 + r;
+}
+GEMMA4_T4_GEMM_W4_HD inline size_t s_unit(int idx, int G, int nb0, int kb0, int KG, int* sr, int* gi) {
+  *sr = idx / (G * 4);
+  const int r = idx % (G * 4);
+  *gi = r / 4;
+  return (size_t(nb0 + *sr) * KG + kb0) * 4 + r;
+}
+// A fragment address (ldmatrix.x4 row of `lane`) for m16 tile i and k16 half h of group gi: row and column
+// of the X tile. Lanes 0-7 / 8-15 / 16-23 / 24-31 address matrices (rows 0-7, k 0-7) / (rows 8-15, k 0-7) /
+// (rows 0-7, k 8-15) / (rows 8-15, k 8-15): registers a0..a3 of m16n8k16.
+GEMMA4_T4_GEMM_W4_HD inline void a_addr(int lane, int row0, int i, int gi, int h, int* row, int* col) {
+  *row = row0 + 16 * i + (lane & 15);
+  *col = 32 * gi + 16 * h + (lane >> 4) * 8;
+}
+// The B word and scale pair of (super-row sr, group gi) for a lane: word index (u32) and scale index (fp16) in
+// the stage's W / S parts.
+GEMMA4_T4_GEMM_W4_HD inline int b_word(int sr, int gi, int G, int lane, int j) {
+  return ((sr * G + gi) * 32 + lane) * 4 + j;
+}
+GEMMA4_T4_GEMM_W4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) {
+  return (sr * G + gi) * 32 + (lane >> 2) * 4 + j;
+}
+
+// The shipped configurations (launch_gemm_w4's dispatch by M).
+using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32, warps 2 x 4 x 1; 24.5 KiB smem, 2 blocks per SM
+using CfgMid = Cfg<4, 2, 2, 2, 1, 1>;    // 128 x 64 x 64, warps 2 x 2 x 2 (k-split in the block); 40.5 KiB
+using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128, warps 1 x 2 x 4; 43.0 KiB
+using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128, warps 1 x 2 x 4; 26 KiB
+
+}  // namespace gemm_w4
+
+#ifdef __CUDACC__
+
+// ---- the kernel ----
+
+struct GemmW4Args {
+  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
+  int ldx = 0;
+  int m = 0, n = 0, k = 0;       // N % 32 == 0, K % 32 == 0
+  const uint32_t* wp = nullptr;  // [N/32][K/32][32][4] u32: the GEMM layout
+  const half* sp = nullptr;      // [N/32][K/32][8][4] fp16 scales
+  float* y = nullptr;            // [M, ldy] fp32, ldy % 2 == 0
+  int ldy = 0;
+};
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const GemmW4Args a) {
+  __shared__ __align__(16) unsigned char smem[2 * C::kStage];  // 2 stages of [X tile | W tile | S tile]
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
+  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;
+
+  uint4 xr[C::kXL], wr[C::kWL];  // the next k-tile, in flight in registers
+  const half* xrow[C::kXL];      // this thread's X units: row start + column in the tile (null: row past M)
+#pragma unroll
+  for (int c = 0; c < C::kXL; ++c) {
+    const int idx = tid + c * C::kThreads;
+    int row, col;
+    gemm_w4::x_unit(idx, C::BK, &row, &col);
+    xrow[c] = idx < C::kXLoads && m0 + row < a.m ? a.x + size_t(m0 + row) * a.ldx + col : nullptr;
+  }
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int col = (tid + c * C::kThreads) % (C::BK / 8) * 8;
+      const bool ok = xrow[c] != nullptr && kb0 * 32 + col < a.k;
+      xr[c] = ld_x(reinterpret_cast<const uint4*>(ok ? xrow[c] + kb0 * 32 : a.x), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      const bool is_w = idx < C::kWLoads;
+      int s_r, gi;
+      const size_t src = is_w ? gemm_w4::w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi)
+                              : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
+      const bool ok = idx < C::kWLoads + C::kSLoads && nb0 + s_r < NB && kb0 + gi < KG;
+      const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
+      wr[c] = ld_weights(base + (ok ? src : 0), ok);
+    }
+  };
+  auto store = [&](int stage) {
+    unsigned char* base = smem + stage * C::kStage;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int row, col;
+      gemm_w4::x_unit(idx, C::BK, &row, &col);
+      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xr[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {  // the S part follows the W part: unit idx of W | S
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kWLoads + C::kSLoads) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wr[c];
+    }
+  };
+
+  float acc[C::MT][4][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  pdl_enter();  // X comes from the previous kernel
+  load(0);
+  store(0);
+  __syncthreads();
+  for (int kt = 0; kt < KT; ++kt) {
+    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+    const unsigned char* base = smem + (kt & 1) * C::kStage;
+    const half* xs = reinterpret_cast<const half*>(base);
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
+#pragma unroll
+    for (int q = 0; q < C::GPW; ++q) {
+      const int gi = ks + C::WK * q;
+      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
+      const uint4 w = *reinterpret_cast<const uint4*>(ws + gemm_w4::b_word(wn, gi, C::G, lane, 0));
+      const uint2 sc = *reinterpret_cast<const uint2*>(ss + gemm_w4::b_scale(wn, gi, C::G, lane, 0));
+      const uint32_t wd[4] = {w.x, w.y, w.z, w.w};
+      const uint32_t s2[4] = {__byte_perm(sc.x, 0, 0x1010), __byte_perm(sc.x, 0, 0x3232), __byte_perm(sc.y, 0, 0x1010),
+                              __byte_perm(sc.y, 0, 0x3232)};  // scale of n8 tile j in both halves
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
+        uint32_t b[4][2];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          b[j][0] = w4_pair(wd[j], 2 * h, s2[j]);
+          b[j][1] = w4_pair(wd[j], 2 * h + 1, s2[j]);
+        }
+#pragma unroll
+        for (int i = 0; i < C::MT; ++i) {
+          int row, col;
+          gemm_w4::a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
+          uint32_t af[4];
+          ldsm_x4(af, xs + row * C::XS + col);
+#pragma unroll
+          for (int j = 0; j < 4; ++j) mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+    if (kt + 1 < KT) store((kt + 1) & 1);
+    __syncthreads();
+  }
+
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
+    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
+    float* mine = &acc[0][0][0];
+#pragma unroll
+    for (int step = C::WK / 2; step >= 1; step /= 2) {
+      if (ks >= step && ks < 2 * step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e)
+          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
+      }
+      __syncthreads();
+      if (ks < step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
+      }
+      __syncthreads();
+    }
+    if (ks != 0) return;
+  }
+
+  const int g = lane >> 2, t = lane & 3, nb = nb0 + wn;
+  if (nb >= NB) return;
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i) {
+    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int col = nb * 32 + 8 * j + 2 * t;
+      if (row < a.m)
+        *reinterpret_cast<float2*>(a.y + size_t(row) * a.ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+      if (row + 8 < a.m)
+        *reinterpret_cast<float2*>(a.y + size_t(row + 8) * a.ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  }
+}
+
+// One configuration C (the lab instantiates others). Returns cudaErrorInvalidValue for shapes or alignments the
+// kernel does not take (N % 32, K % 32, K == 0, ldx % 8, ldy % 2, ldx < K, ldy < N, x / wp / sp not 16-byte or y
+// not 8-byte aligned).
+template <class C>
+inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
+  if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ldy % 2 != 0 || a.ldx < a.k || a.ldy < a.n ||
+      reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.y) % 8 != 0 ||
+      reinterpret_cast<uintptr_t>(a.wp) % 16 != 0 || reinterpret_cast<uintptr_t>(a.sp) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  if (a.k == 0) return cudaErrorInvalidValue;
+  const dim3 grid(ceil_div(size_t(a.n), C::BN), ceil_div(size_t(a.m), C::BM));
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
+}
+
+// One launch for any M: the tile configuration by M (see the header).
+inline cudaError_t launch_gemm_w4(const GemmW4Args& a, const Launch& l) {
+  if (a.m <= 32) return launch_gemm_w4_cfg<gemm_w4::CfgTiny>(a, l);
+  if (a.m <= 64) return launch_gemm_w4_cfg<gemm_w4::CfgSmall>(a, l);
+  if (a.m <= 256) return launch_gemm_w4_cfg<gemm_w4::CfgMid>(a, l);
+  return launch_gemm_w4_cfg<gemm_w4::CfgLarge>(a, l);
+}
+
+// ---- the repack (once at load) ----
+
+// wq [N, K/8] u32 + s [N, K/32] fp16 (the checkpoint layout, as DevLinear holds it) -> wp [N/32][K/32][32][4] u32 +
+// sp [N/32][K/32][8][4] fp16 (the header's GEMM layout). Separate buffers (no in-place repack).
+static __global__ void repack_w4_gemm_kernel(const uint32_t* wq, const half* s, int N, int K, uint32_t* wp, half* sp) {
+  const size_t words = size_t(N) * K / 8, scales = size_t(N) * K / 32, step = size_t(gridDim.x) * blockDim.x;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words; i += step) {
+    wp[i] = gemm_w4::repack_word(wq, N, K, i);
+    if (i < scales) {
+      const uint16_t v = gemm_w4::repack_scale(reinterpret_cast<const uint16_t*>(s), N, K, i);
+      reinterpret_cast<uint16_t*>(sp)[i] = v;
+    }
+  }
+}
+
+inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int N, int K, uint32_t* wp, half* sp,
+                                         const Launch& launch) {
+  if (N < 0 || K < 0 || N % 32 != 0 || K % 32 != 0) return cudaErrorInvalidValue;
+  const size_t words = size_t(N) * K / 8;
+  if (words == 0) return cudaSuccess;
+  return launch_kernel(repack_w4_gemm_kernel, ceil_div(words, 256) < 4096u ? ceil_div(words, 256) : 4096u, 256, launch,
+                       wq, s, N, K, wp, sp);
+}
+
+#endif  // __CUDACC__
+
+}  // namespace kernels
+}  // namespace gemma4_t4
+
+#undef GEMMA4_T4_GEMM_W4_HD
+// ---- end kernels/gemm_w4.cuh ----
 // ---- begin kernels/gemv.cuh ----
 // gemma4_t4 kernels: decode matmuls (a batch of 1..16 rows against weights read once), on tensor cores.
 //
@@ -8212,6 +8589,7 @@ class DeviceMemory {
 #include <utility>
 #include <vector>
 
+// (kernels/gemm_w4.cuh: already inlined above)
 // (kernels/gemv.cuh: already inlined above)
 // (include/gemma4_t4/cuda/device.hpp: already inlined above)
 
@@ -8223,6 +8601,10 @@ struct DevLinear {
   half* w16 = nullptr;     // [out, in] fp16, or
   uint32_t* wq = nullptr;  // [out, in/8] packed int4
   half* s16 = nullptr;     // [out, in/32] fp16 scales
+  // W4Matmul::TensorCore: the same weights in kernels/gemm_w4.cuh's GEMM layout (repacked at load), for passes of
+  // more than 16 rows; null otherwise (and when out % 32 != 0: those take the dequantise path).
+  uint32_t* wp = nullptr;  // [out/32][in/32][32][4] u32
+  half* sp = nullptr;      // [out/32][in/32][8][4] fp16
 };
 
 // A linear as the GEMV kernels take it, writing y: [n, out] fp32 (null: a fused epilogue writes instead).
@@ -8272,6 +8654,7 @@ class DeviceWeights {
       release_pages(*w.lm_head);
     }
     release_pages(*w.embed);
+    stream_ = stream;
     GEMMA4_T4_TRY(quantize_head(stream));
     GEMMA4_T4_TRY(vec_f32(w.final_norm, &final_norm));
     if (D > 0) {
@@ -8326,7 +8709,8 @@ class DeviceWeights {
   DevLinear ple_model_proj;     // [L * D, H]
   std::vector<DevLayer> layers;
   int max_in = 0, max_out = 0;  // over every linear
-  size_t max_deq = 0;           // largest w4a16 matrix, in weights (the prefill's dequantised copy)
+  size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
+                                // of passes of more than 16 rows)
 
  private:
   void progress(size_t done_bytes) const {
@@ -8395,7 +8779,15 @@ class DeviceWeights {
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      max_deq = std::max(max_deq, size_t(w.out) * w.in);
+      if (opt_->w4_matmul == W4Matmul::TensorCore && w.out % 32 == 0) {
+        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
+        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_repack_w4_gemm(d->wq, d->s16, w.out, w.in, d->wp, d->sp, stream_),
+                           "repack of '" + w.name + "' into the GEMM layout");
+        GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
+      } else {
+        max_deq = std::max(max_deq, size_t(w.out) * w.in);  // only matrices without the GEMM layout dequantise
+      }
     } else {
       GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
@@ -8428,7 +8820,8 @@ class DeviceWeights {
   const Weights* w_ = nullptr;
   const LoadOptions* opt_ = nullptr;
   DeviceMemory mem_;
-  void* staging_ = nullptr;  // [kStagingBytes] pinned, during upload() only
+  void* staging_ = nullptr;        // [kStagingBytes] pinned, during upload() only
+  cudaStream_t stream_ = nullptr;  // upload()'s stream (the GEMM-layout repacks)
   double total_upload_ = 0;
   size_t uploaded_ = 0;
 };
@@ -9009,11 +9402,20 @@ class LayerEncoder {
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
-  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else cuBLAS (w4a16 dequantised first).
+  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else the w4a16 GEMM (W4Matmul::TensorCore) or cuBLAS
+  // (w4a16 dequantised first).
   Status mm(const DevLinear& w, const half* x, float* y, const char* what) const {
     const int n = p_.rows;
     if (n <= kernels::kGemvMaxRows) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, ln_), what);
+      return Status::ok();
+    }
+    if (w.wp) {  // W4Matmul::TensorCore: the int4 weights straight into the tensor cores (kernels/gemm_w4.cuh)
+      kernels::GemmW4Args a;
+      a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
+      a.wp = w.wp, a.sp = w.sp;
+      a.y = y, a.ldy = w.out;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
       return Status::ok();
     }
     const half* W = w.w16;

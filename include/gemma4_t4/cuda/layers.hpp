@@ -29,6 +29,7 @@
 #include "../../../kernels/attention.cuh"
 #include "../../../kernels/elementwise.cuh"
 #include "../../../kernels/flash_attention.cuh"
+#include "../../../kernels/gemm_w4.cuh"
 #include "../../../kernels/gemv.cuh"
 #include "../../../kernels/rmsnorm.cuh"
 #include "../../../kernels/rope_kv.cuh"
@@ -261,11 +262,20 @@ class LayerEncoder {
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
-  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else cuBLAS (w4a16 dequantised first).
+  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else the w4a16 GEMM (W4Matmul::TensorCore) or cuBLAS
+  // (w4a16 dequantised first).
   Status mm(const DevLinear& w, const half* x, float* y, const char* what) const {
     const int n = p_.rows;
     if (n <= kernels::kGemvMaxRows) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, ln_), what);
+      return Status::ok();
+    }
+    if (w.wp) {  // W4Matmul::TensorCore: the int4 weights straight into the tensor cores (kernels/gemm_w4.cuh)
+      kernels::GemmW4Args a;
+      a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
+      a.wp = w.wp, a.sp = w.sp;
+      a.y = y, a.ldy = w.out;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
       return Status::ok();
     }
     const half* W = w.w16;

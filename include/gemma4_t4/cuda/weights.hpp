@@ -15,6 +15,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../../kernels/gemm_w4.cuh"
 #include "../../../kernels/gemv.cuh"
 #include "device.hpp"
 
@@ -26,6 +27,10 @@ struct DevLinear {
   half* w16 = nullptr;     // [out, in] fp16, or
   uint32_t* wq = nullptr;  // [out, in/8] packed int4
   half* s16 = nullptr;     // [out, in/32] fp16 scales
+  // W4Matmul::TensorCore: the same weights in kernels/gemm_w4.cuh's GEMM layout (repacked at load), for passes of
+  // more than 16 rows; null otherwise (and when out % 32 != 0: those take the dequantise path).
+  uint32_t* wp = nullptr;  // [out/32][in/32][32][4] u32
+  half* sp = nullptr;      // [out/32][in/32][8][4] fp16
 };
 
 // A linear as the GEMV kernels take it, writing y: [n, out] fp32 (null: a fused epilogue writes instead).
@@ -75,6 +80,7 @@ class DeviceWeights {
       release_pages(*w.lm_head);
     }
     release_pages(*w.embed);
+    stream_ = stream;
     GEMMA4_T4_TRY(quantize_head(stream));
     GEMMA4_T4_TRY(vec_f32(w.final_norm, &final_norm));
     if (D > 0) {
@@ -129,7 +135,8 @@ class DeviceWeights {
   DevLinear ple_model_proj;     // [L * D, H]
   std::vector<DevLayer> layers;
   int max_in = 0, max_out = 0;  // over every linear
-  size_t max_deq = 0;           // largest w4a16 matrix, in weights (the prefill's dequantised copy)
+  size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
+                                // of passes of more than 16 rows)
 
  private:
   void progress(size_t done_bytes) const {
@@ -198,7 +205,15 @@ class DeviceWeights {
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      max_deq = std::max(max_deq, size_t(w.out) * w.in);
+      if (opt_->w4_matmul == W4Matmul::TensorCore && w.out % 32 == 0) {
+        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
+        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_repack_w4_gemm(d->wq, d->s16, w.out, w.in, d->wp, d->sp, stream_),
+                           "repack of '" + w.name + "' into the GEMM layout");
+        GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
+      } else {
+        max_deq = std::max(max_deq, size_t(w.out) * w.in);  // only matrices without the GEMM layout dequantise
+      }
     } else {
       GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
@@ -231,7 +246,8 @@ class DeviceWeights {
   const Weights* w_ = nullptr;
   const LoadOptions* opt_ = nullptr;
   DeviceMemory mem_;
-  void* staging_ = nullptr;  // [kStagingBytes] pinned, during upload() only
+  void* staging_ = nullptr;        // [kStagingBytes] pinned, during upload() only
+  cudaStream_t stream_ = nullptr;  // upload()'s stream (the GEMM-layout repacks)
   double total_upload_ = 0;
   size_t uploaded_ = 0;
 };

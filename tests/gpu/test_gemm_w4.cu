@@ -1,0 +1,178 @@
+// kernels/gemm_w4.cuh: the w4a16 tensor-core matmul for passes of more than 16 rows and its GEMM-layout repack,
+// against a host double reference taking the checkpoint layout (the operation's definition):
+//   y[m][n] = sum_k x[m][k] w[n][k],  w = fp16((u - 8) * S[n][k / 32])  (the fp16 weight the kernel multiplies)
+// The weights go through launch_repack_w4_gemm (the load-time repack), so the repack is tested with the kernel.
+// Odd sizes: M 1, 17, 33, 64, 100, 257 (every tile configuration of launch_gemm_w4's dispatch, partial m tiles),
+// N with partial 64- and 128-wide n tiles, K with partial 64- and 128-deep k tiles, padded ldx and ldy. Y is
+// poisoned (NaN) including one row past M and the ldy padding, which must stay poisoned; X's row padding is NaN
+// (a kernel that read past K would turn the row NaN). Tolerance: max |got - ref| / max |ref| <= 1e-3 (fp32 sums
+// of up to 2080 fp16 products, in tensor-core order). Tags [gpu][gemm_w4].
+#include <catch2/catch.hpp>
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "../../kernels/gemm_w4.cuh"
+#include "gemma4_t4.hpp"
+#include "gemma4_t4/common.hpp"
+#include "harness.hpp"
+
+namespace kn = gemma4_t4::kernels;
+using gemma4_t4::detail::f16_to_f32;
+using gemma4_t4::detail::f32_to_f16;
+using gputest::Dev;
+
+namespace {
+
+constexpr double kTol = 1e-3;
+
+// x [M, ldx] fp16 bits, wq [N, K/8], s [N, K/32] fp16 bits (the checkpoint layout) -> y [M, N] in double.
+std::vector<double> gemm_w4_ref(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
+                                const std::vector<uint32_t>& wq, const std::vector<uint16_t>& s) {
+  std::vector<double> y(size_t(M) * N);
+  std::vector<double> w(static_cast<size_t>(K));
+  for (int n = 0; n < N; ++n) {
+    for (int k = 0; k < K; ++k) {
+      const int u = int((wq[size_t(n) * (K / 8) + k / 8] >> (4 * (k % 8))) & 0xFu);
+      w[size_t(k)] = f16_to_f32(f32_to_f16(float(u - 8) * f16_to_f32(s[size_t(n) * (K / 32) + k / 32])));
+    }
+    for (int m = 0; m < M; ++m) {
+      double acc = 0;
+      for (int k = 0; k < K; ++k) acc += w[size_t(k)] * f16_to_f32(x[size_t(m) * ldx + k]);
+      y[size_t(m) * N + n] = acc;
+    }
+  }
+  return y;
+}
+
+struct Problem {
+  int M, N, K, ldx, ldy;
+  std::vector<uint16_t> x, s;  // [M, ldx], [N, K/32] fp16 bits
+  std::vector<uint32_t> wq;    // [N, K/8]
+};
+
+Problem random_problem(int M, int N, int K, int ldx, int ldy, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> ux(-1.f, 1.f), us(0.002f, 0.02f);
+  Problem p{M, N, K, ldx, ldy, {}, {}, {}};
+  p.x.assign(size_t(M) * ldx, uint16_t(0xFFFF));  // row padding past K: NaN
+  for (int m = 0; m < M; ++m)
+    for (int k = 0; k < K; ++k) p.x[size_t(m) * ldx + k] = f32_to_f16(ux(rng));
+  p.wq.resize(size_t(N) * K / 8);
+  for (uint32_t& w : p.wq) w = uint32_t(rng());
+  p.s.resize(size_t(N) * K / 32);
+  for (uint16_t& v : p.s) v = f32_to_f16(us(rng));
+  return p;
+}
+
+// Repack on the device, run launch_gemm_w4, return Y [M + 1, ldy] as downloaded (poisoned beforehand).
+std::vector<float> run(const Problem& p, const gputest::Stream& st) {
+  Dev<half> x(p.x.size()), s(p.s.size()), sp(p.s.size());
+  Dev<uint32_t> wq(p.wq.size()), wp(p.wq.size());
+  Dev<float> y(size_t(p.M + 1) * p.ldy);
+  x.upload(p.x);
+  s.upload(p.s);
+  wq.upload(p.wq);
+  wp.poison();
+  sp.poison();
+  y.poison();
+  REQUIRE_CUDA(kn::launch_repack_w4_gemm(wq.get(), s.get(), p.N, p.K, wp.get(), sp.get(), st.s));
+  kn::GemmW4Args a;
+  a.x = x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
+  a.wp = wp.get(), a.sp = sp.get();
+  a.y = y.get(), a.ldy = p.ldy;
+  REQUIRE_CUDA(kn::launch_gemm_w4(a, st.s));
+  st.sync();
+  return y.download<float>();
+}
+
+}  // namespace
+
+TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at odd sizes", "[gpu][gemm_w4]") {
+  gputest::Stream st;
+  const struct { int n, k; } shapes[] = {{32, 32}, {96, 416}, {160, 96}, {224, 2080}, {1056, 1568}, {256, 1536}};
+  unsigned seed = 500;
+  for (const auto& sh : shapes)
+    for (const int M : {1, 17, 33, 64, 100, 257}) {
+      const int ldx = sh.k + 8, ldy = sh.n + 2;
+      const Problem p = random_problem(M, sh.n, sh.k, ldx, ldy, seed += 7);
+      const std::vector<double> ref = gemm_w4_ref(p.x, ldx, M, sh.n, sh.k, p.wq, p.s);
+      const std::vector<float> y = run(p, st);
+      std::vector<float> got(size_t(M) * sh.n);
+      size_t stray = 0;
+      for (int m = 0; m <= M; ++m)
+        for (int n = 0; n < ldy; ++n) {
+          const float v = y[size_t(m) * ldy + n];
+          if (m < M && n < sh.n) {
+            got[size_t(m) * sh.n + n] = v;
+          } else {
+            uint32_t bits;
+            std::memcpy(&bits, &v, 4);
+            stray += bits != 0xFFFFFFFFu;
+          }
+        }
+      const std::string what = gputest::cat("gemm_w4 M ", M, " N ", sh.n, " K ", sh.k);
+      INFO(what << ": " << stray << " elements outside Y [M, N] changed");
+      CHECK(stray == 0);
+      gputest::check_max_rel(got, ref, kTol, what);
+    }
+}
+
+TEST_CASE("gemm_w4: the same call twice is bit-identical", "[gpu][gemm_w4]") {
+  gputest::Stream st;
+  for (const int M : {20, 48, 200, 300}) {
+    const Problem p = random_problem(M, 192, 608, 608, 192, 900u + unsigned(M));
+    const std::vector<float> a = run(p, st), b = run(p, st);
+    INFO("M " << M);
+    CHECK(std::memcmp(a.data(), b.data(), size_t(M) * 192 * 4) == 0);
+  }
+}
+
+TEST_CASE("gemm_w4: shapes and alignments the kernel does not take -> cudaErrorInvalidValue", "[gpu][gemm_w4]") {
+  gputest::Stream st;
+  Dev<half> x(size_t(64) * 136), sp(64 * 4);
+  Dev<uint32_t> wp(64 * 16);
+  Dev<float> y(size_t(64) * 66);
+  x.poison();
+  wp.poison();
+  sp.poison();
+  const auto good = [&] {
+    kn::GemmW4Args a;
+    a.x = x.get(), a.ldx = 128, a.m = 40, a.n = 64, a.k = 128;
+    a.wp = wp.get(), a.sp = sp.get();
+    a.y = y.get(), a.ldy = 64;
+    return a;
+  };
+  kn::GemmW4Args a = good();
+  REQUIRE_CUDA(kn::launch_gemm_w4(a, st.s));
+  st.sync();
+  const auto bad = [&](const char* what, const kn::GemmW4Args& b) {
+    INFO(what);
+    CHECK(kn::launch_gemm_w4(b, st.s) == cudaErrorInvalidValue);
+  };
+  a = good(), a.n = 48, bad("N % 32 != 0", a);
+  a = good(), a.k = 112, a.ldx = 112, bad("K % 32 != 0", a);
+  a = good(), a.k = 0, bad("K == 0", a);
+  a = good(), a.m = -1, bad("M < 0", a);
+  a = good(), a.ldx = 96, bad("ldx < K", a);
+  a = good(), a.ldx = 132, bad("ldx % 8 != 0", a);
+  a = good(), a.ldy = 48, bad("ldy < N", a);
+  a = good(), a.ldy = 65, bad("ldy % 2 != 0", a);
+  a = good(), a.x = x.get() + 4, bad("x not 16-byte aligned", a);
+  a = good(), a.wp = wp.get() + 1, bad("wp not 16-byte aligned", a);
+  a = good(), a.sp = sp.get() + 2, bad("sp not 16-byte aligned", a);
+  a = good(), a.y = y.get() + 1, bad("y not 8-byte aligned", a);
+  a = good(), a.m = 0;
+  CHECK(kn::launch_gemm_w4(a, st.s) == cudaSuccess);  // nothing to do
+  Dev<half> s(64 * 4);
+  Dev<uint32_t> wq(64 * 16);
+  CHECK(kn::launch_repack_w4_gemm(wq.get(), s.get(), 48, 128, wp.get(), sp.get(), st.s) == cudaErrorInvalidValue);
+  CHECK(kn::launch_repack_w4_gemm(wq.get(), s.get(), 64, 112, wp.get(), sp.get(), st.s) == cudaErrorInvalidValue);
+  st.sync();
+}
