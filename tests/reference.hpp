@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <random>
@@ -69,6 +70,59 @@ inline Reference reference(const std::string& name) {
 }
 
 // max |a - b| / max |b| over one row of V logits
+// An E2B-shaped checkpoint written by tools/make_synthetic (GPU tests; the build defines its path): hidden 1536,
+// head dims 256 / 512, 8 query heads per KV head, PLE, KV-shared layers of both types, double-wide MLPs.
+#ifdef GEMMA4_T4_MAKE_SYNTHETIC
+inline void make_e2b_model(const std::string& dir, const std::string& format, int layers = 7) {
+  const std::string cmd = std::string("'") + GEMMA4_T4_MAKE_SYNTHETIC + "' --model e2b --layers " +
+                          std::to_string(layers) + " --vocab 4096 --format " + format + " --seed 11 --out '" + dir +
+                          "' > /dev/null 2>&1";
+  INFO(cmd);
+  REQUIRE(std::system(cmd.c_str()) == 0);
+}
+#endif
+
+// Engine::load that must succeed (the message shown when it does not).
+inline gemma4_t4::Engine load_engine(const std::string& dir, const gemma4_t4::LoadOptions& opt) {
+  gemma4_t4::Engine e;
+  const gemma4_t4::Status st = gemma4_t4::Engine::load(dir, opt, &e);
+  INFO(st.message);
+  REQUIRE(st);
+  return e;
+}
+
+// prefix[0..n) then `rest`, fed to a fresh session in two forwards; the logits of every row of `rest`.
+inline std::vector<float> fed_itself(const gemma4_t4::Engine& e, const std::vector<int32_t>& prefix, size_t n,
+                                     const std::vector<int32_t>& rest, size_t ctx) {
+  gemma4_t4::Session s;
+  REQUIRE(e.create_session(&s, ctx));
+  if (n) REQUIRE(e.forward(s, prefix.data(), n, gemma4_t4::Logits::None, nullptr));
+  std::vector<float> logits;
+  REQUIRE(e.forward(s, rest.data(), rest.size(), gemma4_t4::Logits::All, &logits));
+  return logits;
+}
+
+// The largest value's lead over the second: argmax comparisons are meaningful only where it is well above
+// the compared paths' difference.
+inline double top_gap(const float* x, int V) {
+  float a = -INFINITY, b = -INFINITY;
+  for (int i = 0; i < V; ++i) {
+    if (x[i] > a) {
+      b = a;
+      a = x[i];
+    } else if (x[i] > b) {
+      b = x[i];
+    }
+  }
+  return double(a) - double(b);
+}
+
+inline double max_abs(const float* x, int V) {
+  double m = 0;
+  for (int i = 0; i < V; ++i) m = std::max(m, double(std::fabs(x[i])));
+  return m;
+}
+
 inline double row_error(const float* a, const float* b, int V) {
   double e = 0, m = 0;
   for (int i = 0; i < V; ++i) {

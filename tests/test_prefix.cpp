@@ -16,17 +16,6 @@ using namespace testref;
 
 namespace {
 
-// prefix[0..n) then `rest`, fed to a fresh session in two forwards; the logits of every row of `rest`.
-std::vector<float> fed_itself(const Engine& e, const std::vector<int32_t>& prefix, size_t n,
-                              const std::vector<int32_t>& rest, size_t ctx) {
-  Session s;
-  REQUIRE(e.create_session(&s, ctx));
-  if (n) REQUIRE(e.forward(s, prefix.data(), n, Logits::None, nullptr));
-  std::vector<float> logits;
-  REQUIRE(e.forward(s, rest.data(), rest.size(), Logits::All, &logits));
-  return logits;
-}
-
 std::vector<int32_t> concat(const std::vector<int32_t>& a, const std::vector<int32_t>& b) {
   std::vector<int32_t> r = a;
   r.insert(r.end(), b.begin(), b.end());

@@ -25,44 +25,13 @@ namespace {
 
 constexpr double kTol = 5e-3;
 
-void make_model(const std::string& dir) {
-  const std::string cmd = std::string("'") + GEMMA4_T4_MAKE_SYNTHETIC +
-                          "' --model e2b --layers 7 --vocab 4096 --format w4a16 --seed 11 --out '" + dir +
-                          "' > /dev/null 2>&1";
-  INFO(cmd);
-  REQUIRE(std::system(cmd.c_str()) == 0);
-}
-
 Engine load(const std::string& dir, W4Matmul how) {
-  Engine e;
   LoadOptions opt;
   opt.backend = Backend::Cuda;
   opt.w4_matmul = how;
   opt.max_context = 1024;
   opt.max_pass_rows = 512;
-  const Status st = Engine::load(dir, opt, &e);
-  INFO(st.message);
-  REQUIRE(st);
-  return e;
-}
-
-double top_gap(const float* x, int V) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int i = 0; i < V; ++i) {
-    if (x[i] > a) {
-      b = a;
-      a = x[i];
-    } else if (x[i] > b) {
-      b = x[i];
-    }
-  }
-  return double(a) - double(b);
-}
-
-double max_abs(const float* x, int V) {
-  double m = 0;
-  for (int i = 0; i < V; ++i) m = std::max(m, double(std::fabs(x[i])));
-  return m;
+  return load_engine(dir, opt);
 }
 
 // Row r of a and b: within kTol, and the same argmax where b's top-2 gap is well above the error.
@@ -77,7 +46,7 @@ double compare_row(const float* a, const float* b, int V) {
 
 TEST_CASE("w4_matmul TensorCore: prefill and 24-session decode match the Dequant path", "[gpu][gemm_w4]") {
   testutil::TempDir tmp;
-  make_model(tmp.path().string());
+  make_e2b_model(tmp.path().string(), "w4a16");
   Engine tc = load(tmp.path().string(), W4Matmul::TensorCore);
   Engine dq = load(tmp.path().string(), W4Matmul::Dequant);
   const int V = tc.config().vocab_size;

@@ -27,48 +27,15 @@ namespace {
 constexpr double kTolPaths = 3e-3;
 constexpr double kTolCpu = 1e-2;  // CUDA vs the fp32 CPU backend, as tests/gpu/test_cuda_parity.cpp
 
-void make_model(const std::string& dir, const std::string& format, int layers = 7) {
-  const std::string cmd = std::string("'") + GEMMA4_T4_MAKE_SYNTHETIC + "' --model e2b --layers " +
-                          std::to_string(layers) + " --vocab 4096 --format " + format + " --seed 11 --out '" + dir +
-                          "' > /dev/null 2>&1";
-  INFO(cmd);
-  REQUIRE(std::system(cmd.c_str()) == 0);
-}
-
 Engine load(const std::string& dir, Backend backend, DecodePath path,
             const LoadOptions::PersistentTuning& tune = LoadOptions::PersistentTuning()) {
-  Engine e;
   LoadOptions opt;
   opt.backend = backend;
   opt.decode_path = path;
   opt.persistent = tune;
   opt.max_context = 1024;
   opt.max_pass_rows = 64;
-  const Status st = Engine::load(dir, opt, &e);
-  INFO(st.message);
-  REQUIRE(st);
-  return e;
-}
-
-// The largest logit's lead over the second: argmax comparisons are meaningful only where it is well above
-// the paths' difference.
-double top_gap(const float* x, int V) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int i = 0; i < V; ++i) {
-    if (x[i] > a) {
-      b = a;
-      a = x[i];
-    } else if (x[i] > b) {
-      b = x[i];
-    }
-  }
-  return double(a) - double(b);
-}
-
-double max_abs(const float* x, int V) {
-  double m = 0;
-  for (int i = 0; i < V; ++i) m = std::max(m, double(std::fabs(x[i])));
-  return m;
+  return load_engine(dir, opt);
 }
 
 }  // namespace
@@ -79,7 +46,7 @@ TEST_CASE("persistent decode: each step equals the per-kernel path (1, 3, 9 and 
     const std::string format = "w4a16";  // fp16 models fall back to the per-kernel path (unsupported())
     INFO("format " << format << ", " << blocks_per_sm << " blocks per SM");
     testutil::TempDir tmp;
-    make_model(tmp.path().string(), format);
+    make_e2b_model(tmp.path().string(), format);
     LoadOptions::PersistentTuning tune;
     tune.blocks_per_sm = blocks_per_sm;
     if (blocks_per_sm == 2) tune.trace = (tmp.path() / "trace.txt").string();
@@ -155,7 +122,7 @@ TEST_CASE("persistent decode: each step equals the per-kernel path (1, 3, 9 and 
 
 TEST_CASE("persistent decode: bad tuning fails the load, naming the option", "[gpu][persistent]") {
   testutil::TempDir tmp;
-  make_model(tmp.path().string(), "w4a16", 1);
+  make_e2b_model(tmp.path().string(), "w4a16", 1);
   LoadOptions opt;
   opt.decode_path = DecodePath::Persistent;
   opt.persistent.blocks_per_sm = 3;
@@ -176,7 +143,7 @@ TEST_CASE("persistent decode: 1- and 2-layer models equal the per-kernel path an
     for (const std::string format : {"w4a16"}) {
       INFO(format << ", " << layers << " layers");
       testutil::TempDir tmp;
-      make_model(tmp.path().string(), format, layers);
+      make_e2b_model(tmp.path().string(), format, layers);
       Engine fast = load(tmp.path().string(), Backend::Cuda, DecodePath::Persistent);
       Engine ref = load(tmp.path().string(), Backend::Cuda, DecodePath::Kernels);
       Engine cpu = load(tmp.path().string(), Backend::Cpu, DecodePath::Kernels);
@@ -211,7 +178,7 @@ TEST_CASE("persistent decode: 1- and 2-layer models equal the per-kernel path an
 
 TEST_CASE("persistent decode: logits match the CPU backend past the sliding window", "[gpu][persistent]") {
   testutil::TempDir tmp;
-  make_model(tmp.path().string(), "w4a16");
+  make_e2b_model(tmp.path().string(), "w4a16");
   Engine gpu = load(tmp.path().string(), Backend::Cuda, DecodePath::Persistent);
   Engine cpu = load(tmp.path().string(), Backend::Cpu, DecodePath::Persistent);
   REQUIRE(gpu.decode_path().rfind("persistent kernel", 0) == 0);
@@ -230,7 +197,7 @@ TEST_CASE("persistent decode: logits match the CPU backend past the sliding wind
 
 TEST_CASE("persistent decode: sampled steps draw the per-kernel path's tokens for the same seed", "[gpu][persistent]") {
   testutil::TempDir tmp;
-  make_model(tmp.path().string(), "w4a16");
+  make_e2b_model(tmp.path().string(), "w4a16");
   Engine fast = load(tmp.path().string(), Backend::Cuda, DecodePath::Persistent);
   Engine ref = load(tmp.path().string(), Backend::Cuda, DecodePath::Kernels);
   const int V = fast.config().vocab_size, rows = 8;

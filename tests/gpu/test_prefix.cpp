@@ -34,16 +34,6 @@ std::vector<int32_t> ids(size_t count, uint32_t seed) {
   return v;
 }
 
-std::vector<float> fed_itself(const Engine& e, const std::vector<int32_t>& prompt, size_t n,
-                              const std::vector<int32_t>& rest, size_t ctx) {
-  Session s;
-  REQUIRE(e.create_session(&s, ctx));
-  if (n) REQUIRE(e.forward(s, prompt.data(), n, Logits::None, nullptr));
-  std::vector<float> logits;
-  REQUIRE(e.forward(s, rest.data(), rest.size(), Logits::All, &logits));
-  return logits;
-}
-
 }  // namespace
 
 TEST_CASE("CUDA copy_prefix: a copied prefix continues like one prefilled in place", "[gpu][prefix]") {
