@@ -107,6 +107,13 @@ step_decode() {  # issue 16: per-kernel vs persistent (1 and 2 blocks per SM, L2
       >> "$OUT/decode.log" 2>&1
     cat "$OUT/trace-c$b.txt" >> "$OUT/summary.txt"
   done
+  for m in dequant tensorcore; do  # issue 17: passes of more than 16 rows, and prefill
+    note "== quick_bench --w4-matmul $m"
+    timeout 150 "${Q[@]}" --tokens 32 --batch 16,32,64 --w4-matmul "$m" 2>&1 | tee -a "$OUT/decode.log" |
+      grep -E "matmul|^ +[0-9]" | tee -a "$OUT/summary.txt"
+    timeout 90 build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 4096 --tokens 4 --batch 1 --ttft 5 \
+      --w4-matmul "$m" 2>&1 | tee -a "$OUT/decode.log" | grep -E "TTFT|median" | tee -a "$OUT/summary.txt"
+  done
 }
 
 step_lab() {  # the kernel lab's programs that exist in this build (dev/README.md), default arguments
