@@ -116,18 +116,29 @@ struct StepParams {
   float eps = 1e-6f;
   int prefetch_bytes = 0;          // weights a block keeps in flight to L2 ahead of its items
   const void* ple_rows = nullptr;  // [rows, L * D] PLE table rows as stored (StepPle::tok_type), or null
-  // Optional timing trace, [count][gridDim.x][3] globaltimer ns per (instruction, block) with items: its wait
-  // begins, its wait ends, its items are done (and counted). Zeroed before the launch; null: no trace.
+  // Optional timing trace, [count][gridDim.x][kStepTraceSlots] globaltimer ns per (instruction, block) with
+  // items: its wait begins, its wait ends, its items are done (and counted), its x rows are built (Gemv with
+  // StepX), its first item is done. Zeroed before the launch; null: no trace.
   unsigned long long* trace = nullptr;
 };
 
 // ---- synchronisation ----
 
-// A counter polled through L2 (no fence per poll: the waiter fences once, after the wait).
+// A counter polled through L2 (no ordering per poll: the waiter acquires once, after the wait).
 __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
   unsigned v;
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// Acquire / release at GPU scope (PTX ISA 6.0, sm_70+: on the T4): a release add by thread 0 after bar.sync
+// publishes what every thread of the block wrote before the barrier (release is cumulative over what
+// happens-before it; bar.sync orders the block's threads); an acquire by thread 0 before bar.sync makes it
+// visible to the whole block. fence.acq_rel is the lighter fence for exactly this pattern; __threadfence()
+// (fence.sc, sequential consistency) orders more than a counter hand-off needs.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
 }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -155,23 +166,23 @@ __device__ __forceinline__ void step_wait(const unsigned* counter, unsigned need
       __nanosleep(ns);
       ns = ns < 256 ? 2 * ns : 256;
     }
-    __threadfence();  // acquire: what the counted blocks wrote before their release is visible from here on
+    fence_acq_rel_gpu();  // acquire: what the counted blocks released is visible from here on
   }
   __syncthreads();
 }
 
 // The block's writes for its items, then `n` more items done (release: bar.sync orders every thread's writes
-// before thread 0's fence, which orders them before the count -- the cooperative-groups grid-sync pattern).
+// before thread 0's release add).
 __device__ __forceinline__ void step_signal(unsigned* counter, unsigned n) {
   __syncthreads();
-  if (threadIdx.x == 0 && n) {
-    __threadfence();
-    atomicAdd(counter, n);
-  }
+  if (threadIdx.x == 0 && n) red_release_add(counter, n);
 }
 
+constexpr int kStepTraceSlots = 5;  // wait begins, wait ends, items counted, x rows built, first item done
+
 __device__ __forceinline__ void step_trace(const StepParams& p, int instr, int slot) {
-  if (p.trace && threadIdx.x == 0) p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * 3 + slot] = global_ns();
+  if (p.trace && threadIdx.x == 0)
+    p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * kStepTraceSlots + slot] = global_ns();
 }
 
 // ---- L2 prefetch of a GEMV item's weights ----
@@ -214,15 +225,19 @@ __device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
 
 // ---- x rows in shared memory (StepX) ----
 
+// The norms' weights of a StepX (constants) into L1, by the whole block, before it waits: build_x then reads
+// them without a round trip.
+__device__ __forceinline__ void prefetch_norms(const StepX& x, int H) {
+  for (int k = int(threadIdx.x); k < H / 32; k += kStepThreads) {
+    if (x.w_post) prefetch_l1_line(x.w_post + 32 * k);
+    if (x.w) prefetch_l1_line(x.w + 32 * k);
+  }
+}
+
 // Warp w builds rows w, w + 8 of x into xs ([rows][ldx] fp16) from the residual stream; the block of item 0
 // (store_h) writes h back. Row sums in fp32, one warp per row (no block barrier inside).
 __device__ __forceinline__ void build_x(const StepX& x, const StepParams& p, int H, half* xs, int ldx, bool store_h) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n4 = H / 4;
-  if (warp < p.rows)  // the norms' weights into L1 while the rows' loads are in flight: no round trip later
-    for (int k = lane; k < H / 32; k += 32) {
-      if (x.w_post) prefetch_l1_line(x.w_post + 32 * k);
-      if (x.w) prefetch_l1_line(x.w + 32 * k);
-    }
   for (int r = warp; r < p.rows; r += kGemvWarps) {
     float4 hv[kStepChunks], yv[kStepChunks];
     const half* erow = x.embed ? x.embed + size_t(p.ids[r]) * H : nullptr;
@@ -428,6 +443,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)
         prefetch_range(gemv_item_range(ins.gemv, first + fetched * nb, two));
+      if (ins.x.build) prefetch_norms(ins.x, ins.gemv.in);  // constants: into L1 while the block waits
       step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
       step_trace(p, i, 1);
@@ -436,6 +452,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       if (ins.x.build) {
         build_x(ins.x, p, ins.gemv.in, xs, ins.gemv.ldx, first == 0);
         __syncthreads();
+        step_trace(p, i, 3);
       }
       for (int k = 0, t = first; t < items; ++k, t += nb) {
         if (first + fetched * nb < items) prefetch_range(gemv_item_range(ins.gemv, first + (fetched++) * nb, two));
@@ -448,6 +465,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
             gemv_block<NT, kGemvF16, GemvEpilogue::Head, GemvX::Shared>(ins.gemv, t, red, xs, best_s);
             break;
         }
+        if (k == 0) step_trace(p, i, 4);
       }
       if (ins.epilogue == GemvEpilogue::Head) {
         __syncthreads();
