@@ -10,8 +10,8 @@
 # Environment: CKPT (default /tmp/e2b-w4a16: written by tools/make_synthetic when missing), ARCH (nvcc
 # -gencode, default arch=compute_90,code=sm_90), IMPL (a built gemma4_t4::impl archive to link instead of
 # compiling src/impl.cu again), SERVE_SWEEP (the cells' bench arguments, default --prompts 512,4096 --tokens 128
-# --repeats 3), SERVE_CONC (the sweep's concurrencies, default 1,8,16,64), PORT (8080), CPU=1 (no GPU: the
-# tiny model on the CPU backend, a dry run of this script).
+# --repeats 3), SERVE_CONC (the sweep's concurrencies, default 1,8,16,64; "none": no sweep), PORT (8080),
+# CPU=1 (no GPU: the tiny model on the CPU backend, a dry run of this script).
 #
 # The GPU machine has no package manager: cpp-httplib comes as Debian's packages, downloaded on the dev machine
 # into .deps/debs (carry .deps) and unpacked here with dpkg -x, as the device README does for other packages:
@@ -61,12 +61,17 @@ else
     -o "$B/impl.o" || exit 1
   RT=(-L/usr/local/cuda/lib64 -lcudart -lcublas -pthread)
 fi
-g++ -std=c++17 -O2 "${INC[@]}" "${DEFS[@]}" bench/bench.cpp "$B/impl.o" "${RT[@]}" -o "$B/bench" || exit 1
+pids=()  # the four programs at once
+g++ -std=c++17 -O2 "${INC[@]}" "${DEFS[@]}" bench/bench.cpp "$B/impl.o" "${RT[@]}" -o "$B/bench" &
+pids+=($!)
 for p in examples/server.cpp bench/bench_serve.cpp; do
   g++ -std=c++17 -O2 "${INC[@]}" "${DEFS[@]}" "${HTTPLIB[@]}" "$p" "$B/impl.o" "${HTTPLIB_LINK[@]}" "${RT[@]}" \
-    -o "$B/$(basename "$p" .cpp)" || exit 1
+    -o "$B/$(basename "$p" .cpp)" &
+  pids+=($!)
 done
-g++ -std=c++17 -O2 -I.deps/usr/include -I.deps -pthread tools/make_synthetic.cpp -o "$B/make_synthetic" || exit 1
+g++ -std=c++17 -O2 -I.deps/usr/include -I.deps -pthread tools/make_synthetic.cpp -o "$B/make_synthetic" &
+pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
 
 # ---- the checkpoint ----
 if [[ ${CPU:-0} == 1 ]]; then
@@ -113,9 +118,11 @@ start_server
 log "bench_serve, concurrency 8"
 "$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency 8 --json "$OUT/serve-c8.json" \
   --csv "$OUT/serve-c8.csv" 2>&1 | tee -a "$OUT/serve.log"
-log "bench_serve, concurrency ${SERVE_CONC:-1,8,16,64}"
-"$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency "${SERVE_CONC:-1,8,16,64}" \
-  --json "$OUT/serve-sweep.json" --csv "$OUT/serve-sweep.csv" 2>&1 | tee -a "$OUT/serve.log"
+if [[ ${SERVE_CONC:-} != none ]]; then
+  log "bench_serve, concurrency ${SERVE_CONC:-1,8,16,64}"
+  "$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency "${SERVE_CONC:-1,8,16,64}" \
+    --json "$OUT/serve-sweep.json" --csv "$OUT/serve-sweep.csv" 2>&1 | tee -a "$OUT/serve.log"
+fi
 # ---- 2. prefix reuse: 2,000-token system prompt ----
 log "prefix reuse"
 python3 bench/serve_prefix_ttft.py --url "http://127.0.0.1:$PORT" --system-tokens 2000 --repeats 5 \
