@@ -9599,18 +9599,29 @@ struct StepParams {
   float eps = 1e-6f;
   int prefetch_bytes = 0;          // weights a block keeps in flight to L2 ahead of its items
   const void* ple_rows = nullptr;  // [rows, L * D] PLE table rows as stored (StepPle::tok_type), or null
-  // Optional timing trace, [count][gridDim.x][3] globaltimer ns per (instruction, block) with items: its wait
-  // begins, its wait ends, its items are done (and counted). Zeroed before the launch; null: no trace.
+  // Optional timing trace, [count][gridDim.x][kStepTraceSlots] globaltimer ns per (instruction, block) with
+  // items: its wait begins, its wait ends, its items are done (and counted), its x rows are built (Gemv with
+  // StepX), its first item is done. Zeroed before the launch; null: no trace.
   unsigned long long* trace = nullptr;
 };
 
 // ---- synchronisation ----
 
-// A counter polled through L2 (no fence per poll: the waiter fences once, after the wait).
+// A counter polled through L2 (no ordering per poll: the waiter acquires once, after the wait).
 __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
   unsigned v;
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+}
+
+// Acquire / release at GPU scope (PTX ISA 6.0, sm_70+: on the T4): a release add by thread 0 after bar.sync
+// publishes what every thread of the block wrote before the barrier (release is cumulative over what
+// happens-before it; bar.sync orders the block's threads); an acquire by thread 0 before bar.sync makes it
+// visible to the whole block. fence.acq_rel is the lighter fence for exactly this pattern; __threadfence()
+// (fence.sc, sequential consistency) orders more than a counter hand-off needs.
+__device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
 }
 
 __device__ __forceinline__ unsigned long long global_ns() {
@@ -9638,23 +9649,23 @@ __device__ __forceinline__ void step_wait(const unsigned* counter, unsigned need
       __nanosleep(ns);
       ns = ns < 256 ? 2 * ns : 256;
     }
-    __threadfence();  // acquire: what the counted blocks wrote before their release is visible from here on
+    fence_acq_rel_gpu();  // acquire: what the counted blocks released is visible from here on
   }
   __syncthreads();
 }
 
 // The block's writes for its items, then `n` more items done (release: bar.sync orders every thread's writes
-// before thread 0's fence, which orders them before the count -- the cooperative-groups grid-sync pattern).
+// before thread 0's release add).
 __device__ __forceinline__ void step_signal(unsigned* counter, unsigned n) {
   __syncthreads();
-  if (threadIdx.x == 0 && n) {
-    __threadfence();
-    atomicAdd(counter, n);
-  }
+  if (threadIdx.x == 0 && n) red_release_add(counter, n);
 }
 
+constexpr int kStepTraceSlots = 5;  // wait begins, wait ends, items counted, x rows built, first item done
+
 __device__ __forceinline__ void step_trace(const StepParams& p, int instr, int slot) {
-  if (p.trace && threadIdx.x == 0) p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * 3 + slot] = global_ns();
+  if (p.trace && threadIdx.x == 0)
+    p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * kStepTraceSlots + slot] = global_ns();
 }
 
 // ---- L2 prefetch of a GEMV item's weights ----
@@ -9697,15 +9708,19 @@ __device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
 
 // ---- x rows in shared memory (StepX) ----
 
+// The norms' weights of a StepX (constants) into L1, by the whole block, before it waits: build_x then reads
+// them without a round trip.
+__device__ __forceinline__ void prefetch_norms(const StepX& x, int H) {
+  for (int k = int(threadIdx.x); k < H / 32; k += kStepThreads) {
+    if (x.w_post) prefetch_l1_line(x.w_post + 32 * k);
+    if (x.w) prefetch_l1_line(x.w + 32 * k);
+  }
+}
+
 // Warp w builds rows w, w + 8 of x into xs ([rows][ldx] fp16) from the residual stream; the block of item 0
 // (store_h) writes h back. Row sums in fp32, one warp per row (no block barrier inside).
 __device__ __forceinline__ void build_x(const StepX& x, const StepParams& p, int H, half* xs, int ldx, bool store_h) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n4 = H / 4;
-  if (warp < p.rows)  // the norms' weights into L1 while the rows' loads are in flight: no round trip later
-    for (int k = lane; k < H / 32; k += 32) {
-      if (x.w_post) prefetch_l1_line(x.w_post + 32 * k);
-      if (x.w) prefetch_l1_line(x.w + 32 * k);
-    }
   for (int r = warp; r < p.rows; r += kGemvWarps) {
     float4 hv[kStepChunks], yv[kStepChunks];
     const half* erow = x.embed ? x.embed + size_t(p.ids[r]) * H : nullptr;
@@ -9911,6 +9926,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)
         prefetch_range(gemv_item_range(ins.gemv, first + fetched * nb, two));
+      if (ins.x.build) prefetch_norms(ins.x, ins.gemv.in);  // constants: into L1 while the block waits
       step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
       step_trace(p, i, 1);
@@ -9919,6 +9935,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       if (ins.x.build) {
         build_x(ins.x, p, ins.gemv.in, xs, ins.gemv.ldx, first == 0);
         __syncthreads();
+        step_trace(p, i, 3);
       }
       for (int k = 0, t = first; t < items; ++k, t += nb) {
         if (first + fetched * nb < items) prefetch_range(gemv_item_range(ins.gemv, first + (fetched++) * nb, two));
@@ -9931,6 +9948,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
             gemv_block<NT, kGemvF16, GemvEpilogue::Head, GemvX::Shared>(ins.gemv, t, red, xs, best_s);
             break;
         }
+        if (k == 0) step_trace(p, i, 4);
       }
       if (ins.epilogue == GemvEpilogue::Head) {
         __syncthreads();
@@ -10008,7 +10026,9 @@ constexpr size_t decode_step_smem(int H) {
 //   release  the first block's wait ends - the previous instruction's last count: the counter's latency;
 //   span     the last count - the first block's wait end: the instruction on the critical path;
 //   spread   the last block's wait end - the first's: blocks still busy with earlier instructions;
-//   work     the longest single block's items (wait end to count).
+//   work     the longest single block's items (wait end to count);
+//   x build  the longest single block's x rows (GEMVs that build them: wait end to x ready);
+//   item 1   the longest single block's first item (x ready, or wait end, to its first item done).
 // When the engine closes, a table grouped by what the instructions compute is written to the trace file.
 
 #include <algorithm>
@@ -10017,6 +10037,7 @@ constexpr size_t decode_step_smem(int H) {
 #include <string>
 #include <vector>
 
+// (kernels/decode_step.cuh: already inlined above)
 // (include/gemma4_t4/cuda/device.hpp: already inlined above)
 
 namespace gemma4_t4 {
@@ -10024,10 +10045,11 @@ namespace detail {
 
 class StepTrace {
  public:
-  unsigned long long* dev = nullptr;  // [count][grid][3] ns, zeroed before each traced launch
+  static constexpr int kSlots = kernels::kStepTraceSlots;
+  unsigned long long* dev = nullptr;  // [count][grid][kSlots] ns, zeroed before each traced launch
   int grid = 0;                       // blocks of the launch being traced
 
-  size_t bytes() const { return size_t(count_) * size_t(max_grid_) * 3 * sizeof(unsigned long long); }
+  size_t bytes() const { return size_t(count_) * size_t(max_grid_) * kSlots * sizeof(unsigned long long); }
 
   // Opens the file now, so that an unwritable path is an error at load, not a silent loss at close.
   Status init(DeviceMemory& mem, const std::string& path, int count, int max_grid) {
@@ -10035,23 +10057,23 @@ class StepTrace {
     if (!file_) return err(Code::IoError, "persistent decode trace: cannot write ", path);
     count_ = count;
     max_grid_ = max_grid;
-    GEMMA4_T4_TRY(mem.alloc(size_t(count) * size_t(max_grid) * 3, "persistent decode: trace", &dev));
-    host_.resize(size_t(count) * size_t(max_grid) * 3);
+    GEMMA4_T4_TRY(mem.alloc(size_t(count) * size_t(max_grid) * kSlots, "persistent decode: trace", &dev));
+    host_.resize(size_t(count) * size_t(max_grid) * kSlots);
     sum_.assign(size_t(count), Sums{});
     return Status::ok();
   }
 
   // After the traced step's stream has synchronised.
   Status add() {
-    const size_t n = size_t(count_) * size_t(grid) * 3;
+    const size_t n = size_t(count_) * size_t(grid) * kSlots;
     GEMMA4_T4_CUDA_TRY(cudaMemcpy(host_.data(), dev, n * sizeof(unsigned long long), cudaMemcpyDeviceToHost),
                        "persistent decode: trace download");
     unsigned long long prev_end = 0, first = ~0ull, last = 0;
     for (int i = 0; i < count_; ++i) {
-      unsigned long long t1_min = ~0ull, t1_max = 0, t2_max = 0, work = 0;
+      unsigned long long t1_min = ~0ull, t1_max = 0, t2_max = 0, work = 0, xb = 0, item1 = 0;
       int blocks = 0;
       for (int b = 0; b < grid; ++b) {
-        const unsigned long long* t = &host_[(size_t(i) * size_t(grid) + size_t(b)) * 3];
+        const unsigned long long* t = &host_[(size_t(i) * size_t(grid) + size_t(b)) * kSlots];
         if (t[2] == 0) continue;  // no items in this instruction
         ++blocks;
         first = std::min(first, t[0]);
@@ -10059,6 +10081,8 @@ class StepTrace {
         t1_max = std::max(t1_max, t[1]);
         t2_max = std::max(t2_max, t[2]);
         work = std::max(work, t[2] - t[1]);
+        if (t[3]) xb = std::max(xb, t[3] - t[1]);
+        if (t[4]) item1 = std::max(item1, t[4] - (t[3] ? t[3] : t[1]));
       }
       if (blocks == 0) continue;
       Sums& s = sum_[size_t(i)];
@@ -10066,6 +10090,8 @@ class StepTrace {
       s.span += double(t2_max - t1_min);
       s.spread += double(t1_max - t1_min);
       s.work += double(work);
+      s.xbuild += double(xb);
+      s.item1 += double(item1);
       s.blocks += blocks;
       prev_end = t2_max;
       last = std::max(last, t2_max);
@@ -10080,7 +10106,7 @@ class StepTrace {
     if (!file_) return;
     struct Group {
       int n = 0;
-      double release = 0, span = 0, spread = 0, work = 0, blocks = 0;
+      double release = 0, span = 0, spread = 0, work = 0, xbuild = 0, item1 = 0, blocks = 0;
     };
     std::map<std::string, Group> groups;
     double total = 0;
@@ -10092,6 +10118,8 @@ class StepTrace {
       g.span += s.span;
       g.spread += s.spread;
       g.work += s.work;
+      g.xbuild += s.xbuild;
+      g.item1 += s.item1;
       g.blocks += s.blocks;
       total += s.release + s.span;
     }
@@ -10099,12 +10127,12 @@ class StepTrace {
     std::fprintf(file_, "persistent decode step trace: %ld steps, %d instructions, %d blocks\n", steps_, count_, grid);
     std::fprintf(file_, "step (first wait to last count): %.1f us; release + span summed: %.1f us\n", step_ns_ * k,
                  total * k);
-    std::fprintf(file_, "%-36s %5s %12s %12s %12s %12s %12s %8s\n", "instruction", "n", "release us", "span us",
-                 "span/instr", "spread/instr", "work/instr", "blocks");
+    std::fprintf(file_, "%-36s %5s %12s %12s %12s %12s %12s %12s %12s %8s\n", "instruction", "n", "release us",
+                 "span us", "span/instr", "spread/instr", "work/instr", "xbuild/instr", "item1/instr", "blocks");
     for (const auto& [label, g] : groups)
-      std::fprintf(file_, "%-36s %5d %12.1f %12.1f %12.2f %12.2f %12.2f %8.0f\n", label.c_str(), g.n, g.release * k,
-                   g.span * k, g.span * k / g.n, g.spread * k / g.n, g.work * k / g.n,
-                   steps_ ? g.blocks / double(steps_) / g.n : 0.0);
+      std::fprintf(file_, "%-36s %5d %12.1f %12.1f %12.2f %12.2f %12.2f %12.2f %12.2f %8.0f\n", label.c_str(), g.n,
+                   g.release * k, g.span * k, g.span * k / g.n, g.spread * k / g.n, g.work * k / g.n,
+                   g.xbuild * k / g.n, g.item1 * k / g.n, steps_ ? g.blocks / double(steps_) / g.n : 0.0);
     std::fclose(file_);
     file_ = nullptr;
   }
@@ -10118,7 +10146,7 @@ class StepTrace {
 
  private:
   struct Sums {
-    double release = 0, span = 0, spread = 0, work = 0, blocks = 0;
+    double release = 0, span = 0, spread = 0, work = 0, xbuild = 0, item1 = 0, blocks = 0;
   };
   std::FILE* file_ = nullptr;
   int count_ = 0, max_grid_ = 0;
@@ -10869,6 +10897,7 @@ class CudaBackend : public BackendModel {
   ~CudaBackend() override {
     exec_.reset();  // graphs before the handle and the stream
     if (blas_) cublasDestroy(blas_);
+    if (blas_ws_) cuda_free(Mem::Device, blas_ws_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -10901,6 +10930,12 @@ class CudaBackend : public BackendModel {
                  ": cuBLAS handle: cublasCreate failed (status ", int(bs), ")");
     }
     cublasSetStream(blas_, stream_);
+    // cuBLAS's workspace is ours (named, counted, under the fault hook), not one it allocates behind the
+    // backend's accounting: NVIDIA's recommended size, 32 MiB on Hopper and later, 4 MiB before.
+    const size_t blas_ws = prop.major >= 9 ? size_t(32) << 20 : size_t(4) << 20;
+    GEMMA4_T4_TRY(cuda_alloc(Mem::Device, blas_ws, "cuBLAS workspace", &blas_ws_));
+    if (const cublasStatus_t bs = cublasSetWorkspace(blas_, blas_ws_, blas_ws); bs != CUBLAS_STATUS_SUCCESS)
+      return err(Code::BackendError, where, ": cuBLAS workspace: cublasSetWorkspace failed (status ", int(bs), ")");
     GEMMA4_T4_TRY(weights_.upload(cfg, w, opt_, stream_));
     GEMMA4_T4_TRY(ws_.alloc(cfg, weights_, opt.max_pass_rows, stream_));
     pdl_ = opt.programmatic_launch && kernels::pdl_supported(opt.device);
@@ -11055,6 +11090,7 @@ class CudaBackend : public BackendModel {
   bool pdl_ = false;  // LoadOptions::programmatic_launch, where the device and this build support it
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  void* blas_ws_ = nullptr;  // cuBLAS workspace (cublasSetWorkspace)
   DeviceWeights weights_;
   Workspace ws_;
   mutable std::mutex mu_;
