@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -89,6 +90,12 @@ struct Metrics {
   uint64_t prefix_hits = 0, prefix_reused_tokens = 0, prefix_entries_made = 0;
   uint64_t steps = 0, step_prompt_rows = 0, step_decode_rows = 0;  // Batch steps and what they fed
   Histogram prompts_per_step{{1, 2, 4, 8, 16, 32, 64}};            // steps that fed prompt rows: how many prompts
+  // Where a request's time goes on the driver thread: Batch::step() of steps with prompt rows and of decode-only
+  // steps, and the driver's own time between two steps while the batch is busy (admitting requests, handing
+  // tokens over, the metrics).
+  Histogram prompt_step{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
+  Histogram decode_step{{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25}};
+  Histogram between_steps{{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025}};
   Histogram ttft{{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}};
   Histogram tpot{{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5}};
   // gauges (the driver sets them after each step)
@@ -132,6 +139,10 @@ struct Metrics {
     metric("gemma4_t4_engine_decode_rows_total", "counter", "Sampled tokens fed back to the engine", step_decode_rows);
     s += prompts_per_step.text("gemma4_t4_engine_prompts_per_step",
                                "Prompts (prefix-cache prefills included) fed by a step that fed prompt rows");
+    s += prompt_step.text("gemma4_t4_engine_prompt_step_seconds", "Engine steps that fed prompt rows: wall time");
+    s += decode_step.text("gemma4_t4_engine_decode_step_seconds", "Engine steps of decode rows only: wall time");
+    s += between_steps.text("gemma4_t4_driver_between_steps_seconds",
+                            "The driver's own time from one engine step to the next while requests run");
     return s;
   }
 };
@@ -318,9 +329,15 @@ class Driver {
       for (const auto& j : dropped) complete(*j, FinishReason::Cancelled, cancelled_status(), 0, 0);
       for (const auto& j : joining) start(j);
       if (!batch_.idle()) {
+        const Clock::time_point t0 = Clock::now();
         const gemma4_t4::Status st = batch_.step();  // a failed pass finishes its sessions with the error
+        const Clock::time_point t1 = Clock::now();
         if (!st) std::fprintf(stderr, "server: batch step failed: %s\n", st.message.c_str());
-        steps_.push_back(batch_.last_step());
+        steps_.push_back(
+            StepRecord{batch_.last_step(), seconds(t1 - t0), last_step_end_ ? seconds(t0 - *last_step_end_) : -1.0});
+        last_step_end_ = t1;
+      } else {
+        last_step_end_.reset();  // idle: the wait for requests is not the driver's time
       }
       for (gemma4_t4::BatchResult& r : batch_.take_finished()) finished(r);
       publish();
@@ -539,11 +556,14 @@ class Driver {
     for (double v : tpot_) metrics_->tpot.observe(v);
     ttft_.clear();
     tpot_.clear();
-    for (const gemma4_t4::BatchStep& b : steps_) {
+    for (const StepRecord& r : steps_) {
+      const gemma4_t4::BatchStep& b = r.step;
       ++metrics_->steps;
       metrics_->step_prompt_rows += b.prompt_rows;
       metrics_->step_decode_rows += b.decode_rows;
       if (b.prompt_sessions > 0) metrics_->prompts_per_step.observe(double(b.prompt_sessions));
+      (b.prompt_rows > 0 ? metrics_->prompt_step : metrics_->decode_step).observe(r.seconds);
+      if (r.gap >= 0) metrics_->between_steps.observe(r.gap);
     }
     steps_.clear();
     metrics_->generation_tokens += generated_;
@@ -579,8 +599,14 @@ class Driver {
   std::vector<std::unique_ptr<Entry>> cache_;
   std::map<uint64_t, Entry*> computing_;  // entries being prefilled, by Batch id
   uint64_t tick_ = 0;
-  std::vector<double> ttft_, tpot_;          // observed since the last publish()
-  std::vector<gemma4_t4::BatchStep> steps_;  // likewise
+  std::vector<double> ttft_, tpot_;  // observed since the last publish()
+  struct StepRecord {
+    gemma4_t4::BatchStep step;
+    double seconds = 0;  // Batch::step() wall time
+    double gap = -1;     // since the previous step ended (-1: the batch was idle in between)
+  };
+  std::vector<StepRecord> steps_;                   // likewise
+  std::optional<Clock::time_point> last_step_end_;  // the previous step's end while the batch stays busy
   uint64_t generated_ = 0, prompt_tokens_ = 0, cancelled_ = 0, hits_ = 0, reused_ = 0, entries_made_ = 0;
   std::thread thread_;  // last: starts after everything above is built
 };

@@ -594,10 +594,19 @@ def case_first_tokens():
         check(m["gemma4_t4_engine_prompt_rows_total"] == n * length, "prompt rows")
         check(m["gemma4_t4_engine_decode_rows_total"] == n * 3, "decode rows: 3 tokens each, the last fed too")
         check(m["gemma4_t4_engine_steps_total"] >= steps, "steps")
+        check(m["gemma4_t4_engine_prompt_step_seconds_count"] == steps, "a prompt-step time for each step with prompts")
+        check(m["gemma4_t4_engine_prompt_step_seconds_count"] + m["gemma4_t4_engine_decode_step_seconds_count"]
+              == m["gemma4_t4_engine_steps_total"], "a step time for every step")
+        check(0 < m["gemma4_t4_driver_between_steps_seconds_count"] < m["gemma4_t4_engine_steps_total"],
+              "the driver's time between busy steps")
         if not flags:
             check(steps == n and m['gemma4_t4_engine_prompts_per_step_bucket{le="1"}'] == n,
                   f"{n} requests sent together: {steps:.0f} steps read their prompts, wanted one each")
-        print(f"{' '.join(flags) or 'default'}: {n} prompts read in {steps:.0f} steps")
+        mean = lambda k: m[k + "_sum"] / max(m[k + "_count"], 1) * 1e3
+        print(f"{' '.join(flags) or 'default'}: {n} prompts read in {steps:.0f} steps; mean ms: prompt step "
+              f"{mean('gemma4_t4_engine_prompt_step_seconds'):.2f}, decode step "
+              f"{mean('gemma4_t4_engine_decode_step_seconds'):.2f}, between steps "
+              f"{mean('gemma4_t4_driver_between_steps_seconds'):.3f}")
         srv.stop()
 
 
