@@ -479,7 +479,8 @@ class Tokenizer {
 
   // path: a tokenizer.json, a SentencePiece .model, or a directory holding either (tokenizer.json first).
   // Parts of tokenizer.json this library does not implement (regex patterns, other normalizer / pre-tokenizer
-  // / decoder / model kinds) give Unsupported naming the part, never a silently different tokenization.
+  // / decoder / model kinds) give Unsupported naming the part, never a silently different tokenization; a
+  // file with "model", "model.vocab" or "model.merges" twice is a FormatError.
   // Errors: NotFound, IoError, FormatError, Unsupported. On failure *out is untouched.
   static Status load(const std::string& path, Tokenizer* out);
 
@@ -496,7 +497,9 @@ class Tokenizer {
   Status decode(const int32_t* ids, size_t n, std::string* text) const;
 
   int32_t token_id(std::string_view piece) const;  // id of a token's text ("<|turn>", "▁world"); -1 if none
-  const std::string& piece(int32_t id) const;      // the token's text; "" for an unknown id
+  // The token's text; "" for an unknown id. The first call makes a std::string of every token (Gemma's: ~8 MB,
+  // ~0.04 s); the tokenizer itself keeps its texts in one block.
+  const std::string& piece(int32_t id) const;
   // An added token marked special (<bos>, <eos>, <|turn>, ...); with a .model: control and unknown pieces.
   bool is_special(int32_t id) const;
 
@@ -2189,6 +2192,7 @@ inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -2203,8 +2207,8 @@ inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
+#include <mutex>
 #include <queue>
 #include <string>
 #include <string_view>
@@ -2273,80 +2277,123 @@ inline size_t utf8_invalid_at(std::string_view s) {
 
 // ---- BPE tables ----
 
-// Token text -> id, the text viewed in strings that outlive the table: open addressing, linear probing, at
-// most half full. Replaces std::unordered_map<std::string_view, int32_t>, whose lookups (prime modulo, a node
-// per entry, a string compare in another cache line) were the largest part of loading Gemma's 262,144-token
-// vocabulary and its 514,906 merges. A slot keeps the text's size and first 8 bytes, so a probe of another
-// text, and the whole compare of a text of <= 8 bytes, stays in the slot. The same interface subset as the
-// map: find() -> pointer (end() = nullptr) with ->second, emplace() keeping the first id of a text, reserve().
+// Token ids are below 2^21 (Gemma: 262144). The bound caps what a hostile file can make load() allocate,
+// and lets an id share a 64-bit table slot with other fields.
+constexpr int64_t kMaxTokenIds = int64_t(1) << 21;
+
+// Token texts back to back in one string, each a record [length][bytes]: one length byte below 255, else 0xFF
+// and four bytes (little-endian). A record is named by its offset; offset 0 names none. One allocation for
+// all of Gemma's 262,144 texts (2.6 MB) instead of a std::string each.
+class TextArena {
+ public:
+  TextArena() : data_(1, '\0') {}
+  void reserve(size_t bytes) { data_.reserve(bytes); }
+  // Appends s; its offset, or 0 when the arena would pass 4 GiB.
+  uint32_t add(std::string_view s) {
+    const size_t head = s.size() < 255 ? 1 : 5;
+    if (data_.size() + head + s.size() > UINT32_MAX) return 0;
+    const uint32_t off = uint32_t(data_.size());
+    if (head == 1) {
+      data_.push_back(char(s.size()));
+    } else {
+      const uint32_t n = uint32_t(s.size());
+      const char len[5] = {'\xff', char(n), char(n >> 8), char(n >> 16), char(n >> 24)};
+      data_.append(len, 5);
+    }
+    data_.append(s.data(), s.size());
+    return off;
+  }
+  std::string_view at(uint32_t off) const {
+    const auto* p = reinterpret_cast<const unsigned char*>(data_.data()) + off;
+    if (p[0] < 255) return {reinterpret_cast<const char*>(p) + 1, p[0]};
+    const uint32_t n = p[1] | uint32_t(p[2]) << 8 | uint32_t(p[3]) << 16 | uint32_t(p[4]) << 24;
+    return {reinterpret_cast<const char*>(p) + 5, n};
+  }
+  // The record after the one at off (records are walked in the order they were added).
+  uint32_t next(uint32_t off) const {
+    const std::string_view s = at(off);
+    return uint32_t(s.data() + s.size() - data_.data());
+  }
+  uint32_t end() const { return uint32_t(data_.size()); }
+  const char* data() const { return data_.data(); }
+
+ private:
+  std::string data_;
+};
+
+// Token text -> id over texts in a TextArena: open addressing, linear probing, at most half full. A slot is
+// 8 bytes -- the text's record offset, the id (21 bits) and 11 more bits of the hash, so that a probe of
+// another text rarely reads the arena: Gemma's 262,144 texts take 4 MiB of slots (a std::unordered_map took
+// several times that in nodes, and its lookups were most of loading the vocabulary and the 514,906 merges).
+// Of two records with one text the first added keeps it.
 class VocabIndex {
  public:
-  struct Entry {
-    const char* text = nullptr;  // not owned
-    uint64_t head = 0;           // its first 8 bytes, zero-padded
-    uint32_t size = 0;           // its length
-    int32_t second = -1;         // the id; -1: an empty slot
-  };
-  void reserve(size_t n) {
-    if (2 * n > slots_.size()) rehash(2 * n);
+  // Room for n texts without growing.
+  void reserve(size_t n, const TextArena& texts) {
+    if (2 * n > slots_.size()) rehash(2 * n, texts);
   }
-  const Entry* end() const { return nullptr; }
   size_t size() const { return size_; }
-  const Entry* find(std::string_view k) const { return find(k, probe(k)); }
-  // A lookup in two steps, so that many can be in flight: probe() hashes k and prefetches its slot, find(k,
-  // probe) then finds it there (loading the merges: three lookups each, mostly cache misses).
+  // The id of text k, or -1.
+  int32_t find(std::string_view k, const TextArena& texts) const { return find(k, probe(k), texts); }
+  // A lookup in steps, so that many can be in flight (loading the merges: three lookups each, mostly cache
+  // misses): probe() hashes k and prefetches its slot, prefetch_text() then the text of the first slot that
+  // may hold k, find(k, probe, texts) finds it.
   struct Probe {
-    uint64_t hash, head;
+    uint64_t hash;
   };
   Probe probe(std::string_view k) const {
-    Probe p{0, 0};
-    p.hash = hash(k, &p.head);
+    const Probe p{hash(k)};
     if (!slots_.empty()) __builtin_prefetch(&slots_[size_t(p.hash) & mask_]);
     return p;
   }
-  const Entry* find(std::string_view k, Probe p) const {
-    if (slots_.empty() || k.size() > UINT32_MAX) return nullptr;
+  void prefetch_text(Probe p, const TextArena& texts) const {
+    if (slots_.empty()) return;
     for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
-      const Entry& e = slots_[i];
-      if (e.second < 0) return nullptr;
-      if (same(e, k, p.head)) return &e;
+      const uint64_t s = slots_[i];
+      if (s == 0) return;
+      if ((s >> 53) == (p.hash >> 53)) return __builtin_prefetch(texts.data() + uint32_t(s));
     }
   }
-  // Adds k -> id unless k is there; returns the entry and whether it was added.
-  std::pair<const Entry*, bool> emplace(std::string_view k, int32_t id) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
-    uint64_t head = 0;
-    for (size_t i = size_t(hash(k, &head)) & mask_;; i = (i + 1) & mask_) {
-      Entry& e = slots_[i];
-      if (e.second < 0) {
-        e = Entry{k.data(), head, uint32_t(k.size()), id};
+  int32_t find(std::string_view k, Probe p, const TextArena& texts) const {
+    if (slots_.empty()) return -1;
+    for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
+      const uint64_t s = slots_[i];
+      if (s == 0) return -1;
+      if ((s >> 53) == (p.hash >> 53) && texts.at(uint32_t(s)) == k) return int32_t((s >> 32) & (kMaxTokenIds - 1));
+    }
+  }
+  // Adds the text of record `off` -> id (0 <= id < kMaxTokenIds) unless that text is there already.
+  void add(uint32_t off, int32_t id, const TextArena& texts) { add(off, id, probe(texts.at(off)), texts); }
+  void add(uint32_t off, int32_t id, Probe p, const TextArena& texts) {
+    if (2 * (size_ + 1) > slots_.size()) {
+      rehash(std::max<size_t>(16, 2 * slots_.size()), texts);
+      p = probe(texts.at(off));
+    }
+    const std::string_view k = texts.at(off);
+    for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
+      uint64_t& s = slots_[i];
+      if (s == 0) {
+        s = uint64_t(off) | uint64_t(id) << 32 | (p.hash >> 53) << 53;
         ++size_;
-        return {&e, true};
+        return;
       }
-      if (same(e, k, head)) return {&e, false};
+      if ((s >> 53) == (p.hash >> 53) && texts.at(uint32_t(s)) == k) return;
     }
   }
 
  private:
-  static bool same(const Entry& e, std::string_view k, uint64_t head) {
-    return e.size == k.size() && e.head == head &&
-           (k.size() <= 8 || std::memcmp(e.text + 8, k.data() + 8, k.size() - 8) == 0);
-  }
-  // FNV-1a over 8-byte words, then a finalizer (token texts are short: a few words at most); *head = the
-  // first word.
-  static uint64_t hash(std::string_view k, uint64_t* head) {
+  // FNV-1a over 8-byte words, then a finalizer (token texts are short: a few words at most).
+  static uint64_t hash(std::string_view k) {
     uint64_t h = 0xcbf29ce484222325ull ^ k.size();
     size_t i = 0;
     for (; i + 8 <= k.size(); i += 8) {
       uint64_t w;
       std::memcpy(&w, k.data() + i, 8);
-      if (i == 0) *head = w;
       h = (h ^ w) * 0x100000001b3ull;
     }
     if (k.size() > i) {
       uint64_t w = 0;
       std::memcpy(&w, k.data() + i, k.size() - i);
-      if (i == 0) *head = w;
       h = (h ^ w) * 0x100000001b3ull;
     }
     h ^= h >> 33;
@@ -2354,69 +2401,89 @@ class VocabIndex {
     h ^= h >> 33;
     return h;
   }
-  void rehash(size_t want) {
+  void rehash(size_t want, const TextArena& texts) {
     size_t cap = 16;
     while (cap < want) cap <<= 1;
-    std::vector<Entry> old = std::move(slots_);
-    slots_.assign(cap, Entry{});
+    std::vector<uint64_t> old = std::move(slots_);
+    slots_.assign(cap, 0);
     mask_ = cap - 1;
     size_ = 0;
-    for (const Entry& e : old)
-      if (e.second >= 0) emplace(std::string_view(e.text, e.size), e.second);
+    for (const uint64_t s : old)
+      if (s != 0) add(uint32_t(s), int32_t((s >> 32) & (kMaxTokenIds - 1)), texts);
   }
-  std::vector<Entry> slots_;
+  std::vector<uint64_t> slots_;  // [2^k] off | id << 32 | hash >> 53 << 53; 0: empty
   size_t mask_ = 0, size_ = 0;
 };
 
-// (left id, right id) -> (rank, merged id): open addressing, linear probing, 16 bytes a slot.
+// (left id, right id) -> (rank, merged id): open addressing, linear probing, at most half full, 8 bytes a slot
+// -- the pair and the rank -- and the merged ids by rank beside it (Gemma's 514,906 merges: 8 + 2 MiB; 16-byte
+// slots took 16).
 class MergeTable {
  public:
+  static constexpr size_t kMaxMerges = (size_t(1) << 22) - 1;  // rank + 1 fits 22 bits
+  // Room for n merges without growing.
   void reserve(size_t n) {
-    size_t cap = 16;
-    while (cap < 2 * n) cap <<= 1;
-    slots_.assign(cap, Slot{kEmpty, 0, 0});
-    mask_ = cap - 1;
+    merged_.reserve(n);
+    if (2 * n > slots_.size()) rehash(2 * n);
   }
-  // A later duplicate replaces an earlier one (tokenizers collects the merges into a HashMap).
-  void put(int32_t a, int32_t b, int32_t rank, int32_t id) {
-    const uint64_t key = make_key(a, b);
-    for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].key == kEmpty || slots_[i].key == key) {
-        slots_[i] = Slot{key, rank, id};
-        return;
-      }
-    }
+  size_t size() const { return merged_.size(); }
+  // Fetches the slot of (a, b) ahead of add() (loading: the merges of a batch are added together).
+  void prefetch(int32_t a, int32_t b) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[mix(pair(a, b)) & mask_]);
+  }
+  // The next merge in rank order: (a, b) -> id (ids below kMaxTokenIds; at most kMaxMerges merges). A later
+  // duplicate replaces an earlier one (tokenizers collects the merges into a HashMap).
+  void add(int32_t a, int32_t b, int32_t id) {
+    if (2 * (used_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
+    merged_.push_back(id);
+    put(pair(a, b) << 22 | merged_.size());
   }
   // Rank and merged id of (a, b); false when the pair does not merge.
   bool find(int32_t a, int32_t b, int32_t* rank, int32_t* id) const {
     if (slots_.empty()) return false;
-    const uint64_t key = make_key(a, b);
+    const uint64_t key = pair(a, b);
     for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) {
-        *rank = slots_[i].rank;
-        *id = slots_[i].id;
+      const uint64_t s = slots_[i];
+      if (s == 0) return false;
+      if (s >> 22 == key) {
+        *rank = int32_t((s & ((uint64_t(1) << 22) - 1)) - 1);
+        *id = merged_[size_t(*rank)];
         return true;
       }
-      if (slots_[i].key == kEmpty) return false;
     }
   }
 
  private:
-  struct Slot {
-    uint64_t key;
-    int32_t rank;
-    int32_t id;
-  };
-  static constexpr uint64_t kEmpty = ~uint64_t(0);
-  static uint64_t make_key(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
+  static uint64_t pair(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 21 | uint32_t(b); }
   static uint64_t mix(uint64_t k) {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdull;
     k ^= k >> 33;
     return k;
   }
-  std::vector<Slot> slots_;
+  void put(uint64_t slot) {
+    for (uint64_t i = mix(slot >> 22) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i] == 0) ++used_;
+      if (slots_[i] == 0 || slots_[i] >> 22 == slot >> 22) {
+        slots_[i] = slot;
+        return;
+      }
+    }
+  }
+  void rehash(size_t want) {
+    size_t cap = 16;
+    while (cap < want) cap <<= 1;
+    std::vector<uint64_t> old = std::move(slots_);
+    slots_.assign(cap, 0);
+    mask_ = cap - 1;
+    used_ = 0;
+    for (const uint64_t s : old)
+      if (s != 0) put(s);
+  }
+  std::vector<uint64_t> slots_;  // [2^k] pair(a, b) << 22 | rank + 1; 0: empty
+  std::vector<int32_t> merged_;  // [merges] merged id by rank
   uint64_t mask_ = 0;
+  size_t used_ = 0;  // slots in use
 };
 
 // Byte trie of added-token strings: longest match at a position.
@@ -2485,13 +2552,17 @@ struct Tokenizer::Impl {
   std::string source;  // the file it came from (for messages)
 
   // vocabulary: model vocab overlaid with added tokens
-  std::vector<std::string> pieces;                     // [vocab] token text ("" for an unused id)
-  std::vector<uint8_t> present;                        // [vocab] 1 where an id has a token
-  detail::VocabIndex lookup;                           // model vocab: text -> id (views into pieces)
+  detail::TextArena texts;                             // every text: the model vocab's in file order, then
+                                                       // those of added tokens that renamed an id
+  std::vector<uint32_t> piece_at;                      // [vocab] record of the id's text in texts; 0: unused id
+  detail::VocabIndex lookup;                           // model vocab: text -> id (its own texts, in texts)
   std::unordered_map<std::string, int32_t> added_ids;  // added tokens: text -> id
-  std::deque<std::string> renamed;                     // model text of ids an added token renamed
   std::vector<uint8_t> special;                        // [vocab] 1 for added tokens marked special
   std::vector<int16_t> byte_value;                     // [vocab] 0..255 for "<0xXX>" tokens, else -1
+  // [vocab] the texts as std::strings for Tokenizer::piece(), made by its first call (a string per token
+  // would be 8 MiB and most of the load time, for a method few programs call).
+  mutable std::vector<std::string> piece_strings;
+  mutable std::once_flag piece_strings_once;
 
   // normalizer: steps in order
   struct NormStep {
@@ -2529,7 +2600,9 @@ struct Tokenizer::Impl {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
 #endif
 
-  bool valid_id(int32_t id) const { return id >= 0 && size_t(id) < pieces.size() && present[size_t(id)]; }
+  size_t vocab_size() const { return piece_at.size(); }
+  bool valid_id(int32_t id) const { return id >= 0 && size_t(id) < piece_at.size() && piece_at[size_t(id)] != 0; }
+  std::string_view piece_text(int32_t id) const { return texts.at(piece_at[size_t(id)]); }  // a valid id
 
   void normalize(std::string* s) const {
     for (const NormStep& st : normalizer) {
@@ -2611,9 +2684,9 @@ struct Tokenizer::Impl {
   void bpe(std::string_view w, std::vector<int32_t>* ids) const {
     if (w.empty()) return;
     if (ignore_merges) {
-      auto it = lookup.find(w);
-      if (it != lookup.end()) {
-        ids->push_back(it->second);
+      const int32_t id = lookup.find(w, texts);
+      if (id >= 0) {
+        ids->push_back(id);
         return;
       }
     }
@@ -2634,10 +2707,10 @@ struct Tokenizer::Impl {
     for (size_t i = 0; i < w.size();) {
       size_t len = 1;
       detail::utf8_scan(p + i, w.size() - i, &len);  // input was validated: always a whole character
-      auto it = lookup.find(w.substr(i, len));
-      if (it != lookup.end()) {
+      const int32_t id = lookup.find(w.substr(i, len), texts);
+      if (id >= 0) {
         if (pending_unk) add(unk_id), pending_unk = false;
-        add(it->second);
+        add(id);
       } else {
         bool bytes_ok = byte_fallback;
         for (size_t k = 0; bytes_ok && k < len; ++k) bytes_ok = byte_ids[p[i + k]] >= 0;
@@ -2731,9 +2804,9 @@ struct Tokenizer::Impl {
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/tokenizer_impl.hpp ----
 // ---- begin include/gemma4_t4/tokenizer_load.hpp ----
-// gemma4_t4 implementation part: loading a Tokenizer::Impl from a Hugging Face tokenizer.json (read through
-// nlohmann/json's SAX interface, the vocabulary and merges straight into flat tables) or from a SentencePiece
-// .model (with GEMMA4_T4_SENTENCEPIECE). Every part of tokenizer.json this library does not implement is
+// gemma4_t4 implementation part: loading a Tokenizer::Impl from a Hugging Face tokenizer.json (read in one
+// pass, the vocabulary and merges straight into their tables, the rest through nlohmann/json) or from a
+// SentencePiece .model (with GEMMA4_T4_SENTENCEPIECE). Every part of tokenizer.json this library does not implement is
 // refused with Code::Unsupported naming it (tokenizer.hpp lists what is). Included through tokenizer.hpp
 // inside GEMMA4_T4_IMPLEMENTATION; not a public header.
 
@@ -2744,10 +2817,10 @@ struct Tokenizer::Impl {
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -2921,21 +2994,20 @@ inline Status tok_decoder(const tok_json& j, const std::string& where, Tokenizer
   return tok_decoder_step(j, where, &fused, t);
 }
 
-inline Status tok_add_piece(Tokenizer::Impl* t, int64_t id, const std::string& text, const std::string& where) {
-  // Gemma: 262144 ids. The table is dense (a string per id up to the largest), so the bound also caps what a
-  // hostile file can make load() allocate: 2^21 ids, ~64 MiB of empty strings (fuzzing found 2^24 -> 512 MiB).
-  if (id < 0 || id >= (int64_t(1) << 21))
-    return err(Code::FormatError, where, ": token id ", id, " is outside [0, 2097152)");
-  if (size_t(id) >= t->pieces.size()) {
-    t->pieces.resize(size_t(id) + 1);
-    t->present.resize(size_t(id) + 1, 0);
-  }
-  t->pieces[size_t(id)] = text;
-  t->present[size_t(id)] = 1;
+inline Status tok_add_piece(Tokenizer::Impl* t, int64_t id, std::string_view text, const std::string& where) {
+  // Gemma: 262144 ids. The id table is dense (a record offset per id up to the largest), so the bound also
+  // caps what a hostile file can make load() allocate.
+  if (id < 0 || id >= kMaxTokenIds)
+    return err(Code::FormatError, where, ": token id ", id, " is outside [0, ", kMaxTokenIds, ")");
+  if (size_t(id) >= t->piece_at.size()) t->piece_at.resize(size_t(id) + 1, 0);
+  uint32_t& at = t->piece_at[size_t(id)];
+  if (at != 0 && t->texts.at(at) == text) return Status::ok();  // the id has this text already
+  at = t->texts.add(text);
+  if (at == 0) return err(Code::FormatError, where, ": the token texts pass 4 GiB");
   return Status::ok();
 }
 
-inline int byte_token_value(const std::string& s) {  // "<0xAB>" -> 0xAB, else -1 (ByteFallback's rule)
+inline int byte_token_value(std::string_view s) {  // "<0xAB>" -> 0xAB, else -1 (ByteFallback's rule)
   if (s.size() != 6 || s.compare(0, 3, "<0x") != 0 || s[5] != '>') return -1;
   auto hex = [](char c) {
     if (c >= '0' && c <= '9') return c - '0';
@@ -2947,269 +3019,652 @@ inline int byte_token_value(const std::string& s) {  // "<0xAB>" -> 0xAB, else -
   return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
 }
 
-// Tables every backend needs once pieces/present are final.
+// Tables every backend needs once the id -> text table is final.
 inline void tok_finish(Tokenizer::Impl* t) {
-  t->special.resize(t->pieces.size(), 0);
-  t->byte_value.assign(t->pieces.size(), -1);
-  for (size_t i = 0; i < t->pieces.size(); ++i)
-    if (t->present[i]) t->byte_value[i] = int16_t(byte_token_value(t->pieces[i]));
+  const size_t n = t->vocab_size();
+  t->special.resize(n, 0);
+  t->byte_value.assign(n, -1);
+  for (size_t i = 0; i < n; ++i)
+    if (t->piece_at[i] != 0) t->byte_value[i] = int16_t(byte_token_value(t->texts.at(t->piece_at[i])));
 }
 
-// tokenizer.json through nlohmann/json's SAX interface: model.vocab (an object of text -> id) and model.merges
-// (a list of "a b" strings or ["a", "b"] pairs) -- nearly all of Gemma's 33 MB -- are read straight into flat
-// lists, everything else into a JSON tree (`rest`, without those two). Building the tree of the whole file
-// took most of the load time (~1.8 s for Gemma's, issue 14). Values of other kinds under those two keys go
-// to the tree as they are, so the checks below name them as before.
-class TokJsonReader {
- public:
-  tok_json rest;                                       // the file without model.vocab / model.merges when flat
-  std::vector<std::pair<std::string, int64_t>> vocab;  // model.vocab in file order
-  bool vocab_flat = false, merges_flat = false;        // read into vocab / merges_text
-  std::string merges_text;                             // a then b of every merge, back to back
-  struct Merge {
-    uint32_t a, a_len, b, b_len;  // offsets and lengths in merges_text (at most 4 GiB of merge text)
-  };
-  std::vector<Merge> merges;  // in file order (= rank)
-  Status status;              // a value of the wrong kind inside the flat parts
-
-  bool null() { return value(tok_json(nullptr)); }
-  bool boolean(bool v) { return value(tok_json(v)); }
-  bool number_integer(tok_json::number_integer_t v) {
-    if (in_ == In::Vocab) return vocab_id(static_cast<int64_t>(v));
-    return value(tok_json(v));
-  }
-  bool number_unsigned(tok_json::number_unsigned_t v) {
-    if (in_ == In::Vocab) return v > uint64_t(INT64_MAX) ? bad_vocab() : vocab_id(static_cast<int64_t>(v));
-    return value(tok_json(v));
-  }
-  bool number_float(tok_json::number_float_t v, const tok_json::string_t&) {
-    if (in_ == In::Vocab) return bad_vocab();
-    return value(tok_json(v));
-  }
-  bool string(tok_json::string_t& v) {
-    if (in_ == In::Merges) {  // "a b"
-      const size_t sp = v.find(' ');
-      if (sp == std::string::npos || v.find(' ', sp + 1) != std::string::npos)
-        return fail(err(Code::FormatError, where_, ": model.merges[", merges.size(), "] = '", v,
-                        "' is not two tokens split by a space"));
-      return add_merge(std::string_view(v).substr(0, sp), std::string_view(v).substr(sp + 1));
-    }
-    if (in_ == In::MergePair) {
-      if (pair_n_ >= 2) return bad_merge();
-      pair_[pair_n_++] = std::move(v);
-      return true;
-    }
-    if (in_ == In::Vocab) return bad_vocab();
-    return value(tok_json(std::move(v)));
-  }
-  bool binary(tok_json::binary_t&) { return value(tok_json()); }
-  bool start_object(std::size_t) {
-    if (in_ == In::Vocab) return bad_vocab();
-    if (in_ == In::Merges || in_ == In::MergePair) return bad_merge();
-    if (next_ == Next::Vocab) {
-      in_ = In::Vocab;
-      vocab_flat = true;
-      vocab.clear();  // a second model.vocab replaces the first, as in a JSON tree
-      return true;
-    }
-    next_ = Next::Other;
-    return open(tok_json::object());
-  }
-  bool end_object() {
-    if (in_ == In::Vocab) {
-      in_ = In::None;
-      return true;
-    }
-    return close();
-  }
-  bool start_array(std::size_t) {
-    if (in_ == In::Vocab) return bad_vocab();
-    if (in_ == In::MergePair) return bad_merge();
-    if (in_ == In::Merges) {
-      in_ = In::MergePair;
-      pair_n_ = 0;
-      return true;
-    }
-    if (next_ == Next::Merges) {
-      in_ = In::Merges;
-      merges_flat = true;
-      merges.clear();
-      merges_text.clear();
-      return true;
-    }
-    next_ = Next::Other;
-    return open(tok_json::array());
-  }
-  bool end_array() {
-    if (in_ == In::MergePair) {
-      if (pair_n_ != 2) return bad_merge();
-      in_ = In::Merges;
-      return add_merge(pair_[0], pair_[1]);
-    }
-    if (in_ == In::Merges) {
-      in_ = In::None;
-      return true;
-    }
-    return close();
-  }
-  bool key(tok_json::string_t& k) {
-    if (in_ == In::Vocab) {
-      vocab_key_ = std::move(k);
-      return true;
-    }
-    // model.vocab / model.merges: the keys of the object at depth 2 under the root's "model"
-    next_ = Next::Other;
-    if (stack_.size() == 2 && in_model_)
-      next_ = k == "vocab" ? Next::Vocab : k == "merges" ? Next::Merges : Next::Other;
-    if (stack_.size() == 1) model_key_ = k == "model";
-    slot_ = &(*stack_.back())[k];
-    return true;
-  }
-  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) { return false; }
-
-  void set_where(const std::string& where) { where_ = where; }
-  void reserve(uint64_t file_bytes) {
-    const size_t n = size_t(std::min<uint64_t>(file_bytes, uint64_t(1) << 32));
-    vocab.reserve(n / 100);
-    merges.reserve(n / 24);
-    merges_text.reserve(n / 4);
-  }
-
- private:
-  enum class In { None, Vocab, Merges, MergePair };
-  enum class Next { Other, Vocab, Merges };  // what the value after the current key is
-
-  bool fail(Status st) {
-    status = std::move(st);
-    return false;
-  }
-  bool bad_vocab() {
-    return fail(err(Code::FormatError, where_, ": model.vocab['", vocab_key_, "'] is not an integer id"));
-  }
-  bool bad_merge() {
-    return fail(
-        err(Code::FormatError, where_, ": model.merges[", merges.size(), "] is neither \"a b\" nor [\"a\", \"b\"]"));
-  }
-  bool vocab_id(int64_t id) {
-    vocab.emplace_back(std::move(vocab_key_), id);
-    return true;
-  }
-  bool add_merge(std::string_view a, std::string_view b) {
-    if (merges_text.size() + a.size() + b.size() > UINT32_MAX)
-      return fail(err(Code::FormatError, where_, ": model.merges hold more than 4 GiB of text"));
-    const uint32_t at = uint32_t(merges_text.size());
-    merges_text.append(a);
-    merges_text.append(b);
-    merges.push_back(Merge{at, uint32_t(a.size()), at + uint32_t(a.size()), uint32_t(b.size())});
-    return true;
-  }
-  // A scalar into the tree: the root, an array element, or the value of the last key.
-  bool value(tok_json v) {
-    if (in_ == In::Vocab) return bad_vocab();
-    if (in_ != In::None) return bad_merge();
-    next_ = Next::Other;
-    if (stack_.empty()) {
-      rest = std::move(v);
-    } else if (stack_.back()->is_array()) {
-      stack_.back()->push_back(std::move(v));
-    } else {
-      *slot_ = std::move(v);
-    }
-    return true;
-  }
-  bool open(tok_json v) {
-    tok_json* at;
-    if (stack_.empty()) {
-      rest = std::move(v);
-      at = &rest;
-    } else if (stack_.back()->is_array()) {
-      stack_.back()->push_back(std::move(v));
-      at = &stack_.back()->back();
-    } else {
-      *slot_ = std::move(v);
-      at = slot_;
-    }
-    // Entering the root's "model" object: its keys are watched for vocab / merges.
-    if (stack_.size() == 1 && model_key_ && at->is_object()) in_model_ = true;
-    if (stack_.size() == 1 && !(model_key_ && at->is_object())) in_model_ = false;
-    stack_.push_back(at);
-    return true;
-  }
-  bool close() {
-    if (stack_.size() == 2) in_model_ = false;
-    stack_.pop_back();
-    return true;
-  }
-
-  std::string where_;
-  std::vector<tok_json*> stack_;  // open containers of `rest`
-  tok_json* slot_ = nullptr;      // where the value of the last key goes
-  In in_ = In::None;
-  Next next_ = Next::Other;
-  bool model_key_ = false, in_model_ = false;
-  std::string vocab_key_;
-  std::string pair_[2];
-  int pair_n_ = 0;
+// One entry of added_tokens (path and i: for messages), checked; its id is not yet given its text.
+struct TokAdded {
+  std::string content;
+  int32_t id;
+  bool normalized, special;
 };
+inline Status tok_added_token(const tok_json& e, const std::string& path, size_t i, TokAdded* out) {
+  auto where = [&] { return path + ": added_tokens[" + std::to_string(i) + "]"; };
+  auto id = e.is_object() ? e.find("id") : e.end();
+  auto content = e.is_object() ? e.find("content") : e.end();
+  if (id == e.end() || !id->is_number_integer() || content == e.end() || !content->is_string())
+    return err(Code::FormatError, where(), ": needs an integer 'id' and a string 'content'");
+  *out = TokAdded{content->get<std::string>(), 0, false, false};
+  if (out->content.empty()) return err(Code::FormatError, where(), ": empty 'content'");
+  if (utf8_invalid_at(out->content) != std::string_view::npos)
+    return err(Code::FormatError, where(), ": 'content' is not valid UTF-8");
+  for (const char* key : {"lstrip", "rstrip", "single_word"}) {
+    auto v = e.find(key);
+    if (v != e.end() && v->is_boolean() && v->get<bool>())
+      return err(Code::Unsupported, where(), " ('", out->content, "'): ", key, ": true is not supported");
+  }
+  auto normalized = e.find("normalized"), special = e.find("special");
+  out->normalized = normalized != e.end() && normalized->is_boolean() && normalized->get<bool>();
+  out->special = special != e.end() && special->is_boolean() && special->get<bool>();
+  const int64_t id64 = id->get<int64_t>();
+  if (id64 < 0 || id64 >= kMaxTokenIds)
+    return err(Code::FormatError, where(), ": token id ", id64, " is outside [0, ", kMaxTokenIds, ")");
+  out->id = int32_t(id64);
+  return Status::ok();
+}
 
-// A file as an input iterator of chars for nlohmann/json's SAX parser, read in 256 KiB blocks: the parser
-// never needs the whole file in memory (Gemma's is 33 MB, and a fresh 33 MB buffer costs its page faults and
-// a copy). A read error ends the input; failed() says so.
-class FileChars {
+// ---- reading tokenizer.json ----
+
+// The file front to back through one 256 KiB buffer: reading Gemma's 33 MB whole into a fresh buffer costs
+// more in page faults than all the parsing (measured on a 2-core VM: 0.14 s against 0.004 s in blocks, 0.016
+// s mapped). A JSON scanner over it: byte by byte (peek / get) and, in its loops, over the buffered bytes.
+class TokInput {
  public:
-  explicit FileChars(std::FILE* f) : f_(f) { fill(); }
+  explicit TokInput(std::FILE* f) : f_(f) {}
   bool failed() const { return failed_; }
-
-  class iterator {
-   public:
-    using iterator_category = std::input_iterator_tag;
-    using value_type = char;
-    using difference_type = std::ptrdiff_t;
-    using pointer = const char*;
-    using reference = const char&;
-    iterator() = default;
-    explicit iterator(FileChars* src) : src_(src) {}
-    const char& operator*() const { return src_->buf_[src_->pos_]; }
-    iterator& operator++() {
-      if (++src_->pos_ == src_->len_) src_->fill();
-      return *this;
+  int peek() { return p_ < end_ || fill() ? static_cast<unsigned char>(*p_) : -1; }
+  int get() { return p_ < end_ || fill() ? static_cast<unsigned char>(*p_++) : -1; }
+  bool eat(char c) {
+    if (peek() != static_cast<unsigned char>(c)) return false;
+    ++p_;
+    return true;
+  }
+  void skip_ws() {
+    for (;;) {
+      while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+      if (p_ < end_ || !fill()) return;
     }
-    bool operator==(const iterator& o) const { return done() == o.done(); }
-    bool operator!=(const iterator& o) const { return done() != o.done(); }
+  }
+  static bool value_start(int c) {
+    return c == '"' || c == '{' || c == '[' || c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' || c == 'n';
+  }
 
-   private:
-    bool done() const { return !src_ || src_->pos_ >= src_->len_; }
-    FileChars* src_ = nullptr;
-  };
-  iterator begin() { return iterator(this); }
-  iterator end() { return iterator(); }
+  // A JSON string after its opening quote, unescaped, appended to *out. false: not valid JSON -- what
+  // nlohmann/json refuses: a control character, a bad escape or surrogate, ill-formed UTF-8, no closing quote.
+  bool string(std::string* out) {
+    for (;;) {
+      const char* q = p_;
+      while (q < end_ && plain(*q)) ++q;
+      out->append(p_, size_t(q - p_));
+      p_ = q;
+      if (p_ == end_) {
+        if (fill()) continue;
+        return false;  // the end of the file
+      }
+      const int c = static_cast<unsigned char>(*p_++);
+      if (c == '"') return true;
+      if (c == '\\') {
+        if (!escape(out)) return false;
+      } else if (c >= 0x80) {
+        if (!utf8_char(c, out)) return false;
+      } else {
+        return false;  // a control character
+      }
+    }
+  }
+
+  // A JSON number. Integer (*v) when nlohmann/json reads it as an integer that fits int64; Other when it is
+  // a valid number that does not (a fraction, an exponent, out of range); Invalid when it is no number.
+  enum class Number { Integer, Other, Invalid };
+  Number number(int64_t* v) {
+    const bool neg = eat('-');
+    int c = peek();
+    if (c < '0' || c > '9') return Number::Invalid;
+    uint64_t mag = 0;
+    bool integer = true;
+    if (c == '0') {
+      ++p_;
+    } else {
+      while ((c = peek()) >= '0' && c <= '9') {
+        ++p_;
+        const unsigned d = unsigned(c - '0');
+        if (mag > (UINT64_MAX - d) / 10) integer = false;  // beyond uint64: a float to nlohmann/json
+        mag = mag * 10 + d;
+      }
+    }
+    if (eat('.')) {
+      if (!digits()) return Number::Invalid;
+      integer = false;
+    }
+    c = peek();
+    if (c == 'e' || c == 'E') {
+      ++p_;
+      if (!eat('+')) eat('-');
+      if (!digits()) return Number::Invalid;
+      integer = false;
+    }
+    if (!integer || mag > uint64_t(INT64_MAX) + (neg ? 1 : 0)) return Number::Other;
+    *v = neg ? (mag == 0 ? 0 : -int64_t(mag - 1) - 1) : int64_t(mag);
+    return Number::Integer;
+  }
+
+  // One JSON value, its text appended to *raw unchecked: nlohmann/json parses it. false: not valid JSON.
+  bool skip_value(std::string* raw) {
+    int c = peek();
+    if (!value_start(c)) return false;
+    if (c != '"' && c != '{' && c != '[') {  // a number or a literal: up to the next delimiter
+      for (;;) {
+        const char* q = p_;
+        while (q < end_ && !delimiter(*q)) ++q;
+        raw->append(p_, size_t(q - p_));
+        p_ = q;
+        if (p_ < end_ || !fill()) return true;
+      }
+    }
+    size_t depth = 0;
+    for (;;) {
+      const char* q = p_;
+      while (q < end_ && !structural(*q)) ++q;
+      raw->append(p_, size_t(q - p_));
+      p_ = q;
+      if (p_ == end_) {
+        if (fill()) continue;
+        return false;
+      }
+      c = static_cast<unsigned char>(*p_++);
+      raw->push_back(char(c));
+      if (c == '"') {
+        if (!raw_string(raw)) return false;
+      } else if (c == '{' || c == '[') {
+        ++depth;
+      } else {
+        --depth;  // } or ]: brackets that do not pair up are nlohmann/json's to refuse
+      }
+      if (depth == 0) return true;
+    }
+  }
 
  private:
-  void fill() {
-    pos_ = 0;
-    len_ = std::fread(buf_.data(), 1, buf_.size(), f_);
-    if (len_ == 0 && std::ferror(f_)) failed_ = true;
+  static bool plain(char c) {  // a string byte that stands for itself
+    const auto u = static_cast<unsigned char>(c);
+    return u >= 0x20 && u < 0x80 && c != '"' && c != '\\';
   }
+  static bool delimiter(char c) {
+    return c == ',' || c == '}' || c == ']' || c == ' ' || c == '\n' || c == '\r' || c == '\t';
+  }
+  static bool structural(char c) { return c == '"' || c == '{' || c == '}' || c == '[' || c == ']'; }
+
+  bool fill() {
+    if (failed_ || eof_) return false;
+    const size_t n = std::fread(buf_.data(), 1, buf_.size(), f_);
+    if (n == 0) {
+      failed_ = std::ferror(f_) != 0;
+      eof_ = true;
+      return false;
+    }
+    p_ = buf_.data();
+    end_ = p_ + n;
+    return true;
+  }
+  bool digits() {
+    int c = peek();
+    if (c < '0' || c > '9') return false;
+    while ((c = peek()) >= '0' && c <= '9') ++p_;
+    return true;
+  }
+  bool hex4(uint32_t* cp) {
+    *cp = 0;
+    for (int i = 0; i < 4; ++i) {
+      const int c = get();
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
+      if (d < 0) return false;
+      *cp = *cp << 4 | uint32_t(d);
+    }
+    return true;
+  }
+  bool escape(std::string* out) {
+    const int c = get();
+    switch (c) {
+      case '"':
+      case '\\':
+      case '/': out->push_back(char(c)); return true;
+      case 'b': out->push_back('\b'); return true;
+      case 'f': out->push_back('\f'); return true;
+      case 'n': out->push_back('\n'); return true;
+      case 'r': out->push_back('\r'); return true;
+      case 't': out->push_back('\t'); return true;
+      case 'u': break;
+      default: return false;
+    }
+    uint32_t cp = 0;
+    if (!hex4(&cp)) return false;
+    if (cp >= 0xD800 && cp <= 0xDBFF) {  // a high surrogate: a low one must follow
+      uint32_t lo = 0;
+      if (!eat('\\') || !eat('u') || !hex4(&lo) || lo < 0xDC00 || lo > 0xDFFF) return false;
+      cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+    } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+      return false;
+    }
+    if (cp < 0x80) {
+      out->push_back(char(cp));
+    } else if (cp < 0x800) {
+      const char s[2] = {char(0xC0 | cp >> 6), char(0x80 | (cp & 0x3F))};
+      out->append(s, 2);
+    } else if (cp < 0x10000) {
+      const char s[3] = {char(0xE0 | cp >> 12), char(0x80 | (cp >> 6 & 0x3F)), char(0x80 | (cp & 0x3F))};
+      out->append(s, 3);
+    } else {
+      const char s[4] = {char(0xF0 | cp >> 18), char(0x80 | (cp >> 12 & 0x3F)), char(0x80 | (cp >> 6 & 0x3F)),
+                         char(0x80 | (cp & 0x3F))};
+      out->append(s, 4);
+    }
+    return true;
+  }
+  // A multi-byte UTF-8 character after its first byte `lead` (utf8_scan's rules, which are nlohmann/json's).
+  bool utf8_char(int lead, std::string* out) {
+    int need = 0, lo = 0x80, hi = 0xBF;  // continuation bytes; the allowed range of the first of them
+    if (lead >= 0xC2 && lead <= 0xDF) {
+      need = 1;
+    } else if (lead >= 0xE0 && lead <= 0xEF) {
+      need = 2;
+      if (lead == 0xE0) lo = 0xA0;  // no overlong forms
+      if (lead == 0xED) hi = 0x9F;  // no surrogates
+    } else if (lead >= 0xF0 && lead <= 0xF4) {
+      need = 3;
+      if (lead == 0xF0) lo = 0x90;  // no overlong forms
+      if (lead == 0xF4) hi = 0x8F;  // <= U+10FFFF
+    } else {
+      return false;
+    }
+    out->push_back(char(lead));
+    for (int i = 0; i < need; ++i) {
+      const int c = get();
+      if (c < (i == 0 ? lo : 0x80) || c > (i == 0 ? hi : 0xBF)) return false;
+      out->push_back(char(c));
+    }
+    return true;
+  }
+  // The rest of a string after its opening quote, appended to *raw as it is.
+  bool raw_string(std::string* raw) {
+    for (;;) {
+      const char* q = p_;
+      while (q < end_ && *q != '"' && *q != '\\') ++q;
+      raw->append(p_, size_t(q - p_));
+      p_ = q;
+      if (p_ == end_) {
+        if (fill()) continue;
+        return false;
+      }
+      const char c = *p_++;
+      raw->push_back(c);
+      if (c == '"') return true;
+      const int e = get();  // the escaped character (never the closing quote)
+      if (e < 0) return false;
+      raw->push_back(char(e));
+    }
+  }
+
   std::FILE* f_;
   std::vector<char> buf_ = std::vector<char>(size_t(1) << 18);
-  size_t pos_ = 0, len_ = 0;
-  bool failed_ = false;
+  const char* p_ = nullptr;
+  const char* end_ = nullptr;
+  bool failed_ = false, eof_ = false;
+};
+
+// tokenizer.json into a Tokenizer::Impl in one pass. model.vocab and model.merges -- nearly all of Gemma's
+// 33 MB -- go straight into the tables: their texts into the arena, the vocabulary's index built as the
+// vocabulary ends (its size known then), the three lookups of each merge done in batches as the merges are
+// read. Every other value is cut out as text and parsed by nlohmann/json into `rest`, where the checks after
+// reading find it as in a tree of the whole file. (A tree of the whole file took ~1.8 s for Gemma's, and
+// nlohmann/json's SAX interface, character by character, ~0.3 s; issue 14.)
+class TokJsonReader {
+ public:
+  TokJsonReader(Tokenizer::Impl* t, std::string where) : t_(t), where_(std::move(where)) {}
+
+  tok_json rest;                // the file without model.vocab, model.merges and an added_tokens list
+  bool vocab_seen = false;      // model.vocab was an object, read into t->texts / piece_at / lookup
+  bool merges_seen = false;     // model.merges was a list, read into t->merges
+  Status bad_id;                // the first vocabulary id out of range
+  Status merge_error;           // the first merge of a token missing from the vocabulary
+  std::vector<TokAdded> added;  // added_tokens (a list), checked, in file order, up to
+  Status added_error;           //   the first entry that failed its check
+
+  // Reads the whole file. Errors of the reading itself: IoError; FormatError for invalid JSON, a value of the
+  // wrong kind in model.vocab / model.merges, or model / model.vocab / model.merges given twice (a second one
+  // would replace the first after the tables were built from it). bad_id, merge_error and added_error are
+  // left to the caller, which reports them in the order of its checks.
+  Status read(std::FILE* f, uint64_t file_bytes) {
+    // Room for what a file of this size usually holds (Gemma's 33 MB: 2.6 MB of texts, 262,144 tokens,
+    // 514,906 merges), so that nothing regrows; reserved, not touched, memory costs nothing until used.
+    const size_t n = size_t(std::min<uint64_t>(file_bytes, uint64_t(1) << 32));
+    t_->texts.reserve(n / 8);
+    vocab_ids_.reserve(n / 100);
+    TokInput in(f);
+    in_ = &in;
+    const bool ok = root();
+    in_ = nullptr;
+    if (in.failed()) return err(Code::IoError, "cannot read ", where_, ": ", std::strerror(errno));
+    if (!status_.is_ok()) return status_;
+    if (!ok) return err(Code::FormatError, where_, ": not valid JSON");
+    return Status::ok();
+  }
+
+ private:
+  static constexpr size_t kBatch = 32;  // merges resolved together (their lookups in flight at once)
+  struct Merge {
+    uint32_t at, a_len, b_len;  // a then b in pending_text_
+  };
+
+  bool fail(Status st) {
+    status_ = std::move(st);
+    return false;
+  }
+  bool bad_vocab() { return fail(err(Code::FormatError, where_, ": model.vocab['", key_, "'] is not an integer id")); }
+  bool bad_merge() {
+    return fail(
+        err(Code::FormatError, where_, ": model.merges[", merge_count_, "] is neither \"a b\" nor [\"a\", \"b\"]"));
+  }
+  // ": value" after a key, up to the value
+  bool colon() {
+    in_->skip_ws();
+    if (!in_->eat(':')) return false;
+    in_->skip_ws();
+    return true;
+  }
+  // After a member or element: true and *more when a ',' follows, true and !*more at `close`.
+  bool next(char close, bool* more) {
+    in_->skip_ws();
+    *more = in_->eat(',');
+    if (*more) {
+      in_->skip_ws();
+      return true;
+    }
+    return in_->eat(close);
+  }
+  // A value for the tree, cut out and parsed by nlohmann/json.
+  bool value(tok_json* out) {
+    raw_.clear();
+    if (!in_->skip_value(&raw_)) return false;
+    *out = tok_json::parse(raw_, nullptr, false);
+    return !out->is_discarded();
+  }
+
+  bool root() {
+    TokInput& in = *in_;
+    if (in.peek() == 0xEF && !(in.get() == 0xEF && in.get() == 0xBB && in.get() == 0xBF))
+      return false;  // a UTF-8 byte order mark is skipped (as nlohmann/json does), a broken one refused
+    in.skip_ws();
+    if (in.peek() != '{') {  // not an object (an error later), if it is JSON at all
+      if (!value(&rest)) return false;
+    } else {
+      in.get();
+      rest = tok_json::object();
+      in.skip_ws();
+      for (bool more = !in.eat('}'); more;) {
+        std::string key;
+        if (!in.eat('"') || !in.string(&key) || !colon()) return false;
+        if (key == "added_tokens") {  // a later one replaces an earlier one, as in a tree
+          added.clear();
+          added_error = Status::ok();
+          rest.erase(key);
+        }
+        if (key == "added_tokens" && in.peek() == '[') {
+          if (!added_tokens()) return false;
+        } else if (key == "model" && in.peek() == '{') {
+          if (model_seen_) return fail(err(Code::FormatError, where_, ": 'model' is given twice"));
+          model_seen_ = true;
+          tok_json model = tok_json::object();
+          if (!model_object(&model)) return false;
+          rest[key] = std::move(model);
+        } else if (!value(&rest[key])) {
+          return false;
+        }
+        if (!next('}', &more)) return false;
+      }
+    }
+    in.skip_ws();
+    return in.peek() < 0;  // nothing but white space after it
+  }
+
+  bool model_object(tok_json* model) {
+    TokInput& in = *in_;
+    in.get();  // {
+    in.skip_ws();
+    for (bool more = !in.eat('}'); more;) {
+      std::string key;
+      if (!in.eat('"') || !in.string(&key) || !colon()) return false;
+      const int c = in.peek();
+      if (key == "vocab" && c == '{') {
+        if (vocab_seen) return fail(err(Code::FormatError, where_, ": model.vocab is given twice"));
+        vocab_seen = true;
+        if (!vocab()) return false;
+      } else if (key == "merges" && c == '[') {
+        if (merges_seen) return fail(err(Code::FormatError, where_, ": model.merges is given twice"));
+        merges_seen = true;
+        if (!merges()) return false;
+      } else if (!value(&(*model)[key])) {
+        return false;
+      }
+      if (!next('}', &more)) return false;
+    }
+    return true;
+  }
+
+  // added_tokens: [{"id": 0, "content": "<pad>", ...}, ...], an entry at a time: each is cut out, parsed by
+  // nlohmann/json, checked and kept as a TokAdded (a tree of Gemma's 6,415 entries took 30 ms and 5 MB).
+  bool added_tokens() {
+    TokInput& in = *in_;
+    in.get();  // [
+    in.skip_ws();
+    for (bool more = !in.eat(']'); more;) {
+      tok_json e;
+      if (!value(&e)) return false;
+      if (added_error.is_ok()) {
+        TokAdded ad;
+        added_error = tok_added_token(e, where_, added.size(), &ad);
+        if (added_error.is_ok()) added.push_back(std::move(ad));
+      }
+      if (!next(']', &more)) return false;
+    }
+    return true;
+  }
+
+  // model.vocab: {"text": id, ...}. The texts go into the arena in file order, the ids into vocab_ids_.
+  bool vocab() {
+    TokInput& in = *in_;
+    in.get();  // {
+    vocab_first_ = t_->texts.end();
+    in.skip_ws();
+    for (bool more = !in.eat('}'); more;) {
+      key_.clear();
+      if (!in.eat('"') || !in.string(&key_) || !colon()) return false;
+      const int c = in.peek();
+      int64_t id = 0;
+      if (c == '-' || (c >= '0' && c <= '9')) {
+        const TokInput::Number kind = in.number(&id);
+        if (kind == TokInput::Number::Invalid) return false;
+        if (kind == TokInput::Number::Other) return bad_vocab();
+      } else {
+        return TokInput::value_start(c) ? bad_vocab() : false;
+      }
+      if (id < 0 || id >= kMaxTokenIds) {
+        if (bad_id.is_ok())
+          bad_id =
+              err(Code::FormatError, where_, ": model.vocab: token id ", id, " is outside [0, ", kMaxTokenIds, ")");
+        id = 0;
+      }
+      if (t_->texts.add(key_) == 0)
+        return fail(err(Code::FormatError, where_, ": model.vocab: the token texts pass 4 GiB"));
+      vocab_ids_.push_back(int32_t(id));
+      if (!next('}', &more)) return false;
+    }
+    vocab_end();
+    return true;
+  }
+
+  // The vocabulary is complete: the id -> text table and the text -> id index, each allocated once at its
+  // size; then any merges read before the vocabulary are resolved.
+  void vocab_end() {
+    if (!bad_id.is_ok()) return;  // the load fails: no tables
+    int32_t max_id = -1;
+    for (const int32_t id : vocab_ids_) max_id = std::max(max_id, id);
+    int32_t max_added = max_id;  // added tokens read before (where tokenizers writes them) may add ids
+    for (const TokAdded& ad : added) max_added = std::max(max_added, ad.id);
+    t_->piece_at.reserve(size_t(max_added + 1));
+    t_->piece_at.assign(size_t(max_id + 1), 0);
+    VocabIndex& index = t_->lookup;
+    const TextArena& texts = t_->texts;
+    index.reserve(vocab_ids_.size(), texts);
+    // In file order: of two texts for one id the last wins, of two ids for one text the first. In batches:
+    // the slots of a batch are fetched together.
+    constexpr size_t kAddBatch = 16;
+    uint32_t off[kAddBatch];
+    VocabIndex::Probe probe[kAddBatch];
+    uint32_t at = vocab_first_;
+    for (size_t i0 = 0; i0 < vocab_ids_.size(); i0 += kAddBatch) {
+      const size_t n = std::min(kAddBatch, vocab_ids_.size() - i0);
+      for (size_t k = 0; k < n; ++k, at = texts.next(at)) {
+        off[k] = at;
+        probe[k] = index.probe(texts.at(at));
+      }
+      for (size_t k = 0; k < n; ++k) {
+        const int32_t id = vocab_ids_[i0 + k];
+        t_->piece_at[size_t(id)] = off[k];
+        index.add(off[k], id, probe[k], texts);
+      }
+    }
+    vocab_count_ = vocab_ids_.size();
+    vocab_ids_ = {};
+    index_ready_ = true;
+    resolve_merges();
+  }
+
+  // model.merges: ["a b", ...] or [["a", "b"], ...]. Each merge's texts go to pending_text_, a then b back to
+  // back (so that "ab" is a view too); resolved into ids a batch at a time once the vocabulary is known.
+  bool merges() {
+    TokInput& in = *in_;
+    in.get();  // [
+    in.skip_ws();
+    for (bool more = !in.eat(']'); more;) {
+      if (merge_count_ >= MergeTable::kMaxMerges)
+        return fail(err(Code::Unsupported, where_, ": model.merges: more than ", MergeTable::kMaxMerges,
+                        " merges are not supported"));
+      const int c = in.peek();
+      const size_t at = pending_text_.size();
+      size_t len[2] = {0, 0};
+      if (c == '"') {  // "a b"
+        in.get();
+        if (!in.string(&pending_text_)) return false;
+        const std::string_view v(pending_text_.data() + at, pending_text_.size() - at);
+        const size_t sp = v.find(' ');
+        if (sp == std::string_view::npos || v.find(' ', sp + 1) != std::string_view::npos)
+          return fail(err(Code::FormatError, where_, ": model.merges[", merge_count_, "] = '", v,
+                          "' is not two tokens split by a space"));
+        len[0] = sp;
+        len[1] = v.size() - sp - 1;
+        pending_text_.erase(at + sp, 1);
+      } else if (c == '[') {  // ["a", "b"]
+        in.get();
+        in.skip_ws();
+        int n = 0;
+        for (bool more_in = !in.eat(']'); more_in;) {
+          const int e = in.peek();
+          if (e != '"') return TokInput::value_start(e) ? bad_merge() : false;
+          if (n == 2) return bad_merge();
+          in.get();
+          const size_t before = pending_text_.size();
+          if (!in.string(&pending_text_)) return false;
+          len[n++] = pending_text_.size() - before;
+          if (!next(']', &more_in)) return false;
+        }
+        if (n != 2) return bad_merge();
+      } else {
+        return TokInput::value_start(c) ? bad_merge() : false;
+      }
+      add_merge(at, len[0], len[1]);
+      if (!next(']', &more)) return false;
+    }
+    resolve_merges();
+    return true;
+  }
+
+  void add_merge(size_t at, size_t a_len, size_t b_len) {
+    ++merge_count_;
+    if (merge_error.is_ok() && pending_text_.size() > UINT32_MAX)  // only when they come before the vocabulary
+      merge_error = err(Code::FormatError, where_, ": model.merges hold more than 4 GiB of text");
+    // Not kept when the load fails anyway: after a missing token, or with a vocabulary that had a bad id.
+    if (!merge_error.is_ok() || (vocab_seen && !index_ready_)) {
+      pending_text_.resize(at);
+      return;
+    }
+    pending_.push_back(Merge{uint32_t(at), uint32_t(a_len), uint32_t(b_len)});
+    if (index_ready_ && pending_.size() == kBatch) resolve_merges();
+  }
+
+  // The pending merges into (left, right, merged) ids, kBatch at a time: the lookups of a batch are all in
+  // flight before the first is used (each is a cache miss or two: slot, then text).
+  void resolve_merges() {
+    if (!index_ready_ || pending_.empty()) return;
+    const VocabIndex& index = t_->lookup;
+    const TextArena& texts = t_->texts;
+    MergeTable& table = t_->merges;
+    // Sized once for two merges per token (Gemma: 514,906 for 262,144; Llama 2: 61,249 for 32,000); grows
+    // past that.
+    if (table.size() == 0) table.reserve(2 * vocab_count_);
+    for (size_t i0 = 0; i0 < pending_.size() && merge_error.is_ok(); i0 += kBatch) {
+      const size_t n = std::min(kBatch, pending_.size() - i0);
+      std::string_view s[kBatch][3];  // a, b, ab
+      VocabIndex::Probe probe[kBatch][3];
+      for (size_t k = 0; k < n; ++k) {
+        const Merge& m = pending_[i0 + k];
+        const char* a = pending_text_.data() + m.at;
+        s[k][0] = std::string_view(a, m.a_len);
+        s[k][1] = std::string_view(a + m.a_len, m.b_len);
+        s[k][2] = std::string_view(a, m.a_len + m.b_len);
+        for (int j = 0; j < 3; ++j) probe[k][j] = index.probe(s[k][j]);
+      }
+      for (size_t k = 0; k < n; ++k)
+        for (int j = 0; j < 3; ++j) index.prefetch_text(probe[k][j], texts);
+      int32_t id[kBatch][3];
+      size_t found = 0;
+      for (; found < n; ++found) {
+        for (int j = 0; j < 3; ++j) id[found][j] = index.find(s[found][j], probe[found][j], texts);
+        if (id[found][0] < 0 || id[found][1] < 0 || id[found][2] < 0) {
+          merge_error = err(Code::FormatError, where_, ": model.merges[", table.size() + found, "] ('", s[found][0],
+                            "', '", s[found][1], "') uses a token missing from the vocabulary");
+          break;
+        }
+        table.prefetch(id[found][0], id[found][1]);
+      }
+      for (size_t k = 0; k < found; ++k) table.add(id[k][0], id[k][1], id[k][2]);
+    }
+    pending_.clear();
+    pending_text_.clear();
+  }
+
+  Tokenizer::Impl* t_;
+  std::string where_;
+  TokInput* in_ = nullptr;
+  Status status_;    // an error found while reading
+  std::string raw_;  // the text of a value for the tree
+  std::string key_;  // the vocabulary text being read
+  bool model_seen_ = false;
+  uint32_t vocab_first_ = 0;        // the arena record of the vocabulary's first text
+  size_t vocab_count_ = 0;          // entries in the vocabulary
+  std::vector<int32_t> vocab_ids_;  // [vocab entries] ids in file order (0 where out of range)
+  bool index_ready_ = false;        // t->lookup holds the vocabulary
+  size_t merge_count_ = 0;          // merges read
+  std::string pending_text_;        // texts of the merges not yet resolved
+  std::vector<Merge> pending_;      // the merges not yet resolved (usually fewer than kBatch)
 };
 
 inline Status tok_load_json(const std::string& path, Tokenizer::Impl* t) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
   if (!f) return err(Code::IoError, "cannot open ", path, ": ", std::strerror(errno));
-  TokJsonReader reader;
-  reader.set_where(path);
-  // Room for what a file of this size usually holds (Gemma's 33 MB: 262,144 tokens, 514,906 merges), so the
-  // lists rarely regrow; reserved, not touched, memory costs nothing until used.
   struct stat st;
-  if (fstat(fileno(f.get()), &st) == 0 && st.st_size > 0) reader.reserve(uint64_t(st.st_size));
-  FileChars chars(f.get());
-  const bool parsed = tok_json::sax_parse(chars.begin(), chars.end(), &reader);
-  if (chars.failed()) return err(Code::IoError, "cannot read ", path, ": ", std::strerror(errno));
-  if (!reader.status.is_ok()) return reader.status;
-  if (!parsed) return err(Code::FormatError, path, ": not valid JSON");
+  const uint64_t bytes = fstat(fileno(f.get()), &st) == 0 && st.st_size > 0 ? uint64_t(st.st_size) : 0;
+  TokJsonReader reader(t, path);
+  GEMMA4_T4_TRY(reader.read(f.get(), bytes));
+  f.reset();
   const tok_json& j = reader.rest;
   if (!j.is_object()) return err(Code::FormatError, path, ": not a JSON object");
   const std::string& w = path;
@@ -3234,122 +3689,42 @@ inline Status tok_load_json(const std::string& path, Tokenizer::Impl* t) {
   GEMMA4_T4_TRY(flag("fuse_unk", &t->fuse_unk));
   GEMMA4_T4_TRY(flag("ignore_merges", &t->ignore_merges));
 
-  // vocabulary (read by the SAX reader as a flat list when it is an object)
-  if (!reader.vocab_flat) return err(Code::FormatError, w, ": model.vocab is not an object");
-  std::vector<std::pair<std::string, int64_t>> entries = std::move(reader.vocab);
-  {
-    // Ascending ids: the dense tables grow once; of two texts for one id the last in the file wins.
-    int64_t max_id = -1;
-    for (const auto& e : entries) max_id = std::max(max_id, e.second);
-    if (max_id >= 0 && max_id < (int64_t(1) << 21)) {
-      t->pieces.reserve(size_t(max_id) + 1);
-      t->present.reserve(size_t(max_id) + 1);
-    }
-  }
-  for (auto& e : entries) GEMMA4_T4_TRY(tok_add_piece(t, e.second, e.first, w + ": model.vocab"));
-  // `entries` stays until `lookup` is built: it is the model's own vocabulary (added tokens may rename ids).
+  // vocabulary: read into t->texts, t->piece_at and t->lookup (the model's own vocabulary, which the BPE
+  // model sees; added tokens below may give an id other text, not the model another text -> id)
+  if (!reader.vocab_seen) return err(Code::FormatError, w, ": model.vocab is not an object");
+  GEMMA4_T4_TRY(reader.bad_id);
 
-  // added tokens (they own their ids' text)
-  struct Added {
-    std::string content;
-    int32_t id;
-    bool normalized, special;
-  };
-  std::vector<Added> added;
-  if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-    const tok_json& a = j["added_tokens"];
-    if (!a.is_array()) return err(Code::FormatError, w, ": 'added_tokens' is not a list");
-    for (size_t i = 0; i < a.size(); ++i) {
-      const std::string where = w + ": added_tokens[" + std::to_string(i) + "]";
-      const tok_json& e = a[i];
-      if (!e.is_object() || !e.contains("id") || !e["id"].is_number_integer() || !e.contains("content") ||
-          !e["content"].is_string())
-        return err(Code::FormatError, where, ": needs an integer 'id' and a string 'content'");
-      Added ad{e["content"].get<std::string>(), 0, false, false};
-      if (ad.content.empty()) return err(Code::FormatError, where, ": empty 'content'");
-      if (utf8_invalid_at(ad.content) != std::string_view::npos)
-        return err(Code::FormatError, where, ": 'content' is not valid UTF-8");
-      for (const char* key : {"lstrip", "rstrip", "single_word"})
-        if (e.contains(key) && e[key].is_boolean() && e[key].get<bool>())
-          return err(Code::Unsupported, where, " ('", ad.content, "'): ", key, ": true is not supported");
-      ad.normalized = e.contains("normalized") && e["normalized"].is_boolean() ? e["normalized"].get<bool>() : false;
-      ad.special = e.contains("special") && e["special"].is_boolean() ? e["special"].get<bool>() : false;
-      GEMMA4_T4_TRY(tok_add_piece(t, e["id"].get<int64_t>(), ad.content, where));
-      ad.id = e["id"].get<int32_t>();
-      added.push_back(std::move(ad));
-    }
-  }
+  // added tokens (they own their ids' text): checked by the reader
+  if (auto a = j.find("added_tokens"); a != j.end() && !a->is_null())
+    return err(Code::FormatError, w, ": 'added_tokens' is not a list");
+  GEMMA4_T4_TRY(reader.added_error);
+  for (const TokAdded& ad : reader.added) GEMMA4_T4_TRY(tok_add_piece(t, ad.id, ad.content, w + ": added_tokens"));
 
   GEMMA4_T4_TRY(tok_normalizer(j.contains("normalizer") ? j["normalizer"] : tok_json(), w + ": normalizer", t));
   GEMMA4_T4_TRY(
       tok_pre_tokenizer(j.contains("pre_tokenizer") ? j["pre_tokenizer"] : tok_json(), w + ": pre_tokenizer", t));
   GEMMA4_T4_TRY(tok_decoder(j.contains("decoder") ? j["decoder"] : tok_json(), w + ": decoder", t));
 
-  // lookup = the model's own vocabulary (the BPE model sees only it); views into pieces, which are final
-  // once the model vocabulary and added tokens are in -- except where an added token gave an id other text.
-  t->lookup.reserve(entries.size());
-  for (const auto& e : entries) {
-    const std::string& s = t->pieces[size_t(e.second)];
-    if (s == e.first) {
-      t->lookup.emplace(std::string_view(s), int32_t(e.second));
-    } else {  // id renamed by an added token: the model still knows it by its own text
-      t->renamed.push_back(e.first);
-      t->lookup.emplace(std::string_view(t->renamed.back()), int32_t(e.second));
-    }
-  }
-  entries = {};
-
   for (int b = 0; b < 256; ++b) {
     char name[8];
     std::snprintf(name, sizeof name, "<0x%02X>", b);
-    auto it = t->lookup.find(name);
-    t->byte_ids[b] = it == t->lookup.end() ? -1 : it->second;
+    t->byte_ids[size_t(b)] = t->lookup.find(name, t->texts);
   }
   if (m.contains("unk_token") && m["unk_token"].is_string()) {
-    auto it = t->lookup.find(m["unk_token"].get<std::string>());
-    if (it == t->lookup.end())
-      return err(Code::FormatError, w, ": model.unk_token '", m["unk_token"].get<std::string>(),
-                 "' is not in the vocabulary");
-    t->unk_id = it->second;
+    const std::string unk = m["unk_token"].get<std::string>();
+    t->unk_id = t->lookup.find(unk, t->texts);
+    if (t->unk_id < 0) return err(Code::FormatError, w, ": model.unk_token '", unk, "' is not in the vocabulary");
   }
 
-  // merges: "a b" strings or [a, b] pairs (read by the SAX reader as a flat list); rank = position
-  auto merges = m.find("merges");
-  if (reader.merges_flat) {
-    t->merges.reserve(reader.merges.size());
-    // In batches: the lookups of a batch are all in flight before the first is used (each is a cache miss).
-    constexpr size_t kBatch = 16;
-    std::string_view a[kBatch], b[kBatch];
-    std::string ab[kBatch];
-    VocabIndex::Probe pa[kBatch], pb[kBatch], pab[kBatch];
-    const size_t n = reader.merges.size();
-    for (size_t i0 = 0; i0 < n; i0 += kBatch) {
-      const size_t batch = std::min(kBatch, n - i0);
-      for (size_t k = 0; k < batch; ++k) {
-        const TokJsonReader::Merge& mg = reader.merges[i0 + k];
-        a[k] = std::string_view(reader.merges_text.data() + mg.a, mg.a_len);
-        b[k] = std::string_view(reader.merges_text.data() + mg.b, mg.b_len);
-        ab[k].assign(a[k]);
-        ab[k].append(b[k]);
-        pa[k] = t->lookup.probe(a[k]);
-        pb[k] = t->lookup.probe(b[k]);
-        pab[k] = t->lookup.probe(ab[k]);
-      }
-      for (size_t k = 0; k < batch; ++k) {
-        const size_t i = i0 + k;
-        auto ia = t->lookup.find(a[k], pa[k]), ib = t->lookup.find(b[k], pb[k]), iab = t->lookup.find(ab[k], pab[k]);
-        if (ia == t->lookup.end() || ib == t->lookup.end() || iab == t->lookup.end())
-          return err(Code::FormatError, w, ": model.merges[", i, "] ('", a[k], "', '", b[k],
-                     "') uses a token missing from the vocabulary");
-        t->merges.put(ia->second, ib->second, int32_t(i), iab->second);
-      }
-    }
-  } else if (merges != m.end() && !merges->is_null()) {
+  // merges: "a b" strings or [a, b] pairs (resolved into ids by the reader); rank = position
+  if (reader.merges_seen) {
+    GEMMA4_T4_TRY(reader.merge_error);
+  } else if (auto merges = m.find("merges"); merges != m.end() && !merges->is_null()) {
     return err(Code::FormatError, w, ": model.merges is not a list");
   }
 
   tok_finish(t);
-  for (const Added& ad : added) {
+  for (const TokAdded& ad : reader.added) {
     t->added_ids[ad.content] = ad.id;
     if (ad.special) t->special[size_t(ad.id)] = 1;
     if (ad.normalized) {
@@ -3370,7 +3745,8 @@ inline Status tok_load_sentencepiece(const std::string& path, Tokenizer::Impl* t
   if (!st.ok()) return err(Code::FormatError, path, ": SentencePiece cannot load it: ", st.ToString());
   const int n = sp->GetPieceSize();
   for (int i = 0; i < n; ++i) GEMMA4_T4_TRY(tok_add_piece(t, i, sp->IdToPiece(i), path));
-  for (int i = 0; i < n; ++i) t->lookup.emplace(std::string_view(t->pieces[size_t(i)]), i);
+  t->lookup.reserve(size_t(n), t->texts);
+  for (int i = 0; i < n; ++i) t->lookup.add(t->piece_at[size_t(i)], i, t->texts);
   tok_finish(t);
   for (int i = 0; i < n; ++i) {
     if (sp->IsControl(i) || sp->IsUnknown(i)) t->special[size_t(i)] = 1;
@@ -3452,19 +3828,25 @@ Status Tokenizer::load(const std::string& path, Tokenizer* out) {
 
 bool Tokenizer::loaded() const { return impl_ != nullptr; }
 
-size_t Tokenizer::vocab_size() const { return impl_ ? impl_->pieces.size() : 0; }
+size_t Tokenizer::vocab_size() const { return impl_ ? impl_->vocab_size() : 0; }
 
 int32_t Tokenizer::token_id(std::string_view piece) const {
   if (!impl_) return -1;
   auto it = impl_->added_ids.find(std::string(piece));
   if (it != impl_->added_ids.end()) return it->second;
-  auto jt = impl_->lookup.find(piece);
-  return jt == impl_->lookup.end() ? -1 : jt->second;
+  return impl_->lookup.find(piece, impl_->texts);
 }
 
 const std::string& Tokenizer::piece(int32_t id) const {
   static const std::string empty;
-  return impl_ && impl_->valid_id(id) ? impl_->pieces[size_t(id)] : empty;
+  if (!impl_ || !impl_->valid_id(id)) return empty;
+  const Impl& t = *impl_;
+  std::call_once(t.piece_strings_once, [&t] {
+    t.piece_strings.resize(t.vocab_size());
+    for (size_t i = 0; i < t.piece_strings.size(); ++i)
+      if (t.valid_id(int32_t(i))) t.piece_strings[i] = t.piece_text(int32_t(i));
+  });
+  return t.piece_strings[size_t(id)];
 }
 
 bool Tokenizer::is_special(int32_t id) const { return impl_ && impl_->valid_id(id) && impl_->special[size_t(id)]; }
@@ -3559,7 +3941,7 @@ void Tokenizer::Streamer::drain(bool final, std::string* out) {
 Status Tokenizer::Streamer::put(int32_t id, std::string* out_text) {
   if (!impl_) return detail::err(Code::InvalidArgument, "Tokenizer::Streamer: no tokenizer loaded");
   if (!impl_->valid_id(id))
-    return detail::err(Code::InvalidArgument, "token id ", id, " is not in the vocabulary (size ", impl_->pieces.size(),
+    return detail::err(Code::InvalidArgument, "token id ", id, " is not in the vocabulary (size ", impl_->vocab_size(),
                        ")");
   if (!out_text) return detail::err(Code::InvalidArgument, "Tokenizer::Streamer::put: out_text is null");
   const size_t i = size_t(id);
@@ -3570,9 +3952,9 @@ Status Tokenizer::Streamer::put(int32_t id, std::string* out_text) {
     drain(true, out_text);
     if (impl_->dec_join_space && count_ > 0) emit(" ", out_text);
     if (impl_->dec_replace.empty()) {
-      emit(impl_->pieces[i], out_text);
+      emit(impl_->piece_text(id), out_text);
     } else {
-      std::string s = impl_->pieces[i];
+      std::string s(impl_->piece_text(id));
       for (const auto& r : impl_->dec_replace) detail::replace_all(&s, r.first, r.second);
       emit(s, out_text);
     }

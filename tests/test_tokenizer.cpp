@@ -392,6 +392,76 @@ TEST_CASE("tokenizer: bad input and bad files are clear errors", "[tokenizer]") 
   CHECK(t.encode("x", &none).code == Code::InvalidArgument);  // not loaded: an error, no crash
 }
 
+TEST_CASE("tokenizer: tokenizer.json read in blocks, its keys in any order", "[tokenizer]") {
+  // What a tokenizer does, for comparing two loads of the same tokenizer.
+  auto behaviour = [](const Tokenizer& tok) {
+    std::string out = std::to_string(tok.vocab_size()) + ":";
+    for (int32_t id = 0; id < int32_t(tok.vocab_size()); ++id)
+      out += tok.piece(id) + (tok.is_special(id) ? "*" : "") + "=" + std::to_string(tok.token_id(tok.piece(id))) + " ";
+    for (const char* text : {"abc", "abab a", "<bos>ab<bo<bos", "xyz", "\u00e9\u20ac b c"}) {
+      std::vector<int32_t> ids;
+      REQUIRE(tok.encode(text, &ids));
+      out += ids_str(ids);
+    }
+    return out;
+  };
+  // Escapes and multi-byte characters in every part, so that block boundaries fall inside them too.
+  const std::string json =
+      replace_all(replace_all(mini_json("null", "null", R"([["a", "b"], "ab c", ["\u2581", "\u0061"]])"),
+                              R"("<0xAC>": 14})", R"("<0xAC>": 14, "\u00e9\"\\\/\n": 15, "\ud83d\ude00": 16})"),
+                  R"("<bo", "special": false)", R"("\u003cbo", "special": false)");
+  Tokenizer base;
+  REQUIRE(load_text(json, &base));
+  const std::string expected = behaviour(base);
+  CHECK(base.token_id("\u00e9\"\\/\n") == 15);
+  CHECK(base.token_id("\U0001F600") == 16);
+
+  // The reader takes 256 KiB at a time: white space before the JSON puts a block boundary k bytes into it,
+  // for every k.
+  testutil::TempDir dir;
+  const size_t block = size_t(1) << 18;
+  size_t failures = 0;
+  for (size_t k = 1; k <= json.size(); ++k) {
+    write_text(dir.path() / "t.json", std::string(block - k, ' ') + json);
+    Tokenizer tok;
+    Status st = Tokenizer::load((dir.path() / "t.json").string(), &tok);
+    if (!st || behaviour(tok) != expected) {
+      if (++failures <= 3) FAIL_CHECK("a block boundary " << k << " bytes into the JSON: " << st.message);
+    }
+  }
+  CHECK(failures == 0);
+
+  // The merges before the vocabulary, the added tokens after the model: the same tokenizer.
+  using ordered = nlohmann::ordered_json;
+  const ordered doc = ordered::parse(json);
+  auto move_last = [](const ordered& obj, const std::string& key) {
+    ordered out = ordered::object();
+    for (auto it = obj.begin(); it != obj.end(); ++it)
+      if (it.key() != key) out[it.key()] = it.value();
+    out[key] = obj.at(key);
+    return out;
+  };
+  ordered merges_first = doc;
+  merges_first["model"] = move_last(doc["model"], "vocab");  // ..., merges, vocab
+  ordered added_last = move_last(doc, "added_tokens");
+  for (const ordered& d : {merges_first, added_last}) {
+    Tokenizer tok;
+    REQUIRE(load_text(d.dump(), &tok));
+    CHECK(behaviour(tok) == expected);
+  }
+
+  // model, model.vocab or model.merges twice: refused (the tables are built from the first as it is read).
+  const std::string compact = doc.dump(), model_at = R"("model":{)";
+  for (const std::string& twice : {replace_all(compact, model_at, R"("model":{"vocab":{}},)" + model_at),
+                                   replace_all(compact, model_at, model_at + R"("vocab":{"a":0},)"),
+                                   replace_all(compact, model_at, model_at + R"("merges":[],)")}) {
+    Tokenizer t;
+    Status st = load_text(twice, &t);
+    CHECK(st.code == Code::FormatError);
+    CHECK_THAT(st.message, Catch::Contains("given twice"));
+  }
+}
+
 // ---- the real Gemma tokenizer ----
 
 TEST_CASE("tokenizer: reference ids for every corpus line", "[tokenizer]") {

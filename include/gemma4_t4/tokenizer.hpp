@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <system_error>
@@ -84,19 +85,25 @@ Status Tokenizer::load(const std::string& path, Tokenizer* out) {
 
 bool Tokenizer::loaded() const { return impl_ != nullptr; }
 
-size_t Tokenizer::vocab_size() const { return impl_ ? impl_->pieces.size() : 0; }
+size_t Tokenizer::vocab_size() const { return impl_ ? impl_->vocab_size() : 0; }
 
 int32_t Tokenizer::token_id(std::string_view piece) const {
   if (!impl_) return -1;
   auto it = impl_->added_ids.find(std::string(piece));
   if (it != impl_->added_ids.end()) return it->second;
-  auto jt = impl_->lookup.find(piece);
-  return jt == impl_->lookup.end() ? -1 : jt->second;
+  return impl_->lookup.find(piece, impl_->texts);
 }
 
 const std::string& Tokenizer::piece(int32_t id) const {
   static const std::string empty;
-  return impl_ && impl_->valid_id(id) ? impl_->pieces[size_t(id)] : empty;
+  if (!impl_ || !impl_->valid_id(id)) return empty;
+  const Impl& t = *impl_;
+  std::call_once(t.piece_strings_once, [&t] {
+    t.piece_strings.resize(t.vocab_size());
+    for (size_t i = 0; i < t.piece_strings.size(); ++i)
+      if (t.valid_id(int32_t(i))) t.piece_strings[i] = t.piece_text(int32_t(i));
+  });
+  return t.piece_strings[size_t(id)];
 }
 
 bool Tokenizer::is_special(int32_t id) const { return impl_ && impl_->valid_id(id) && impl_->special[size_t(id)]; }
@@ -191,7 +198,7 @@ void Tokenizer::Streamer::drain(bool final, std::string* out) {
 Status Tokenizer::Streamer::put(int32_t id, std::string* out_text) {
   if (!impl_) return detail::err(Code::InvalidArgument, "Tokenizer::Streamer: no tokenizer loaded");
   if (!impl_->valid_id(id))
-    return detail::err(Code::InvalidArgument, "token id ", id, " is not in the vocabulary (size ", impl_->pieces.size(),
+    return detail::err(Code::InvalidArgument, "token id ", id, " is not in the vocabulary (size ", impl_->vocab_size(),
                        ")");
   if (!out_text) return detail::err(Code::InvalidArgument, "Tokenizer::Streamer::put: out_text is null");
   const size_t i = size_t(id);
@@ -202,9 +209,9 @@ Status Tokenizer::Streamer::put(int32_t id, std::string* out_text) {
     drain(true, out_text);
     if (impl_->dec_join_space && count_ > 0) emit(" ", out_text);
     if (impl_->dec_replace.empty()) {
-      emit(impl_->pieces[i], out_text);
+      emit(impl_->piece_text(id), out_text);
     } else {
-      std::string s = impl_->pieces[i];
+      std::string s(impl_->piece_text(id));
       for (const auto& r : impl_->dec_replace) detail::replace_all(&s, r.first, r.second);
       emit(s, out_text);
     }

@@ -7,8 +7,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <deque>
 #include <memory>
+#include <mutex>
 #include <queue>
 #include <string>
 #include <string_view>
@@ -77,80 +77,123 @@ inline size_t utf8_invalid_at(std::string_view s) {
 
 // ---- BPE tables ----
 
-// Token text -> id, the text viewed in strings that outlive the table: open addressing, linear probing, at
-// most half full. Replaces std::unordered_map<std::string_view, int32_t>, whose lookups (prime modulo, a node
-// per entry, a string compare in another cache line) were the largest part of loading Gemma's 262,144-token
-// vocabulary and its 514,906 merges. A slot keeps the text's size and first 8 bytes, so a probe of another
-// text, and the whole compare of a text of <= 8 bytes, stays in the slot. The same interface subset as the
-// map: find() -> pointer (end() = nullptr) with ->second, emplace() keeping the first id of a text, reserve().
+// Token ids are below 2^21 (Gemma: 262144). The bound caps what a hostile file can make load() allocate,
+// and lets an id share a 64-bit table slot with other fields.
+constexpr int64_t kMaxTokenIds = int64_t(1) << 21;
+
+// Token texts back to back in one string, each a record [length][bytes]: one length byte below 255, else 0xFF
+// and four bytes (little-endian). A record is named by its offset; offset 0 names none. One allocation for
+// all of Gemma's 262,144 texts (2.6 MB) instead of a std::string each.
+class TextArena {
+ public:
+  TextArena() : data_(1, '\0') {}
+  void reserve(size_t bytes) { data_.reserve(bytes); }
+  // Appends s; its offset, or 0 when the arena would pass 4 GiB.
+  uint32_t add(std::string_view s) {
+    const size_t head = s.size() < 255 ? 1 : 5;
+    if (data_.size() + head + s.size() > UINT32_MAX) return 0;
+    const uint32_t off = uint32_t(data_.size());
+    if (head == 1) {
+      data_.push_back(char(s.size()));
+    } else {
+      const uint32_t n = uint32_t(s.size());
+      const char len[5] = {'\xff', char(n), char(n >> 8), char(n >> 16), char(n >> 24)};
+      data_.append(len, 5);
+    }
+    data_.append(s.data(), s.size());
+    return off;
+  }
+  std::string_view at(uint32_t off) const {
+    const auto* p = reinterpret_cast<const unsigned char*>(data_.data()) + off;
+    if (p[0] < 255) return {reinterpret_cast<const char*>(p) + 1, p[0]};
+    const uint32_t n = p[1] | uint32_t(p[2]) << 8 | uint32_t(p[3]) << 16 | uint32_t(p[4]) << 24;
+    return {reinterpret_cast<const char*>(p) + 5, n};
+  }
+  // The record after the one at off (records are walked in the order they were added).
+  uint32_t next(uint32_t off) const {
+    const std::string_view s = at(off);
+    return uint32_t(s.data() + s.size() - data_.data());
+  }
+  uint32_t end() const { return uint32_t(data_.size()); }
+  const char* data() const { return data_.data(); }
+
+ private:
+  std::string data_;
+};
+
+// Token text -> id over texts in a TextArena: open addressing, linear probing, at most half full. A slot is
+// 8 bytes -- the text's record offset, the id (21 bits) and 11 more bits of the hash, so that a probe of
+// another text rarely reads the arena: Gemma's 262,144 texts take 4 MiB of slots (a std::unordered_map took
+// several times that in nodes, and its lookups were most of loading the vocabulary and the 514,906 merges).
+// Of two records with one text the first added keeps it.
 class VocabIndex {
  public:
-  struct Entry {
-    const char* text = nullptr;  // not owned
-    uint64_t head = 0;           // its first 8 bytes, zero-padded
-    uint32_t size = 0;           // its length
-    int32_t second = -1;         // the id; -1: an empty slot
-  };
-  void reserve(size_t n) {
-    if (2 * n > slots_.size()) rehash(2 * n);
+  // Room for n texts without growing.
+  void reserve(size_t n, const TextArena& texts) {
+    if (2 * n > slots_.size()) rehash(2 * n, texts);
   }
-  const Entry* end() const { return nullptr; }
   size_t size() const { return size_; }
-  const Entry* find(std::string_view k) const { return find(k, probe(k)); }
-  // A lookup in two steps, so that many can be in flight: probe() hashes k and prefetches its slot, find(k,
-  // probe) then finds it there (loading the merges: three lookups each, mostly cache misses).
+  // The id of text k, or -1.
+  int32_t find(std::string_view k, const TextArena& texts) const { return find(k, probe(k), texts); }
+  // A lookup in steps, so that many can be in flight (loading the merges: three lookups each, mostly cache
+  // misses): probe() hashes k and prefetches its slot, prefetch_text() then the text of the first slot that
+  // may hold k, find(k, probe, texts) finds it.
   struct Probe {
-    uint64_t hash, head;
+    uint64_t hash;
   };
   Probe probe(std::string_view k) const {
-    Probe p{0, 0};
-    p.hash = hash(k, &p.head);
+    const Probe p{hash(k)};
     if (!slots_.empty()) __builtin_prefetch(&slots_[size_t(p.hash) & mask_]);
     return p;
   }
-  const Entry* find(std::string_view k, Probe p) const {
-    if (slots_.empty() || k.size() > UINT32_MAX) return nullptr;
+  void prefetch_text(Probe p, const TextArena& texts) const {
+    if (slots_.empty()) return;
     for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
-      const Entry& e = slots_[i];
-      if (e.second < 0) return nullptr;
-      if (same(e, k, p.head)) return &e;
+      const uint64_t s = slots_[i];
+      if (s == 0) return;
+      if ((s >> 53) == (p.hash >> 53)) return __builtin_prefetch(texts.data() + uint32_t(s));
     }
   }
-  // Adds k -> id unless k is there; returns the entry and whether it was added.
-  std::pair<const Entry*, bool> emplace(std::string_view k, int32_t id) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
-    uint64_t head = 0;
-    for (size_t i = size_t(hash(k, &head)) & mask_;; i = (i + 1) & mask_) {
-      Entry& e = slots_[i];
-      if (e.second < 0) {
-        e = Entry{k.data(), head, uint32_t(k.size()), id};
+  int32_t find(std::string_view k, Probe p, const TextArena& texts) const {
+    if (slots_.empty()) return -1;
+    for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
+      const uint64_t s = slots_[i];
+      if (s == 0) return -1;
+      if ((s >> 53) == (p.hash >> 53) && texts.at(uint32_t(s)) == k) return int32_t((s >> 32) & (kMaxTokenIds - 1));
+    }
+  }
+  // Adds the text of record `off` -> id (0 <= id < kMaxTokenIds) unless that text is there already.
+  void add(uint32_t off, int32_t id, const TextArena& texts) { add(off, id, probe(texts.at(off)), texts); }
+  void add(uint32_t off, int32_t id, Probe p, const TextArena& texts) {
+    if (2 * (size_ + 1) > slots_.size()) {
+      rehash(std::max<size_t>(16, 2 * slots_.size()), texts);
+      p = probe(texts.at(off));
+    }
+    const std::string_view k = texts.at(off);
+    for (size_t i = size_t(p.hash) & mask_;; i = (i + 1) & mask_) {
+      uint64_t& s = slots_[i];
+      if (s == 0) {
+        s = uint64_t(off) | uint64_t(id) << 32 | (p.hash >> 53) << 53;
         ++size_;
-        return {&e, true};
+        return;
       }
-      if (same(e, k, head)) return {&e, false};
+      if ((s >> 53) == (p.hash >> 53) && texts.at(uint32_t(s)) == k) return;
     }
   }
 
  private:
-  static bool same(const Entry& e, std::string_view k, uint64_t head) {
-    return e.size == k.size() && e.head == head &&
-           (k.size() <= 8 || std::memcmp(e.text + 8, k.data() + 8, k.size() - 8) == 0);
-  }
-  // FNV-1a over 8-byte words, then a finalizer (token texts are short: a few words at most); *head = the
-  // first word.
-  static uint64_t hash(std::string_view k, uint64_t* head) {
+  // FNV-1a over 8-byte words, then a finalizer (token texts are short: a few words at most).
+  static uint64_t hash(std::string_view k) {
     uint64_t h = 0xcbf29ce484222325ull ^ k.size();
     size_t i = 0;
     for (; i + 8 <= k.size(); i += 8) {
       uint64_t w;
       std::memcpy(&w, k.data() + i, 8);
-      if (i == 0) *head = w;
       h = (h ^ w) * 0x100000001b3ull;
     }
     if (k.size() > i) {
       uint64_t w = 0;
       std::memcpy(&w, k.data() + i, k.size() - i);
-      if (i == 0) *head = w;
       h = (h ^ w) * 0x100000001b3ull;
     }
     h ^= h >> 33;
@@ -158,69 +201,89 @@ class VocabIndex {
     h ^= h >> 33;
     return h;
   }
-  void rehash(size_t want) {
+  void rehash(size_t want, const TextArena& texts) {
     size_t cap = 16;
     while (cap < want) cap <<= 1;
-    std::vector<Entry> old = std::move(slots_);
-    slots_.assign(cap, Entry{});
+    std::vector<uint64_t> old = std::move(slots_);
+    slots_.assign(cap, 0);
     mask_ = cap - 1;
     size_ = 0;
-    for (const Entry& e : old)
-      if (e.second >= 0) emplace(std::string_view(e.text, e.size), e.second);
+    for (const uint64_t s : old)
+      if (s != 0) add(uint32_t(s), int32_t((s >> 32) & (kMaxTokenIds - 1)), texts);
   }
-  std::vector<Entry> slots_;
+  std::vector<uint64_t> slots_;  // [2^k] off | id << 32 | hash >> 53 << 53; 0: empty
   size_t mask_ = 0, size_ = 0;
 };
 
-// (left id, right id) -> (rank, merged id): open addressing, linear probing, 16 bytes a slot.
+// (left id, right id) -> (rank, merged id): open addressing, linear probing, at most half full, 8 bytes a slot
+// -- the pair and the rank -- and the merged ids by rank beside it (Gemma's 514,906 merges: 8 + 2 MiB; 16-byte
+// slots took 16).
 class MergeTable {
  public:
+  static constexpr size_t kMaxMerges = (size_t(1) << 22) - 1;  // rank + 1 fits 22 bits
+  // Room for n merges without growing.
   void reserve(size_t n) {
-    size_t cap = 16;
-    while (cap < 2 * n) cap <<= 1;
-    slots_.assign(cap, Slot{kEmpty, 0, 0});
-    mask_ = cap - 1;
+    merged_.reserve(n);
+    if (2 * n > slots_.size()) rehash(2 * n);
   }
-  // A later duplicate replaces an earlier one (tokenizers collects the merges into a HashMap).
-  void put(int32_t a, int32_t b, int32_t rank, int32_t id) {
-    const uint64_t key = make_key(a, b);
-    for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].key == kEmpty || slots_[i].key == key) {
-        slots_[i] = Slot{key, rank, id};
-        return;
-      }
-    }
+  size_t size() const { return merged_.size(); }
+  // Fetches the slot of (a, b) ahead of add() (loading: the merges of a batch are added together).
+  void prefetch(int32_t a, int32_t b) const {
+    if (!slots_.empty()) __builtin_prefetch(&slots_[mix(pair(a, b)) & mask_]);
+  }
+  // The next merge in rank order: (a, b) -> id (ids below kMaxTokenIds; at most kMaxMerges merges). A later
+  // duplicate replaces an earlier one (tokenizers collects the merges into a HashMap).
+  void add(int32_t a, int32_t b, int32_t id) {
+    if (2 * (used_ + 1) > slots_.size()) rehash(std::max<size_t>(16, 2 * slots_.size()));
+    merged_.push_back(id);
+    put(pair(a, b) << 22 | merged_.size());
   }
   // Rank and merged id of (a, b); false when the pair does not merge.
   bool find(int32_t a, int32_t b, int32_t* rank, int32_t* id) const {
     if (slots_.empty()) return false;
-    const uint64_t key = make_key(a, b);
+    const uint64_t key = pair(a, b);
     for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
-      if (slots_[i].key == key) {
-        *rank = slots_[i].rank;
-        *id = slots_[i].id;
+      const uint64_t s = slots_[i];
+      if (s == 0) return false;
+      if (s >> 22 == key) {
+        *rank = int32_t((s & ((uint64_t(1) << 22) - 1)) - 1);
+        *id = merged_[size_t(*rank)];
         return true;
       }
-      if (slots_[i].key == kEmpty) return false;
     }
   }
 
  private:
-  struct Slot {
-    uint64_t key;
-    int32_t rank;
-    int32_t id;
-  };
-  static constexpr uint64_t kEmpty = ~uint64_t(0);
-  static uint64_t make_key(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 32 | uint32_t(b); }
+  static uint64_t pair(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 21 | uint32_t(b); }
   static uint64_t mix(uint64_t k) {
     k ^= k >> 33;
     k *= 0xff51afd7ed558ccdull;
     k ^= k >> 33;
     return k;
   }
-  std::vector<Slot> slots_;
+  void put(uint64_t slot) {
+    for (uint64_t i = mix(slot >> 22) & mask_;; i = (i + 1) & mask_) {
+      if (slots_[i] == 0) ++used_;
+      if (slots_[i] == 0 || slots_[i] >> 22 == slot >> 22) {
+        slots_[i] = slot;
+        return;
+      }
+    }
+  }
+  void rehash(size_t want) {
+    size_t cap = 16;
+    while (cap < want) cap <<= 1;
+    std::vector<uint64_t> old = std::move(slots_);
+    slots_.assign(cap, 0);
+    mask_ = cap - 1;
+    used_ = 0;
+    for (const uint64_t s : old)
+      if (s != 0) put(s);
+  }
+  std::vector<uint64_t> slots_;  // [2^k] pair(a, b) << 22 | rank + 1; 0: empty
+  std::vector<int32_t> merged_;  // [merges] merged id by rank
   uint64_t mask_ = 0;
+  size_t used_ = 0;  // slots in use
 };
 
 // Byte trie of added-token strings: longest match at a position.
@@ -289,13 +352,17 @@ struct Tokenizer::Impl {
   std::string source;  // the file it came from (for messages)
 
   // vocabulary: model vocab overlaid with added tokens
-  std::vector<std::string> pieces;                     // [vocab] token text ("" for an unused id)
-  std::vector<uint8_t> present;                        // [vocab] 1 where an id has a token
-  detail::VocabIndex lookup;                           // model vocab: text -> id (views into pieces)
+  detail::TextArena texts;                             // every text: the model vocab's in file order, then
+                                                       // those of added tokens that renamed an id
+  std::vector<uint32_t> piece_at;                      // [vocab] record of the id's text in texts; 0: unused id
+  detail::VocabIndex lookup;                           // model vocab: text -> id (its own texts, in texts)
   std::unordered_map<std::string, int32_t> added_ids;  // added tokens: text -> id
-  std::deque<std::string> renamed;                     // model text of ids an added token renamed
   std::vector<uint8_t> special;                        // [vocab] 1 for added tokens marked special
   std::vector<int16_t> byte_value;                     // [vocab] 0..255 for "<0xXX>" tokens, else -1
+  // [vocab] the texts as std::strings for Tokenizer::piece(), made by its first call (a string per token
+  // would be 8 MiB and most of the load time, for a method few programs call).
+  mutable std::vector<std::string> piece_strings;
+  mutable std::once_flag piece_strings_once;
 
   // normalizer: steps in order
   struct NormStep {
@@ -333,7 +400,9 @@ struct Tokenizer::Impl {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp;
 #endif
 
-  bool valid_id(int32_t id) const { return id >= 0 && size_t(id) < pieces.size() && present[size_t(id)]; }
+  size_t vocab_size() const { return piece_at.size(); }
+  bool valid_id(int32_t id) const { return id >= 0 && size_t(id) < piece_at.size() && piece_at[size_t(id)] != 0; }
+  std::string_view piece_text(int32_t id) const { return texts.at(piece_at[size_t(id)]); }  // a valid id
 
   void normalize(std::string* s) const {
     for (const NormStep& st : normalizer) {
@@ -415,9 +484,9 @@ struct Tokenizer::Impl {
   void bpe(std::string_view w, std::vector<int32_t>* ids) const {
     if (w.empty()) return;
     if (ignore_merges) {
-      auto it = lookup.find(w);
-      if (it != lookup.end()) {
-        ids->push_back(it->second);
+      const int32_t id = lookup.find(w, texts);
+      if (id >= 0) {
+        ids->push_back(id);
         return;
       }
     }
@@ -438,10 +507,10 @@ struct Tokenizer::Impl {
     for (size_t i = 0; i < w.size();) {
       size_t len = 1;
       detail::utf8_scan(p + i, w.size() - i, &len);  // input was validated: always a whole character
-      auto it = lookup.find(w.substr(i, len));
-      if (it != lookup.end()) {
+      const int32_t id = lookup.find(w.substr(i, len), texts);
+      if (id >= 0) {
         if (pending_unk) add(unk_id), pending_unk = false;
-        add(it->second);
+        add(id);
       } else {
         bool bytes_ok = byte_fallback;
         for (size_t k = 0; bytes_ok && k < len; ++k) bytes_ok = byte_ids[p[i + k]] >= 0;
