@@ -2167,8 +2167,8 @@ inline std::vector<float> rope_inv_freq(const LayerConfig& lc) {
 // ---- end include/gemma4_t4/config.hpp ----
 // ---- begin include/gemma4_t4/tokenizer.hpp ----
 // gemma4_t4 implementation part: Tokenizer and Tokenizer::Streamer, the tokenizer's public side (its tables and
-// encoding: tokenizer_impl.hpp; loading: tokenizer_load.hpp). Included by gemma4_t4.hpp inside
-// GEMMA4_T4_IMPLEMENTATION; not a public header.
+// encoding: tokenizer_impl.hpp; loading: tokenizer_load.hpp; reading tokenizer.json: tokenizer_json.hpp).
+// Included by gemma4_t4.hpp inside GEMMA4_T4_IMPLEMENTATION; not a public header.
 //
 // tokenizer.json is run the way Hugging Face `tokenizers` runs Gemma's file:
 //   1. added tokens (normalized: false) are cut out of the raw text first, leftmost-longest;
@@ -2228,27 +2228,40 @@ namespace detail {
 // Scans the UTF-8 sequence starting at s[0] (n >= 1 bytes available). Returns 1 and *len = its length when
 // it is complete and valid; 0 when s[0..n) is a valid but incomplete prefix (*len = n); -1 when ill-formed,
 // *len = the maximal ill-formed subpart (>= 1 byte) to replace with one U+FFFD.
+// The first byte c of a multi-byte UTF-8 sequence: false when no sequence starts with it (ASCII included);
+// else *more continuation bytes follow, the first of them in [*lo, *hi] (the others in [0x80, 0xBF]).
+inline bool utf8_lead(unsigned c, size_t* more, unsigned* lo, unsigned* hi) {
+  *lo = 0x80;
+  *hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    *more = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    *more = 2;
+    if (c == 0xE0) *lo = 0xA0;  // no overlong forms
+    if (c == 0xED) *hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    *more = 3;
+    if (c == 0xF0) *lo = 0x90;  // no overlong forms
+    if (c == 0xF4) *hi = 0x8F;  // <= U+10FFFF
+  } else {
+    return false;
+  }
+  return true;
+}
+
 inline int utf8_scan(const unsigned char* s, size_t n, size_t* len) {
   const unsigned c = s[0];
-  size_t need = 0;
+  size_t more = 0;
   unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
   if (c < 0x80) {
     *len = 1;
     return 1;
-  } else if (c >= 0xC2 && c <= 0xDF) {
-    need = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    need = 3;
-    if (c == 0xE0) lo = 0xA0;  // no overlong forms
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    need = 4;
-    if (c == 0xF0) lo = 0x90;  // no overlong forms
-    if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
-  } else {
+  }
+  if (!utf8_lead(c, &more, &lo, &hi)) {
     *len = 1;
     return -1;
   }
+  const size_t need = more + 1;
   for (size_t i = 1; i < need; ++i) {
     if (i >= n) {
       *len = i;
@@ -2280,6 +2293,24 @@ inline size_t utf8_invalid_at(std::string_view s) {
 // Token ids are below 2^21 (Gemma: 262144). The bound caps what a hostile file can make load() allocate,
 // and lets an id share a 64-bit table slot with other fields.
 constexpr int64_t kMaxTokenIds = int64_t(1) << 21;
+
+// The open-addressing tables below: 8-byte slots (0: empty), a power-of-two count, at most half full.
+inline uint64_t mix64(uint64_t k) {  // a 64-bit finalizer (murmur3's): every input bit moves every output bit
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  return k;
+}
+// *slots becomes max(16, want) rounded up to a power of two empty slots (*mask = count - 1); returns the old
+// slots, for the caller to insert again.
+inline std::vector<uint64_t> regrow_slots(size_t want, std::vector<uint64_t>* slots, size_t* mask) {
+  size_t cap = 16;
+  while (cap < want) cap <<= 1;
+  std::vector<uint64_t> old = std::move(*slots);
+  slots->assign(cap, 0);
+  *mask = cap - 1;
+  return old;
+}
 
 // Token texts back to back in one string, each a record [length][bytes]: one length byte below 255, else 0xFF
 // and four bytes (little-endian). A record is named by its offset; offset 0 names none. One allocation for
@@ -2396,17 +2427,10 @@ class VocabIndex {
       std::memcpy(&w, k.data() + i, k.size() - i);
       h = (h ^ w) * 0x100000001b3ull;
     }
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    return h;
+    return mix64(h);
   }
   void rehash(size_t want, const TextArena& texts) {
-    size_t cap = 16;
-    while (cap < want) cap <<= 1;
-    std::vector<uint64_t> old = std::move(slots_);
-    slots_.assign(cap, 0);
-    mask_ = cap - 1;
+    const std::vector<uint64_t> old = regrow_slots(want, &slots_, &mask_);
     size_ = 0;
     for (const uint64_t s : old)
       if (s != 0) add(uint32_t(s), int32_t((s >> 32) & (kMaxTokenIds - 1)), texts);
@@ -2455,12 +2479,7 @@ class MergeTable {
 
  private:
   static uint64_t pair(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 21 | uint32_t(b); }
-  static uint64_t mix(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return k;
-  }
+  static uint64_t mix(uint64_t k) { return mix64(k); }
   void put(uint64_t slot) {
     for (uint64_t i = mix(slot >> 22) & mask_;; i = (i + 1) & mask_) {
       if (slots_[i] == 0) ++used_;
@@ -2471,18 +2490,14 @@ class MergeTable {
     }
   }
   void rehash(size_t want) {
-    size_t cap = 16;
-    while (cap < want) cap <<= 1;
-    std::vector<uint64_t> old = std::move(slots_);
-    slots_.assign(cap, 0);
-    mask_ = cap - 1;
+    const std::vector<uint64_t> old = regrow_slots(want, &slots_, &mask_);
     used_ = 0;
     for (const uint64_t s : old)
       if (s != 0) put(s);
   }
   std::vector<uint64_t> slots_;  // [2^k] pair(a, b) << 22 | rank + 1; 0: empty
   std::vector<int32_t> merged_;  // [merges] merged id by rank
-  uint64_t mask_ = 0;
+  size_t mask_ = 0;
   size_t used_ = 0;  // slots in use
 };
 
@@ -2804,13 +2819,32 @@ struct Tokenizer::Impl {
 }  // namespace gemma4_t4
 // ---- end include/gemma4_t4/tokenizer_impl.hpp ----
 // ---- begin include/gemma4_t4/tokenizer_load.hpp ----
-// gemma4_t4 implementation part: loading a Tokenizer::Impl from a Hugging Face tokenizer.json (read in one
-// pass, the vocabulary and merges straight into their tables, the rest through nlohmann/json) or from a
-// SentencePiece .model (with GEMMA4_T4_SENTENCEPIECE). Every part of tokenizer.json this library does not implement is
-// refused with Code::Unsupported naming it (tokenizer.hpp lists what is). Included through tokenizer.hpp
-// inside GEMMA4_T4_IMPLEMENTATION; not a public header.
+// gemma4_t4 implementation part: loading a Tokenizer::Impl from a Hugging Face tokenizer.json (read in one pass
+// by tokenizer_json.hpp, the vocabulary and merges straight into their tables, the rest checked here) or from a
+// SentencePiece .model (with GEMMA4_T4_SENTENCEPIECE). Every part of tokenizer.json this library does not
+// implement is refused with Code::Unsupported naming it (tokenizer.hpp lists what is). Included through
+// tokenizer.hpp inside GEMMA4_T4_IMPLEMENTATION; not a public header.
 
 #include <sys/stat.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+// ---- begin include/gemma4_t4/tokenizer_json.hpp ----
+// gemma4_t4 implementation part: reading Hugging Face's tokenizer.json in one pass -- the file through one
+// reused buffer (TokInput), its top-level keys scanned in any order (TokJsonReader): the vocabulary and the
+// merges go straight into Tokenizer::Impl's tables as they are read, added_tokens one entry at a time, every
+// other part through nlohmann/json for tokenizer_load.hpp to check. Included by tokenizer_load.hpp inside
+// GEMMA4_T4_IMPLEMENTATION; not a public header.
 
 #include <cerrno>
 #include <climits>
@@ -2831,202 +2865,6 @@ namespace gemma4_t4 {
 namespace detail {
 
 using tok_json = nlohmann::json;
-
-inline Status tok_string_pattern(const tok_json& j, const std::string& where, std::string* out) {
-  auto pat = j.find("pattern");
-  if (pat == j.end() || !pat->is_object()) return err(Code::FormatError, where, ": 'pattern' is missing");
-  if (pat->contains("String") && (*pat)["String"].is_string()) {
-    *out = (*pat)["String"].get<std::string>();
-    if (out->empty()) return err(Code::FormatError, where, ": empty pattern");
-    return Status::ok();
-  }
-  return err(Code::Unsupported, where, ": pattern ", pat->dump(),
-             " is not supported (only {\"String\": ...} literal patterns; regex patterns are not implemented)");
-}
-
-// The "type" of a normalizer / pre-tokenizer / decoder object, or FormatError.
-inline Status tok_type(const tok_json& j, const std::string& where, std::string* type) {
-  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
-    return err(Code::FormatError, where, ": not an object with a 'type'");
-  *type = j["type"].get<std::string>();
-  return Status::ok();
-}
-
-// A normalizer or pre-tokenizer: null (none), a Sequence of them (the entries of its `list`, in order, each
-// read the same way), or one step, which step(j, where, type) reads.
-template <class Step>
-Status tok_component(const tok_json& j, const std::string& where, const char* list, const Step& step) {
-  if (j.is_null()) return Status::ok();
-  std::string type;
-  GEMMA4_T4_TRY(tok_type(j, where, &type));
-  if (type != "Sequence") return step(j, where, type);
-  if (!j.contains(list) || !j[list].is_array())
-    return err(Code::FormatError, where, ": Sequence without a '", list, "' list");
-  for (size_t i = 0; i < j[list].size(); ++i)
-    GEMMA4_T4_TRY(tok_component(j[list][i], where + "[" + std::to_string(i) + "]", list, step));
-  return Status::ok();
-}
-
-inline Status tok_normalizer_step(const tok_json& j, const std::string& where, const std::string& type,
-                                  Tokenizer::Impl* t) {
-  if (type == "Replace") {
-    Tokenizer::Impl::NormStep st{Tokenizer::Impl::NormStep::Replace, "", ""};
-    GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Replace)", &st.a));
-    if (!j.contains("content") || !j["content"].is_string())
-      return err(Code::FormatError, where, ": Replace without a string 'content'");
-    st.b = j["content"].get<std::string>();
-    t->normalizer.push_back(st);
-    return Status::ok();
-  }
-  if (type == "Prepend") {
-    if (!j.contains("prepend") || !j["prepend"].is_string())
-      return err(Code::FormatError, where, ": Prepend without a string 'prepend'");
-    t->normalizer.push_back({Tokenizer::Impl::NormStep::Prepend, j["prepend"].get<std::string>(), ""});
-    return Status::ok();
-  }
-  return err(Code::Unsupported, where, ": normalizer type '", type,
-             "' is not supported (supported: Replace with a literal pattern, Prepend, Sequence)");
-}
-
-inline Status tok_pre_tokenizer_step(const tok_json& j, const std::string& where, const std::string& type,
-                                     Tokenizer::Impl* t) {
-  if (type == "Split") {
-    using B = Tokenizer::Impl::SplitBehavior;
-    Tokenizer::Impl::SplitStep st{"", B::Isolated};
-    GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Split)", &st.pattern));
-    if (j.contains("invert") && j["invert"].is_boolean() && j["invert"].get<bool>())
-      return err(Code::Unsupported, where, ": Split with invert: true is not supported");
-    const std::string b = j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : "";
-    if (b == "Removed") {
-      st.behavior = B::Removed;
-    } else if (b == "Isolated") {
-      st.behavior = B::Isolated;
-    } else if (b == "MergedWithPrevious") {
-      st.behavior = B::MergedWithPrevious;
-    } else if (b == "MergedWithNext") {
-      st.behavior = B::MergedWithNext;
-    } else if (b == "Contiguous") {
-      st.behavior = B::Contiguous;
-    } else {
-      return err(Code::FormatError, where, ": Split behavior '", b, "' is not one of Removed, Isolated, ",
-                 "MergedWithPrevious, MergedWithNext, Contiguous");
-    }
-    t->pre_tokenizer.push_back(st);
-    return Status::ok();
-  }
-  return err(Code::Unsupported, where, ": pre_tokenizer type '", type,
-             "' is not supported (supported: Split with a literal pattern, Sequence)");
-}
-
-inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
-  return tok_component(j, where, "normalizers", [t](const tok_json& s, const std::string& w, const std::string& type) {
-    return tok_normalizer_step(s, w, type, t);
-  });
-}
-
-inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
-  return tok_component(j, where, "pretokenizers",
-                       [t](const tok_json& s, const std::string& w, const std::string& type) {
-                         return tok_pre_tokenizer_step(s, w, type, t);
-                       });
-}
-
-// Decoder chain: Replace* (before ByteFallback), ByteFallback?, Fuse?, then Strip (start only) after Fuse.
-inline Status tok_decoder_step(const tok_json& j, const std::string& where, bool* fused, Tokenizer::Impl* t) {
-  std::string type;
-  GEMMA4_T4_TRY(tok_type(j, where, &type));
-  if (t->strip_start > 0) return err(Code::Unsupported, where, ": decoder '", type, "' after Strip is not supported");
-  if (type == "Replace") {
-    if (t->dec_bytes || *fused)
-      return err(Code::Unsupported, where, ": a Replace decoder after ByteFallback or Fuse is not supported");
-    std::string from;
-    GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Replace)", &from));
-    if (!j.contains("content") || !j["content"].is_string())
-      return err(Code::FormatError, where, ": Replace without a string 'content'");
-    t->dec_replace.emplace_back(from, j["content"].get<std::string>());
-    return Status::ok();
-  }
-  if (type == "ByteFallback") {
-    if (*fused) return err(Code::Unsupported, where, ": ByteFallback after Fuse is not supported");
-    t->dec_bytes = true;
-    return Status::ok();
-  }
-  if (type == "Fuse") {
-    *fused = true;
-    return Status::ok();
-  }
-  if (type == "Strip") {
-    const int start = j.contains("start") && j["start"].is_number_integer() ? j["start"].get<int>() : 0;
-    const int stop = j.contains("stop") && j["stop"].is_number_integer() ? j["stop"].get<int>() : 0;
-    if (!j.contains("content") || !j["content"].is_string())
-      return err(Code::FormatError, where, ": Strip without a string 'content'");
-    const std::string content = j["content"].get<std::string>();
-    size_t clen = 0;
-    if (content.empty() ||
-        detail::utf8_scan(reinterpret_cast<const unsigned char*>(content.data()), content.size(), &clen) != 1 ||
-        clen != content.size())
-      return err(Code::FormatError, where, ": Strip 'content' must be one character");
-    if (start < 0 || stop < 0) return err(Code::FormatError, where, ": Strip start/stop must be >= 0");
-    if (!*fused || stop != 0)
-      return err(Code::Unsupported, where, ": Strip is supported only after Fuse and with stop = 0 (got start ", start,
-                 ", stop ", stop, ")");
-    t->strip_content = content;
-    t->strip_start = start;
-    return Status::ok();
-  }
-  return err(Code::Unsupported, where, ": decoder type '", type,
-             "' is not supported (supported: Replace, ByteFallback, Fuse, Strip, Sequence)");
-}
-
-inline Status tok_decoder(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
-  if (j.is_null()) {
-    t->dec_join_space = true;  // tokenizers without a decoder: tokens joined with " "
-    return Status::ok();
-  }
-  bool fused = false;
-  if (j.is_object() && j.contains("type") && j["type"] == "Sequence") {
-    if (!j.contains("decoders") || !j["decoders"].is_array())
-      return err(Code::FormatError, where, ": Sequence without a 'decoders' list");
-    for (size_t i = 0; i < j["decoders"].size(); ++i)
-      GEMMA4_T4_TRY(tok_decoder_step(j["decoders"][i], where + "[" + std::to_string(i) + "]", &fused, t));
-    return Status::ok();
-  }
-  return tok_decoder_step(j, where, &fused, t);
-}
-
-inline Status tok_add_piece(Tokenizer::Impl* t, int64_t id, std::string_view text, const std::string& where) {
-  // Gemma: 262144 ids. The id table is dense (a record offset per id up to the largest), so the bound also
-  // caps what a hostile file can make load() allocate.
-  if (id < 0 || id >= kMaxTokenIds)
-    return err(Code::FormatError, where, ": token id ", id, " is outside [0, ", kMaxTokenIds, ")");
-  if (size_t(id) >= t->piece_at.size()) t->piece_at.resize(size_t(id) + 1, 0);
-  uint32_t& at = t->piece_at[size_t(id)];
-  if (at != 0 && t->texts.at(at) == text) return Status::ok();  // the id has this text already
-  at = t->texts.add(text);
-  if (at == 0) return err(Code::FormatError, where, ": the token texts pass 4 GiB");
-  return Status::ok();
-}
-
-inline int byte_token_value(std::string_view s) {  // "<0xAB>" -> 0xAB, else -1 (ByteFallback's rule)
-  if (s.size() != 6 || s.compare(0, 3, "<0x") != 0 || s[5] != '>') return -1;
-  auto hex = [](char c) {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-    return -1;
-  };
-  const int hi = hex(s[3]), lo = hex(s[4]);
-  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
-}
-
-// Tables every backend needs once the id -> text table is final.
-inline void tok_finish(Tokenizer::Impl* t) {
-  const size_t n = t->vocab_size();
-  t->special.resize(n, 0);
-  t->byte_value.assign(n, -1);
-  for (size_t i = 0; i < n; ++i)
-    if (t->piece_at[i] != 0) t->byte_value[i] = int16_t(byte_token_value(t->texts.at(t->piece_at[i])));
-}
 
 // One entry of added_tokens (path and i: for messages), checked; its id is not yet given its text.
 struct TokAdded {
@@ -3261,24 +3099,13 @@ class TokInput {
   }
   // A multi-byte UTF-8 character after its first byte `lead` (utf8_scan's rules, which are nlohmann/json's).
   bool utf8_char(int lead, std::string* out) {
-    int need = 0, lo = 0x80, hi = 0xBF;  // continuation bytes; the allowed range of the first of them
-    if (lead >= 0xC2 && lead <= 0xDF) {
-      need = 1;
-    } else if (lead >= 0xE0 && lead <= 0xEF) {
-      need = 2;
-      if (lead == 0xE0) lo = 0xA0;  // no overlong forms
-      if (lead == 0xED) hi = 0x9F;  // no surrogates
-    } else if (lead >= 0xF0 && lead <= 0xF4) {
-      need = 3;
-      if (lead == 0xF0) lo = 0x90;  // no overlong forms
-      if (lead == 0xF4) hi = 0x8F;  // <= U+10FFFF
-    } else {
-      return false;
-    }
+    size_t need = 0;  // continuation bytes; the allowed range of the first of them
+    unsigned lo = 0, hi = 0;
+    if (lead < 0 || !utf8_lead(unsigned(lead), &need, &lo, &hi)) return false;
     out->push_back(char(lead));
-    for (int i = 0; i < need; ++i) {
+    for (size_t i = 0; i < need; ++i) {
       const int c = get();
-      if (c < (i == 0 ? lo : 0x80) || c > (i == 0 ? hi : 0xBF)) return false;
+      if (c < int(i == 0 ? lo : 0x80) || c > int(i == 0 ? hi : 0xBF)) return false;
       out->push_back(char(c));
     }
     return true;
@@ -3656,6 +3483,210 @@ class TokJsonReader {
   std::string pending_text_;        // texts of the merges not yet resolved
   std::vector<Merge> pending_;      // the merges not yet resolved (usually fewer than kBatch)
 };
+}  // namespace detail
+
+}  // namespace gemma4_t4
+// ---- end include/gemma4_t4/tokenizer_json.hpp ----
+
+namespace gemma4_t4 {
+
+namespace detail {
+
+inline Status tok_string_pattern(const tok_json& j, const std::string& where, std::string* out) {
+  auto pat = j.find("pattern");
+  if (pat == j.end() || !pat->is_object()) return err(Code::FormatError, where, ": 'pattern' is missing");
+  if (pat->contains("String") && (*pat)["String"].is_string()) {
+    *out = (*pat)["String"].get<std::string>();
+    if (out->empty()) return err(Code::FormatError, where, ": empty pattern");
+    return Status::ok();
+  }
+  return err(Code::Unsupported, where, ": pattern ", pat->dump(),
+             " is not supported (only {\"String\": ...} literal patterns; regex patterns are not implemented)");
+}
+
+// The "type" of a normalizer / pre-tokenizer / decoder object, or FormatError.
+inline Status tok_type(const tok_json& j, const std::string& where, std::string* type) {
+  if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
+    return err(Code::FormatError, where, ": not an object with a 'type'");
+  *type = j["type"].get<std::string>();
+  return Status::ok();
+}
+
+// A normalizer or pre-tokenizer: null (none), a Sequence of them (the entries of its `list`, in order, each
+// read the same way), or one step, which step(j, where, type) reads.
+template <class Step>
+Status tok_component(const tok_json& j, const std::string& where, const char* list, const Step& step) {
+  if (j.is_null()) return Status::ok();
+  std::string type;
+  GEMMA4_T4_TRY(tok_type(j, where, &type));
+  if (type != "Sequence") return step(j, where, type);
+  if (!j.contains(list) || !j[list].is_array())
+    return err(Code::FormatError, where, ": Sequence without a '", list, "' list");
+  for (size_t i = 0; i < j[list].size(); ++i)
+    GEMMA4_T4_TRY(tok_component(j[list][i], where + "[" + std::to_string(i) + "]", list, step));
+  return Status::ok();
+}
+
+inline Status tok_normalizer_step(const tok_json& j, const std::string& where, const std::string& type,
+                                  Tokenizer::Impl* t) {
+  if (type == "Replace") {
+    Tokenizer::Impl::NormStep st{Tokenizer::Impl::NormStep::Replace, "", ""};
+    GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Replace)", &st.a));
+    if (!j.contains("content") || !j["content"].is_string())
+      return err(Code::FormatError, where, ": Replace without a string 'content'");
+    st.b = j["content"].get<std::string>();
+    t->normalizer.push_back(st);
+    return Status::ok();
+  }
+  if (type == "Prepend") {
+    if (!j.contains("prepend") || !j["prepend"].is_string())
+      return err(Code::FormatError, where, ": Prepend without a string 'prepend'");
+    t->normalizer.push_back({Tokenizer::Impl::NormStep::Prepend, j["prepend"].get<std::string>(), ""});
+    return Status::ok();
+  }
+  return err(Code::Unsupported, where, ": normalizer type '", type,
+             "' is not supported (supported: Replace with a literal pattern, Prepend, Sequence)");
+}
+
+inline Status tok_pre_tokenizer_step(const tok_json& j, const std::string& where, const std::string& type,
+                                     Tokenizer::Impl* t) {
+  if (type == "Split") {
+    using B = Tokenizer::Impl::SplitBehavior;
+    Tokenizer::Impl::SplitStep st{"", B::Isolated};
+    GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Split)", &st.pattern));
+    if (j.contains("invert") && j["invert"].is_boolean() && j["invert"].get<bool>())
+      return err(Code::Unsupported, where, ": Split with invert: true is not supported");
+    const std::string b = j.contains("behavior") && j["behavior"].is_string() ? j["behavior"].get<std::string>() : "";
+    if (b == "Removed") {
+      st.behavior = B::Removed;
+    } else if (b == "Isolated") {
+      st.behavior = B::Isolated;
+    } else if (b == "MergedWithPrevious") {
+      st.behavior = B::MergedWithPrevious;
+    } else if (b == "MergedWithNext") {
+      st.behavior = B::MergedWithNext;
+    } else if (b == "Contiguous") {
+      st.behavior = B::Contiguous;
+    } else {
+      return err(Code::FormatError, where, ": Split behavior '", b, "' is not one of Removed, Isolated, ",
+                 "MergedWithPrevious, MergedWithNext, Contiguous");
+    }
+    t->pre_tokenizer.push_back(st);
+    return Status::ok();
+  }
+  return err(Code::Unsupported, where, ": pre_tokenizer type '", type,
+             "' is not supported (supported: Split with a literal pattern, Sequence)");
+}
+
+inline Status tok_normalizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
+  return tok_component(j, where, "normalizers", [t](const tok_json& s, const std::string& w, const std::string& type) {
+    return tok_normalizer_step(s, w, type, t);
+  });
+}
+
+inline Status tok_pre_tokenizer(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
+  return tok_component(j, where, "pretokenizers",
+                       [t](const tok_json& s, const std::string& w, const std::string& type) {
+                         return tok_pre_tokenizer_step(s, w, type, t);
+                       });
+}
+
+// Decoder chain: Replace* (before ByteFallback), ByteFallback?, Fuse?, then Strip (start only) after Fuse.
+inline Status tok_decoder_step(const tok_json& j, const std::string& where, bool* fused, Tokenizer::Impl* t) {
+  std::string type;
+  GEMMA4_T4_TRY(tok_type(j, where, &type));
+  if (t->strip_start > 0) return err(Code::Unsupported, where, ": decoder '", type, "' after Strip is not supported");
+  if (type == "Replace") {
+    if (t->dec_bytes || *fused)
+      return err(Code::Unsupported, where, ": a Replace decoder after ByteFallback or Fuse is not supported");
+    std::string from;
+    GEMMA4_T4_TRY(tok_string_pattern(j, where + " (Replace)", &from));
+    if (!j.contains("content") || !j["content"].is_string())
+      return err(Code::FormatError, where, ": Replace without a string 'content'");
+    t->dec_replace.emplace_back(from, j["content"].get<std::string>());
+    return Status::ok();
+  }
+  if (type == "ByteFallback") {
+    if (*fused) return err(Code::Unsupported, where, ": ByteFallback after Fuse is not supported");
+    t->dec_bytes = true;
+    return Status::ok();
+  }
+  if (type == "Fuse") {
+    *fused = true;
+    return Status::ok();
+  }
+  if (type == "Strip") {
+    const int start = j.contains("start") && j["start"].is_number_integer() ? j["start"].get<int>() : 0;
+    const int stop = j.contains("stop") && j["stop"].is_number_integer() ? j["stop"].get<int>() : 0;
+    if (!j.contains("content") || !j["content"].is_string())
+      return err(Code::FormatError, where, ": Strip without a string 'content'");
+    const std::string content = j["content"].get<std::string>();
+    size_t clen = 0;
+    if (content.empty() ||
+        detail::utf8_scan(reinterpret_cast<const unsigned char*>(content.data()), content.size(), &clen) != 1 ||
+        clen != content.size())
+      return err(Code::FormatError, where, ": Strip 'content' must be one character");
+    if (start < 0 || stop < 0) return err(Code::FormatError, where, ": Strip start/stop must be >= 0");
+    if (!*fused || stop != 0)
+      return err(Code::Unsupported, where, ": Strip is supported only after Fuse and with stop = 0 (got start ", start,
+                 ", stop ", stop, ")");
+    t->strip_content = content;
+    t->strip_start = start;
+    return Status::ok();
+  }
+  return err(Code::Unsupported, where, ": decoder type '", type,
+             "' is not supported (supported: Replace, ByteFallback, Fuse, Strip, Sequence)");
+}
+
+inline Status tok_decoder(const tok_json& j, const std::string& where, Tokenizer::Impl* t) {
+  if (j.is_null()) {
+    t->dec_join_space = true;  // tokenizers without a decoder: tokens joined with " "
+    return Status::ok();
+  }
+  bool fused = false;
+  if (j.is_object() && j.contains("type") && j["type"] == "Sequence") {
+    if (!j.contains("decoders") || !j["decoders"].is_array())
+      return err(Code::FormatError, where, ": Sequence without a 'decoders' list");
+    for (size_t i = 0; i < j["decoders"].size(); ++i)
+      GEMMA4_T4_TRY(tok_decoder_step(j["decoders"][i], where + "[" + std::to_string(i) + "]", &fused, t));
+    return Status::ok();
+  }
+  return tok_decoder_step(j, where, &fused, t);
+}
+
+inline Status tok_add_piece(Tokenizer::Impl* t, int64_t id, std::string_view text, const std::string& where) {
+  // Gemma: 262144 ids. The id table is dense (a record offset per id up to the largest), so the bound also
+  // caps what a hostile file can make load() allocate.
+  if (id < 0 || id >= kMaxTokenIds)
+    return err(Code::FormatError, where, ": token id ", id, " is outside [0, ", kMaxTokenIds, ")");
+  if (size_t(id) >= t->piece_at.size()) t->piece_at.resize(size_t(id) + 1, 0);
+  uint32_t& at = t->piece_at[size_t(id)];
+  if (at != 0 && t->texts.at(at) == text) return Status::ok();  // the id has this text already
+  at = t->texts.add(text);
+  if (at == 0) return err(Code::FormatError, where, ": the token texts pass 4 GiB");
+  return Status::ok();
+}
+
+inline int byte_token_value(std::string_view s) {  // "<0xAB>" -> 0xAB, else -1 (ByteFallback's rule)
+  if (s.size() != 6 || s.compare(0, 3, "<0x") != 0 || s[5] != '>') return -1;
+  auto hex = [](char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  const int hi = hex(s[3]), lo = hex(s[4]);
+  return hi < 0 || lo < 0 ? -1 : hi * 16 + lo;
+}
+
+// Tables every backend needs once the id -> text table is final.
+inline void tok_finish(Tokenizer::Impl* t) {
+  const size_t n = t->vocab_size();
+  t->special.resize(n, 0);
+  t->byte_value.assign(n, -1);
+  for (size_t i = 0; i < n; ++i)
+    if (t->piece_at[i] != 0) t->byte_value[i] = int16_t(byte_token_value(t->texts.at(t->piece_at[i])));
+}
 
 inline Status tok_load_json(const std::string& path, Tokenizer::Impl* t) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);

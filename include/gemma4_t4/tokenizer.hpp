@@ -1,6 +1,6 @@
 // gemma4_t4 implementation part: Tokenizer and Tokenizer::Streamer, the tokenizer's public side (its tables and
-// encoding: tokenizer_impl.hpp; loading: tokenizer_load.hpp). Included by gemma4_t4.hpp inside
-// GEMMA4_T4_IMPLEMENTATION; not a public header.
+// encoding: tokenizer_impl.hpp; loading: tokenizer_load.hpp; reading tokenizer.json: tokenizer_json.hpp).
+// Included by gemma4_t4.hpp inside GEMMA4_T4_IMPLEMENTATION; not a public header.
 //
 // tokenizer.json is run the way Hugging Face `tokenizers` runs Gemma's file:
 //   1. added tokens (normalized: false) are cut out of the raw text first, leftmost-longest;

@@ -28,27 +28,40 @@ namespace detail {
 // Scans the UTF-8 sequence starting at s[0] (n >= 1 bytes available). Returns 1 and *len = its length when
 // it is complete and valid; 0 when s[0..n) is a valid but incomplete prefix (*len = n); -1 when ill-formed,
 // *len = the maximal ill-formed subpart (>= 1 byte) to replace with one U+FFFD.
+// The first byte c of a multi-byte UTF-8 sequence: false when no sequence starts with it (ASCII included);
+// else *more continuation bytes follow, the first of them in [*lo, *hi] (the others in [0x80, 0xBF]).
+inline bool utf8_lead(unsigned c, size_t* more, unsigned* lo, unsigned* hi) {
+  *lo = 0x80;
+  *hi = 0xBF;
+  if (c >= 0xC2 && c <= 0xDF) {
+    *more = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    *more = 2;
+    if (c == 0xE0) *lo = 0xA0;  // no overlong forms
+    if (c == 0xED) *hi = 0x9F;  // no surrogates
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    *more = 3;
+    if (c == 0xF0) *lo = 0x90;  // no overlong forms
+    if (c == 0xF4) *hi = 0x8F;  // <= U+10FFFF
+  } else {
+    return false;
+  }
+  return true;
+}
+
 inline int utf8_scan(const unsigned char* s, size_t n, size_t* len) {
   const unsigned c = s[0];
-  size_t need = 0;
+  size_t more = 0;
   unsigned lo = 0x80, hi = 0xBF;  // allowed range of the second byte
   if (c < 0x80) {
     *len = 1;
     return 1;
-  } else if (c >= 0xC2 && c <= 0xDF) {
-    need = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    need = 3;
-    if (c == 0xE0) lo = 0xA0;  // no overlong forms
-    if (c == 0xED) hi = 0x9F;  // no surrogates
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    need = 4;
-    if (c == 0xF0) lo = 0x90;  // no overlong forms
-    if (c == 0xF4) hi = 0x8F;  // <= U+10FFFF
-  } else {
+  }
+  if (!utf8_lead(c, &more, &lo, &hi)) {
     *len = 1;
     return -1;
   }
+  const size_t need = more + 1;
   for (size_t i = 1; i < need; ++i) {
     if (i >= n) {
       *len = i;
@@ -80,6 +93,24 @@ inline size_t utf8_invalid_at(std::string_view s) {
 // Token ids are below 2^21 (Gemma: 262144). The bound caps what a hostile file can make load() allocate,
 // and lets an id share a 64-bit table slot with other fields.
 constexpr int64_t kMaxTokenIds = int64_t(1) << 21;
+
+// The open-addressing tables below: 8-byte slots (0: empty), a power-of-two count, at most half full.
+inline uint64_t mix64(uint64_t k) {  // a 64-bit finalizer (murmur3's): every input bit moves every output bit
+  k ^= k >> 33;
+  k *= 0xff51afd7ed558ccdull;
+  k ^= k >> 33;
+  return k;
+}
+// *slots becomes max(16, want) rounded up to a power of two empty slots (*mask = count - 1); returns the old
+// slots, for the caller to insert again.
+inline std::vector<uint64_t> regrow_slots(size_t want, std::vector<uint64_t>* slots, size_t* mask) {
+  size_t cap = 16;
+  while (cap < want) cap <<= 1;
+  std::vector<uint64_t> old = std::move(*slots);
+  slots->assign(cap, 0);
+  *mask = cap - 1;
+  return old;
+}
 
 // Token texts back to back in one string, each a record [length][bytes]: one length byte below 255, else 0xFF
 // and four bytes (little-endian). A record is named by its offset; offset 0 names none. One allocation for
@@ -196,17 +227,10 @@ class VocabIndex {
       std::memcpy(&w, k.data() + i, k.size() - i);
       h = (h ^ w) * 0x100000001b3ull;
     }
-    h ^= h >> 33;
-    h *= 0xff51afd7ed558ccdull;
-    h ^= h >> 33;
-    return h;
+    return mix64(h);
   }
   void rehash(size_t want, const TextArena& texts) {
-    size_t cap = 16;
-    while (cap < want) cap <<= 1;
-    std::vector<uint64_t> old = std::move(slots_);
-    slots_.assign(cap, 0);
-    mask_ = cap - 1;
+    const std::vector<uint64_t> old = regrow_slots(want, &slots_, &mask_);
     size_ = 0;
     for (const uint64_t s : old)
       if (s != 0) add(uint32_t(s), int32_t((s >> 32) & (kMaxTokenIds - 1)), texts);
@@ -255,12 +279,7 @@ class MergeTable {
 
  private:
   static uint64_t pair(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 21 | uint32_t(b); }
-  static uint64_t mix(uint64_t k) {
-    k ^= k >> 33;
-    k *= 0xff51afd7ed558ccdull;
-    k ^= k >> 33;
-    return k;
-  }
+  static uint64_t mix(uint64_t k) { return mix64(k); }
   void put(uint64_t slot) {
     for (uint64_t i = mix(slot >> 22) & mask_;; i = (i + 1) & mask_) {
       if (slots_[i] == 0) ++used_;
@@ -271,18 +290,14 @@ class MergeTable {
     }
   }
   void rehash(size_t want) {
-    size_t cap = 16;
-    while (cap < want) cap <<= 1;
-    std::vector<uint64_t> old = std::move(slots_);
-    slots_.assign(cap, 0);
-    mask_ = cap - 1;
+    const std::vector<uint64_t> old = regrow_slots(want, &slots_, &mask_);
     used_ = 0;
     for (const uint64_t s : old)
       if (s != 0) put(s);
   }
   std::vector<uint64_t> slots_;  // [2^k] pair(a, b) << 22 | rank + 1; 0: empty
   std::vector<int32_t> merged_;  // [merges] merged id by rank
-  uint64_t mask_ = 0;
+  size_t mask_ = 0;
   size_t used_ = 0;  // slots in use
 };
 
