@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "../programs/args.hpp"
 #include "gemma4_t4.hpp"
 
 namespace {
@@ -80,21 +81,20 @@ bool run_child(const char* self, const char* path, Run* out) {
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "--child") == 0) return load_once(argv[2]);
   int runs = 9;
-  const char* path = nullptr;
-  for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--runs") == 0 && i + 1 < argc) {
-      runs = std::atoi(argv[++i]);
-    } else if (!path && argv[i][0] != '-') {
-      path = argv[i];
-    } else {
-      path = nullptr;
-      break;
-    }
-  }
-  if (!path || runs < 1) {
-    std::fprintf(stderr, "usage: tokenizer_load PATH [--runs N]\n");
+  std::vector<std::string> paths;
+  args::Parser parser("tokenizer_load",
+                      "usage: tokenizer_load PATH [--runs N]\n\n"
+                      "Times Tokenizer::load of PATH (a tokenizer.json, a .model, or a directory) in N fresh "
+                      "processes.\n\n");
+  parser.integer("--runs", "N", &runs, 1, 10000, "fresh processes, each loading PATH once (default 9)");
+  parser.positional(&paths);
+  parser.footer("\nExit status: 0 ok, 1 a load or a child failed, 2 bad command line.\n");
+  if (const int rc = parser.parse(argc, argv); rc >= 0) return rc;
+  if (paths.size() != 1) {
+    std::fprintf(stderr, "tokenizer_load: expected one PATH, got %zu (--help for usage)\n", paths.size());
     return 2;
   }
+  const char* path = paths[0].c_str();
   print_loadavg("before");
   std::vector<Run> all;
   for (int i = 0; i < runs; ++i) {

@@ -1,6 +1,6 @@
 // The command-line parser of this repository's programs (examples/: chat, generate, generate_ids; bench/:
-// bench, quick_bench, soak). Not part of the library: a program declares its flags once -- name, value,
-// range, help line -- and gets the parsing, the errors and the --help text from that one list.
+// bench, quick_bench, soak, tokenizer_load). Not part of the library: a program declares its flags once --
+// name, value, range, help line -- and gets the parsing, the errors and the --help text from that one list.
 //
 //   args::Parser p("generate", "usage: generate [options] [PROMPT...]\n\n...");
 //   p.section("output:");
