@@ -10518,8 +10518,8 @@ class StepTrace {
   void write(const std::vector<std::string>& labels) {
     if (!file_) return;
     struct Group {
-      int n = 0;
-      double release = 0, span = 0, spread = 0, work = 0, xbuild = 0, item1 = 0, blocks = 0;
+      int n = 0;  // instructions with this label
+      Sums s;     // their sums
     };
     std::map<std::string, Group> groups;
     double total = 0;
@@ -10527,13 +10527,7 @@ class StepTrace {
       Group& g = groups[labels[size_t(i)]];
       const Sums& s = sum_[size_t(i)];
       ++g.n;
-      g.release += s.release;
-      g.span += s.span;
-      g.spread += s.spread;
-      g.work += s.work;
-      g.xbuild += s.xbuild;
-      g.item1 += s.item1;
-      g.blocks += s.blocks;
+      g.s += s;
       total += s.release + s.span;
     }
     const double k = steps_ ? 1e-3 / double(steps_) : 0.0;  // ns summed over steps -> us per step
@@ -10542,10 +10536,12 @@ class StepTrace {
                  total * k);
     std::fprintf(file_, "%-36s %5s %12s %12s %12s %12s %12s %12s %12s %8s\n", "instruction", "n", "release us",
                  "span us", "span/instr", "spread/instr", "work/instr", "xbuild/instr", "item1/instr", "blocks");
-    for (const auto& [label, g] : groups)
+    for (const auto& [label, g] : groups) {
+      const Sums& s = g.s;
       std::fprintf(file_, "%-36s %5d %12.1f %12.1f %12.2f %12.2f %12.2f %12.2f %12.2f %8.0f\n", label.c_str(), g.n,
-                   g.release * k, g.span * k, g.span * k / g.n, g.spread * k / g.n, g.work * k / g.n,
-                   g.xbuild * k / g.n, g.item1 * k / g.n, steps_ ? g.blocks / double(steps_) / g.n : 0.0);
+                   s.release * k, s.span * k, s.span * k / g.n, s.spread * k / g.n, s.work * k / g.n,
+                   s.xbuild * k / g.n, s.item1 * k / g.n, steps_ ? s.blocks / double(steps_) / g.n : 0.0);
+    }
     std::fclose(file_);
     file_ = nullptr;
   }
@@ -10558,8 +10554,18 @@ class StepTrace {
   StepTrace& operator=(const StepTrace&) = delete;
 
  private:
-  struct Sums {
+  struct Sums {  // ns summed over the traced steps (blocks: a count)
     double release = 0, span = 0, spread = 0, work = 0, xbuild = 0, item1 = 0, blocks = 0;
+    Sums& operator+=(const Sums& o) {
+      release += o.release;
+      span += o.span;
+      spread += o.spread;
+      work += o.work;
+      xbuild += o.xbuild;
+      item1 += o.item1;
+      blocks += o.blocks;
+      return *this;
+    }
   };
   std::FILE* file_ = nullptr;
   int count_ = 0, max_grid_ = 0;
