@@ -18,8 +18,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace gemma4_t4;
