@@ -2225,9 +2225,6 @@ namespace detail {
 
 // ---- UTF-8 ----
 
-// Scans the UTF-8 sequence starting at s[0] (n >= 1 bytes available). Returns 1 and *len = its length when
-// it is complete and valid; 0 when s[0..n) is a valid but incomplete prefix (*len = n); -1 when ill-formed,
-// *len = the maximal ill-formed subpart (>= 1 byte) to replace with one U+FFFD.
 // The first byte c of a multi-byte UTF-8 sequence: false when no sequence starts with it (ASCII included);
 // else *more continuation bytes follow, the first of them in [*lo, *hi] (the others in [0x80, 0xBF]).
 inline bool utf8_lead(unsigned c, size_t* more, unsigned* lo, unsigned* hi) {
@@ -2249,6 +2246,9 @@ inline bool utf8_lead(unsigned c, size_t* more, unsigned* lo, unsigned* hi) {
   return true;
 }
 
+// Scans the UTF-8 sequence starting at s[0] (n >= 1 bytes available). Returns 1 and *len = its length when
+// it is complete and valid; 0 when s[0..n) is a valid but incomplete prefix (*len = n); -1 when ill-formed,
+// *len = the maximal ill-formed subpart (>= 1 byte) to replace with one U+FFFD.
 inline int utf8_scan(const unsigned char* s, size_t n, size_t* len) {
   const unsigned c = s[0];
   size_t more = 0;
@@ -2453,7 +2453,7 @@ class MergeTable {
   size_t size() const { return merged_.size(); }
   // Fetches the slot of (a, b) ahead of add() (loading: the merges of a batch are added together).
   void prefetch(int32_t a, int32_t b) const {
-    if (!slots_.empty()) __builtin_prefetch(&slots_[mix(pair(a, b)) & mask_]);
+    if (!slots_.empty()) __builtin_prefetch(&slots_[mix64(pair(a, b)) & mask_]);
   }
   // The next merge in rank order: (a, b) -> id (ids below kMaxTokenIds; at most kMaxMerges merges). A later
   // duplicate replaces an earlier one (tokenizers collects the merges into a HashMap).
@@ -2466,7 +2466,7 @@ class MergeTable {
   bool find(int32_t a, int32_t b, int32_t* rank, int32_t* id) const {
     if (slots_.empty()) return false;
     const uint64_t key = pair(a, b);
-    for (uint64_t i = mix(key) & mask_;; i = (i + 1) & mask_) {
+    for (uint64_t i = mix64(key) & mask_;; i = (i + 1) & mask_) {
       const uint64_t s = slots_[i];
       if (s == 0) return false;
       if (s >> 22 == key) {
@@ -2479,9 +2479,8 @@ class MergeTable {
 
  private:
   static uint64_t pair(int32_t a, int32_t b) { return uint64_t(uint32_t(a)) << 21 | uint32_t(b); }
-  static uint64_t mix(uint64_t k) { return mix64(k); }
   void put(uint64_t slot) {
-    for (uint64_t i = mix(slot >> 22) & mask_;; i = (i + 1) & mask_) {
+    for (uint64_t i = mix64(slot >> 22) & mask_;; i = (i + 1) & mask_) {
       if (slots_[i] == 0) ++used_;
       if (slots_[i] == 0 || slots_[i] >> 22 == slot >> 22) {
         slots_[i] = slot;
