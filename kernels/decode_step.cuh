@@ -46,8 +46,8 @@ namespace gemma4_t4 {
 namespace kernels {
 
 constexpr int kStepThreads = kGemvWarps * 32;  // 256
-constexpr int kStepMaxRows = kGemvMaxRows;     // 16
-constexpr int kStepChunks = 12;                // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
+constexpr int kStepMaxRows = 16;  // rows of one persistent step (NT <= 2 instantiations; the GEMVs take 32)
+constexpr int kStepChunks = 12;   // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
 
 enum class StepOp : int { Gemv, Attention, PleCombine, Tokens };
 

@@ -7406,9 +7406,9 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 #undef GEMMA4_T4_GEMM_W4_HD
 // ---- end kernels/gemm_w4.cuh ----
 // ---- begin kernels/gemv.cuh ----
-// gemma4_t4 kernels: decode matmuls (a batch of 1..16 rows against weights read once), on tensor cores.
+// gemma4_t4 kernels: decode matmuls (a batch of 1..32 rows against weights read once), on tensor cores.
 //
-//   y[r, o] = sum_i x[r, i] * W[o, i]     x: [n, in] fp16 (row stride in, 16-byte aligned), n <= 16
+//   y[r, o] = sum_i x[r, i] * W[o, i]     x: [n, in] fp16 (row stride in, 16-byte aligned), n <= 32
 // Weights, three layouts (all 16-byte aligned):
 //   fp16   W [out, in] row-major; in % 8 == 0 (16-byte rows).
 //   int8   W8 [out, in] int8 row-major + per-row fp32 scales R [out]: y = R[o] * (x . W8[o]); in % 16 == 0;
@@ -7441,7 +7441,8 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
 // chosen from `in` alone); a block of 8 warps owns 8 / kw row tiles; blocks are partitioned over the
 // matrices' row tiles. Each warp issues the weight loads of U k-tiles (U = 4; 2 for gate/up, which loads
-// two matrices) before it uses any: 128 B per lane, 4 KiB per warp in flight (16-byte loads that skip L1);
+// two matrices; halved past 16 rows, where the accumulators need the registers: no spills at 128) before it
+// uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that skip L1);
 // x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
@@ -7462,7 +7463,7 @@ namespace gemma4_t4 {
 namespace kernels {
 
 constexpr int kGemvWarps = 8;     // warps per block
-constexpr int kGemvMaxRows = 16;  // input rows (decode batch) per launch
+constexpr int kGemvMaxRows = 32;  // input rows (decode batch) per launch
 constexpr int kGemvMaxMats = 3;   // matrices of one multi-matrix launch
 
 // One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
@@ -7524,7 +7525,7 @@ __host__ __device__ constexpr int gemv_red_floats() {
 }
 
 // Block `bid` of a GEMV launch (the block partition of launch_gemv_args): NT 8-row tiles of x (1: n <= 8, 2:
-// n <= 16), WL the weight layout (kGemvF16 / W4 / W8), E the epilogue, XS where x is read from. red:
+// n <= 16, 4: n <= 32), WL the weight layout (kGemvF16 / W4 / W8), E the epilogue, XS where x is read from. red:
 // gemv_red_floats<NT>() floats of shared memory; xs: x in shared memory (XS == Shared); best: Head's [n]
 // packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue (weights prefetched
 // into L2 on sm_90, then pdl_enter).
@@ -7534,7 +7535,9 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
   constexpr bool W4 = WL == kGemvW4, W8 = WL == kGemvW8;
   static_assert(!W8 || E == GemvEpilogue::Store, "int8 weights: Store epilogue only");
   constexpr int M = E == GemvEpilogue::GeluMul ? 2 : 1;  // weight matrices per warp (gate and up)
-  constexpr int U = M == 2 ? 2 : 4;                      // k-tiles of weight loads in flight per warp
+  // k-tiles of weight loads in flight per warp: 4 KiB per warp up to 16 rows; past them the NT = 4 accumulators
+  // take the registers, and the 32 x rows re-read per weight tile keep the SM's load pipes busy instead
+  constexpr int U = (M == 2 ? 2 : 4) / (NT > 2 ? 2 : 1);
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
   const int kw = a.kw, ks = warp & (kw - 1), mt = warp / kw;
@@ -7755,7 +7758,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
   }
 }
 
-// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
+// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16, 4: n <= 32). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
 template <int NT, int WL, GemvEpilogue E>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
   __shared__ float red[gemv_red_floats<NT>()];  // partial tiles of the kw - 1 helper warps
@@ -7775,7 +7778,8 @@ inline int gemv_split(int ktiles) {
 template <int WL, GemvEpilogue E>
 inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launch& launch) {
   if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, launch, a);
-  return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, launch, a);
+  if (a.n <= 16) return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, launch, a);
+  return launch_kernel(gemv_kernel<4, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
 
 inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -9941,8 +9945,8 @@ namespace gemma4_t4 {
 namespace kernels {
 
 constexpr int kStepThreads = kGemvWarps * 32;  // 256
-constexpr int kStepMaxRows = kGemvMaxRows;     // 16
-constexpr int kStepChunks = 12;                // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
+constexpr int kStepMaxRows = 16;  // rows of one persistent step (NT <= 2 instantiations; the GEMVs take 32)
+constexpr int kStepChunks = 12;   // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
 
 enum class StepOp : int { Gemv, Attention, PleCombine, Tokens };
 
@@ -10626,7 +10630,7 @@ class PersistentDecoder {
       const size_t smem = smem_bytes(nt + 1);
       if (smem > size_t(smem_optin)) {
         if (nt == 0) return err(Code::Unsupported, "persistent decode: ", smem, " B of shared memory per block");
-        max_rows_ = kernels::kGemvMaxRows / 2;
+        max_rows_ = kernels::kStepMaxRows / 2;
         break;
       }
       GEMMA4_T4_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),

@@ -700,7 +700,7 @@ bool is_poison(float v) {
 }
 bool is_poison(uint16_t h) { return h == kPoison16; }
 
-// y: [16, ld] after a launch for n rows -- fp32 (a store's y) or fp16 bits (a fused epilogue's out16). Returns
+// y: [32, ld] after a launch for n rows -- fp32 (a store's y) or fp16 bits (a fused epilogue's out16). Returns
 // y[:n, :cols] row-major ([n, cols]) as fp32; everything else must still hold the poison.
 template <typename T>
 std::vector<float> gemv_written(const std::vector<T>& y, int ld, int n, int cols, const std::string& what) {
@@ -742,20 +742,20 @@ const std::vector<int>& gemv_ins(bool w4) {
   return w4 ? q4 : f16;
 }
 
-TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..16 rows, strided y, batch-independent rows", "[gpu]") {
+TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..32 rows, strided y, batch-independent rows", "[gpu]") {
   std::mt19937 rng(301);
   Stream st;
   for (bool w4 : {false, true})
     for (int in : gemv_ins(w4))
       for (int out : {1, 7, 33, 1000, 2051}) {
         const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
-        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [32, in] fp16
         const int ldy = out + 3;
         Dev<half> dx(x.size());
-        Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [16, ldy] fp32
+        Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [32, ldy] fp32
         dx.upload(x);
         const std::vector<double> ref_all = gemv_ref(W->dense, widen(x), kn::kGemvMaxRows, out, in);
-        std::vector<float> got16;  // y[:16, :out] of the 16-row launch
+        std::vector<float> got16;  // y[:32, :out] of the 32-row launch
         for (int n = kn::kGemvMaxRows; n >= 1; --n) {
           dy.poison();
           const kn::GemvMat m = W->mat(dy.get(), ldy);
@@ -767,7 +767,7 @@ TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..16 rows, strided y, batch
           if (n == kn::kGemvMaxRows)
             got16 = got;
           else
-            require_same_bits(got, got16, what + " vs the same rows of n = 16");
+            require_same_bits(got, got16, what + " vs the same rows of n = 32");
         }
       }
 }
@@ -781,10 +781,10 @@ TEST_CASE("gemv multi: up to 3 matrices sharing x in one launch equal separate l
       for (const std::vector<int>& outs : out_sets) {
         const int count = int(outs.size());
         std::vector<std::unique_ptr<GemvWeights>> W;
-        std::vector<std::unique_ptr<Dev<float>>> dy, dsingle;  // [16, ldy_i] fp32 each
+        std::vector<std::unique_ptr<Dev<float>>> dy, dsingle;  // [32, ldy_i] fp32 each
         std::vector<int> ldy;
         std::vector<std::vector<double>> ref_all;
-        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [32, in] fp16
         for (int i = 0; i < count; ++i) {
           W.push_back(make_gemv_weights(rng, w4, outs[size_t(i)], in, 1.f));
           ldy.push_back(outs[size_t(i)] + 1 + i);
@@ -821,7 +821,7 @@ TEST_CASE("gemv multi: up to 3 matrices sharing x in one launch equal separate l
       }
 }
 
-TEST_CASE("gemv gelu_mul: half(gelu_tanh(x Wg^T) * (x Wu^T)) in one launch, fp16 and w4a16, 1..16 rows", "[gpu]") {
+TEST_CASE("gemv gelu_mul: half(gelu_tanh(x Wg^T) * (x Wu^T)) in one launch, fp16 and w4a16, 1..32 rows", "[gpu]") {
   std::mt19937 rng(305);
   Stream st;
   for (bool w4 : {false, true})
@@ -830,13 +830,13 @@ TEST_CASE("gemv gelu_mul: half(gelu_tanh(x Wg^T) * (x Wu^T)) in one launch, fp16
         // amplitudes for gate values of a few units: GELU's curved part, not just its linear tail
         const float amp = w4 ? 1.f : 0.25f;
         const auto Wg = make_gemv_weights(rng, w4, I, in, amp), Wu = make_gemv_weights(rng, w4, I, in, amp);
-        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in] fp16
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [32, in] fp16
         const std::vector<double> g = gemv_ref(Wg->dense, widen(x), kn::kGemvMaxRows, I, in);
         const std::vector<double> u = gemv_ref(Wu->dense, widen(x), kn::kGemvMaxRows, I, in);
-        std::vector<double> ref_all(g.size());  // [16, I]
+        std::vector<double> ref_all(g.size());  // [32, I]
         for (size_t i = 0; i < g.size(); ++i) ref_all[i] = double(gemma4_t4::detail::gelu_tanh_ref(float(g[i]))) * u[i];
         const int ld16 = I + 5;
-        Dev<half> dx(x.size()), dout(size_t(kn::kGemvMaxRows) * ld16);  // out16: [16, ld16] fp16
+        Dev<half> dx(x.size()), dout(size_t(kn::kGemvMaxRows) * ld16);  // out16: [32, ld16] fp16
         dx.upload(x);
         for (int n = 1; n <= kn::kGemvMaxRows; ++n) {
           dout.poison();
@@ -859,15 +859,15 @@ TEST_CASE("gemv gelu_ple: half(gelu_tanh(x Wg^T) * ple[:, layer]) in one launch,
       for (int D : {8, 256, 300})
         for (int layer : {0, 3, L - 1}) {
           const auto Wg = make_gemv_weights(rng, w4, D, in, w4 ? 1.f : 0.25f);
-          const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);    // [16, in]
-          const std::vector<float> ple = rand_f32(rng, size_t(kn::kGemvMaxRows) * L * D, -3.f, 3.f);  // [16, L, D]
+          const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);    // [32, in]
+          const std::vector<float> ple = rand_f32(rng, size_t(kn::kGemvMaxRows) * L * D, -3.f, 3.f);  // [32, L, D]
           const std::vector<double> g = gemv_ref(Wg->dense, widen(x), kn::kGemvMaxRows, D, in);
-          std::vector<double> ref_all(g.size());  // [16, D]
+          std::vector<double> ref_all(g.size());  // [32, D]
           for (int r = 0; r < kn::kGemvMaxRows; ++r)
             for (int k = 0; k < D; ++k)
               ref_all[size_t(r) * D + k] = double(gemma4_t4::detail::gelu_tanh_ref(float(g[size_t(r) * D + k]))) *
                                            ple[(size_t(r) * L + layer) * D + k];
-          Dev<half> dx(x.size()), dout(size_t(kn::kGemvMaxRows) * D);  // out16: [n, D] fp16 (16 rows allocated)
+          Dev<half> dx(x.size()), dout(size_t(kn::kGemvMaxRows) * D);  // out16: [n, D] fp16 (32 rows allocated)
           Dev<float> dple(ple.size());
           dx.upload(x);
           dple.upload(ple);
@@ -916,7 +916,7 @@ TEST_CASE("gemv_block: x from shared memory or through L2, several items per blo
       for (int n : {1, 5, 9, 16})
         for (unsigned grid : {7u, 132u}) {
           const std::string tag = cat(w4 ? "w4a16" : "fp16", " in ", in, " n ", n, " grid ", grid);
-          const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [16, in]
+          const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [32, in]
           Dev<half> dx(x.size());
           dx.upload(x);
           // Store, three matrices (q/k/v-like)
@@ -956,7 +956,7 @@ TEST_CASE("gemv_block: x from shared memory or through L2, several items per blo
           const auto Wg = make_gemv_weights(rng, w4, I, in, w4 ? 1.f : 0.25f),
                      Wu = make_gemv_weights(rng, w4, I, in, w4 ? 1.f : 0.25f),
                      Wp = make_gemv_weights(rng, w4, D, in, w4 ? 1.f : 0.25f);
-          const std::vector<float> ple = rand_f32(rng, size_t(kn::kGemvMaxRows) * L * D, -3.f, 3.f);  // [16, L, D]
+          const std::vector<float> ple = rand_f32(rng, size_t(kn::kGemvMaxRows) * L * D, -3.f, 3.f);  // [32, L, D]
           Dev<float> dple(ple.size());
           dple.upload(ple);
           Dev<half> oa(size_t(kn::kGemvMaxRows) * I), ob(size_t(kn::kGemvMaxRows) * I);
@@ -1116,7 +1116,7 @@ TEST_CASE("quantized LM head: device quantizers equal the host ones bit for bit;
           if (n == 16)
             got16 = got;
           else
-            require_same_bits(got, got16, what + " vs the same rows of n = 16");
+            require_same_bits(got, got16, what + " vs the same rows of n = 32");
         }
       }
     }

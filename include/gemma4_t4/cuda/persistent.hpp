@@ -70,7 +70,7 @@ class PersistentDecoder {
       const size_t smem = smem_bytes(nt + 1);
       if (smem > size_t(smem_optin)) {
         if (nt == 0) return err(Code::Unsupported, "persistent decode: ", smem, " B of shared memory per block");
-        max_rows_ = kernels::kGemvMaxRows / 2;
+        max_rows_ = kernels::kStepMaxRows / 2;
         break;
       }
       GEMMA4_T4_CUDA_TRY(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
