@@ -7078,6 +7078,9 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 // launch_gemm_w4 picks the tile by M (a starting guess from the lab, not yet measured): M <= 32: 32 x 64 x 128,
 // <= 64: 64 x 64 x 128, <= 256: 128 x 64 x 64, else 128 x 128 x 32. A row's result depends on the tile
 // configuration (the k-split sums), so it is deterministic for a given M but not equal across M buckets.
+// Split-K across blocks (GemmW4Args::splits, chosen by gemm_w4_splits): a decode pass of 33..256 rows against
+// E2B's N = 256..2048 matrices makes 4..32 output tiles, so blocks along K write partial tiles that a second
+// kernel sums in split order (deterministic; the splits depend on the shape and the SM count only).
 
 #include <cstddef>
 #include <cstdint>
@@ -7209,6 +7212,10 @@ struct GemmW4Args {
   const half* sp = nullptr;      // [N/32][K/32][8][4] fp16 scales
   float* y = nullptr;            // [M, ldy] fp32, ldy % 2 == 0
   int ldy = 0;
+  // Split-K (gemm_w4_splits): `splits` blocks along K per output tile, each writing its partial tile to part
+  // ([splits][M][N] fp32, 16-byte aligned), summed in split order by a second kernel (deterministic).
+  int splits = 1;
+  float* part = nullptr;
 };
 
 template <class C>
@@ -7217,7 +7224,12 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
   const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
-  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;
+  const int NB = a.n / 32, KG = a.k / 32, KT_all = (KG + C::G - 1) / C::G;
+  // this block's k-tiles [kt_begin, KT) (split z of gridDim.z); its output: y, or split z's partial tile
+  const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
+  const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
+  float* const y = gridDim.z > 1 ? a.part + size_t(z) * a.m * a.n : a.y;
+  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
 
   uint4 xr[C::kXL], wr[C::kWL];  // the next k-tile, in flight in registers
   const half* xrow[C::kXL];      // this thread's X units: row start + column in the tile (null: row past M)
@@ -7273,10 +7285,10 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
 
   pdl_enter();  // X comes from the previous kernel
-  load(0);
-  store(0);
+  load(kt_begin);
+  store(kt_begin & 1);
   __syncthreads();
-  for (int kt = 0; kt < KT; ++kt) {
+  for (int kt = kt_begin; kt < KT; ++kt) {
     if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
     const unsigned char* base = smem + (kt & 1) * C::kStage;
     const half* xs = reinterpret_cast<const half*>(base);
@@ -7342,17 +7354,33 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int col = nb * 32 + 8 * j + 2 * t;
-      if (row < a.m)
-        *reinterpret_cast<float2*>(a.y + size_t(row) * a.ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+      if (row < a.m) *reinterpret_cast<float2*>(y + size_t(row) * ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
       if (row + 8 < a.m)
-        *reinterpret_cast<float2*>(a.y + size_t(row + 8) * a.ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
+        *reinterpret_cast<float2*>(y + size_t(row + 8) * ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
     }
   }
 }
 
+// y = sum of the splits' partial tiles, in split order. One thread per 4 outputs (N % 4 == 0).
+static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int splits, int m, int n,
+                                             float* __restrict__ y, int ldy) {
+  pdl_enter();
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x, q = size_t(n) / 4;
+  if (i >= size_t(m) * q) return;
+  const size_t row = i / q, col = i % q * 4, stride = size_t(m) * n;
+  float4 s = __ldcg(reinterpret_cast<const float4*>(part + row * n + col));
+  for (int z = 1; z < splits; ++z) {
+    const float4 v = __ldcg(reinterpret_cast<const float4*>(part + z * stride + row * n + col));
+    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+  }
+  float* out = y + row * ldy + col;  // ldy % 2 == 0 only: two float2 stores
+  *reinterpret_cast<float2*>(out) = make_float2(s.x, s.y);
+  *reinterpret_cast<float2*>(out + 2) = make_float2(s.z, s.w);
+}
+
 // One configuration C (the lab instantiates others). Returns cudaErrorInvalidValue for shapes or alignments the
 // kernel does not take (N % 32, K % 32, K == 0, ldx % 8, ldy % 2, ldx < K, ldy < N, x / wp / sp not 16-byte or y
-// not 8-byte aligned).
+// not 8-byte aligned; splits < 1, more splits than k-tiles, or splits > 1 without a 16-byte aligned part).
 template <class C>
 inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
   if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ldy % 2 != 0 || a.ldx < a.k || a.ldy < a.n ||
@@ -7361,9 +7389,45 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
     return cudaErrorInvalidValue;
   if (a.m == 0 || a.n == 0) return cudaSuccess;
   if (a.k == 0) return cudaErrorInvalidValue;
-  const dim3 grid(ceil_div(size_t(a.n), C::BN), ceil_div(size_t(a.m), C::BM));
+  const int kt = (a.k / 32 + C::G - 1) / C::G;
+  if (a.splits < 1 || a.splits > kt || a.splits > 65535 ||
+      (a.splits > 1 && (!a.part || reinterpret_cast<uintptr_t>(a.part) % 16 != 0)))
+    return cudaErrorInvalidValue;
+  const dim3 grid(ceil_div(size_t(a.n), C::BN), ceil_div(size_t(a.m), C::BM), unsigned(a.splits));
   if (grid.y > 65535) return cudaErrorInvalidValue;
-  return launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
+  if (const cudaError_t e = launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
+      e != cudaSuccess || a.splits == 1)
+    return e;
+  return launch_kernel(gemm_w4_reduce_kernel, ceil_div(size_t(a.m) * (a.n / 4), 256), 256, l, a.part, a.splits, a.m,
+                       a.n, a.y, a.ldy);
+}
+
+// The configuration launch_gemm_w4 takes for M rows: BM x BN output tiles, BK k per tile.
+struct GemmW4Tile {
+  int bm, bn, bk;
+};
+inline GemmW4Tile gemm_w4_tile(int m) {
+  using namespace gemm_w4;
+  if (m <= 32) return {CfgTiny::BM, CfgTiny::BN, CfgTiny::BK};
+  if (m <= 64) return {CfgSmall::BM, CfgSmall::BN, CfgSmall::BK};
+  if (m <= 256) return {CfgMid::BM, CfgMid::BN, CfgMid::BK};
+  return {CfgLarge::BM, CfgLarge::BN, CfgLarge::BK};
+}
+
+// Split-K for a grid that would leave SMs idle (the small-M tiles against N = 256..2048: 4..32 blocks on a
+// 132-SM H200): enough splits to give each of `sms` SMs a block, at most one per k-tile, and at most
+// part_floats / (M N) (the caller's partials buffer). 1: no split. A function of the shape, sms and part_floats
+// only, so a row's result is deterministic for a given GPU.
+inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
+  if (m <= 0 || n <= 0 || k <= 0) return 1;
+  const GemmW4Tile t = gemm_w4_tile(m);
+  const size_t blocks = size_t(ceil_div(size_t(n), size_t(t.bn))) * ceil_div(size_t(m), size_t(t.bm));
+  if (blocks >= size_t(sms)) return 1;
+  size_t s = ceil_div(size_t(sms), blocks);
+  const size_t ktiles = ceil_div(size_t(k), size_t(t.bk)), fit = part_floats / (size_t(m) * size_t(n));
+  if (s > ktiles) s = ktiles;
+  if (s > fit) s = fit;
+  return s > 1 ? int(s) : 1;
 }
 
 // One launch for any M: the tile configuration by M (see the header).

@@ -71,11 +71,12 @@ Problem random_problem(int M, int N, int K, int ldx, int ldy, unsigned seed) {
   return p;
 }
 
-// Repack on the device, run launch_gemm_w4, return Y [M + 1, ldy] as downloaded (poisoned beforehand).
-std::vector<float> run(const Problem& p, const gputest::Stream& st) {
+// Repack on the device, run launch_gemm_w4 (with `splits` blocks along K), return Y [M + 1, ldy] as downloaded
+// (poisoned beforehand).
+std::vector<float> run(const Problem& p, const gputest::Stream& st, int splits = 1) {
   Dev<half> x(p.x.size()), s(p.s.size()), sp(p.s.size());
   Dev<uint32_t> wq(p.wq.size()), wp(p.wq.size());
-  Dev<float> y(size_t(p.M + 1) * p.ldy);
+  Dev<float> y(size_t(p.M + 1) * p.ldy), part(size_t(splits) * p.M * p.N + 1);
   x.upload(p.x);
   s.upload(p.s);
   wq.upload(p.wq);
@@ -87,6 +88,9 @@ std::vector<float> run(const Problem& p, const gputest::Stream& st) {
   a.x = x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
   a.wp = wp.get(), a.sp = sp.get();
   a.y = y.get(), a.ldy = p.ldy;
+  a.splits = splits;
+  a.part = part.get();
+  part.poison();  // every partial the reduction reads is written first
   REQUIRE_CUDA(kn::launch_gemm_w4(a, st.s));
   st.sync();
   return y.download<float>();
@@ -94,7 +98,8 @@ std::vector<float> run(const Problem& p, const gputest::Stream& st) {
 
 }  // namespace
 
-TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at odd sizes", "[gpu][gemm_w4]") {
+TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at odd sizes, split-K too",
+          "[gpu][gemm_w4]") {
   gputest::Stream st;
   const struct { int n, k; } shapes[] = {{32, 32}, {96, 416}, {160, 96}, {224, 2080}, {1056, 1568}, {256, 1536}};
   unsigned seed = 500;
@@ -103,35 +108,40 @@ TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at o
       const int ldx = sh.k + 8, ldy = sh.n + 2;
       const Problem p = random_problem(M, sh.n, sh.k, ldx, ldy, seed += 7);
       const std::vector<double> ref = gemm_w4_ref(p.x, ldx, M, sh.n, sh.k, p.wq, p.s);
-      const std::vector<float> y = run(p, st);
-      std::vector<float> got(size_t(M) * sh.n);
-      size_t stray = 0;
-      for (int m = 0; m <= M; ++m)
-        for (int n = 0; n < ldy; ++n) {
-          const float v = y[size_t(m) * ldy + n];
-          if (m < M && n < sh.n) {
-            got[size_t(m) * sh.n + n] = v;
-          } else {
-            uint32_t bits;
-            std::memcpy(&bits, &v, 4);
-            stray += bits != 0xFFFFFFFFu;
+      // no split; the engine's choice for a 132-SM GPU; every k-tile its own split (BK = 32 x G of M's tile)
+      const int most = (sh.k + kn::gemm_w4_tile(M).bk - 1) / kn::gemm_w4_tile(M).bk;
+      for (const int splits : {1, kn::gemm_w4_splits(M, sh.n, sh.k, 132, size_t(1) << 30), most}) {
+        const std::vector<float> y = run(p, st, splits);
+        std::vector<float> got(size_t(M) * sh.n);
+        size_t stray = 0;
+        for (int m = 0; m <= M; ++m)
+          for (int n = 0; n < ldy; ++n) {
+            const float v = y[size_t(m) * ldy + n];
+            if (m < M && n < sh.n) {
+              got[size_t(m) * sh.n + n] = v;
+            } else {
+              uint32_t bits;
+              std::memcpy(&bits, &v, 4);
+              stray += bits != 0xFFFFFFFFu;
+            }
           }
-        }
-      const std::string what = gputest::cat("gemm_w4 M ", M, " N ", sh.n, " K ", sh.k);
-      INFO(what << ": " << stray << " elements outside Y [M, N] changed");
-      CHECK(stray == 0);
-      gputest::check_max_rel(got, ref, kTol, what);
+        const std::string what = gputest::cat("gemm_w4 M ", M, " N ", sh.n, " K ", sh.k, ", ", splits, " splits");
+        INFO(what << ": " << stray << " elements outside Y [M, N] changed");
+        CHECK(stray == 0);
+        gputest::check_max_rel(got, ref, kTol, what);
+      }
     }
 }
 
 TEST_CASE("gemm_w4: the same call twice is bit-identical", "[gpu][gemm_w4]") {
   gputest::Stream st;
-  for (const int M : {20, 48, 200, 300}) {
-    const Problem p = random_problem(M, 192, 608, 608, 192, 900u + unsigned(M));
-    const std::vector<float> a = run(p, st), b = run(p, st);
-    INFO("M " << M);
-    CHECK(std::memcmp(a.data(), b.data(), size_t(M) * 192 * 4) == 0);
-  }
+  for (const int M : {20, 48, 200, 300})
+    for (const int splits : {1, 3}) {
+      const Problem p = random_problem(M, 192, 608, 608, 192, 900u + unsigned(M));
+      const std::vector<float> a = run(p, st, splits), b = run(p, st, splits);
+      INFO("M " << M << ", " << splits << " splits");
+      CHECK(std::memcmp(a.data(), b.data(), size_t(M) * 192 * 4) == 0);
+    }
 }
 
 TEST_CASE("gemm_w4: shapes and alignments the kernel does not take -> cudaErrorInvalidValue", "[gpu][gemm_w4]") {
@@ -168,6 +178,11 @@ TEST_CASE("gemm_w4: shapes and alignments the kernel does not take -> cudaErrorI
   a = good(), a.wp = wp.get() + 1, bad("wp not 16-byte aligned", a);
   a = good(), a.sp = sp.get() + 2, bad("sp not 16-byte aligned", a);
   a = good(), a.y = y.get() + 1, bad("y not 8-byte aligned", a);
+  Dev<float> part(size_t(4) * 300 * 64 + 4);
+  a = good(), a.splits = 0, bad("splits < 1", a);
+  a = good(), a.splits = 2, a.part = part.get(), bad("more splits than k-tiles (M 40: BK 128 = K)", a);
+  a = good(), a.m = 300, a.splits = 2, bad("split-K without partials (M 300: BK 32, 4 k-tiles)", a);
+  a = good(), a.m = 300, a.splits = 2, a.part = part.get() + 1, bad("partials not 16-byte aligned", a);
   a = good(), a.m = 0;
   CHECK(kn::launch_gemm_w4(a, st.s) == cudaSuccess);  // nothing to do
   Dev<half> s(64 * 4);
