@@ -35,7 +35,7 @@ const char kUsage[] =
     "usage: bench [--model DIR] [--cpu] [--prompts LIST] [--concurrency LIST] [--tokens N] [--repeats N]\n"
     "             [--seed N] [--json FILE] [--csv FILE] [--svg FILE] [--doctor] [--device-only]\n"
     "             [--lm-head f16|int8|int4] [--lm-head-fidelity POSITIONS] [--no-pdl] [--sampling greedy|gemma]\n"
-    "             [--w4-matmul dequant|tensorcore]\n"
+    "             [--w4-matmul dequant|tensorcore|auto]\n"
     "\n"
     "Measures the device (memory bandwidth, the decode ceiling of the model) and runs the sweep of the\n"
     "published T4 study: every prompt length x every concurrency, greedy decoding, EOS ignored.\n"
@@ -55,7 +55,7 @@ struct Args {
   bool ple_device = false;
   bool no_pdl = false;
   gemma4_t4::LmHead lm_head = gemma4_t4::LmHead::F16;
-  gemma4_t4::W4Matmul w4_matmul = gemma4_t4::W4Matmul::Dequant;
+  gemma4_t4::W4Matmul w4_matmul = gemma4_t4::LoadOptions().w4_matmul;
   int fidelity_positions = 0;
   bool doctor = false;
   bool device_only = false;
@@ -96,9 +96,10 @@ int parse_args(int argc, char** argv, Args* a) {
   p.flag("--ple-device", &a->ple_device, "keep the per-layer-embedding table on the GPU (LoadOptions::ple)");
   p.choice("--lm-head", "KIND", &a->lm_head, {{"f16", LmHead::F16}, {"int8", LmHead::Int8}, {"int4", LmHead::Int4}},
            "LM head storage: f16 (default), int8 (per row) or int4 (group 32) (LoadOptions::lm_head)");
-  p.choice("--w4-matmul", "HOW", &a->w4_matmul, {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}},
-           "w4a16 passes of > 16 rows: dequant (+ cuBLAS, default) or tensorcore (kernels/gemm_w4.cuh)\n"
-           "(LoadOptions::w4_matmul)");
+  p.choice("--w4-matmul", "HOW", &a->w4_matmul,
+           {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}, {"auto", W4Matmul::Auto}},
+           "w4a16 passes of > 32 rows: dequant (+ cuBLAS), tensorcore (kernels/gemm_w4.cuh) or auto\n"
+           "(tensorcore up to 64 rows, dequant above; default) (LoadOptions::w4_matmul)");
   p.choice("--sampling", "MODE", &a->sweep.sampling,
            {{"greedy", SamplingOptions::greedy()}, {"gemma", SamplingOptions()}},
            "greedy (default) or gemma: temperature 1, top-k 64, top-p 0.95 (generation_config)");

@@ -61,9 +61,9 @@ int main(int argc, char** argv) {
                 {{"persistent", DecodePath::Persistent}, {"kernels", DecodePath::Kernels}},
                 "persistent or kernels (LoadOptions::decode_path; default kernels)");
   parser.choice("--w4-matmul", "HOW", &opt.w4_matmul,
-                {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}},
-                "w4a16 passes of > 16 rows: dequant (+ cuBLAS) or tensorcore (kernels/gemm_w4.cuh)\n"
-                "(LoadOptions::w4_matmul; default dequant)");
+                {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}, {"auto", W4Matmul::Auto}},
+                "w4a16 passes of > 32 rows: dequant (+ cuBLAS), tensorcore (kernels/gemm_w4.cuh) or auto\n"
+                "(tensorcore up to 64 rows, dequant above) (LoadOptions::w4_matmul; default auto)");
   parser.integer("--persistent-blocks", "N", &opt.persistent.blocks_per_sm, 1, 2,
                  "persistent decode: blocks per SM, 1 or 2 (LoadOptions::persistent; default 1)");
   parser.integer("--persistent-prefetch", "BYTES", &opt.persistent.prefetch_bytes, -1, 1 << 26,
@@ -97,8 +97,10 @@ int main(int argc, char** argv) {
   std::printf("load %.2f s, peak host RSS after load %.0f MiB, decode bytes/token %.3f GB\n", load_s, peak_rss_mib(),
               engine.decode_bytes_per_token() / 1e9);
   std::printf("decode path: %s\n", engine.decode_path().c_str());
-  std::printf("w4a16 passes of > 16 rows (--w4-matmul): %s\n",
-              opt.w4_matmul == W4Matmul::TensorCore ? "tensorcore (kernels/gemm_w4.cuh)" : "dequant + cuBLAS");
+  std::printf("w4a16 passes of > 32 rows (--w4-matmul): %s\n",
+              opt.w4_matmul == W4Matmul::TensorCore ? "tensorcore (kernels/gemm_w4.cuh)"
+              : opt.w4_matmul == W4Matmul::Auto     ? "auto (tensorcore up to 64 rows, dequant + cuBLAS above)"
+                                                    : "dequant + cuBLAS");
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> id(5, c.vocab_size - 1);

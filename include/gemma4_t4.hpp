@@ -265,15 +265,20 @@ enum class DecodePath {
                // and GPU allow it (Engine::decode_path() tells), else Kernels
 };
 
-// How the CUDA backend multiplies w4a16 weights in passes of more than 16 rows (batched decode of more than 16
+// How the CUDA backend multiplies w4a16 weights in passes of more than 32 rows (batched decode of more than 32
 // sessions, prefill). Ignored for fp16 checkpoints and on the CPU.
 enum class W4Matmul {
   Dequant,     // each matrix dequantised to fp16 (into a workspace the size of the largest one), then cuBLAS
-               // (default)
-  TensorCore,  // EXPERIMENTAL: kernels/gemm_w4.cuh, a tensor-core matmul reading the int4 weights directly, from a
-               // copy repacked into its layout at load: costs as many bytes of GPU memory again as the w4a16
-               // weights (int4 words + scales of every decoder linear), and saves the dequantisation workspace
+  TensorCore,  // kernels/gemm_w4.cuh, a tensor-core matmul reading the int4 weights directly, from a copy repacked
+               // into its layout at load: costs as many bytes of GPU memory again as the w4a16 decoder weights
+               // (int4 words + scales of every decoder linear, ~1 GB on E2B), and saves the dequantisation
+               // workspace; slower than Dequant on passes of more than 64 rows today (bench/RESULTS.md)
+  Auto,        // (default) TensorCore for passes of up to kW4AutoGemmRows rows (decode of 33..64 sessions),
+               // Dequant for larger ones (prefill chunks, more sessions): the GEMM-layout copy and the
+               // dequantisation workspace both. Measured on the H200 (2026-12-04): +24% / +15% total tok/s at
+               // 48 / 64 sessions against Dequant, the same elsewhere
 };
+constexpr int kW4AutoGemmRows = 64;
 
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
@@ -282,7 +287,7 @@ struct LoadOptions {
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
   DecodePath decode_path = DecodePath::Kernels;
-  W4Matmul w4_matmul = W4Matmul::Dequant;  // w4a16 passes of more than 16 rows (bench's --w4-matmul)
+  W4Matmul w4_matmul = W4Matmul::Auto;  // w4a16 passes of more than 32 rows (bench's --w4-matmul)
   // DecodePath::Persistent's knobs, for A/B runs and profiling (bench/quick_bench.cpp's --persistent-*).
   struct PersistentTuning {
     int blocks_per_sm = 1;    // 1, or 2: registers capped at 128 per thread (steps of <= 8 rows only)

@@ -266,15 +266,20 @@ enum class DecodePath {
                // and GPU allow it (Engine::decode_path() tells), else Kernels
 };
 
-// How the CUDA backend multiplies w4a16 weights in passes of more than 16 rows (batched decode of more than 16
+// How the CUDA backend multiplies w4a16 weights in passes of more than 32 rows (batched decode of more than 32
 // sessions, prefill). Ignored for fp16 checkpoints and on the CPU.
 enum class W4Matmul {
   Dequant,     // each matrix dequantised to fp16 (into a workspace the size of the largest one), then cuBLAS
-               // (default)
-  TensorCore,  // EXPERIMENTAL: kernels/gemm_w4.cuh, a tensor-core matmul reading the int4 weights directly, from a
-               // copy repacked into its layout at load: costs as many bytes of GPU memory again as the w4a16
-               // weights (int4 words + scales of every decoder linear), and saves the dequantisation workspace
+  TensorCore,  // kernels/gemm_w4.cuh, a tensor-core matmul reading the int4 weights directly, from a copy repacked
+               // into its layout at load: costs as many bytes of GPU memory again as the w4a16 decoder weights
+               // (int4 words + scales of every decoder linear, ~1 GB on E2B), and saves the dequantisation
+               // workspace; slower than Dequant on passes of more than 64 rows today (bench/RESULTS.md)
+  Auto,        // (default) TensorCore for passes of up to kW4AutoGemmRows rows (decode of 33..64 sessions),
+               // Dequant for larger ones (prefill chunks, more sessions): the GEMM-layout copy and the
+               // dequantisation workspace both. Measured on the H200 (2026-12-04): +24% / +15% total tok/s at
+               // 48 / 64 sessions against Dequant, the same elsewhere
 };
+constexpr int kW4AutoGemmRows = 64;
 
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
@@ -283,7 +288,7 @@ struct LoadOptions {
   PleLocation ple = PleLocation::Host;
   LmHead lm_head = LmHead::F16;  // Int8 / Int4 read 1/2 / ~0.28 of the fp16 bytes per decode step
   DecodePath decode_path = DecodePath::Kernels;
-  W4Matmul w4_matmul = W4Matmul::Dequant;  // w4a16 passes of more than 16 rows (bench's --w4-matmul)
+  W4Matmul w4_matmul = W4Matmul::Auto;  // w4a16 passes of more than 32 rows (bench's --w4-matmul)
   // DecodePath::Persistent's knobs, for A/B runs and profiling (bench/quick_bench.cpp's --persistent-*).
   struct PersistentTuning {
     int blocks_per_sm = 1;    // 1, or 2: registers capped at 128 per thread (steps of <= 8 rows only)
@@ -5521,6 +5526,7 @@ class CpuBackend : public BackendModel {
 // pass after others could have overwritten ring slots still needed). The executor's state (graphs, the seen
 // ids buffer, the PLE stager's halves) belongs to one forward at a time: the backend holds it under its mutex.
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -5529,7 +5535,7 @@ class CpuBackend : public BackendModel {
 // one pass of `rows` rows whose metadata is on the device. Only kernel launches and cuBLAS calls: capturable
 // into a CUDA graph.
 //
-// Passes of <= 16 rows ("decode") use the tensor-core GEMVs with fused epilogues (kernels/gemv.cuh); larger
+// Passes of <= 32 rows ("decode") use the tensor-core GEMVs with fused epilogues (kernels/gemv.cuh); larger
 // passes use cuBLAS (fp16 GEMM, fp32 accumulation; w4a16 dequantised to fp16 first) and the separate
 // element-wise kernels. Per layer:
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
@@ -8457,7 +8463,11 @@ inline void sanitizer_mark_initialized(const void* p, size_t bytes, cudaStream_t
 //
 // A pass: up to R = LoadOptions::max_pass_rows rows of up to kMaxSeqs sessions (prefill chunks and decode
 // tokens alike), each item's tokens in order. A decode pass (one token per session, every row's logits
-// wanted, <= 16 rows) can replay a CUDA graph (cuda/executor.hpp).
+// wanted) can replay a CUDA graph (cuda/executor.hpp): one per row count up to 32 (the GEMVs' rows), above
+// that one per bucket (kDecodeBuckets), the pass padded to the bucket's rows. A padding row is a token at
+// position 0 of a session of its own whose one-slot cache is the workspace's pad_k / pad_v: it writes and
+// reads only that, and rows never mix (every kernel's row is a function of its own inputs), so the real
+// rows' results are those of the unpadded pass.
 //
 // PLE rows (LoadOptions::ple == Host, the default): the table stays in the mapped checkpoint; the rows of a
 // pass's tokens are copied as stored (bf16 / fp16 / fp32; 17.5 KB per token on E2B) into pinned memory and
@@ -9082,7 +9092,7 @@ struct DevLinear {
   uint32_t* wq = nullptr;  // [out, in/8] packed int4
   half* s16 = nullptr;     // [out, in/32] fp16 scales
   // W4Matmul::TensorCore: the same weights in kernels/gemm_w4.cuh's GEMM layout (repacked at load), for passes of
-  // more than 16 rows; null otherwise (and when out % 32 != 0: those take the dequantise path).
+  // more than 32 rows; null otherwise (and when out % 32 != 0: those take the dequantise path).
   uint32_t* wp = nullptr;  // [out/32][in/32][32][4] u32
   half* sp = nullptr;      // [out/32][in/32][8][4] fp16
 };
@@ -9190,7 +9200,8 @@ class DeviceWeights {
   std::vector<DevLayer> layers;
   int max_in = 0, max_out = 0;  // over every linear
   size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
-                                // of passes of more than 16 rows)
+                                // of passes of more than 32 rows)
+  bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore)
 
  private:
   void progress(size_t done_bytes) const {
@@ -9259,15 +9270,17 @@ class DeviceWeights {
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      if (opt_->w4_matmul == W4Matmul::TensorCore && w.out % 32 == 0) {
+      const bool gemm = opt_->w4_matmul != W4Matmul::Dequant && w.out % 32 == 0;
+      if (gemm) {
         GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
         GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
         GEMMA4_T4_CUDA_TRY(kernels::launch_repack_w4_gemm(d->wq, d->s16, w.out, w.in, d->wp, d->sp, stream_),
                            "repack of '" + w.name + "' into the GEMM layout");
         GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
-      } else {
-        max_deq = std::max(max_deq, size_t(w.out) * w.in);  // only matrices without the GEMM layout dequantise
+        gemm_layout = true;
       }
+      if (!gemm || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
+        max_deq = std::max(max_deq, size_t(w.out) * w.in);
     } else {
       GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
@@ -9313,8 +9326,9 @@ class DeviceWeights {
 namespace gemma4_t4 {
 namespace detail {
 
-constexpr int kMaxSeqs = 64;        // sessions per pass
+constexpr int kMaxSeqs = 128;       // sessions per pass (and the largest decode-graph bucket, planner.hpp)
 constexpr int kSplitBudget = 1024;  // rows x key-splits of decode-attention scratch
+constexpr size_t kGemmPartFloats = size_t(4) << 20;  // the w4a16 GEMM's split-K partials (16 MiB; gemm_w4_splits)
 
 // KV slots of a layer's cache in a session of max_ctx tokens. Sliding layers keep a ring of window + R slots:
 // a pass writes its rows' K/V before attention reads them, so a pass never overwrites a key one of its own
@@ -9381,10 +9395,14 @@ struct Workspace {
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
   unsigned* attn_counters = nullptr;  // [R, max kv_heads]
   half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
-  // decode (<= 16 rows) and the head
-  half* head16 = nullptr;   // [16, H] fp16 final norm of the selected rows
-  half* act16 = nullptr;    // [16, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
-  float* logits = nullptr;  // [16, V] fp32 logits of up to 16 selected rows
+  float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
+  // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
+  half* pad_k = nullptr;  // [max kv_heads * d] fp16
+  half* pad_v = nullptr;  // [max kv_heads * d] fp16
+  // decode (<= 32 rows: the GEMVs) and the head
+  half* head16 = nullptr;   // [S, H] fp16 final norm of the selected rows (a decode bucket's at once)
+  half* act16 = nullptr;    // [32, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
+  float* logits = nullptr;  // [32, V] fp32 logits of up to 32 selected rows (to the host)
   // sampling (Engine::step)
   float* samp_logits = nullptr;                  // [S, V] fp32
   kernels::SampleParams* samp_params = nullptr;  // [S]
@@ -9422,7 +9440,10 @@ struct Workspace {
     GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * kvmax * sizeof(unsigned), stream),
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16));
+    if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
+    GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding K", &pad_k));
+    GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding V", &pad_v));
+    GEMMA4_T4_TRY(m.alloc(size_t(std::max(kMaxSeqs, kernels::kGemvMaxRows)) * H, "workspace: head input", &head16));
     GEMMA4_T4_TRY(
         m.alloc(size_t(kernels::kGemvMaxRows) * std::max(w.max_out, D), "workspace: decode activations", &act16));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits));
@@ -9508,10 +9529,35 @@ inline int selected_rows(const Pass& pass, Logits which) {
 
 // One token per session and every row's logits wanted: the shape a decode graph is captured for.
 inline bool is_decode_pass(const Pass& pass, Logits which) {
-  if (which == Logits::None || pass.empty() || int(pass.size()) > kernels::kGemvMaxRows) return false;
+  if (which == Logits::None || pass.empty() || int(pass.size()) > kMaxSeqs) return false;
   for (const Segment& g : pass)
     if (g.n != 1 || (which == Logits::Last && !g.last)) return false;
   return true;
+}
+
+// Decode-graph row counts past the GEMVs' 32: a pass of n rows replays the graph of the smallest bucket >= n.
+constexpr int kDecodeBuckets[] = {48, 64, 96, 128};
+static_assert(kDecodeBuckets[3] == kMaxSeqs, "the largest bucket holds a pass of kMaxSeqs sessions");
+
+// The rows of the graph a decode pass of n rows replays: n itself up to 32, else its bucket; 0 (no graph)
+// when that is more than the workspace's max_rows.
+inline int decode_graph_rows(int n, int max_rows) {
+  int rows = n <= kernels::kGemvMaxRows ? n : 0;
+  for (const int b : kDecodeBuckets)
+    if (!rows && n <= b) rows = b;
+  return rows <= max_rows ? rows : 0;
+}
+
+// Index of a decode graph by its rows (decode_graph_rows' values): 0..31, then the buckets.
+constexpr int kDecodeGraphs = kernels::kGemvMaxRows + int(sizeof(kDecodeBuckets) / sizeof(kDecodeBuckets[0]));
+inline int decode_graph_index(int rows) {
+  if (rows <= kernels::kGemvMaxRows) return rows - 1;
+  int i = kernels::kGemvMaxRows;
+  for (const int b : kDecodeBuckets) {
+    if (rows == b) return i;
+    ++i;
+  }
+  return -1;
 }
 
 struct PassShape {
@@ -9519,8 +9565,11 @@ struct PassShape {
 };
 
 // Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
-// of its sessions.
-inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m) {
+// of its sessions; then, up to pad_to rows (a decode bucket), padding rows (see the header; pad_k / pad_v:
+// the workspace's one-slot caches): selected, so that the graph's head writes their (unused) logits after the
+// real rows'.
+inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m, int pad_to = 0,
+                           half* pad_k = nullptr, half* pad_v = nullptr, const CudaSession* like = nullptr) {
   PassShape sh;
   for (size_t s = 0; s < pass.size(); ++s) {
     const Segment& g = pass[s];
@@ -9536,6 +9585,23 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.slots[s * layers + l] = g.s->slots[l];
       m.k[s * layers + l] = g.s->k[l];
       m.v[s * layers + l] = g.s->v[l];
+    }
+  }
+  if (sh.rows < pad_to) {
+    const int s = int(pass.size());  // < pad_to <= kMaxSeqs: one session index more
+    for (int l = 0; l < layers; ++l) {
+      const bool own = like && like->k[size_t(l)];  // KV-shared layers read an earlier layer's cache
+      m.slots[s * layers + l] = 1;
+      m.k[s * layers + l] = own ? pad_k : nullptr;
+      m.v[s * layers + l] = own ? pad_v : nullptr;
+    }
+    const int32_t id = m.ids[sh.rows - 1];
+    while (sh.rows < pad_to) {
+      m.ids[sh.rows] = id;
+      m.seq[sh.rows] = s;
+      m.pos[sh.rows] = 0;
+      m.sel[sh.selected++] = sh.rows;
+      ++sh.rows;
     }
   }
   return sh;
@@ -9591,14 +9657,16 @@ class PleStager {
   static bool large(const Pass& pass) { return pass_rows(pass) > kernels::kGemvMaxRows; }
 
   // Brings the rows of a pass's tokens into half `buf`: synchronously ordered on `stream` for small passes
-  // (*async = false), else uploaded on the copy stream with copied_[buf] recorded (*async = true).
-  Status stage(const Pass& pass, int buf, cudaStream_t stream, bool* async) {
+  // (*async = false), else uploaded on the copy stream with copied_[buf] recorded (*async = true). Up to
+  // pad_to rows: padding rows (fill_meta's) repeat the last token's.
+  Status stage(const Pass& pass, int buf, cudaStream_t stream, bool* async, int pad_to = 0) {
     uint8_t* host = host_ + size_t(buf) * pass_bytes_;
     uint8_t* dev = dev_ + size_t(buf) * pass_bytes_;
     const uint8_t* table = table_->data;
     const size_t row = row_bytes_;
     ids_.clear();
     for (const Segment& g : pass) ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
+    if (!ids_.empty() && int(ids_.size()) < pad_to) ids_.resize(size_t(pad_to), ids_.back());
     auto copy = [&](size_t b, size_t e) {
       for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids_[r]) * row, row);
     };
@@ -9664,6 +9732,8 @@ struct LayerPass {
   int rows = 0;
   int sliding_splits = 1, full_splits = 1;  // decode attention key splits per row (planner's attention_splits)
   int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
+  int sms = 1;                              // the GPU's SMs (the w4a16 GEMM's split-K)
+  int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
 };
 
@@ -9694,21 +9764,44 @@ class LayerEncoder {
     return flush(kernels::NextNorm::None, nullptr);  // the head normalises the selected rows itself
   }
 
-  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= 16) into dst [k, vocab].
+  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= kMaxSeqs) into dst [k, vocab]. The
+  // GEMV up to 32 rows; more: the fp16 head in one cuBLAS GEMM (read once), a quantized head 32 rows at a time.
   Status head(int first, int k, float* dst) const {
     const int H = c_.hidden_size, V = c_.vocab_size;
+    if (k > kMaxSeqs) return err(Code::InvalidArgument, "LM head: ", k, " rows at once (at most ", kMaxSeqs, ")");
     GEMMA4_T4_CUDA_TRY(
         kernels::launch_rmsnorm(ws_.h, H, ws_.dev.sel + first, w_.final_norm, k, H, c_.rms_norm_eps, ws_.head16, ln_),
         "final norm");
-    if (w_.lm8)
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, ws_.head16, k, V, H, dst, V, ln_),
-                         "LM head (int8)");
-    else if (w_.lm4)
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, ws_.head16, k, V, H, dst, V, ln_),
-                         "LM head (int4)");
-    else
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, ws_.head16, k, V, H, dst, V, ln_), "LM head");
+    if (w_.lm16 && k > kernels::kGemvMaxRows) {
+      const float alpha = 1.f, beta = 0.f;
+      const cublasStatus_t st =
+          cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, V, k, H, &alpha, w_.lm16, CUDA_R_16F, H, ws_.head16, CUDA_R_16F,
+                       H, &beta, dst, CUDA_R_32F, V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        return err(Code::BackendError, "LM head: cublasGemmEx failed (status ", int(st), ")");
+      sanitizer_mark_initialized(dst, size_t(k) * V * sizeof(float), ln_.stream);
+    } else {
+      GEMMA4_T4_TRY(head_gemv(k, dst));
+    }
     GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c_.final_logit_softcapping, ln_), "softcap");
+    return Status::ok();
+  }
+
+  // The head's GEMVs over head16's first k rows, 32 at a time.
+  Status head_gemv(int k, float* dst) const {
+    const int H = c_.hidden_size, V = c_.vocab_size;
+    for (int b = 0; b < k; b += kernels::kGemvMaxRows) {
+      const int n = std::min(kernels::kGemvMaxRows, k - b);
+      const half* x = ws_.head16 + size_t(b) * H;
+      float* y = dst + size_t(b) * V;
+      if (w_.lm8)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, x, n, V, H, y, V, ln_), "LM head (int8)");
+      else if (w_.lm4)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, x, n, V, H, y, V, ln_),
+                           "LM head (int4)");
+      else
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, x, n, V, H, y, V, ln_), "LM head");
+    }
     return Status::ok();
   }
 
@@ -9882,7 +9975,7 @@ class LayerEncoder {
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
-  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else the w4a16 GEMM (W4Matmul::TensorCore) or cuBLAS
+  // y = x W^T for the pass's rows: the GEMV for <= 32 rows, else the w4a16 GEMM (W4Matmul::TensorCore) or cuBLAS
   // (w4a16 dequantised first).
   Status mm(const DevLinear& w, const half* x, float* y, const char* what) const {
     const int n = p_.rows;
@@ -9890,11 +9983,13 @@ class LayerEncoder {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, ln_), what);
       return Status::ok();
     }
-    if (w.wp) {  // W4Matmul::TensorCore: the int4 weights straight into the tensor cores (kernels/gemm_w4.cuh)
+    if (w.wp && n <= p_.gemm_rows) {  // W4Matmul: the int4 weights straight into the tensor cores (gemm_w4.cuh)
       kernels::GemmW4Args a;
       a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
       a.wp = w.wp, a.sp = w.sp;
       a.y = y, a.ldy = w.out;
+      a.splits = kernels::gemm_w4_splits(n, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
+      a.part = ws_.gemm_part;
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
       return Status::ok();
     }
@@ -9913,7 +10008,7 @@ class LayerEncoder {
     return Status::ok();
   }
 
-  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 16 rows when they share a
+  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 32 rows when they share a
   // layout and `in`, else one mm() each.
   Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) const {
     bool one = p_.rows <= kernels::kGemvMaxRows;
@@ -11118,8 +11213,9 @@ class PassExecutor {
     *plan = split_passes(items, count, opt_->max_pass_rows);
     int row = 0;  // dev_out row of each pass's first logits
     for (const Pass& pass : *plan) {
-      if (!takes_persistent(pass, which, dev_out, row) && replays_graph(pass, which, row))
-        GEMMA4_T4_TRY(build_graph(int(pass.size()), dev_out ? dev_out : ws_->logits));
+      if (!takes_persistent(pass, which, dev_out, row))
+        if (const int g = graph_rows(pass, which, dev_out, row))
+          GEMMA4_T4_TRY(build_graph(g, dev_out ? dev_out : ws_->logits));
       row += selected_rows(pass, which);
     }
     return ensure_seen(seen);
@@ -11205,24 +11301,28 @@ class PassExecutor {
            (!dev_out || (dev_out == ws_->samp_logits && dev_row == 0));
   }
 
-  // A decode pass replays a CUDA graph per row count, captured for logits at the start of ws.logits /
-  // dev_out: only a pass whose logits start there.
-  bool replays_graph(const Pass& pass, Logits which, int dev_row) const {
-    return opt_->cuda_graphs && dev_row == 0 && is_decode_pass(pass, which);
+  // The rows of the CUDA graph a decode pass replays (planner.hpp decode_graph_rows; 0: none), captured for
+  // logits at the start of ws.logits / dev_out: only a pass whose logits start there. Padded buckets (past 32
+  // rows) only into ws.samp_logits (ws.logits holds 32 rows).
+  int graph_rows(const Pass& pass, Logits which, const float* dev_out, int dev_row) const {
+    if (!opt_->cuda_graphs || dev_row != 0 || !is_decode_pass(pass, which)) return 0;
+    const int rows = decode_graph_rows(int(pass.size()), ws_->max_rows);
+    return rows <= kernels::kGemvMaxRows || dev_out == ws_->samp_logits ? rows : 0;
   }
 
   Status run_pass(const Pass& pass, const Pass* next, Run* r) {
     const ModelConfig& c = *c_;
     const int V = c.vocab_size;
-    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host);
+    const bool persist = takes_persistent(pass, r->which, r->dev_out, r->dev_row);
+    const int graph = persist ? 0 : graph_rows(pass, r->which, r->dev_out, r->dev_out ? r->dev_row : 0);
+    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host, graph, ws_->pad_k, ws_->pad_v, pass[0].s);
     GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ws_->meta_dev, ws_->meta_host, PassMeta::bytes(ws_->max_rows, c.num_layers),
                                        cudaMemcpyHostToDevice, stream_),
                        "metadata upload");
     const bool host_ple = c.hidden_size_per_layer_input > 0 && !dw_->ple_table16;
     bool ple_async = r->ple_ready;
     if (host_ple && !r->ple_ready)  // PLE rows from the mapped file (host), before any kernel needs them
-      GEMMA4_T4_TRY(ple_.stage(pass, r->ple_buf, stream_, &ple_async));
-    const bool persist = takes_persistent(pass, r->which, r->dev_out, r->dev_row);
+      GEMMA4_T4_TRY(ple_.stage(pass, r->ple_buf, stream_, &ple_async, graph));
     if (host_ple && !persist) GEMMA4_T4_TRY(ple_.widen(r->ple_buf, ple_async, sh.rows, ws_->tok, launch_));
     if (persist) {  // the whole step as one kernel: logits in samp_logits, greedy tokens in samp_out
       if (host_ple && ple_async) GEMMA4_T4_CUDA_TRY(ple_.wait(r->ple_buf, stream_), "PLE rows upload");
@@ -11233,14 +11333,16 @@ class PassExecutor {
       } else {
         GEMMA4_T4_TRY(download(ws_->samp_logits, sh.rows, r->logits));
       }
-    } else if (replays_graph(pass, r->which, r->dev_out ? r->dev_row : 0)) {
+    } else if (graph) {  // sh.rows == graph: the real rows, then the padding's
       float* dst = r->dev_out ? r->dev_out + size_t(r->dev_row) * V : ws_->logits;
-      GEMMA4_T4_TRY(build_graph(sh.rows, dst));  // built already by prepare()
-      GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(graph_for(sh.rows, dst), stream_), "graph launch");
-      GEMMA4_T4_TRY(deliver(sh.rows, r));
+      GEMMA4_T4_TRY(build_graph(graph, dst));  // built already by prepare()
+      GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(graph_for(graph, dst), stream_), "graph launch");
+      GEMMA4_T4_TRY(deliver(int(pass.size()), r));
     } else {
       LayerPass lp;
       lp.rows = sh.rows;
+      lp.sms = sms_;
+      lp.gemm_rows = gemm_rows();
       lp.launch = launch_;
       lp.sliding_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, 0);
@@ -11259,8 +11361,10 @@ class PassExecutor {
         }
       LayerEncoder enc(c, *dw_, *ws_, blas_, lp);
       GEMMA4_T4_TRY(enc.encode());
-      for (int b = 0; b < sh.selected; b += kernels::kGemvMaxRows) {  // LM head, 16 selected rows at a time
-        const int k = std::min(kernels::kGemvMaxRows, sh.selected - b);
+      // LM head: to the host 32 selected rows at a time (ws.logits), to dev_out (a step's kMaxSeqs rows) at once
+      const int chunk = r->dev_out ? kMaxSeqs : kernels::kGemvMaxRows;
+      for (int b = 0; b < sh.selected; b += chunk) {
+        const int k = std::min(chunk, sh.selected - b);
         GEMMA4_T4_TRY(enc.head(b, k, r->dev_out ? r->dev_out + size_t(r->dev_row) * V : ws_->logits));
         GEMMA4_T4_TRY(deliver(k, r));
       }
@@ -11270,7 +11374,11 @@ class PassExecutor {
     r->ple_ready = host_ple && next && PleStager::large(*next);
     if (r->ple_ready) {
       bool async = true;
-      GEMMA4_T4_TRY(ple_.stage(*next, r->ple_buf ^ 1, stream_, &async));
+      const int next_row = r->dev_out ? r->dev_row : 0;
+      const int next_graph = takes_persistent(*next, r->which, r->dev_out, next_row)
+                                 ? 0
+                                 : graph_rows(*next, r->which, r->dev_out, next_row);
+      GEMMA4_T4_TRY(ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, next_graph));
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
@@ -11283,6 +11391,13 @@ class PassExecutor {
       }
     }
     return Status::ok();
+  }
+
+  // Passes of up to this many rows take the w4a16 GEMM (LoadOptions::w4_matmul).
+  int gemm_rows() const {
+    return opt_->w4_matmul == W4Matmul::TensorCore ? std::numeric_limits<int>::max()
+           : opt_->w4_matmul == W4Matmul::Auto     ? kW4AutoGemmRows
+                                                   : 0;
   }
 
   // k rows of logits just written: to the host (from ws.logits), or counted on the device.
@@ -11302,19 +11417,24 @@ class PassExecutor {
     return Status::ok();
   }
 
-  cudaGraphExec_t& graph_for(int rows, const float* dst) { return graphs_[dst == ws_->logits ? 0 : 1][rows]; }
+  cudaGraphExec_t& graph_for(int rows, const float* dst) {
+    return graphs_[dst == ws_->logits ? 0 : 1][decode_graph_index(rows)];
+  }
 
-  // The graph of a `rows`-row decode pass writing logits to dst (ws.logits or a dev_out), captured and
-  // instantiated on first use. Splits fixed for the graph's life: sized for the longest context a session may
-  // reach.
+  // The graph of a `rows`-row decode pass (decode_graph_rows' values) writing logits to dst (ws.logits or a
+  // dev_out), captured and instantiated on first use. Splits fixed for the graph's life: sized for the longest
+  // context a session may reach.
   Status build_graph(int rows, float* dst) {
     cudaGraphExec_t& exec = graph_for(rows, dst);
     if (exec) return Status::ok();
-    const std::string what = "decode: CUDA graph for " + std::to_string(rows) + " rows";
+    const std::string what = "decode: CUDA graph for " + std::to_string(rows) + " rows" +
+                             (rows > kernels::kGemvMaxRows ? " (a padded bucket)" : "");
     if (alloc_fault(0, what.c_str()))
       return err(Code::OutOfMemory, what, ": cudaGraphInstantiate failed (allocation fault hook)");
     LayerPass lp;
     lp.rows = rows;
+    lp.sms = sms_;
+    lp.gemm_rows = gemm_rows();
     lp.launch = launch_;
     lp.full_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), 0);
     lp.sliding_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
@@ -11366,8 +11486,8 @@ class PassExecutor {
   std::unique_ptr<PersistentDecoder> persistent_;  // null: the per-kernel path serves decode passes too
   std::string persistent_why_;                     // why it is null
   int greedy_rows_ = 0;  // rows of ws.samp_out the last run()'s persistent step filled with greedy tokens
-  cudaGraphExec_t graphs_[2][kernels::kGemvMaxRows + 1] = {};  // [to ws.logits / to a dev_out][rows]
-  int* seen_dev_ = nullptr;                                    // repetition-penalty ids, grown on demand
+  cudaGraphExec_t graphs_[2][kDecodeGraphs] = {};  // [to ws.logits / to a dev_out][decode_graph_index(rows)]
+  int* seen_dev_ = nullptr;                        // repetition-penalty ids, grown on demand
   size_t seen_cap_ = 0;
 };
 

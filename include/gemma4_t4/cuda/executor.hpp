@@ -7,6 +7,7 @@
 // ids buffer, the PLE stager's halves) belongs to one forward at a time: the backend holds it under its mutex.
 #pragma once
 
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -75,8 +76,9 @@ class PassExecutor {
     *plan = split_passes(items, count, opt_->max_pass_rows);
     int row = 0;  // dev_out row of each pass's first logits
     for (const Pass& pass : *plan) {
-      if (!takes_persistent(pass, which, dev_out, row) && replays_graph(pass, which, row))
-        GEMMA4_T4_TRY(build_graph(int(pass.size()), dev_out ? dev_out : ws_->logits));
+      if (!takes_persistent(pass, which, dev_out, row))
+        if (const int g = graph_rows(pass, which, dev_out, row))
+          GEMMA4_T4_TRY(build_graph(g, dev_out ? dev_out : ws_->logits));
       row += selected_rows(pass, which);
     }
     return ensure_seen(seen);
@@ -162,24 +164,28 @@ class PassExecutor {
            (!dev_out || (dev_out == ws_->samp_logits && dev_row == 0));
   }
 
-  // A decode pass replays a CUDA graph per row count, captured for logits at the start of ws.logits /
-  // dev_out: only a pass whose logits start there.
-  bool replays_graph(const Pass& pass, Logits which, int dev_row) const {
-    return opt_->cuda_graphs && dev_row == 0 && is_decode_pass(pass, which);
+  // The rows of the CUDA graph a decode pass replays (planner.hpp decode_graph_rows; 0: none), captured for
+  // logits at the start of ws.logits / dev_out: only a pass whose logits start there. Padded buckets (past 32
+  // rows) only into ws.samp_logits (ws.logits holds 32 rows).
+  int graph_rows(const Pass& pass, Logits which, const float* dev_out, int dev_row) const {
+    if (!opt_->cuda_graphs || dev_row != 0 || !is_decode_pass(pass, which)) return 0;
+    const int rows = decode_graph_rows(int(pass.size()), ws_->max_rows);
+    return rows <= kernels::kGemvMaxRows || dev_out == ws_->samp_logits ? rows : 0;
   }
 
   Status run_pass(const Pass& pass, const Pass* next, Run* r) {
     const ModelConfig& c = *c_;
     const int V = c.vocab_size;
-    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host);
+    const bool persist = takes_persistent(pass, r->which, r->dev_out, r->dev_row);
+    const int graph = persist ? 0 : graph_rows(pass, r->which, r->dev_out, r->dev_out ? r->dev_row : 0);
+    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host, graph, ws_->pad_k, ws_->pad_v, pass[0].s);
     GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ws_->meta_dev, ws_->meta_host, PassMeta::bytes(ws_->max_rows, c.num_layers),
                                        cudaMemcpyHostToDevice, stream_),
                        "metadata upload");
     const bool host_ple = c.hidden_size_per_layer_input > 0 && !dw_->ple_table16;
     bool ple_async = r->ple_ready;
     if (host_ple && !r->ple_ready)  // PLE rows from the mapped file (host), before any kernel needs them
-      GEMMA4_T4_TRY(ple_.stage(pass, r->ple_buf, stream_, &ple_async));
-    const bool persist = takes_persistent(pass, r->which, r->dev_out, r->dev_row);
+      GEMMA4_T4_TRY(ple_.stage(pass, r->ple_buf, stream_, &ple_async, graph));
     if (host_ple && !persist) GEMMA4_T4_TRY(ple_.widen(r->ple_buf, ple_async, sh.rows, ws_->tok, launch_));
     if (persist) {  // the whole step as one kernel: logits in samp_logits, greedy tokens in samp_out
       if (host_ple && ple_async) GEMMA4_T4_CUDA_TRY(ple_.wait(r->ple_buf, stream_), "PLE rows upload");
@@ -190,14 +196,16 @@ class PassExecutor {
       } else {
         GEMMA4_T4_TRY(download(ws_->samp_logits, sh.rows, r->logits));
       }
-    } else if (replays_graph(pass, r->which, r->dev_out ? r->dev_row : 0)) {
+    } else if (graph) {  // sh.rows == graph: the real rows, then the padding's
       float* dst = r->dev_out ? r->dev_out + size_t(r->dev_row) * V : ws_->logits;
-      GEMMA4_T4_TRY(build_graph(sh.rows, dst));  // built already by prepare()
-      GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(graph_for(sh.rows, dst), stream_), "graph launch");
-      GEMMA4_T4_TRY(deliver(sh.rows, r));
+      GEMMA4_T4_TRY(build_graph(graph, dst));  // built already by prepare()
+      GEMMA4_T4_CUDA_TRY(cudaGraphLaunch(graph_for(graph, dst), stream_), "graph launch");
+      GEMMA4_T4_TRY(deliver(int(pass.size()), r));
     } else {
       LayerPass lp;
       lp.rows = sh.rows;
+      lp.sms = sms_;
+      lp.gemm_rows = gemm_rows();
       lp.launch = launch_;
       lp.sliding_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, 0);
@@ -216,8 +224,10 @@ class PassExecutor {
         }
       LayerEncoder enc(c, *dw_, *ws_, blas_, lp);
       GEMMA4_T4_TRY(enc.encode());
-      for (int b = 0; b < sh.selected; b += kernels::kGemvMaxRows) {  // LM head, 16 selected rows at a time
-        const int k = std::min(kernels::kGemvMaxRows, sh.selected - b);
+      // LM head: to the host 32 selected rows at a time (ws.logits), to dev_out (a step's kMaxSeqs rows) at once
+      const int chunk = r->dev_out ? kMaxSeqs : kernels::kGemvMaxRows;
+      for (int b = 0; b < sh.selected; b += chunk) {
+        const int k = std::min(chunk, sh.selected - b);
         GEMMA4_T4_TRY(enc.head(b, k, r->dev_out ? r->dev_out + size_t(r->dev_row) * V : ws_->logits));
         GEMMA4_T4_TRY(deliver(k, r));
       }
@@ -227,7 +237,11 @@ class PassExecutor {
     r->ple_ready = host_ple && next && PleStager::large(*next);
     if (r->ple_ready) {
       bool async = true;
-      GEMMA4_T4_TRY(ple_.stage(*next, r->ple_buf ^ 1, stream_, &async));
+      const int next_row = r->dev_out ? r->dev_row : 0;
+      const int next_graph = takes_persistent(*next, r->which, r->dev_out, next_row)
+                                 ? 0
+                                 : graph_rows(*next, r->which, r->dev_out, next_row);
+      GEMMA4_T4_TRY(ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, next_graph));
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
@@ -240,6 +254,13 @@ class PassExecutor {
       }
     }
     return Status::ok();
+  }
+
+  // Passes of up to this many rows take the w4a16 GEMM (LoadOptions::w4_matmul).
+  int gemm_rows() const {
+    return opt_->w4_matmul == W4Matmul::TensorCore ? std::numeric_limits<int>::max()
+           : opt_->w4_matmul == W4Matmul::Auto     ? kW4AutoGemmRows
+                                                   : 0;
   }
 
   // k rows of logits just written: to the host (from ws.logits), or counted on the device.
@@ -259,19 +280,24 @@ class PassExecutor {
     return Status::ok();
   }
 
-  cudaGraphExec_t& graph_for(int rows, const float* dst) { return graphs_[dst == ws_->logits ? 0 : 1][rows]; }
+  cudaGraphExec_t& graph_for(int rows, const float* dst) {
+    return graphs_[dst == ws_->logits ? 0 : 1][decode_graph_index(rows)];
+  }
 
-  // The graph of a `rows`-row decode pass writing logits to dst (ws.logits or a dev_out), captured and
-  // instantiated on first use. Splits fixed for the graph's life: sized for the longest context a session may
-  // reach.
+  // The graph of a `rows`-row decode pass (decode_graph_rows' values) writing logits to dst (ws.logits or a
+  // dev_out), captured and instantiated on first use. Splits fixed for the graph's life: sized for the longest
+  // context a session may reach.
   Status build_graph(int rows, float* dst) {
     cudaGraphExec_t& exec = graph_for(rows, dst);
     if (exec) return Status::ok();
-    const std::string what = "decode: CUDA graph for " + std::to_string(rows) + " rows";
+    const std::string what = "decode: CUDA graph for " + std::to_string(rows) + " rows" +
+                             (rows > kernels::kGemvMaxRows ? " (a padded bucket)" : "");
     if (alloc_fault(0, what.c_str()))
       return err(Code::OutOfMemory, what, ": cudaGraphInstantiate failed (allocation fault hook)");
     LayerPass lp;
     lp.rows = rows;
+    lp.sms = sms_;
+    lp.gemm_rows = gemm_rows();
     lp.launch = launch_;
     lp.full_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), 0);
     lp.sliding_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
@@ -323,8 +349,8 @@ class PassExecutor {
   std::unique_ptr<PersistentDecoder> persistent_;  // null: the per-kernel path serves decode passes too
   std::string persistent_why_;                     // why it is null
   int greedy_rows_ = 0;  // rows of ws.samp_out the last run()'s persistent step filled with greedy tokens
-  cudaGraphExec_t graphs_[2][kernels::kGemvMaxRows + 1] = {};  // [to ws.logits / to a dev_out][rows]
-  int* seen_dev_ = nullptr;                                    // repetition-penalty ids, grown on demand
+  cudaGraphExec_t graphs_[2][kDecodeGraphs] = {};  // [to ws.logits / to a dev_out][decode_graph_index(rows)]
+  int* seen_dev_ = nullptr;                        // repetition-penalty ids, grown on demand
   size_t seen_cap_ = 0;
 };
 

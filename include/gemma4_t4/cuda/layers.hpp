@@ -2,7 +2,7 @@
 // one pass of `rows` rows whose metadata is on the device. Only kernel launches and cuBLAS calls: capturable
 // into a CUDA graph.
 //
-// Passes of <= 16 rows ("decode") use the tensor-core GEMVs with fused epilogues (kernels/gemv.cuh); larger
+// Passes of <= 32 rows ("decode") use the tensor-core GEMVs with fused epilogues (kernels/gemv.cuh); larger
 // passes use cuBLAS (fp16 GEMM, fp32 accumulation; w4a16 dequantised to fp16 first) and the separate
 // element-wise kernels. Per layer:
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
@@ -44,6 +44,8 @@ struct LayerPass {
   int rows = 0;
   int sliding_splits = 1, full_splits = 1;  // decode attention key splits per row (planner's attention_splits)
   int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
+  int sms = 1;                              // the GPU's SMs (the w4a16 GEMM's split-K)
+  int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
 };
 
@@ -74,21 +76,44 @@ class LayerEncoder {
     return flush(kernels::NextNorm::None, nullptr);  // the head normalises the selected rows itself
   }
 
-  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= 16) into dst [k, vocab].
+  // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= kMaxSeqs) into dst [k, vocab]. The
+  // GEMV up to 32 rows; more: the fp16 head in one cuBLAS GEMM (read once), a quantized head 32 rows at a time.
   Status head(int first, int k, float* dst) const {
     const int H = c_.hidden_size, V = c_.vocab_size;
+    if (k > kMaxSeqs) return err(Code::InvalidArgument, "LM head: ", k, " rows at once (at most ", kMaxSeqs, ")");
     GEMMA4_T4_CUDA_TRY(
         kernels::launch_rmsnorm(ws_.h, H, ws_.dev.sel + first, w_.final_norm, k, H, c_.rms_norm_eps, ws_.head16, ln_),
         "final norm");
-    if (w_.lm8)
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, ws_.head16, k, V, H, dst, V, ln_),
-                         "LM head (int8)");
-    else if (w_.lm4)
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, ws_.head16, k, V, H, dst, V, ln_),
-                         "LM head (int4)");
-    else
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, ws_.head16, k, V, H, dst, V, ln_), "LM head");
+    if (w_.lm16 && k > kernels::kGemvMaxRows) {
+      const float alpha = 1.f, beta = 0.f;
+      const cublasStatus_t st =
+          cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, V, k, H, &alpha, w_.lm16, CUDA_R_16F, H, ws_.head16, CUDA_R_16F,
+                       H, &beta, dst, CUDA_R_32F, V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      if (st != CUBLAS_STATUS_SUCCESS)
+        return err(Code::BackendError, "LM head: cublasGemmEx failed (status ", int(st), ")");
+      sanitizer_mark_initialized(dst, size_t(k) * V * sizeof(float), ln_.stream);
+    } else {
+      GEMMA4_T4_TRY(head_gemv(k, dst));
+    }
     GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c_.final_logit_softcapping, ln_), "softcap");
+    return Status::ok();
+  }
+
+  // The head's GEMVs over head16's first k rows, 32 at a time.
+  Status head_gemv(int k, float* dst) const {
+    const int H = c_.hidden_size, V = c_.vocab_size;
+    for (int b = 0; b < k; b += kernels::kGemvMaxRows) {
+      const int n = std::min(kernels::kGemvMaxRows, k - b);
+      const half* x = ws_.head16 + size_t(b) * H;
+      float* y = dst + size_t(b) * V;
+      if (w_.lm8)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, x, n, V, H, y, V, ln_), "LM head (int8)");
+      else if (w_.lm4)
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, x, n, V, H, y, V, ln_),
+                           "LM head (int4)");
+      else
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, x, n, V, H, y, V, ln_), "LM head");
+    }
     return Status::ok();
   }
 
@@ -262,7 +287,7 @@ class LayerEncoder {
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
-  // y = x W^T for the pass's rows: the GEMV for <= 16 rows, else the w4a16 GEMM (W4Matmul::TensorCore) or cuBLAS
+  // y = x W^T for the pass's rows: the GEMV for <= 32 rows, else the w4a16 GEMM (W4Matmul::TensorCore) or cuBLAS
   // (w4a16 dequantised first).
   Status mm(const DevLinear& w, const half* x, float* y, const char* what) const {
     const int n = p_.rows;
@@ -270,11 +295,13 @@ class LayerEncoder {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, ln_), what);
       return Status::ok();
     }
-    if (w.wp) {  // W4Matmul::TensorCore: the int4 weights straight into the tensor cores (kernels/gemm_w4.cuh)
+    if (w.wp && n <= p_.gemm_rows) {  // W4Matmul: the int4 weights straight into the tensor cores (gemm_w4.cuh)
       kernels::GemmW4Args a;
       a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
       a.wp = w.wp, a.sp = w.sp;
       a.y = y, a.ldy = w.out;
+      a.splits = kernels::gemm_w4_splits(n, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
+      a.part = ws_.gemm_part;
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
       return Status::ok();
     }
@@ -293,7 +320,7 @@ class LayerEncoder {
     return Status::ok();
   }
 
-  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 16 rows when they share a
+  // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 32 rows when they share a
   // layout and `in`, else one mm() each.
   Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) const {
     bool one = p_.rows <= kernels::kGemvMaxRows;

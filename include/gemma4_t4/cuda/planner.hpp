@@ -3,7 +3,11 @@
 //
 // A pass: up to R = LoadOptions::max_pass_rows rows of up to kMaxSeqs sessions (prefill chunks and decode
 // tokens alike), each item's tokens in order. A decode pass (one token per session, every row's logits
-// wanted, <= 16 rows) can replay a CUDA graph (cuda/executor.hpp).
+// wanted) can replay a CUDA graph (cuda/executor.hpp): one per row count up to 32 (the GEMVs' rows), above
+// that one per bucket (kDecodeBuckets), the pass padded to the bucket's rows. A padding row is a token at
+// position 0 of a session of its own whose one-slot cache is the workspace's pad_k / pad_v: it writes and
+// reads only that, and rows never mix (every kernel's row is a function of its own inputs), so the real
+// rows' results are those of the unpadded pass.
 //
 // PLE rows (LoadOptions::ple == Host, the default): the table stays in the mapped checkpoint; the rows of a
 // pass's tokens are copied as stored (bf16 / fp16 / fp32; 17.5 KB per token on E2B) into pinned memory and
@@ -76,10 +80,35 @@ inline int selected_rows(const Pass& pass, Logits which) {
 
 // One token per session and every row's logits wanted: the shape a decode graph is captured for.
 inline bool is_decode_pass(const Pass& pass, Logits which) {
-  if (which == Logits::None || pass.empty() || int(pass.size()) > kernels::kGemvMaxRows) return false;
+  if (which == Logits::None || pass.empty() || int(pass.size()) > kMaxSeqs) return false;
   for (const Segment& g : pass)
     if (g.n != 1 || (which == Logits::Last && !g.last)) return false;
   return true;
+}
+
+// Decode-graph row counts past the GEMVs' 32: a pass of n rows replays the graph of the smallest bucket >= n.
+constexpr int kDecodeBuckets[] = {48, 64, 96, 128};
+static_assert(kDecodeBuckets[3] == kMaxSeqs, "the largest bucket holds a pass of kMaxSeqs sessions");
+
+// The rows of the graph a decode pass of n rows replays: n itself up to 32, else its bucket; 0 (no graph)
+// when that is more than the workspace's max_rows.
+inline int decode_graph_rows(int n, int max_rows) {
+  int rows = n <= kernels::kGemvMaxRows ? n : 0;
+  for (const int b : kDecodeBuckets)
+    if (!rows && n <= b) rows = b;
+  return rows <= max_rows ? rows : 0;
+}
+
+// Index of a decode graph by its rows (decode_graph_rows' values): 0..31, then the buckets.
+constexpr int kDecodeGraphs = kernels::kGemvMaxRows + int(sizeof(kDecodeBuckets) / sizeof(kDecodeBuckets[0]));
+inline int decode_graph_index(int rows) {
+  if (rows <= kernels::kGemvMaxRows) return rows - 1;
+  int i = kernels::kGemvMaxRows;
+  for (const int b : kDecodeBuckets) {
+    if (rows == b) return i;
+    ++i;
+  }
+  return -1;
 }
 
 struct PassShape {
@@ -87,8 +116,11 @@ struct PassShape {
 };
 
 // Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
-// of its sessions.
-inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m) {
+// of its sessions; then, up to pad_to rows (a decode bucket), padding rows (see the header; pad_k / pad_v:
+// the workspace's one-slot caches): selected, so that the graph's head writes their (unused) logits after the
+// real rows'.
+inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m, int pad_to = 0,
+                           half* pad_k = nullptr, half* pad_v = nullptr, const CudaSession* like = nullptr) {
   PassShape sh;
   for (size_t s = 0; s < pass.size(); ++s) {
     const Segment& g = pass[s];
@@ -104,6 +136,23 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.slots[s * layers + l] = g.s->slots[l];
       m.k[s * layers + l] = g.s->k[l];
       m.v[s * layers + l] = g.s->v[l];
+    }
+  }
+  if (sh.rows < pad_to) {
+    const int s = int(pass.size());  // < pad_to <= kMaxSeqs: one session index more
+    for (int l = 0; l < layers; ++l) {
+      const bool own = like && like->k[size_t(l)];  // KV-shared layers read an earlier layer's cache
+      m.slots[s * layers + l] = 1;
+      m.k[s * layers + l] = own ? pad_k : nullptr;
+      m.v[s * layers + l] = own ? pad_v : nullptr;
+    }
+    const int32_t id = m.ids[sh.rows - 1];
+    while (sh.rows < pad_to) {
+      m.ids[sh.rows] = id;
+      m.seq[sh.rows] = s;
+      m.pos[sh.rows] = 0;
+      m.sel[sh.selected++] = sh.rows;
+      ++sh.rows;
     }
   }
   return sh;
@@ -159,14 +208,16 @@ class PleStager {
   static bool large(const Pass& pass) { return pass_rows(pass) > kernels::kGemvMaxRows; }
 
   // Brings the rows of a pass's tokens into half `buf`: synchronously ordered on `stream` for small passes
-  // (*async = false), else uploaded on the copy stream with copied_[buf] recorded (*async = true).
-  Status stage(const Pass& pass, int buf, cudaStream_t stream, bool* async) {
+  // (*async = false), else uploaded on the copy stream with copied_[buf] recorded (*async = true). Up to
+  // pad_to rows: padding rows (fill_meta's) repeat the last token's.
+  Status stage(const Pass& pass, int buf, cudaStream_t stream, bool* async, int pad_to = 0) {
     uint8_t* host = host_ + size_t(buf) * pass_bytes_;
     uint8_t* dev = dev_ + size_t(buf) * pass_bytes_;
     const uint8_t* table = table_->data;
     const size_t row = row_bytes_;
     ids_.clear();
     for (const Segment& g : pass) ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
+    if (!ids_.empty() && int(ids_.size()) < pad_to) ids_.resize(size_t(pad_to), ids_.back());
     auto copy = [&](size_t b, size_t e) {
       for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids_[r]) * row, row);
     };

@@ -28,7 +28,7 @@ struct DevLinear {
   uint32_t* wq = nullptr;  // [out, in/8] packed int4
   half* s16 = nullptr;     // [out, in/32] fp16 scales
   // W4Matmul::TensorCore: the same weights in kernels/gemm_w4.cuh's GEMM layout (repacked at load), for passes of
-  // more than 16 rows; null otherwise (and when out % 32 != 0: those take the dequantise path).
+  // more than 32 rows; null otherwise (and when out % 32 != 0: those take the dequantise path).
   uint32_t* wp = nullptr;  // [out/32][in/32][32][4] u32
   half* sp = nullptr;      // [out/32][in/32][8][4] fp16
 };
@@ -136,7 +136,8 @@ class DeviceWeights {
   std::vector<DevLayer> layers;
   int max_in = 0, max_out = 0;  // over every linear
   size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
-                                // of passes of more than 16 rows)
+                                // of passes of more than 32 rows)
+  bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore)
 
  private:
   void progress(size_t done_bytes) const {
@@ -205,15 +206,17 @@ class DeviceWeights {
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      if (opt_->w4_matmul == W4Matmul::TensorCore && w.out % 32 == 0) {
+      const bool gemm = opt_->w4_matmul != W4Matmul::Dequant && w.out % 32 == 0;
+      if (gemm) {
         GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
         GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
         GEMMA4_T4_CUDA_TRY(kernels::launch_repack_w4_gemm(d->wq, d->s16, w.out, w.in, d->wp, d->sp, stream_),
                            "repack of '" + w.name + "' into the GEMM layout");
         GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
-      } else {
-        max_deq = std::max(max_deq, size_t(w.out) * w.in);  // only matrices without the GEMM layout dequantise
+        gemm_layout = true;
       }
+      if (!gemm || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
+        max_deq = std::max(max_deq, size_t(w.out) * w.in);
     } else {
       GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));

@@ -17,8 +17,9 @@
 namespace gemma4_t4 {
 namespace detail {
 
-constexpr int kMaxSeqs = 64;        // sessions per pass
+constexpr int kMaxSeqs = 128;       // sessions per pass (and the largest decode-graph bucket, planner.hpp)
 constexpr int kSplitBudget = 1024;  // rows x key-splits of decode-attention scratch
+constexpr size_t kGemmPartFloats = size_t(4) << 20;  // the w4a16 GEMM's split-K partials (16 MiB; gemm_w4_splits)
 
 // KV slots of a layer's cache in a session of max_ctx tokens. Sliding layers keep a ring of window + R slots:
 // a pass writes its rows' K/V before attention reads them, so a pass never overwrites a key one of its own
@@ -85,10 +86,14 @@ struct Workspace {
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
   unsigned* attn_counters = nullptr;  // [R, max kv_heads]
   half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
-  // decode (<= 16 rows) and the head
-  half* head16 = nullptr;   // [16, H] fp16 final norm of the selected rows
-  half* act16 = nullptr;    // [16, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
-  float* logits = nullptr;  // [16, V] fp32 logits of up to 16 selected rows
+  float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
+  // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
+  half* pad_k = nullptr;  // [max kv_heads * d] fp16
+  half* pad_v = nullptr;  // [max kv_heads * d] fp16
+  // decode (<= 32 rows: the GEMVs) and the head
+  half* head16 = nullptr;   // [S, H] fp16 final norm of the selected rows (a decode bucket's at once)
+  half* act16 = nullptr;    // [32, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
+  float* logits = nullptr;  // [32, V] fp32 logits of up to 32 selected rows (to the host)
   // sampling (Engine::step)
   float* samp_logits = nullptr;                  // [S, V] fp32
   kernels::SampleParams* samp_params = nullptr;  // [S]
@@ -126,7 +131,10 @@ struct Workspace {
     GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * kvmax * sizeof(unsigned), stream),
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * H, "workspace: head input", &head16));
+    if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
+    GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding K", &pad_k));
+    GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding V", &pad_v));
+    GEMMA4_T4_TRY(m.alloc(size_t(std::max(kMaxSeqs, kernels::kGemvMaxRows)) * H, "workspace: head input", &head16));
     GEMMA4_T4_TRY(
         m.alloc(size_t(kernels::kGemvMaxRows) * std::max(w.max_out, D), "workspace: decode activations", &act16));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits));
