@@ -13,13 +13,15 @@
 #               (bench/results/h200-latest/ keeps the latest)
 #     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
 #               per-instruction trace (issue 16)
+#     buckets   quick_bench past 16 sessions (c = BUCKETS_BATCH, default 16..128), both w4a16 matmuls and fp16,
+#               this tree and tmp_base's (issue 17)
 #     lab       every lab_* program of the native build (dev/), default arguments
 #     serve     the server against the in-process bench, and prefix reuse (bench/serve_h200.sh, issue 18)
 #     sanitize  compute-sanitizer memcheck and racecheck over the persistent-decode and kernel tests
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
 #     ncu       warp stall reasons of the persistent step and of per-kernel GEMVs (ncu sections, c=1)
 # Environment: SWEEP (bench arguments), FORMATS (the bench step's checkpoints, default "w4a16 bf16"), JOBS
-# (build parallelism, default nproc), BUILD_TARGETS (instead of the presets' targets, e.g. "gemma4_t4_gpu_tests
+# (build parallelism, default nproc), DEADLINE (see past_deadline), BUILD_TARGETS (instead of the presets' targets, e.g. "gemma4_t4_gpu_tests
 # bench" for a short call).
 # The machine has no package manager: nlohmann/json and Catch2 come from .deps/ (tools/gpu_deps.sh unpacks
 # the Debian packages there on this machine; name .deps in the call's carry list).
@@ -32,6 +34,9 @@ DEPS="$PWD/.deps/usr"
 MODELS=/tmp/models
 fail=0
 note() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
+# DEADLINE (seconds since the start, 0: none): steps, and the long steps' runs, that would start later are skipped,
+# so that the logs are packed before the device call's limit.
+past_deadline() { [ "${DEADLINE:-0}" -gt 0 ] && [ "$SECONDS" -ge "${DEADLINE:-0}" ]; }
 
 synth() {  # synth FORMAT: the full-size synthetic E2B checkpoint in $MODELS/e2b-FORMAT
   [ -d "$MODELS/e2b-$1" ] && return 0
@@ -57,15 +62,21 @@ step_build() {
   done
 }
 
-step_suite() {  # both builds at once (one GPU; the suite times nothing)
+step_suite() {  # both builds at once (one GPU; the suite times nothing), then the fault tests one build at a time
   local t0=$SECONDS
   for p in gpu-native gpu-turing; do
     # ctest runs the suite as CMakeLists.txt registers it (the fault tests in a process of their own); -V keeps
     # every test's output (the WARN lines with the measured errors)
-    ( timeout "${SUITE_S:-400}" ctest --test-dir "build-$p" -L gpu -V > "$OUT/suite-$p.log" 2>&1
+    ( timeout "${SUITE_S:-400}" ctest --test-dir "build-$p" -L gpu -E faults -V > "$OUT/suite-$p.log" 2>&1
       echo $? > "$OUT/suite-$p.rc" ) &
   done
   wait
+  # gpu.faults compares device-wide free memory before and after failed loads: alone on the GPU
+  for p in gpu-native gpu-turing; do
+    timeout "${SUITE_S:-400}" ctest --test-dir "build-$p" -R faults -V >> "$OUT/suite-$p.log" 2>&1
+    local rf=$?
+    [ "$rf" -eq 0 ] || echo "$rf" > "$OUT/suite-$p.rc"
+  done
   for p in gpu-native gpu-turing; do
     local rc
     rc=$(cat "$OUT/suite-$p.rc")
@@ -121,6 +132,30 @@ step_decode() {  # issue 16: per-kernel vs persistent (1 and 2 blocks per SM, L2
   done
 }
 
+step_buckets() {  # issue 17: decode past 32 sessions (GEMVs to 32 rows, padded graph buckets), against tmp_base
+  for fmt in ${FORMATS:-w4a16 bf16}; do synth "$fmt" || { note "make_synthetic failed"; return 1; }; done
+  local B=${BUCKETS_BATCH:-16,32,48,64,128}
+  for fmt in ${FORMATS:-w4a16 bf16}; do
+    local ms=dequant
+    [ "$fmt" = w4a16 ] && ms=${BUCKETS_MATMULS:-"dequant tensorcore auto"}
+    for m in $ms; do
+      past_deadline && { note "buckets: past DEADLINE"; return 0; }
+      local Q=(--model "$MODELS/e2b-$fmt" --prompt 512 --tokens 48 --batch "$B" --w4-matmul "$m")
+      note "== $fmt --w4-matmul $m: this tree"
+      timeout 150 build-gpu-native/quick_bench "${Q[@]}" 2>&1 | tee -a "$OUT/buckets.log" |
+        grep -E "^ +[0-9]|rror" | tee -a "$OUT/summary.txt"
+      [ "$fmt" = w4a16 ] && timeout 90 build-gpu-native/quick_bench --model "$MODELS/e2b-$fmt" --prompt 4096 \
+        --tokens 4 --batch 1 --ttft 5 --w4-matmul "$m" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "median" |
+        tee -a "$OUT/summary.txt"
+      if [ -x /tmp/qb_base ] && [ "$m" = dequant ]; then
+        note "== $fmt --w4-matmul $m: base tree"
+        timeout 150 /tmp/qb_base "${Q[@]}" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "^ +[0-9]|rror" |
+          tee -a "$OUT/summary.txt"
+      fi
+    done
+  done
+}
+
 step_lab() {  # the kernel lab's programs that exist in this build (dev/README.md), default arguments
   for l in build-gpu-native/lab_*; do
     [ -x "$l" ] || continue
@@ -136,6 +171,7 @@ step_bench() {
   local sweep=${SWEEP:-"--prompts 512,4096 --concurrency 1,4,8,16 --tokens 128 --repeats 3"}
   for fmt in ${FORMATS:-w4a16 bf16}; do
     for b in native turing; do
+      past_deadline && { note "bench: past DEADLINE, $fmt $b skipped"; continue; }
       note "== bench E2B $fmt, $b"
       timeout "${SWEEP_S:-300}" "build-gpu-$b/bench" --model "$MODELS/e2b-$fmt" $sweep --quiet \
         --json "$OUT/$fmt-$b.json" 2>&1 | tee -a "$OUT/bench.log" | tail -14
@@ -194,6 +230,7 @@ step_ptxas() {
 }
 
 for s in "$@"; do
+  if past_deadline; then note "---- $s skipped: past DEADLINE ($SECONDS s)"; continue; fi
   note "---- $s ($(date +%T))"
   "step_$s" || fail=1
 done
