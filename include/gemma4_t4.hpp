@@ -257,7 +257,7 @@ enum class LmHead {
   Int4,  // w4a16 layout, group 32: scale = fp16(max|w| / 7), q = round(w / scale) in [-8, 7]; w = fp16(q * scale)
 };
 
-// How the CUDA backend runs a decode pass (one token per session, <= 16 sessions).
+// How the CUDA backend runs a decode pass (one token per session, up to 128 sessions per pass).
 enum class DecodePath {
   Kernels,     // one kernel per operation (~11 per layer), replayed as a CUDA graph when cuda_graphs (default:
                // the faster one today, bench/RESULTS.md)
@@ -297,7 +297,7 @@ struct LoadOptions {
     // traced step is slower: its trace is copied to the host each step).
     std::string trace;
   } persistent;
-  bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 16 sessions) as CUDA graphs
+  bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 128 sessions; padded buckets) as graphs
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
   bool programmatic_launch = true;

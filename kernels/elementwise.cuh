@@ -10,7 +10,7 @@
 //   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
 //   softcap:      x = tanh(x / cap) * cap, in place                              x: [n] fp32
 //   argmax_rows:  out[r] = argmax_i x[r, i] (first on ties)                       x: [rows, V] fp32
-// gelu_mul and ple_gate serve passes of more than 16 rows (after cuBLAS); decode passes get the same math
+// gelu_mul and ple_gate serve passes of more than 32 rows (after the GEMMs); decode passes get the same math
 // from the GEMV epilogues in gemv.cuh (GemvEpilogue::GeluMul, GeluPle) without the fp32 round trip.
 // sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
 #pragma once

@@ -1,4 +1,4 @@
-// gemma4_t4 kernels: the w4a16 matmul for passes of more than 16 rows (batched decode past 16 sessions, prefill)
+// gemma4_t4 kernels: the w4a16 matmul for passes of more than 32 rows (batched decode past 32 sessions, prefill)
 // on tensor cores, from a GEMM layout the weights are repacked into once at load (issue 17; lab: dev/gemm_w4.cu).
 //
 //   Y[M, N] fp32 = X[M, K] fp16 (row stride ldx) x W^T,   W [N, K] int4 (compressed-tensors, symmetric, group 32

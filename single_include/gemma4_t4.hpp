@@ -258,7 +258,7 @@ enum class LmHead {
   Int4,  // w4a16 layout, group 32: scale = fp16(max|w| / 7), q = round(w / scale) in [-8, 7]; w = fp16(q * scale)
 };
 
-// How the CUDA backend runs a decode pass (one token per session, <= 16 sessions).
+// How the CUDA backend runs a decode pass (one token per session, up to 128 sessions per pass).
 enum class DecodePath {
   Kernels,     // one kernel per operation (~11 per layer), replayed as a CUDA graph when cuda_graphs (default:
                // the faster one today, bench/RESULTS.md)
@@ -298,7 +298,7 @@ struct LoadOptions {
     // traced step is slower: its trace is copied to the host each step).
     std::string trace;
   } persistent;
-  bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 16 sessions) as CUDA graphs
+  bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 128 sessions; padded buckets) as graphs
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
   bool programmatic_launch = true;
@@ -6432,7 +6432,7 @@ inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launc
 //   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
 //   softcap:      x = tanh(x / cap) * cap, in place                              x: [n] fp32
 //   argmax_rows:  out[r] = argmax_i x[r, i] (first on ties)                       x: [rows, V] fp32
-// gelu_mul and ple_gate serve passes of more than 16 rows (after cuBLAS); decode passes get the same math
+// gelu_mul and ple_gate serve passes of more than 32 rows (after the GEMMs); decode passes get the same math
 // from the GEMV epilogues in gemv.cuh (GemvEpilogue::GeluMul, GeluPle) without the fp32 round trip.
 // sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
 
@@ -7046,7 +7046,7 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 }  // namespace gemma4_t4
 // ---- end kernels/flash_attention.cuh ----
 // ---- begin kernels/gemm_w4.cuh ----
-// gemma4_t4 kernels: the w4a16 matmul for passes of more than 16 rows (batched decode past 16 sessions, prefill)
+// gemma4_t4 kernels: the w4a16 matmul for passes of more than 32 rows (batched decode past 32 sessions, prefill)
 // on tensor cores, from a GEMM layout the weights are repacked into once at load (issue 17; lab: dev/gemm_w4.cu).
 //
 //   Y[M, N] fp32 = X[M, K] fp16 (row stride ldx) x W^T,   W [N, K] int4 (compressed-tensors, symmetric, group 32
