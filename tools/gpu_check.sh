@@ -168,7 +168,7 @@ step_lab() {  # the kernel lab's programs that exist in this build (dev/README.m
 
 step_bench() {
   for fmt in ${FORMATS:-w4a16 bf16}; do synth "$fmt" || { note "make_synthetic failed"; return 1; }; done
-  local sweep=${SWEEP:-"--prompts 512,4096 --concurrency 1,4,8,16 --tokens 128 --repeats 3"}
+  local sweep=${SWEEP:-"--prompts 512,4096 --concurrency 1,8,16,32,64,128 --tokens 128 --repeats 1"}
   for fmt in ${FORMATS:-w4a16 bf16}; do
     for b in native turing; do
       past_deadline && { note "bench: past DEADLINE, $fmt $b skipped"; continue; }
