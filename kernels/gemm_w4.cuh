@@ -361,16 +361,21 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
                        a.n, a.y, a.ldy);
 }
 
+// The tile configuration by M (see the header): f(C()) for the shipped Cfg C that serves M rows.
+template <class F>
+inline auto gemm_w4_by_m(int m, F&& f) {
+  if (m <= 32) return f(gemm_w4::CfgTiny());
+  if (m <= 64) return f(gemm_w4::CfgSmall());
+  if (m <= 256) return f(gemm_w4::CfgMid());
+  return f(gemm_w4::CfgLarge());
+}
+
 // The configuration launch_gemm_w4 takes for M rows: BM x BN output tiles, BK k per tile.
 struct GemmW4Tile {
   int bm, bn, bk;
 };
 inline GemmW4Tile gemm_w4_tile(int m) {
-  using namespace gemm_w4;
-  if (m <= 32) return {CfgTiny::BM, CfgTiny::BN, CfgTiny::BK};
-  if (m <= 64) return {CfgSmall::BM, CfgSmall::BN, CfgSmall::BK};
-  if (m <= 256) return {CfgMid::BM, CfgMid::BN, CfgMid::BK};
-  return {CfgLarge::BM, CfgLarge::BN, CfgLarge::BK};
+  return gemm_w4_by_m(m, [](auto c) { return GemmW4Tile{decltype(c)::BM, decltype(c)::BN, decltype(c)::BK}; });
 }
 
 // Split-K for a grid that would leave SMs idle (the small-M tiles against N = 256..2048: 4..32 blocks on a
@@ -389,12 +394,9 @@ inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
   return s > 1 ? int(s) : 1;
 }
 
-// One launch for any M: the tile configuration by M (see the header).
+// One launch for any M: the tile configuration by M (gemm_w4_by_m).
 inline cudaError_t launch_gemm_w4(const GemmW4Args& a, const Launch& l) {
-  if (a.m <= 32) return launch_gemm_w4_cfg<gemm_w4::CfgTiny>(a, l);
-  if (a.m <= 64) return launch_gemm_w4_cfg<gemm_w4::CfgSmall>(a, l);
-  if (a.m <= 256) return launch_gemm_w4_cfg<gemm_w4::CfgMid>(a, l);
-  return launch_gemm_w4_cfg<gemm_w4::CfgLarge>(a, l);
+  return gemm_w4_by_m(a.m, [&](auto c) { return launch_gemm_w4_cfg<decltype(c)>(a, l); });
 }
 
 // ---- the repack (once at load) ----

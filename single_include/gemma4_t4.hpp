@@ -7408,16 +7408,21 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
                        a.n, a.y, a.ldy);
 }
 
+// The tile configuration by M (see the header): f(C()) for the shipped Cfg C that serves M rows.
+template <class F>
+inline auto gemm_w4_by_m(int m, F&& f) {
+  if (m <= 32) return f(gemm_w4::CfgTiny());
+  if (m <= 64) return f(gemm_w4::CfgSmall());
+  if (m <= 256) return f(gemm_w4::CfgMid());
+  return f(gemm_w4::CfgLarge());
+}
+
 // The configuration launch_gemm_w4 takes for M rows: BM x BN output tiles, BK k per tile.
 struct GemmW4Tile {
   int bm, bn, bk;
 };
 inline GemmW4Tile gemm_w4_tile(int m) {
-  using namespace gemm_w4;
-  if (m <= 32) return {CfgTiny::BM, CfgTiny::BN, CfgTiny::BK};
-  if (m <= 64) return {CfgSmall::BM, CfgSmall::BN, CfgSmall::BK};
-  if (m <= 256) return {CfgMid::BM, CfgMid::BN, CfgMid::BK};
-  return {CfgLarge::BM, CfgLarge::BN, CfgLarge::BK};
+  return gemm_w4_by_m(m, [](auto c) { return GemmW4Tile{decltype(c)::BM, decltype(c)::BN, decltype(c)::BK}; });
 }
 
 // Split-K for a grid that would leave SMs idle (the small-M tiles against N = 256..2048: 4..32 blocks on a
@@ -7436,12 +7441,9 @@ inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
   return s > 1 ? int(s) : 1;
 }
 
-// One launch for any M: the tile configuration by M (see the header).
+// One launch for any M: the tile configuration by M (gemm_w4_by_m).
 inline cudaError_t launch_gemm_w4(const GemmW4Args& a, const Launch& l) {
-  if (a.m <= 32) return launch_gemm_w4_cfg<gemm_w4::CfgTiny>(a, l);
-  if (a.m <= 64) return launch_gemm_w4_cfg<gemm_w4::CfgSmall>(a, l);
-  if (a.m <= 256) return launch_gemm_w4_cfg<gemm_w4::CfgMid>(a, l);
-  return launch_gemm_w4_cfg<gemm_w4::CfgLarge>(a, l);
+  return gemm_w4_by_m(a.m, [&](auto c) { return launch_gemm_w4_cfg<decltype(c)>(a, l); });
 }
 
 // ---- the repack (once at load) ----
@@ -9201,7 +9203,7 @@ class DeviceWeights {
   int max_in = 0, max_out = 0;  // over every linear
   size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
                                 // of passes of more than 32 rows)
-  bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore)
+  bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore or Auto)
 
  private:
   void progress(size_t done_bytes) const {
@@ -9542,10 +9544,10 @@ static_assert(kDecodeBuckets[3] == kMaxSeqs, "the largest bucket holds a pass of
 // The rows of the graph a decode pass of n rows replays: n itself up to 32, else its bucket; 0 (no graph)
 // when that is more than the workspace's max_rows.
 inline int decode_graph_rows(int n, int max_rows) {
-  int rows = n <= kernels::kGemvMaxRows ? n : 0;
+  if (n <= kernels::kGemvMaxRows) return n <= max_rows ? n : 0;
   for (const int b : kDecodeBuckets)
-    if (!rows && n <= b) rows = b;
-  return rows <= max_rows ? rows : 0;
+    if (n <= b) return b <= max_rows ? b : 0;
+  return 0;
 }
 
 // Index of a decode graph by its rows (decode_graph_rows' values): 0..31, then the buckets.
@@ -9567,9 +9569,9 @@ struct PassShape {
 // Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
 // of its sessions; then, up to pad_to rows (a decode bucket), padding rows (see the header; pad_k / pad_v:
 // the workspace's one-slot caches): selected, so that the graph's head writes their (unused) logits after the
-// real rows'.
+// real rows'. The padding session's caches follow the pass's first session's layout (null on KV-shared layers).
 inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m, int pad_to = 0,
-                           half* pad_k = nullptr, half* pad_v = nullptr, const CudaSession* like = nullptr) {
+                           half* pad_k = nullptr, half* pad_v = nullptr) {
   PassShape sh;
   for (size_t s = 0; s < pass.size(); ++s) {
     const Segment& g = pass[s];
@@ -9590,7 +9592,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
   if (sh.rows < pad_to) {
     const int s = int(pass.size());  // < pad_to <= kMaxSeqs: one session index more
     for (int l = 0; l < layers; ++l) {
-      const bool own = like && like->k[size_t(l)];  // KV-shared layers read an earlier layer's cache
+      const bool own = pass.front().s->k[size_t(l)] != nullptr;  // KV-shared layers read an earlier layer's
       m.slots[s * layers + l] = 1;
       m.k[s * layers + l] = own ? pad_k : nullptr;
       m.v[s * layers + l] = own ? pad_v : nullptr;
@@ -11213,9 +11215,8 @@ class PassExecutor {
     *plan = split_passes(items, count, opt_->max_pass_rows);
     int row = 0;  // dev_out row of each pass's first logits
     for (const Pass& pass : *plan) {
-      if (!takes_persistent(pass, which, dev_out, row))
-        if (const int g = graph_rows(pass, which, dev_out, row))
-          GEMMA4_T4_TRY(build_graph(g, dev_out ? dev_out : ws_->logits));
+      if (const int g = graph_rows(pass, which, dev_out, row))
+        GEMMA4_T4_TRY(build_graph(g, dev_out ? dev_out : ws_->logits));
       row += selected_rows(pass, which);
     }
     return ensure_seen(seen);
@@ -11301,11 +11302,13 @@ class PassExecutor {
            (!dev_out || (dev_out == ws_->samp_logits && dev_row == 0));
   }
 
-  // The rows of the CUDA graph a decode pass replays (planner.hpp decode_graph_rows; 0: none), captured for
-  // logits at the start of ws.logits / dev_out: only a pass whose logits start there. Padded buckets (past 32
-  // rows) only into ws.samp_logits (ws.logits holds 32 rows).
+  // The rows of the CUDA graph a decode pass replays (planner.hpp decode_graph_rows; 0: none, e.g. the
+  // persistent kernel takes it), captured for logits at the start of ws.logits / dev_out: only a pass whose
+  // logits start there. Padded buckets (past 32 rows) only into ws.samp_logits (ws.logits holds 32 rows).
   int graph_rows(const Pass& pass, Logits which, const float* dev_out, int dev_row) const {
-    if (!opt_->cuda_graphs || dev_row != 0 || !is_decode_pass(pass, which)) return 0;
+    if (!opt_->cuda_graphs || dev_row != 0 || !is_decode_pass(pass, which) ||
+        takes_persistent(pass, which, dev_out, dev_row))
+      return 0;
     const int rows = decode_graph_rows(int(pass.size()), ws_->max_rows);
     return rows <= kernels::kGemvMaxRows || dev_out == ws_->samp_logits ? rows : 0;
   }
@@ -11314,8 +11317,8 @@ class PassExecutor {
     const ModelConfig& c = *c_;
     const int V = c.vocab_size;
     const bool persist = takes_persistent(pass, r->which, r->dev_out, r->dev_row);
-    const int graph = persist ? 0 : graph_rows(pass, r->which, r->dev_out, r->dev_out ? r->dev_row : 0);
-    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host, graph, ws_->pad_k, ws_->pad_v, pass[0].s);
+    const int graph = graph_rows(pass, r->which, r->dev_out, r->dev_row);  // dev_row stays 0 without dev_out
+    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host, graph, ws_->pad_k, ws_->pad_v);
     GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ws_->meta_dev, ws_->meta_host, PassMeta::bytes(ws_->max_rows, c.num_layers),
                                        cudaMemcpyHostToDevice, stream_),
                        "metadata upload");
@@ -11374,11 +11377,8 @@ class PassExecutor {
     r->ple_ready = host_ple && next && PleStager::large(*next);
     if (r->ple_ready) {
       bool async = true;
-      const int next_row = r->dev_out ? r->dev_row : 0;
-      const int next_graph = takes_persistent(*next, r->which, r->dev_out, next_row)
-                                 ? 0
-                                 : graph_rows(*next, r->which, r->dev_out, next_row);
-      GEMMA4_T4_TRY(ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, next_graph));
+      GEMMA4_T4_TRY(
+          ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, graph_rows(*next, r->which, r->dev_out, r->dev_row)));
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;

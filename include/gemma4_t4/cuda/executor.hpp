@@ -76,9 +76,8 @@ class PassExecutor {
     *plan = split_passes(items, count, opt_->max_pass_rows);
     int row = 0;  // dev_out row of each pass's first logits
     for (const Pass& pass : *plan) {
-      if (!takes_persistent(pass, which, dev_out, row))
-        if (const int g = graph_rows(pass, which, dev_out, row))
-          GEMMA4_T4_TRY(build_graph(g, dev_out ? dev_out : ws_->logits));
+      if (const int g = graph_rows(pass, which, dev_out, row))
+        GEMMA4_T4_TRY(build_graph(g, dev_out ? dev_out : ws_->logits));
       row += selected_rows(pass, which);
     }
     return ensure_seen(seen);
@@ -164,11 +163,13 @@ class PassExecutor {
            (!dev_out || (dev_out == ws_->samp_logits && dev_row == 0));
   }
 
-  // The rows of the CUDA graph a decode pass replays (planner.hpp decode_graph_rows; 0: none), captured for
-  // logits at the start of ws.logits / dev_out: only a pass whose logits start there. Padded buckets (past 32
-  // rows) only into ws.samp_logits (ws.logits holds 32 rows).
+  // The rows of the CUDA graph a decode pass replays (planner.hpp decode_graph_rows; 0: none, e.g. the
+  // persistent kernel takes it), captured for logits at the start of ws.logits / dev_out: only a pass whose
+  // logits start there. Padded buckets (past 32 rows) only into ws.samp_logits (ws.logits holds 32 rows).
   int graph_rows(const Pass& pass, Logits which, const float* dev_out, int dev_row) const {
-    if (!opt_->cuda_graphs || dev_row != 0 || !is_decode_pass(pass, which)) return 0;
+    if (!opt_->cuda_graphs || dev_row != 0 || !is_decode_pass(pass, which) ||
+        takes_persistent(pass, which, dev_out, dev_row))
+      return 0;
     const int rows = decode_graph_rows(int(pass.size()), ws_->max_rows);
     return rows <= kernels::kGemvMaxRows || dev_out == ws_->samp_logits ? rows : 0;
   }
@@ -177,8 +178,8 @@ class PassExecutor {
     const ModelConfig& c = *c_;
     const int V = c.vocab_size;
     const bool persist = takes_persistent(pass, r->which, r->dev_out, r->dev_row);
-    const int graph = persist ? 0 : graph_rows(pass, r->which, r->dev_out, r->dev_out ? r->dev_row : 0);
-    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host, graph, ws_->pad_k, ws_->pad_v, pass[0].s);
+    const int graph = graph_rows(pass, r->which, r->dev_out, r->dev_row);  // dev_row stays 0 without dev_out
+    const PassShape sh = fill_meta(pass, r->which, c.num_layers, ws_->host, graph, ws_->pad_k, ws_->pad_v);
     GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(ws_->meta_dev, ws_->meta_host, PassMeta::bytes(ws_->max_rows, c.num_layers),
                                        cudaMemcpyHostToDevice, stream_),
                        "metadata upload");
@@ -237,11 +238,8 @@ class PassExecutor {
     r->ple_ready = host_ple && next && PleStager::large(*next);
     if (r->ple_ready) {
       bool async = true;
-      const int next_row = r->dev_out ? r->dev_row : 0;
-      const int next_graph = takes_persistent(*next, r->which, r->dev_out, next_row)
-                                 ? 0
-                                 : graph_rows(*next, r->which, r->dev_out, next_row);
-      GEMMA4_T4_TRY(ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, next_graph));
+      GEMMA4_T4_TRY(
+          ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, graph_rows(*next, r->which, r->dev_out, r->dev_row)));
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;

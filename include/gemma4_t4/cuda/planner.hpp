@@ -93,10 +93,10 @@ static_assert(kDecodeBuckets[3] == kMaxSeqs, "the largest bucket holds a pass of
 // The rows of the graph a decode pass of n rows replays: n itself up to 32, else its bucket; 0 (no graph)
 // when that is more than the workspace's max_rows.
 inline int decode_graph_rows(int n, int max_rows) {
-  int rows = n <= kernels::kGemvMaxRows ? n : 0;
+  if (n <= kernels::kGemvMaxRows) return n <= max_rows ? n : 0;
   for (const int b : kDecodeBuckets)
-    if (!rows && n <= b) rows = b;
-  return rows <= max_rows ? rows : 0;
+    if (n <= b) return b <= max_rows ? b : 0;
+  return 0;
 }
 
 // Index of a decode graph by its rows (decode_graph_rows' values): 0..31, then the buckets.
@@ -118,9 +118,9 @@ struct PassShape {
 // Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
 // of its sessions; then, up to pad_to rows (a decode bucket), padding rows (see the header; pad_k / pad_v:
 // the workspace's one-slot caches): selected, so that the graph's head writes their (unused) logits after the
-// real rows'.
+// real rows'. The padding session's caches follow the pass's first session's layout (null on KV-shared layers).
 inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const PassMeta& m, int pad_to = 0,
-                           half* pad_k = nullptr, half* pad_v = nullptr, const CudaSession* like = nullptr) {
+                           half* pad_k = nullptr, half* pad_v = nullptr) {
   PassShape sh;
   for (size_t s = 0; s < pass.size(); ++s) {
     const Segment& g = pass[s];
@@ -141,7 +141,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
   if (sh.rows < pad_to) {
     const int s = int(pass.size());  // < pad_to <= kMaxSeqs: one session index more
     for (int l = 0; l < layers; ++l) {
-      const bool own = like && like->k[size_t(l)];  // KV-shared layers read an earlier layer's cache
+      const bool own = pass.front().s->k[size_t(l)] != nullptr;  // KV-shared layers read an earlier layer's
       m.slots[s * layers + l] = 1;
       m.k[s * layers + l] = own ? pad_k : nullptr;
       m.v[s * layers + l] = own ? pad_v : nullptr;

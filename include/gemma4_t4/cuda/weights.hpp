@@ -137,7 +137,7 @@ class DeviceWeights {
   int max_in = 0, max_out = 0;  // over every linear
   size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
                                 // of passes of more than 32 rows)
-  bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore)
+  bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore or Auto)
 
  private:
   void progress(size_t done_bytes) const {
