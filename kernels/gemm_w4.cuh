@@ -184,11 +184,9 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
   const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
   const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
   const int NB = a.n / 32, KG = a.k / 32, KT_all = (KG + C::G - 1) / C::G;
-  // this block's k-tiles [kt_begin, KT) (split z of gridDim.z); its output: y, or split z's partial tile
+  // this block's k-tiles [kt_begin, KT) (split z of gridDim.z)
   const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
   const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
-  float* const y = gridDim.z > 1 ? a.part + size_t(z) * a.m * a.n : a.y;
-  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
 
   uint4 xr[C::kXL], wr[C::kWL];  // the next k-tile, in flight in registers
   const half* xrow[C::kXL];      // this thread's X units: row start + column in the tile (null: row past M)
@@ -307,6 +305,9 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
 
   const int g = lane >> 2, t = lane & 3, nb = nb0 + wn;
   if (nb >= NB) return;
+  // the output: y, or split z's partial tile (formed here, not kept live through the k loop: registers)
+  float* const y = gridDim.z > 1 ? a.part + size_t(blockIdx.z) * a.m * a.n : a.y;
+  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
 #pragma unroll
   for (int i = 0; i < C::MT; ++i) {
     const int row = m0 + wm * C::MT * 16 + 16 * i + g;
