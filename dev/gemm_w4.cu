@@ -6,7 +6,7 @@
 //   lab_gemm_w4 [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only]
 //               [--self-check]
 //
-// VERSIONS: a comma list (default 1,2,3,4,5,6).
+// VERSIONS: a comma list (default 1..11).
 //   1  what the CUDA backend does today for passes of more than 16 rows (cuda/layers.hpp mm()): the whole matrix
 //      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
 //   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
@@ -15,10 +15,16 @@
 //      the math between barriers, for GPUs where a 32-deep tile drains before the next one lands.
 //   4  tile 128 x 64 x 64: warps 2 (m) x 2 (n) x 2 (k, one scale group each, summed through smem at the end).
 //   5  tile 32|64 x 64 x 128 (32 rows when M <= 32): warps 1 x 2 x 4 (k): more blocks for few rows.
-//   6  the shipped launcher, kernels/gemm_w4.cuh launch_gemm_w4 (LoadOptions::w4_matmul = TensorCore): by M (a
-//      guess until measured): M <= 64 -> 5, M <= 256 -> 4, else 2.
-// The kernel, the layout's index maps and the configurations of versions 2, 4, 5 are kernels/gemm_w4.cuh's (moved
-// there; versions 2, 4, 5 call its launch_gemm_w4_cfg<C>, version 3 the same template with this file's CfgDeep);
+//   6  the shipped launcher, kernels/gemm_w4.cuh launch_gemm_w4 (LoadOptions::w4_matmul = TensorCore, and Auto's
+//      rows): by shape, from this lab's 2026-12-04 run: M <= 256 -> 3 when N <= 2048 and K >= 2048, else 5; more
+//      -> 2 (until then by M: <= 64 -> 5, <= 256 -> 4, else 2).
+//   7..9  versions 4, 3, 5 with two k-tiles' loads in flight in registers (Cfg::PF = 2) instead of one: a load has
+//      two tiles' math to land in (on an H200 one tile's math is shorter than a load's latency).
+//   10 tile 128 x 32 x 64, warps 4 (m) x 1 x 2 (k), two k-tiles in flight: twice the blocks of version 4.
+//   11 version 2's tile at one block per SM (registers uncapped), two k-tiles in flight.
+// Versions 2..11 split K across blocks where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for).
+// The kernel, the layout's index maps and the configurations of versions 2, 3, 5 are kernels/gemm_w4.cuh's (moved
+// there; the versions call its launch_gemm_w4_cfg<C>, version 4 and 7..11 with this file's configurations);
 // the layout and kernel notes below are kept here for the lab's readers (the header has the same text).
 // Versions 2..6 read the weights in the GEMM layout below (built once from the checkpoint layout by
 // kernels/gemm_w4.cuh launch_repack_w4_gemm, the load-time repack) and never make an fp16 copy.
@@ -85,11 +91,23 @@
 
 #include "../kernels/gemv.cuh"
 #include "lab.cuh"
+#else
+namespace lab {  // lab.cuh's, for the host-only self-check build (lab.cuh needs nvcc)
+inline void parallel_for(int count, const std::function<void(int)>& body) {
+  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < nt; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = t; i < count; i += nt) body(i);
+    });
+  for (std::thread& th : pool) th.join();
+}
+}  // namespace lab
 #endif
 
 namespace {
 
-// The GEMM layout's index maps, the configuration template and the shipped configurations (CfgLarge, CfgMid,
+// The GEMM layout's index maps, the configuration template and the shipped configurations (CfgLarge, CfgDeep,
 // CfgSmall, CfgTiny) are kernels/gemm_w4.cuh's (namespace gemm_w4); the self-check emulates them.
 using namespace gemma4_t4::kernels::gemm_w4;  // NOLINT(google-build-using-namespace)
 
@@ -244,8 +262,13 @@ std::vector<double> emulate(const std::vector<uint16_t>& x, int ldx, int M, int 
   return y;
 }
 
-// The version configurations (see the header): 2, 4, 5 are the shipped ones (kernels/gemm_w4.cuh); 3 lives here.
-using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;  // 128 x 128 x 64
+// The version configurations (see the header): 2, 3, 5 are the shipped ones (kernels/gemm_w4.cuh); 4, 7..11 live here.
+using CfgMid = Cfg<4, 2, 2, 2, 1, 1>;         // v4: 128 x 64 x 64 (shipped for 65..256 rows until 2026-12-04)
+using CfgMid2 = Cfg<4, 2, 2, 2, 1, 1, 2>;     // v7: v4 with two k-tiles in flight
+using CfgDeep2 = Cfg<4, 2, 4, 1, 2, 1, 2>;    // v8: v3 likewise
+using CfgSmall2 = Cfg<4, 1, 2, 4, 1, 1, 2>;   // v9: v5 (M > 32) likewise
+using CfgNarrow2 = Cfg<2, 4, 1, 2, 1, 1, 2>;  // v10: 128 x 32 x 64, warps 4 x 1 x 2 (warp 32 x 32), two in flight
+using CfgLarge2 = Cfg<4, 2, 4, 1, 1, 1, 2>;   // v11: v2 at one block per SM, two in flight
 
 void random_problem(std::mt19937* rng, int M, int N, int K, int ldx, std::vector<uint16_t>* x,
                     std::vector<uint32_t>* wq, std::vector<uint16_t>* s) {
@@ -315,6 +338,7 @@ bool self_check() {
   ok = self_check_one<CfgMid>("v4", 129, 96, 96, &rng) && ok;
   ok = self_check_one<CfgSmall>("v5", 65, 96, 416, &rng) && ok;
   ok = self_check_one<CfgTiny>("v5/32", 17, 160, 160, &rng) && ok;
+  ok = self_check_one<CfgNarrow2>("v10", 130, 96, 160, &rng) && ok;
   std::printf("  self-check: %s\n", ok ? "OK" : "FAILED");
   return ok;
 }
@@ -378,9 +402,27 @@ const char* kAbout[] = {
     "gemm_w4 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile, 45.0 KiB smem",
     "gemm_w4 128 x 64 x 64, warps 2 x 2 x 2 (k-split in the block), 40.5 KiB smem",
     "gemm_w4 64 x 64 x 128 (32 x 64 x 128 for M <= 32), warps 1 x 2 x 4 (k-split in the block)",
-    "by M: <= 64 -> 5, <= 256 -> 4, else 2",
+    "by shape: M <= 256 -> 3 for N <= 2048 and K >= 2048, else 5; more -> 2",
+    "v4 (128 x 64 x 64) with two k-tiles in flight (Cfg::PF = 2)",
+    "v3 (128 x 128 x 64) with two k-tiles in flight",
+    "v5 (64 x 64 x 128; 32 x 64 x 128 for M <= 32 as v5) with two k-tiles in flight",
+    "128 x 32 x 64, warps 4 x 1 x 2 (warp 32 x 32), two k-tiles in flight",
+    "v2 (128 x 128 x 32) at one block per SM, two k-tiles in flight",
 };
-constexpr int kVersions = 6;
+constexpr int kVersions = 11;
+
+// Versions 2..11 split K across blocks as the engine does (kernels/gemm_w4.cuh gemm_w4_splits_for: when the tiles
+// leave SMs idle), into a partials buffer of the engine's size (cuda/workspace.hpp kGemmPartFloats).
+constexpr size_t kPartFloats = size_t(4) << 20;
+int g_sms = 1;
+float* g_part = nullptr;
+
+template <class C>
+cudaError_t launch_split(GemmW4Args a, const kn::Launch& l) {
+  a.splits = kn::gemm_w4_splits_for(kn::GemmW4Tile{C::BM, C::BN, C::BK}, a.m, a.n, a.k, g_sms, kPartFloats);
+  a.part = g_part;
+  return kn::launch_gemm_w4_cfg<C>(a, l);
+}
 
 // Version v of p for its M rows on weight copy `copy`.
 cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Launch& l) {
@@ -401,11 +443,19 @@ cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Laun
   a.wp = p.wp.get() + nk / 8 * c, a.sp = p.sp.get() + nk / 32 * c;
   a.y = p.y.get(), a.ldy = p.ldy;
   switch (v) {
-    case 2: return kn::launch_gemm_w4_cfg<CfgLarge>(a, l);
-    case 3: return kn::launch_gemm_w4_cfg<CfgDeep>(a, l);
-    case 4: return kn::launch_gemm_w4_cfg<CfgMid>(a, l);
-    case 5: return p.M <= 32 ? kn::launch_gemm_w4_cfg<CfgTiny>(a, l) : kn::launch_gemm_w4_cfg<CfgSmall>(a, l);
-    case 6: return kn::launch_gemm_w4(a, l);  // the shipped launcher
+    case 2: return launch_split<CfgLarge>(a, l);
+    case 3: return launch_split<CfgDeep>(a, l);
+    case 4: return launch_split<CfgMid>(a, l);
+    case 5: return p.M <= 32 ? launch_split<CfgTiny>(a, l) : launch_split<CfgSmall>(a, l);
+    case 6:  // the shipped launcher, split as cuda/layers.hpp mm() does
+      a.splits = kn::gemm_w4_splits(a.m, a.n, a.k, g_sms, kPartFloats);
+      a.part = g_part;
+      return kn::launch_gemm_w4(a, l);
+    case 7: return launch_split<CfgMid2>(a, l);
+    case 8: return launch_split<CfgDeep2>(a, l);
+    case 9: return p.M <= 32 ? launch_split<CfgTiny>(a, l) : launch_split<CfgSmall2>(a, l);
+    case 10: return launch_split<CfgNarrow2>(a, l);
+    case 11: return launch_split<CfgLarge2>(a, l);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -531,7 +581,7 @@ int usage(const char* argv0) {
 int main(int argc, char** argv) {
   std::vector<int> ms = {32, 64, 128, 256, 2048, 4096};
   lab::CommonArgs common;
-  common.versions = {1, 2, 3, 4, 5, 6};
+  common.versions = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
   common.reps = 20;
   common.samples = 5;
   for (int i = 1; i < argc; ++i) {
@@ -560,6 +610,9 @@ int main(int argc, char** argv) {
   const kn::Launch launch(stream);
   std::printf("\nlab_gemm_w4 on %s (sm_%d%d, %d SMs, L2 %d MiB)\n", prop.name, prop.major, prop.minor,
               prop.multiProcessorCount, prop.l2CacheSize >> 20);
+  g_sms = prop.multiProcessorCount;
+  lab::DevBuf<float> part(kPartFloats);
+  g_part = part.get();
   for (int v : versions) std::printf("  version %d: %s\n", v, kAbout[v]);
 
   // ---- validate

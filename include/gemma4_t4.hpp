@@ -272,13 +272,13 @@ enum class W4Matmul {
   TensorCore,  // kernels/gemm_w4.cuh, a tensor-core matmul reading the int4 weights directly, from a copy repacked
                // into its layout at load: costs as many bytes of GPU memory again as the w4a16 decoder weights
                // (int4 words + scales of every decoder linear, ~1 GB on E2B), and saves the dequantisation
-               // workspace; slower than Dequant on passes of more than 64 rows today (bench/RESULTS.md)
-  Auto,        // (default) TensorCore for passes of up to kW4AutoGemmRows rows (decode of 33..64 sessions),
-               // Dequant for larger ones (prefill chunks, more sessions): the GEMM-layout copy and the
-               // dequantisation workspace both. Measured on the H200 (2026-12-04): +24% / +15% total tok/s at
-               // 48 / 64 sessions against Dequant, the same elsewhere
+               // workspace; slower than Dequant on prefill passes (hundreds of rows and more; bench/RESULTS.md)
+  Auto,        // (default) TensorCore for passes of up to kW4AutoGemmRows rows (decode of 33..128 sessions),
+               // Dequant for larger ones (prefill chunks): the GEMM-layout copy and the dequantisation workspace
+               // both. Measured on the H200 (bench/RESULTS.md 2026-12-04 (b), (c)): ahead of Dequant at 48 and 64
+               // sessions, and per matrix at 128 rows since the GEMM's tiles are chosen by shape
 };
-constexpr int kW4AutoGemmRows = 64;
+constexpr int kW4AutoGemmRows = 128;
 
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present

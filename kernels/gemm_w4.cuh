@@ -29,13 +29,15 @@
 // WN (n) x WK (k); a warp owns MT m16 tiles x 4 n8 tiles (one super-row) and, per k-tile, GPW scale groups
 // (BK = 32 WK GPW). Pipeline without cp.async (sm_75): tile kt + 1's 16-byte global loads (X through L1, weights
 // and scales L1::no_allocate) are issued into registers before tile kt's math from shared memory, then stored to
-// the other of two smem stages; one __syncthreads per k-tile. The WK k-warps' accumulators are summed through
-// smem (tree, fixed order: deterministic), and fragments go straight to Y as float2 (a row's 4 lanes write 32
-// contiguous bytes). Rows past M and groups past K are loaded as zeros, columns past N not stored. Static smem
+// the other of two smem stages; one __syncthreads per k-tile. Cfg::PF = 2 keeps tiles kt + 1 and kt + 2 in
+// flight (two register sets), so a load has two tiles' math to land in instead of one. The WK k-warps' accumulators are
+// summed through smem (tree, fixed order: deterministic), and fragments go straight to Y as float2 (a row's 4 lanes
+// write 32 contiguous bytes). Rows past M and groups past K are loaded as zeros, columns past N not stored. Static smem
 // <= 45 KiB (sm_75 without opt-in), no cp.async.
-// launch_gemm_w4 picks the tile by M (a starting guess from the lab, not yet measured): M <= 32: 32 x 64 x 128,
-// <= 64: 64 x 64 x 128, <= 256: 128 x 64 x 64, else 128 x 128 x 32. A row's result depends on the tile
-// configuration (the k-split sums), so it is deterministic for a given M but not equal across M buckets.
+// launch_gemm_w4 picks the tile by shape (measured in the lab, gemm_w4_by_shape): M <= 32: 32 x 64 x 128; <= 256:
+// 128 x 128 x 64 for N <= 2048 with K >= 2048, else 64 x 64 x 128; more: 128 x 128 x 32. A row's result depends
+// on the tile configuration (the k-split sums), so it is deterministic for a given shape but not equal across M
+// buckets.
 // Split-K across blocks (GemmW4Args::splits, chosen by gemm_w4_splits): a decode pass of 33..256 rows against
 // E2B's N = 256..2048 matrices makes 4..32 output tiles, so blocks along K write partial tiles that a second
 // kernel sums in split order (deterministic; the splits depend on the shape and the SM count only).
@@ -90,10 +92,12 @@ GEMMA4_T4_GEMM_W4_HD inline uint16_t repack_scale(const uint16_t* s, int N, int 
 }
 
 // A kernel configuration: 8 warps as WM (m) x WN (n) x WK (k); a warp computes MT m16 tiles x 4 n8 tiles (32 n:
-// one super-row) over GPW scale groups of every k-tile. MINB: __launch_bounds__ min blocks per SM.
-template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_>
+// one super-row) over GPW scale groups of every k-tile. MINB: __launch_bounds__ min blocks per SM. PF: k-tiles
+// whose global loads are in flight in registers during a tile's math (1 or 2; 2 takes a second register set).
+template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int PF_ = 1>
 struct Cfg {
-  static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_;
+  static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, PF = PF_;
+  static_assert(PF == 1 || PF == 2, "1 or 2 k-tiles in flight");
   static constexpr int kThreads = 256;
   static_assert(WM * WN * WK == 8, "8 warps");
   static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
@@ -151,9 +155,9 @@ GEMMA4_T4_GEMM_W4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) 
   return (sr * G + gi) * 32 + (lane >> 2) * 4 + j;
 }
 
-// The shipped configurations (launch_gemm_w4's dispatch by M).
+// The shipped configurations (launch_gemm_w4's dispatch by shape, gemm_w4_by_shape).
 using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32, warps 2 x 4 x 1; 24.5 KiB smem, 2 blocks per SM
-using CfgMid = Cfg<4, 2, 2, 2, 1, 1>;    // 128 x 64 x 64, warps 2 x 2 x 2 (k-split in the block); 40.5 KiB
+using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile; 45.0 KiB
 using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128, warps 1 x 2 x 4; 43.0 KiB
 using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128, warps 1 x 2 x 4; 26 KiB
 
@@ -188,7 +192,8 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
   const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
   const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
 
-  uint4 xr[C::kXL], wr[C::kWL];  // the next k-tile, in flight in registers
+  uint4 xa[C::kXL], wa[C::kWL];  // the next k-tile, in flight in registers
+  uint4 xb[C::kXL], wb[C::kWL];  // PF == 2: the one after it
   const half* xrow[C::kXL];      // this thread's X units: row start + column in the tile (null: row past M)
 #pragma unroll
   for (int c = 0; c < C::kXL; ++c) {
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
     gemm_w4::x_unit(idx, C::BK, &row, &col);
     xrow[c] = idx < C::kXLoads && m0 + row < a.m ? a.x + size_t(m0 + row) * a.ldx + col : nullptr;
   }
-  auto load = [&](int kt) {
+  auto load = [&](int kt, uint4(&xr)[C::kXL], uint4(&wr)[C::kWL]) {
     const int kb0 = kt * C::G;
 #pragma unroll
     for (int c = 0; c < C::kXL; ++c) {
@@ -217,7 +222,7 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
       wr[c] = ld_weights(base + (ok ? src : 0), ok);
     }
   };
-  auto store = [&](int stage) {
+  auto store = [&](int stage, const uint4(&xr)[C::kXL], const uint4(&wr)[C::kWL]) {
     unsigned char* base = smem + stage * C::kStage;
 #pragma unroll
     for (int c = 0; c < C::kXL; ++c) {
@@ -241,12 +246,8 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
 
-  pdl_enter();  // X comes from the previous kernel
-  load(kt_begin);
-  store(kt_begin & 1);
-  __syncthreads();
-  for (int kt = kt_begin; kt < KT; ++kt) {
-    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+  // k-tile kt's math from its smem stage (kt & 1)
+  auto math = [&](int kt) {
     const unsigned char* base = smem + (kt & 1) * C::kStage;
     const half* xs = reinterpret_cast<const half*>(base);
     const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
@@ -279,8 +280,33 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
         }
       }
     }
-    if (kt + 1 < KT) store((kt + 1) & 1);
+  };
+
+  pdl_enter();  // X comes from the previous kernel
+  load(kt_begin, xa, wa);
+  store(kt_begin & 1, xa, wa);
+  if constexpr (C::PF == 1) {
     __syncthreads();
+    for (int kt = kt_begin; kt < KT; ++kt) {
+      if (kt + 1 < KT) load(kt + 1, xa, wa);  // in flight during this tile's math
+      math(kt);
+      if (kt + 1 < KT) store((kt + 1) & 1, xa, wa);
+      __syncthreads();
+    }
+  } else {  // two tiles in flight: xb holds tile kt + 1 at the top of each iteration, xa is loaded with kt + 2
+    if (kt_begin + 1 < KT) load(kt_begin + 1, xb, wb);
+    __syncthreads();
+    for (int kt = kt_begin; kt < KT; kt += 2) {
+      if (kt + 2 < KT) load(kt + 2, xa, wa);
+      math(kt);
+      if (kt + 1 < KT) store((kt + 1) & 1, xb, wb);
+      __syncthreads();
+      if (kt + 1 >= KT) break;
+      if (kt + 3 < KT) load(kt + 3, xb, wb);
+      math(kt + 1);
+      if (kt + 2 < KT) store(kt & 1, xa, wa);  // tile kt + 2's stage: tile kt's, read before the barrier above
+      __syncthreads();
+    }
   }
 
   if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
@@ -362,30 +388,35 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
                        a.n, a.y, a.ldy);
 }
 
-// The tile configuration by M (see the header): f(C()) for the shipped Cfg C that serves M rows.
+// The tile configuration for an M x N x K product: f(C()) for the shipped Cfg C that serves it. Measured with
+// dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (c); each E2B shape at M 48, 64, 128, split-K as the
+// engine does): up to 256 rows, products with few outputs and a long K (o_proj 1536 x 2048, down_proj 1536 x
+// 6144 / 12288: 12 output tiles of 128 x 128, split 11 ways) are fastest in the 128 x 128 x 64 tile, 20-45%
+// ahead of the 64 x 64 x 128 one, which wins everywhere else (q/k/v, gate/up) and by 12-25% over the 128 x 64 x 64
+// tile these rows took before; past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks per SM.
 template <class F>
-inline auto gemm_w4_by_m(int m, F&& f) {
+inline auto gemm_w4_by_shape(int m, int n, int k, F&& f) {
   if (m <= 32) return f(gemm_w4::CfgTiny());
-  if (m <= 64) return f(gemm_w4::CfgSmall());
-  if (m <= 256) return f(gemm_w4::CfgMid());
+  if (m <= 256) return n <= 2048 && k >= 2048 ? f(gemm_w4::CfgDeep()) : f(gemm_w4::CfgSmall());
   return f(gemm_w4::CfgLarge());
 }
 
-// The configuration launch_gemm_w4 takes for M rows: BM x BN output tiles, BK k per tile.
+// The configuration launch_gemm_w4 takes for an M x N x K product: BM x BN output tiles, BK k per tile.
 struct GemmW4Tile {
   int bm, bn, bk;
 };
-inline GemmW4Tile gemm_w4_tile(int m) {
-  return gemm_w4_by_m(m, [](auto c) { return GemmW4Tile{decltype(c)::BM, decltype(c)::BN, decltype(c)::BK}; });
+inline GemmW4Tile gemm_w4_tile(int m, int n, int k) {
+  return gemm_w4_by_shape(m, n, k, [](auto c) {
+    return GemmW4Tile{decltype(c)::BM, decltype(c)::BN, decltype(c)::BK};
+  });
 }
 
-// Split-K for a grid that would leave SMs idle (the small-M tiles against N = 256..2048: 4..32 blocks on a
+// Split-K, for tile t, for a grid that would leave SMs idle (the small-M tiles against N = 256..2048: 4..32 blocks on a
 // 132-SM H200): enough splits to give each of `sms` SMs a block, at most one per k-tile, and at most
 // part_floats / (M N) (the caller's partials buffer). 1: no split. A function of the shape, sms and part_floats
 // only, so a row's result is deterministic for a given GPU.
-inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
+inline int gemm_w4_splits_for(const GemmW4Tile& t, int m, int n, int k, int sms, size_t part_floats) {
   if (m <= 0 || n <= 0 || k <= 0) return 1;
-  const GemmW4Tile t = gemm_w4_tile(m);
   const size_t blocks = size_t(ceil_div(size_t(n), size_t(t.bn))) * ceil_div(size_t(m), size_t(t.bm));
   if (blocks >= size_t(sms)) return 1;
   size_t s = ceil_div(size_t(sms), blocks);
@@ -394,10 +425,14 @@ inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
   if (s > fit) s = fit;
   return s > 1 ? int(s) : 1;
 }
+// The same for the tile launch_gemm_w4 takes for that shape (gemm_w4_by_shape).
+inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
+  return gemm_w4_splits_for(gemm_w4_tile(m, n, k), m, n, k, sms, part_floats);
+}
 
-// One launch for any M: the tile configuration by M (gemm_w4_by_m).
+// One launch for any shape: the tile configuration by shape (gemm_w4_by_shape).
 inline cudaError_t launch_gemm_w4(const GemmW4Args& a, const Launch& l) {
-  return gemm_w4_by_m(a.m, [&](auto c) { return launch_gemm_w4_cfg<decltype(c)>(a, l); });
+  return gemm_w4_by_shape(a.m, a.n, a.k, [&](auto c) { return launch_gemm_w4_cfg<decltype(c)>(a, l); });
 }
 
 // ---- the repack (once at load) ----

@@ -109,7 +109,7 @@ TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at o
       const Problem p = random_problem(M, sh.n, sh.k, ldx, ldy, seed += 7);
       const std::vector<double> ref = gemm_w4_ref(p.x, ldx, M, sh.n, sh.k, p.wq, p.s);
       // no split; the engine's choice for a 132-SM GPU; every k-tile its own split (BK = 32 x G of M's tile)
-      const int most = (sh.k + kn::gemm_w4_tile(M).bk - 1) / kn::gemm_w4_tile(M).bk;
+      const int most = (sh.k + kn::gemm_w4_tile(M, sh.n, sh.k).bk - 1) / kn::gemm_w4_tile(M, sh.n, sh.k).bk;
       for (const int splits : {1, kn::gemm_w4_splits(M, sh.n, sh.k, 132, size_t(1) << 30), most}) {
         const std::vector<float> y = run(p, st, splits);
         std::vector<float> got(size_t(M) * sh.n);
