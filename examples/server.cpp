@@ -74,7 +74,7 @@ struct Options {
   long parallel = 64, max_queue = 64, prefill_rows = 0, prefill_sessions = 1, prefix_cache = 8, prefix_min = 256;
   long max_body = 4 << 20, read_timeout = 10, body_timeout = 30, keep_alive = 5, shutdown_timeout = 30;
   long threads = 0;
-  bool log_requests = false;
+  bool log_requests = false, log_steps = false, prefill_priority = false, warm_up = true;
   bool seed_given = false;
 };
 
@@ -602,6 +602,11 @@ void add_server_flags(args::Parser* p, Options* o) {
              "--prefill-sessions N > 0, two CUDA passes, 4096: a 4096-token prompt in one step,\n"
              "read as bench reads it; with 0, the pass size, 2048, less --parallel: prompt chunks\n"
              "and every decode row in one pass)");
+  p->flag("--prefill-priority", &o->prefill_priority,
+          "while prompts are waiting to be read, steps read prompts only and the generating\n"
+          "requests wait (prefill first: every first token as early as when the prompts are\n"
+          "prefilled one after another before any decoding, as in bench; later tokens of the\n"
+          "running requests come later). Default: their decode rows ride in every step");
   p->integer("--prefix-cache", "N", &o->prefix_cache, 0, 4096, "prefixes kept for reuse (default 8; 0: off)");
   p->integer("--prefix-cache-min", "N", &o->prefix_min, 1, 1 << 24,
              "shortest prefix worth keeping, tokens (default 256)");
@@ -615,7 +620,13 @@ void add_server_flags(args::Parser* p, Options* o) {
   p->integer("--shutdown-timeout", "S", &o->shutdown_timeout, 0, 86400,
              "on SIGINT/SIGTERM, time in-flight requests get to finish (default 30)");
   p->integer("--threads", "N", &o->threads, 1, 65536, "HTTP threads (default: parallel + max-queue + 8)");
+  p->flag("--no-warm-up", &o->warm_up,
+          "start serving without warming up (by default the CUDA backend first runs a prompt of\n"
+          "each pass size and a decode step of each graph's size in scratch sessions, so that the\n"
+          "first requests do not pay for kernels loaded on first use and graph captures)",
+          false);
   p->flag("--log-requests", &o->log_requests, "one line per request on stderr");
+  p->flag("--log-steps", &o->log_steps, "one line per engine step on stderr: prompts and rows fed, its time");
 }
 
 }  // namespace
@@ -642,6 +653,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "server: %s\n", st.message.c_str());
     return 1;
   }
+  if (opt.warm_up) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (const gemma4_t4::Status st = model.engine.warm_up(size_t(opt.parallel)); !st)
+      std::fprintf(stderr, "server: warm-up failed, serving without it: %s\n", st.message.c_str());
+    else if (model.engine.backend() == gemma4_t4::Backend::Cuda)
+      std::fprintf(stderr, "server: warmed up in %.0f ms\n",
+                   std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  }
   if (opt.model_name.empty()) {
     std::string dir = args.model;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
@@ -664,6 +683,8 @@ int main(int argc, char** argv) {
   d.context = model.context;
   d.prefix_cache = int(opt.prefix_cache);
   d.prefix_min = size_t(opt.prefix_min);
+  d.log_steps = opt.log_steps;
+  d.prefill_priority = opt.prefill_priority;
 
   HttpServer svr;
   const size_t threads = opt.threads > 0 ? size_t(opt.threads) : size_t(opt.parallel + opt.max_queue + 8);

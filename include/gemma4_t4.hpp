@@ -431,6 +431,15 @@ class Engine {
   // BackendError (CUDA copy failed; dst then holds nothing: position 0). Not thread-safe for the two sessions.
   Status copy_prefix(const Session& src, Session& dst, size_t n) const;
 
+  // Pays now, in scratch sessions, what the first requests of a server would otherwise pay (CUDA: kernels
+  // loaded on first use, cuBLAS's first call per shape, the capture of every decode graph): one greedy step per
+  // prompt length of the backend's plan (row counts from past the GEMVs up to LoadOptions::max_pass_rows) and a
+  // decode step of every graph's row count up to max_sessions sessions (0: as many as a pass holds). Sessions
+  // made before or after are unaffected: their results are those of an engine that did not warm up. The CPU
+  // backend has nothing to warm (returns ok at once). Errors: InvalidArgument when not loaded; step()'s
+  // (OutOfMemory naming the graph or buffer) -- the engine stays usable.
+  Status warm_up(size_t max_sessions = 0) const;
+
   // Bytes of weights a decode step reads (every decoder linear + the LM head as LoadOptions::lm_head stores
   // it): the bandwidth roofline.
   double decode_bytes_per_token() const;
@@ -643,6 +652,11 @@ struct BatchOptions {
   // each first token after its own rows only, as prompts prefilled one by one (bench::run) get theirs. When
   // set, a step's prompt rows come before its decode rows (a pass of prompt rows stays whole).
   int prefill_sessions = 0;
+  // While a joining session has prompt rows left, steps read prompts only and the generating sessions wait for
+  // their next token (prefill first, as vLLM schedules without chunked prefill): each first token comes as
+  // early as when prompts are prefilled one after another before any decoding (bench::run's order), at the cost
+  // of the running sessions' time between tokens. false: decode rows ride in every step.
+  bool prefill_priority = false;
 };
 
 // What one Batch::step() fed (Batch::last_step): for a server's metrics and for tests of the scheduling.

@@ -102,6 +102,66 @@ TEST_CASE("batch: prefill_sessions bounds the prompts a step reads; prompt rows 
   }
 }
 
+TEST_CASE("batch: each session's results equal generate() alone (prefill priority)", "[batch][cpu]") {
+  for (int prompts : {0, 1}) {
+    INFO("prefill_sessions " << prompts);
+    const Reference ref = reference("mm_bf16");
+    Engine engine = load_engine("mm_bf16", Backend::Cpu);
+    BatchOptions opt;
+    opt.max_sessions = 5;
+    opt.prefill_rows = prompts == 1 ? 1000 : 7;
+    opt.prefill_sessions = prompts;
+    opt.prefill_priority = true;
+    batch_equals_alone(engine, scenario(ref.prompt, ref.decode_ids, true), opt);
+  }
+}
+
+// prefill_priority: while prompts are left to read, a step reads prompts only (bench::run's order: every
+// prompt prefilled before any decoding); the generating sessions get their next tokens once every prompt is in.
+TEST_CASE("batch: prefill_priority holds the decode rows back while prompts are left", "[batch][cpu]") {
+  Engine engine = load_engine("mm_bf16", Backend::Cpu);
+  const std::vector<int32_t> prompt = {2, 17, 99, 5, 8, 300, 41};
+  for (int prompts : {1, 2}) {
+    INFO("prefill_sessions " << prompts);
+    BatchOptions opt;
+    opt.prefill_rows = 64;
+    opt.prefill_sessions = prompts;
+    opt.prefill_priority = true;
+    Batch batch(engine, opt);
+    std::vector<Session> s(5);
+    std::vector<int> first_step(5, -1), tokens(5, 0);
+    int step = 0;
+    for (size_t i = 0; i < s.size(); ++i) {
+      REQUIRE(engine.create_session(&s[i]));
+      REQUIRE(batch.add(&s[i], prompt, greedy(4), [&, i](int32_t) {
+        if (tokens[i]++ == 0) first_step[i] = step;
+        return true;
+      }));
+    }
+    const int prompt_steps = (int(s.size()) + prompts - 1) / prompts;
+    for (step = 1; step <= 40 && !batch.idle(); ++step) {
+      REQUIRE(batch.step());
+      const BatchStep b = batch.last_step();
+      INFO("step " << step);
+      if (step <= prompt_steps) {
+        CHECK(b.prompt_sessions == std::min(size_t(prompts), s.size() - size_t(step - 1) * prompts));
+        CHECK(b.decode_rows == 0);
+      } else {
+        CHECK(b.prompt_sessions == 0);
+        CHECK(b.decode_rows > 0);
+      }
+    }
+    CHECK(batch.idle());
+    for (size_t i = 0; i < s.size(); ++i) {
+      INFO("session " << i);
+      CHECK(tokens[i] == 4);
+      CHECK(first_step[i] == int(i) / prompts + 1);
+    }
+    // 3 more tokens each (one step apart once decoding) and the 4th token's feed: 4 decode steps
+    CHECK(step - 1 == prompt_steps + 4);
+  }
+}
+
 TEST_CASE("batch: prompt chunks are bounded per step and decoding sessions are not starved", "[batch][cpu]") {
   const Reference ref = reference("mm_bf16");
   Engine engine = load_engine("mm_bf16", Backend::Cpu);
@@ -137,6 +197,22 @@ TEST_CASE("batch: prompt chunks are bounded per step and decoding sessions are n
   CHECK(done[0].tokens.size() == 3);
   CHECK(done[1].tokens.size() == 40);
   CHECK(done[1].finish == FinishReason::Length);
+}
+
+// Engine::warm_up: the CPU backend has nothing to warm (the CUDA backend's is tests/gpu/test_decode_buckets.cpp).
+TEST_CASE("warm_up: nothing to do on the CPU backend; an engine not loaded is refused", "[batch][cpu]") {
+  Engine engine = load_engine("mm_bf16", Backend::Cpu);
+  CHECK(engine.warm_up().is_ok());
+  CHECK(engine.warm_up(3).is_ok());
+  Session s;
+  REQUIRE(engine.create_session(&s));
+  std::vector<int32_t> out;
+  REQUIRE(generate(engine, s, {2, 17, 99}, greedy(3), nullptr, &out));  // still usable
+  CHECK(out.size() == 3);
+  Engine unloaded;
+  const Status st = unloaded.warm_up();
+  CHECK(st.code == Code::InvalidArgument);
+  CHECK(st.message.find("warm_up") != std::string::npos);
 }
 
 TEST_CASE("batch: add() refuses misuse; callbacks may cancel and add", "[batch][cpu][errors]") {

@@ -14,7 +14,9 @@
 // first of them waits for all the others' rows: 8 prompts of 512 tokens sent together had their first tokens
 // after ~2 packed passes of 1984 rows where bench (each prompt prefilled alone, one after another) gives the k-th
 // its token after k single-prompt steps. One prompt per step (the server's default) is bench's order; the decode
-// rows of the sessions already generating ride in the same step, after the prompt's rows.
+// rows of the sessions already generating ride in the same step, after the prompt's rows. With
+// DriverOptions::prefill_priority they wait instead while prompts are left (bench's order exactly: every prompt,
+// then the decoding).
 //
 // Prefix cache (vLLM's automatic prefix caching / llama.cpp's cache reuse, at the granularity the engine has):
 // an entry is a session holding exactly the tokens of a prefix (Engine::copy_prefix copies from a session whose
@@ -178,13 +180,15 @@ struct Job {
 };
 
 struct DriverOptions {
-  int parallel = 64;         // sessions generating at once
-  int max_queue = 64;        // jobs waiting beyond those; more in flight: Admit::Full
-  int prefill_rows = 2048;   // BatchOptions::prefill_rows
-  int prefill_sessions = 1;  // BatchOptions::prefill_sessions
-  size_t context = 4096;     // tokens per session
-  int prefix_cache = 8;      // prefix-cache entries (0: off)
-  size_t prefix_min = 256;   // shortest prefix worth an entry, tokens
+  int parallel = 64;              // sessions generating at once
+  int max_queue = 64;             // jobs waiting beyond those; more in flight: Admit::Full
+  int prefill_rows = 2048;        // BatchOptions::prefill_rows
+  int prefill_sessions = 1;       // BatchOptions::prefill_sessions
+  bool prefill_priority = false;  // BatchOptions::prefill_priority
+  size_t context = 4096;          // tokens per session
+  int prefix_cache = 8;           // prefix-cache entries (0: off)
+  size_t prefix_min = 256;        // shortest prefix worth an entry, tokens
+  bool log_steps = false;         // one line per engine step on stderr (what it fed, how long it took)
 };
 
 class Driver {
@@ -245,6 +249,12 @@ class Driver {
   using Session = gemma4_t4::Session;
   using FinishReason = gemma4_t4::FinishReason;
 
+  struct StepRecord {
+    gemma4_t4::BatchStep step;
+    double seconds = 0;  // Batch::step() wall time
+    double gap = -1;     // since the previous step ended (-1: the batch was idle in between)
+    double admit = 0;    // of which admitting the jobs that joined before it (sessions, prefix cache)
+  };
   struct Running {  // a job in the Batch
     std::shared_ptr<Job> job;
     std::unique_ptr<Session> session;
@@ -271,6 +281,7 @@ class Driver {
     b.max_sessions = o.parallel + std::max(o.prefix_cache, 0);  // entries being prefilled never wait for a slot
     b.prefill_rows = o.prefill_rows;
     b.prefill_sessions = o.prefill_sessions;
+    b.prefill_priority = o.prefill_priority;
     return b;
   }
 
@@ -327,14 +338,16 @@ class Driver {
         queue_depth_ = inbox_.size();
       }
       for (const auto& j : dropped) complete(*j, FinishReason::Cancelled, cancelled_status(), 0, 0);
+      const Clock::time_point ta = Clock::now();
       for (const auto& j : joining) start(j);
       if (!batch_.idle()) {
         const Clock::time_point t0 = Clock::now();
         const gemma4_t4::Status st = batch_.step();  // a failed pass finishes its sessions with the error
         const Clock::time_point t1 = Clock::now();
         if (!st) std::fprintf(stderr, "server: batch step failed: %s\n", st.message.c_str());
-        steps_.push_back(
-            StepRecord{batch_.last_step(), seconds(t1 - t0), last_step_end_ ? seconds(t0 - *last_step_end_) : -1.0});
+        steps_.push_back(StepRecord{batch_.last_step(), seconds(t1 - t0),
+                                    last_step_end_ ? seconds(t0 - *last_step_end_) : -1.0, seconds(t0 - ta)});
+        if (opt_.log_steps) log_step(steps_.back());
         last_step_end_ = t1;
       } else {
         last_step_end_.reset();  // idle: the wait for requests is not the driver's time
@@ -346,6 +359,15 @@ class Driver {
         if (inbox_.empty()) break;
       }
     }
+  }
+
+  void log_step(const StepRecord& r) {
+    const gemma4_t4::BatchStep& b = r.step;
+    std::fprintf(stderr, "server: step %llu: %zu prompts (%zu rows), %zu decode rows: %.2f ms", ++logged_steps_,
+                 b.prompt_sessions, b.prompt_rows, b.decode_rows, r.seconds * 1e3);
+    if (r.gap >= 0) std::fprintf(stderr, ", %.3f ms after the previous one", r.gap * 1e3);
+    if (b.prompt_sessions > 0) std::fprintf(stderr, " (%.3f ms admitting requests)", r.admit * 1e3);
+    std::fprintf(stderr, "\n");
   }
 
   static gemma4_t4::Status cancelled_status() { return gemma4_t4::Status(gemma4_t4::Code::Cancelled, "cancelled"); }
@@ -431,6 +453,8 @@ class Driver {
     const Clock::time_point now = Clock::now();
     if (r.first) {
       ttft_.push_back(seconds(now - r.job->arrival));
+      if (opt_.log_steps)
+        std::fprintf(stderr, "server: a first token, %.2f ms after its request arrived\n", ttft_.back() * 1e3);
       r.first = false;
     } else {
       tpot_.push_back(seconds(now - r.last));
@@ -599,16 +623,12 @@ class Driver {
   std::vector<std::unique_ptr<Entry>> cache_;
   std::map<uint64_t, Entry*> computing_;  // entries being prefilled, by Batch id
   uint64_t tick_ = 0;
-  std::vector<double> ttft_, tpot_;  // observed since the last publish()
-  struct StepRecord {
-    gemma4_t4::BatchStep step;
-    double seconds = 0;  // Batch::step() wall time
-    double gap = -1;     // since the previous step ended (-1: the batch was idle in between)
-  };
+  std::vector<double> ttft_, tpot_;                 // observed since the last publish()
   std::vector<StepRecord> steps_;                   // likewise
   std::optional<Clock::time_point> last_step_end_;  // the previous step's end while the batch stays busy
   uint64_t generated_ = 0, prompt_tokens_ = 0, cancelled_ = 0, hits_ = 0, reused_ = 0, entries_made_ = 0;
-  std::thread thread_;  // last: starts after everything above is built
+  unsigned long long logged_steps_ = 0;  // log_steps
+  std::thread thread_;                   // last: starts after everything above is built
 };
 
 }  // namespace server

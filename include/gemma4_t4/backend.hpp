@@ -110,6 +110,13 @@ class BackendModel {
   virtual size_t session_bytes(size_t max_ctx) const = 0;
   // How decode steps run, in words (Engine::decode_path).
   virtual std::string decode_path() const { return "CPU reference (fp32)"; }
+  // Engine::warm_up's plan: the prompt lengths (one session) and the decode row counts (that many sessions, one
+  // token each) whose first pass pays one-time costs -- kernels loaded on first use, cuBLAS's first call per
+  // shape, a decode graph's capture. None by default (the CPU backend has no such costs).
+  struct WarmUp {
+    std::vector<int> prompts, decode_rows;
+  };
+  virtual WarmUp warm_up_plan() const { return {}; }
   // Before each pass (Engine::forward_batch / step): IoError when a checkpoint file the pass would read in
   // place has shrunk since it was mapped (reading it would fault the process). The default, for backends
   // that read weights from the map at run time, checks every file.

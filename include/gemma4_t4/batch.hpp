@@ -8,7 +8,8 @@
 //      (1 row, not sampled) and finishes after the pass; a joining session feeds the next chunk of its
 //      prompt from what is left of the prefill_rows budget (sampled when the chunk ends the prompt), while
 //      fewer than prefill_sessions (when set) have; with prefill_sessions set the prompt chunks go first, so
-//      the engine's passes of prompt rows are full and the decode rows end the step;
+//      the engine's passes of prompt rows are full and the decode rows end the step; with prefill_priority a
+//      step that has prompt rows to read has no decode rows (the generating sessions wait);
 //   3. Engine::step runs it (items that need no token get greedy options and their token is ignored);
 //   4. each sampled token goes through generate()'s rules: a stop token finishes the session, others are
 //      kept and shown to on_token, and max_new_tokens or a false from on_token ends it after one more feed;
@@ -226,6 +227,10 @@ Status Batch::step() {
   const size_t prompts_max =
       b.options.prefill_sessions > 0 ? size_t(b.options.prefill_sessions) : std::numeric_limits<size_t>::max();
   const int rounds = b.options.prefill_sessions > 0 ? 2 : 1;
+  // prefill_priority: no decode rows while a prompt has rows left
+  const bool prompts_only =
+      b.options.prefill_priority && budget > 0 &&
+      std::any_of(b.running.begin(), b.running.end(), [](const auto& e) { return e->phase == Impl::Phase::Prefill; });
   b.last = BatchStep{};
   for (int round = 0; round < rounds; ++round)
     for (auto& ep : b.running) {
@@ -244,6 +249,7 @@ Status Batch::step() {
         ++b.last.prompt_sessions;
         b.last.prompt_rows += it.n;
       } else {
+        if (prompts_only) continue;
         it.tokens = &e.pending;
         it.n = 1;
         samples = e.phase == Impl::Phase::Decode;

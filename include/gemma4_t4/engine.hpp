@@ -277,6 +277,49 @@ Status Engine::copy_prefix(const Session& src, Session& dst, size_t n) const {
 }
 
 // Sessions must belong to this engine and have room for their tokens.
+Status Engine::warm_up(size_t max_sessions) const {
+  if (!impl_) return detail::err(Code::InvalidArgument, "warm_up: engine is not loaded");
+  const detail::BackendModel::WarmUp plan = impl_->backend->warm_up_plan();
+  const ModelConfig& c = impl_->config;
+  const size_t ctx = std::min(impl_->options.max_context, size_t(c.max_position_embeddings));
+  // token ids: any valid ones (a pass's cost does not depend on them), spread over the vocabulary
+  int32_t ids_end = c.vocab_size;
+  if (c.hidden_size_per_layer_input > 0) ids_end = std::min(ids_end, c.vocab_size_per_layer_input);
+  auto id = [&](size_t i) { return int32_t(1 + (i * 7919) % size_t(std::max(ids_end - 1, 1))); };
+  int32_t next = 0;
+  Session s;
+  for (const int len : plan.prompts) {
+    if (len < 1 || size_t(len) > ctx) continue;
+    if (!s.valid()) GEMMA4_T4_TRY(create_session(&s, ctx));
+    s.reset();
+    std::vector<int32_t> prompt(static_cast<size_t>(len));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = id(i);
+    const BatchItem it{&s, prompt.data(), prompt.size()};
+    if (Status st = step(&it, 1, nullptr, &next); !st) return detail::err(st.code, "warm_up: ", st.message);
+  }
+  std::vector<Session> d;
+  std::vector<BatchItem> items;
+  std::vector<int32_t> tok, out;
+  for (const int n : plan.decode_rows) {
+    if (n < 1 || (max_sessions > 0 && size_t(n) > max_sessions)) continue;
+    while (d.size() < size_t(n)) {
+      d.emplace_back();
+      GEMMA4_T4_TRY(create_session(&d.back(), 1));
+    }
+    items.resize(size_t(n));
+    tok.resize(size_t(n));
+    out.resize(size_t(n));
+    for (size_t b = 0; b < size_t(n); ++b) {
+      d[b].reset();
+      tok[b] = id(b);
+      items[b] = BatchItem{&d[b], &tok[b], 1};
+    }
+    if (Status st = step(items.data(), items.size(), nullptr, out.data()); !st)
+      return detail::err(st.code, "warm_up: a decode step of ", n, " sessions: ", st.message);
+  }
+  return Status::ok();
+}
+
 Status Engine::bind_sessions(const BatchItem* items, size_t count, std::vector<detail::ForwardItem>* lowered) const {
   std::vector<detail::ForwardItem>& fwd = *lowered;
   for (size_t b = 0; b < count; ++b) {

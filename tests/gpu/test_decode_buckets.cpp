@@ -2,7 +2,7 @@
 // 33..128 sessions replays the graph of a bucket of 48, 64, 96 or 128 rows, the pass padded with rows of a
 // session of their own (one-slot caches in the workspace). On the E2B-shaped w4a16 checkpoint of
 // tests/gpu/test_persistent.cpp (tools/make_synthetic --model e2b --layers 7 --vocab 4096), default options
-// (W4Matmul::Auto: 48 and 64 rows through the int4 GEMM, 128 through dequantise + cuBLAS). The padding and the
+// (W4Matmul::Auto: 48, 64 and 128 rows through the int4 GEMM, kW4AutoGemmRows). The padding and the
 // head are the same code for fp16 checkpoints, whose linears are cuBLAS at every row count past 32.
 //   - padding is invisible: 40 sessions (bucket 48, 8 padding rows) step for step bit-identical to the same 40
 //     sessions beside 8 more real ones (48 rows, no padding, the same graph): a padding row that wrote into a
@@ -10,7 +10,8 @@
 //   - the graphs against the path without them (cuda_graphs = false: unpadded direct launches; the same
 //     kernels except for the LM head's and the GEMMs' row counts): within kTol, the same greedy token where
 //     the top-2 gap is clear, at 33, 64 and 100 sessions (buckets 48, 64 and 128) -- and the positions advance.
-// Tags [gpu][buckets].
+// Also Engine::warm_up (a scratch session per prompt size, every decode graph): no session's result changes.
+// Tags [gpu][buckets] ([warmup]).
 #include <catch2/catch.hpp>
 
 #include "../reference.hpp"
@@ -125,6 +126,41 @@ TEST_CASE("decode buckets: padded graphs past 32 sessions equal the unpadded pas
       WARN(format << ", " << n << " sessions: bucket graph vs direct launches, max rel err " << worst);
     }
   }
+}
+
+// Engine::warm_up (what a server runs before its first request): its prompts and decode steps of every graph's
+// row count run in scratch sessions, so sessions afterwards are those of an engine that never warmed up -- bit for
+// bit, prefill and decode (the graphs it captured are the ones first use would capture).
+TEST_CASE("warm_up: every pass size and decode graph, and no session's result changes", "[gpu][buckets][warmup]") {
+  testutil::TempDir tmp;
+  make_e2b_model(tmp.path().string(), "w4a16");
+  const std::string dir = tmp.path().string();
+  Engine warm = load(dir, true), cold = load(dir, true);
+  const Status st = warm.warm_up(40);
+  INFO(st.message);
+  REQUIRE(st);
+  const int V = warm.config().vocab_size;
+  std::mt19937 rng(321);
+  std::uniform_int_distribution<int> id(5, V - 1);
+  std::vector<std::vector<int32_t>> prompts(40);
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    prompts[b].resize(2 + (b * 53) % 300);  // prompts past the GEMVs' rows and the int4 GEMM's
+    for (auto& t : prompts[b]) t = id(rng);
+  }
+  for (const size_t n : {size_t(1), size_t(7), size_t(40)}) {
+    INFO(n << " sessions");
+    std::vector<Session> sw, sc;
+    std::vector<int32_t> tw = start(warm, prompts, n, &sw), tc = start(cold, prompts, n, &sc);
+    CHECK(std::memcmp(tw.data(), tc.data(), n * sizeof(int32_t)) == 0);
+    for (int k = 0; k < 3; ++k) {
+      INFO("step " << k);
+      const std::vector<float> a = step(warm, &sw, &tw), b = step(cold, &sc, &tc);
+      CHECK(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
+      CHECK(std::memcmp(tw.data(), tc.data(), n * sizeof(int32_t)) == 0);
+    }
+  }
+  Engine unloaded;
+  CHECK(unloaded.warm_up().code == Code::InvalidArgument);
 }
 
 #endif  // GEMMA4_T4_MAKE_SYNTHETIC

@@ -196,6 +196,21 @@ class CudaBackend : public BackendModel {
 
   std::string decode_path() const override { return exec_ ? exec_->decode_path() : std::string(); }
 
+  // Prompts: passes of every power of two of rows from the GEMVs' 32 up, one row more, and 1.5x (cuBLAS and the
+  // w4a16 GEMM choose their kernels by row count; an exact multiple of a tile can take another kernel than one
+  // row more: measured, a first 512-row pass cost 10 ms more after a warm-up without it), up to a whole pass;
+  // decode: every row count with a graph of its own (planner.hpp: 1..32, then the padded buckets).
+  WarmUp warm_up_plan() const override {
+    WarmUp w;
+    for (int r = kernels::kGemvMaxRows; r < opt_.max_pass_rows; r *= 2)
+      for (const int n : {r, r + 1, r + r / 2})
+        if (n < opt_.max_pass_rows) w.prompts.push_back(n);
+    w.prompts.push_back(opt_.max_pass_rows);
+    for (int n = 1; n <= kernels::kGemvMaxRows; ++n) w.decode_rows.push_back(n);
+    for (const int b : kDecodeBuckets) w.decode_rows.push_back(b);
+    return w;
+  }
+
  private:
   Status check_shapes(const std::string& where) const {
     const ModelConfig& c = *cfg_;
