@@ -10,7 +10,9 @@
 # Environment: CKPT (default /tmp/e2b-w4a16: written by tools/make_synthetic when missing), ARCH (nvcc
 # -gencode, default arch=compute_90,code=sm_90), IMPL (a built gemma4_t4::impl archive to link instead of
 # compiling src/impl.cu again), SERVE_SWEEP (the cells' bench arguments, default --prompts 512,4096 --tokens 128
-# --repeats 3), SERVE_CONC (the sweep's concurrencies, default 1,8,16,64; "none": no sweep), PORT (8080),
+# --repeats 3), SERVE_CONC (the sweep's concurrencies, default 1,8,16,64; "none": no sweep), SERVER_VARIANTS
+# ('|'-separated server flag sets for the c=8 comparison, e.g. "--log-steps|--log-steps --prefill-priority";
+# default: one, no flags), PORT (8080),
 # CPU=1 (no GPU: the tiny model on the CPU backend, a dry run of this script).
 #
 # The GPU machine has no package manager: cpp-httplib comes as Debian's packages, downloaded on the dev machine
@@ -96,6 +98,7 @@ log "bench (in process), concurrency 8"
 
 # ---- the server ----
 start_server() {
+  echo "==== server $*" >>"$OUT/server.log"
   "$B/server" "${MODEL[@]}" --port "$PORT" --parallel 64 --max-queue 64 "$@" >"$OUT/server.stdout" \
     2>>"$OUT/server.log" &
   SERVER=$!
@@ -113,11 +116,19 @@ stop_server() {
   echo "server exit status $?" | tee -a "$OUT/serve.log"
 }
 
-start_server
-# ---- 1b. bench_serve at c=8, then the whole sweep ----
-log "bench_serve, concurrency 8"
-"$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency 8 --json "$OUT/serve-c8.json" \
-  --csv "$OUT/serve-c8.csv" 2>&1 | tee -a "$OUT/serve.log"
+# ---- 1b. bench_serve at c=8 per server variant (SERVER_VARIANTS: '|'-separated server flags; the first one
+#      stays up for the sweep and the prefix test), then the whole sweep ----
+IFS='|' read -r -a VARIANTS <<<"${SERVER_VARIANTS:-}"
+[[ ${#VARIANTS[@]} -gt 0 ]] || VARIANTS=("")
+for v in $(seq $((${#VARIANTS[@]} - 1)) -1 0); do
+  read -r -a FLAGS <<<"${VARIANTS[$v]}"
+  start_server "${FLAGS[@]}"
+  log "bench_serve, concurrency 8, server flags: ${VARIANTS[$v]:-(defaults)}"
+  "$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency 8 --json "$OUT/serve-c8-v$v.json" \
+    --csv "$OUT/serve-c8-v$v.csv" 2>&1 | tee -a "$OUT/serve.log"
+  [[ $v -eq 0 ]] || stop_server
+done
+cp "$OUT/serve-c8-v0.json" "$OUT/serve-c8.json"
 if [[ ${SERVE_CONC:-} != none ]]; then
   log "bench_serve, concurrency ${SERVE_CONC:-1,8,16,64}"
   "$B/bench_serve" --url "http://127.0.0.1:$PORT" "${SWEEP[@]}" --concurrency "${SERVE_CONC:-1,8,16,64}" \
@@ -134,7 +145,9 @@ stop_server
 
 # ---- the comparison ----
 log "HTTP + JSON cost at concurrency 8 (targets: <= 5% of total tok/s, <= 2 ms of TTFT)"
-python3 - "$OUT/bench-c8.json" "$OUT/serve-c8.json" <<'EOF' | tee -a "$OUT/serve.log"
+for v in $(seq 0 $((${#VARIANTS[@]} - 1))); do
+echo "server flags: ${VARIANTS[$v]:-(defaults)}" | tee -a "$OUT/serve.log"
+python3 - "$OUT/bench-c8.json" "$OUT/serve-c8-v$v.json" <<'EOF' | tee -a "$OUT/serve.log"
 import json, sys
 bench = {c["prompt"]: c for c in json.load(open(sys.argv[1]))["cells"]}
 serve = {c["prompt"]: c for c in json.load(open(sys.argv[2]))["cells"]}
@@ -147,4 +160,5 @@ for p in sorted(serve):
           f"serve {s['ttft_ms_median']:.1f} ms ({s['ttft_ms_median'] - b['ttft_ms_median']:+.1f} ms); "
           f"serve TPOT {s['tpot_ms']:.2f} ms, wall {s['tok_s_wall']:.1f} tok/s")
 EOF
+done
 echo "outputs: $OUT"

@@ -14,13 +14,17 @@
 #     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
 #               per-instruction trace (issue 16)
 #     buckets   quick_bench past 16 sessions (c = BUCKETS_BATCH, default 16..128), both w4a16 matmuls and fp16,
-#               this tree and tmp_base's (issue 17)
+#               this tree and tmp_base's (dequant only; BUCKETS_BASE_ALL=1: every matmul) (issue 17)
 #     lab       every lab_* program of the native build (dev/), default arguments
 #     serve     the server against the in-process bench, and prefix reuse (bench/serve_h200.sh, issue 18)
 #     sanitize  compute-sanitizer memcheck and racecheck over the persistent-decode and kernel tests
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
 #     ncu       warp stall reasons of the persistent step and of per-kernel GEMVs (ncu sections, c=1)
-# Environment: SWEEP (bench arguments), FORMATS (the bench step's checkpoints, default "w4a16 bf16"), JOBS
+#     steps     per-kernel GPU time of decode steps at the GPU's own clocks, caches left warm (ncu, one kernel at a
+#               time: no PDL overlap), c=1 (STEPS_C1=0: not) and a 128-row bucket (PROFILE_MATMULS), summed
+#               per kernel name
+# Environment: PRESETS (the builds of build and suite, default "gpu-native gpu-turing"), SWEEP (bench arguments),
+# FORMATS (the bench step's checkpoints, default "w4a16 bf16"), JOBS
 # (build parallelism, default nproc), DEADLINE (see past_deadline), BUILD_TARGETS (instead of the presets' targets, e.g. "gemma4_t4_gpu_tests
 # bench" for a short call).
 # The machine has no package manager: nlohmann/json and Catch2 come from .deps/ (tools/gpu_deps.sh unpacks
@@ -32,6 +36,7 @@ cd "$(dirname "$0")/.."
 JOBS=${JOBS:-$(nproc)}
 DEPS="$PWD/.deps/usr"
 MODELS=/tmp/models
+PRESETS=${PRESETS:-gpu-native gpu-turing}
 fail=0
 note() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
 # DEADLINE (seconds since the start, 0: none): steps, and the long steps' runs, that would start later are skipped,
@@ -46,7 +51,7 @@ synth() {  # synth FORMAT: the full-size synthetic E2B checkpoint in $MODELS/e2b
 step_build() {
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv | tee "$OUT/gpu.txt"
   cmake --version | head -1 | tee -a "$OUT/gpu.txt"
-  for p in gpu-native gpu-turing; do
+  for p in $PRESETS; do
     ( cmake --preset "$p" -DCMAKE_PREFIX_PATH="$DEPS" > "$OUT/configure-$p.log" 2>&1 &&
       cmake --build --preset "$p" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$OUT/build-$p.log" 2>&1 ) &
   done
@@ -56,15 +61,15 @@ step_build() {
       note "base build failed" ) &
   fi
   wait
-  for p in gpu-native gpu-turing; do
-    if [ -x "build-$p/gemma4_t4_gpu_tests" ]; then note "built $p"; else
+  for p in $PRESETS; do
+    if [ -x "build-$p/${BUILT_CHECK:-gemma4_t4_gpu_tests}" ]; then note "built $p"; else
       note "BUILD FAILED: $p"; grep -E "error|Error" "$OUT/configure-$p.log" "$OUT/build-$p.log" | head -30; fail=1; fi
   done
 }
 
 step_suite() {  # both builds at once (one GPU; the suite times nothing), then the fault tests one build at a time
   local t0=$SECONDS
-  for p in gpu-native gpu-turing; do
+  for p in $PRESETS; do
     # ctest runs the suite as CMakeLists.txt registers it (the fault tests in a process of their own); -V keeps
     # every test's output (the WARN lines with the measured errors)
     ( timeout "${SUITE_S:-400}" ctest --test-dir "build-$p" -L gpu -E faults -V > "$OUT/suite-$p.log" 2>&1
@@ -72,12 +77,12 @@ step_suite() {  # both builds at once (one GPU; the suite times nothing), then t
   done
   wait
   # gpu.faults compares device-wide free memory before and after failed loads: alone on the GPU
-  for p in gpu-native gpu-turing; do
+  for p in $PRESETS; do
     timeout "${SUITE_S:-400}" ctest --test-dir "build-$p" -R faults -V >> "$OUT/suite-$p.log" 2>&1
     local rf=$?
     [ "$rf" -eq 0 ] || echo "$rf" > "$OUT/suite-$p.rc"
   done
-  for p in gpu-native gpu-turing; do
+  for p in $PRESETS; do
     local rc
     rc=$(cat "$OUT/suite-$p.rc")
     note "suite $p rc=$rc ($((SECONDS - t0)) s): $(grep -E 'All tests passed|test cases' "$OUT/suite-$p.log" | tr '\n' ' ')"
@@ -147,7 +152,7 @@ step_buckets() {  # issue 17: decode past 32 sessions (GEMVs to 32 rows, padded 
       [ "$fmt" = w4a16 ] && timeout 90 build-gpu-native/quick_bench --model "$MODELS/e2b-$fmt" --prompt 4096 \
         --tokens 4 --batch 1 --ttft 5 --w4-matmul "$m" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "median" |
         tee -a "$OUT/summary.txt"
-      if [ -x /tmp/qb_base ] && [ "$m" = dequant ]; then
+      if [ -x /tmp/qb_base ] && { [ "$m" = dequant ] || [ "${BUCKETS_BASE_ALL:-0}" = 1 ]; }; then
         note "== $fmt --w4-matmul $m: base tree"
         timeout 150 /tmp/qb_base "${Q[@]}" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "^ +[0-9]|rror" |
           tee -a "$OUT/summary.txt"
@@ -156,11 +161,14 @@ step_buckets() {  # issue 17: decode past 32 sessions (GEMVs to 32 rows, padded 
   done
 }
 
-step_lab() {  # the kernel lab's programs that exist in this build (dev/README.md), default arguments
+step_lab() {  # the kernel lab's programs that exist in this build (dev/README.md); LABS: which (default all),
+  # LAB_ARGS: their arguments (default none: each program's defaults)
   for l in build-gpu-native/lab_*; do
     [ -x "$l" ] || continue
-    note "== $l"
-    timeout "${LAB_S:-90}" "$l" > "$OUT/$(basename "$l").log" 2>&1
+    [ -z "${LABS:-}" ] || [[ " $LABS " == *" $(basename "$l") "* ]] || continue
+    note "== $l ${LAB_ARGS:-}"
+    # shellcheck disable=SC2086
+    timeout "${LAB_S:-90}" "$l" ${LAB_ARGS:-} > "$OUT/$(basename "$l").log" 2>&1
     note "rc=$?"
     tail -25 "$OUT/$(basename "$l").log" | tee -a "$OUT/summary.txt"
   done
@@ -184,7 +192,7 @@ step_serve() {  # issue 18's measurements (bench/serve_h200.sh) on the full-size
   OUT="$OUT/serve" CKPT="$MODELS/e2b-w4a16" IMPL=build-gpu-native/libgemma4_t4_impl.a \
     timeout "${SERVE_S:-400}" bash bench/serve_h200.sh > "$OUT/serve.log" 2>&1
   note "serve rc=$?"
-  grep -A3 "HTTP + JSON cost" "$OUT/serve.log" | tee -a "$OUT/summary.txt"
+  grep -A8 "HTTP + JSON cost" "$OUT/serve.log" | tee -a "$OUT/summary.txt"
   grep -iE "ttft|second" "$OUT/serve/serve.log" | tail -4 | tee -a "$OUT/summary.txt"
 }
 
@@ -211,6 +219,28 @@ step_ncu() {  # warp stall reasons (instruction fetch among them) of the persist
   for f in persistent kernels; do
     grep -E "Duration|Warp Cycles Per Issued|Registers Per|issue_stalled" "$OUT/ncu-$f.txt" |
       awk '{print $NF, $0}' | sort -g -r | cut -d' ' -f2- | head -40 | tee -a "$OUT/summary.txt"
+  done
+}
+
+step_steps() {  # where a decode step's GPU time goes, per kernel name (issues 16, 17)
+  synth w4a16 || { note "make_synthetic failed"; return 1; }
+  local N=(ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-summary per-kernel)
+  # c=1: the 512-token prompt (~600 kernels) and the 3 warm-up steps (~1,200) come first; 2 steps captured
+  [ "${STEPS_C1:-1}" = 1 ] && timeout "${NCU_S:-150}" "${N[@]}" -s 2400 -c 770 build-gpu-native/quick_bench \
+    --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 12 --batch 1 > "$OUT/steps-c1.txt" 2>&1
+  note "ncu steps c=1 rc=$?"
+  [ -f "$OUT/steps-c1.txt" ] && awk '/^  [^ ].*\(/{name=substr($0, 1, 110)} /Invocations/{inv=$NF}
+    /gpu__time_duration.sum/{printf "%9.1f us total %5d x %7.2f us  %s\n", inv * $NF, inv, $NF, name}' "$OUT/steps-c1.txt" |
+    sort -g -r | head -30 | tee -a "$OUT/summary.txt"
+  # 128 sessions of 64-token prompts: session 0's pass (~900 kernels), the other prompts in 4 passes of 2048 rows
+  # (~4,200) and 3 warm-up steps (~2,300) first, then two steps of the 128-row bucket graph
+  for m in ${PROFILE_MATMULS:-auto tensorcore}; do
+    timeout "${NCU_S:-200}" "${N[@]}" -s 8500 -c 1600 build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" \
+      --prompt 64 --prefill-together --tokens 12 --batch 128 --w4-matmul "$m" > "$OUT/steps-c128-$m.txt" 2>&1
+    note "ncu steps c=128 $m rc=$?"
+    awk '/^  [^ ].*\(/{name=substr($0, 1, 110)} /Invocations/{inv=$NF}
+    /gpu__time_duration.sum/{printf "%9.1f us total %5d x %7.2f us  %s\n", inv * $NF, inv, $NF, name}' "$OUT/steps-c128-$m.txt" |
+      sort -g -r | head -30 | tee -a "$OUT/summary.txt"
   done
 }
 
