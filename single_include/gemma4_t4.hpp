@@ -273,13 +273,13 @@ enum class W4Matmul {
   TensorCore,  // kernels/gemm_w4.cuh, a tensor-core matmul reading the int4 weights directly, from a copy repacked
                // into its layout at load: costs as many bytes of GPU memory again as the w4a16 decoder weights
                // (int4 words + scales of every decoder linear, ~1 GB on E2B), and saves the dequantisation
-               // workspace; slower than Dequant on passes of more than 64 rows today (bench/RESULTS.md)
-  Auto,        // (default) TensorCore for passes of up to kW4AutoGemmRows rows (decode of 33..64 sessions),
-               // Dequant for larger ones (prefill chunks, more sessions): the GEMM-layout copy and the
-               // dequantisation workspace both. Measured on the H200 (2026-12-04): +24% / +15% total tok/s at
-               // 48 / 64 sessions against Dequant, the same elsewhere
+               // workspace; slower than Dequant on prefill passes (hundreds of rows and more; bench/RESULTS.md)
+  Auto,        // (default) TensorCore for passes of up to kW4AutoGemmRows rows (decode of 33..128 sessions),
+               // Dequant for larger ones (prefill chunks): the GEMM-layout copy and the dequantisation workspace
+               // both. Measured on the H200 (bench/RESULTS.md 2026-12-04 (b), (c)): ahead of Dequant at 48 and 64
+               // sessions, and per matrix at 128 rows since the GEMM's tiles are chosen by shape
 };
-constexpr int kW4AutoGemmRows = 64;
+constexpr int kW4AutoGemmRows = 128;
 
 struct LoadOptions {
   Backend backend = Backend::Auto;  // Auto: CUDA when compiled in and a GPU (sm_75+) is present
@@ -431,6 +431,15 @@ class Engine {
   // src and dst the same session, n > src.position(), n > dst.max_context(), or the ring condition above;
   // BackendError (CUDA copy failed; dst then holds nothing: position 0). Not thread-safe for the two sessions.
   Status copy_prefix(const Session& src, Session& dst, size_t n) const;
+
+  // Pays now, in scratch sessions, what the first requests of a server would otherwise pay (CUDA: kernels
+  // loaded on first use, cuBLAS's first call per shape, the capture of every decode graph): one greedy step per
+  // prompt length of the backend's plan (row counts from past the GEMVs up to LoadOptions::max_pass_rows) and a
+  // decode step of every graph's row count up to max_sessions sessions (0: as many as a pass holds). Sessions
+  // made before or after are unaffected: their results are those of an engine that did not warm up. The CPU
+  // backend has nothing to warm (returns ok at once). Errors: InvalidArgument when not loaded; step()'s
+  // (OutOfMemory naming the graph or buffer) -- the engine stays usable.
+  Status warm_up(size_t max_sessions = 0) const;
 
   // Bytes of weights a decode step reads (every decoder linear + the LM head as LoadOptions::lm_head stores
   // it): the bandwidth roofline.
@@ -644,6 +653,11 @@ struct BatchOptions {
   // each first token after its own rows only, as prompts prefilled one by one (bench::run) get theirs. When
   // set, a step's prompt rows come before its decode rows (a pass of prompt rows stays whole).
   int prefill_sessions = 0;
+  // While a joining session has prompt rows left, steps read prompts only and the generating sessions wait for
+  // their next token (prefill first, as vLLM schedules without chunked prefill): each first token comes as
+  // early as when prompts are prefilled one after another before any decoding (bench::run's order), at the cost
+  // of the running sessions' time between tokens. false: decode rows ride in every step.
+  bool prefill_priority = false;
 };
 
 // What one Batch::step() fed (Batch::last_step): for a server's metrics and for tests of the scheduling.
@@ -4864,6 +4878,13 @@ class BackendModel {
   virtual size_t session_bytes(size_t max_ctx) const = 0;
   // How decode steps run, in words (Engine::decode_path).
   virtual std::string decode_path() const { return "CPU reference (fp32)"; }
+  // Engine::warm_up's plan: the prompt lengths (one session) and the decode row counts (that many sessions, one
+  // token each) whose first pass pays one-time costs -- kernels loaded on first use, cuBLAS's first call per
+  // shape, a decode graph's capture. None by default (the CPU backend has no such costs).
+  struct WarmUp {
+    std::vector<int> prompts, decode_rows;
+  };
+  virtual WarmUp warm_up_plan() const { return {}; }
   // Before each pass (Engine::forward_batch / step): IoError when a checkpoint file the pass would read in
   // place has shrunk since it was mapped (reading it would fault the process). The default, for backends
   // that read weights from the map at run time, checks every file.
@@ -7077,13 +7098,15 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 // WN (n) x WK (k); a warp owns MT m16 tiles x 4 n8 tiles (one super-row) and, per k-tile, GPW scale groups
 // (BK = 32 WK GPW). Pipeline without cp.async (sm_75): tile kt + 1's 16-byte global loads (X through L1, weights
 // and scales L1::no_allocate) are issued into registers before tile kt's math from shared memory, then stored to
-// the other of two smem stages; one __syncthreads per k-tile. The WK k-warps' accumulators are summed through
-// smem (tree, fixed order: deterministic), and fragments go straight to Y as float2 (a row's 4 lanes write 32
-// contiguous bytes). Rows past M and groups past K are loaded as zeros, columns past N not stored. Static smem
+// the other of two smem stages; one __syncthreads per k-tile. Cfg::PF = 2 keeps tiles kt + 1 and kt + 2 in
+// flight (two register sets), so a load has two tiles' math to land in instead of one. The WK k-warps' accumulators are
+// summed through smem (tree, fixed order: deterministic), and fragments go straight to Y as float2 (a row's 4 lanes
+// write 32 contiguous bytes). Rows past M and groups past K are loaded as zeros, columns past N not stored. Static smem
 // <= 45 KiB (sm_75 without opt-in), no cp.async.
-// launch_gemm_w4 picks the tile by M (a starting guess from the lab, not yet measured): M <= 32: 32 x 64 x 128,
-// <= 64: 64 x 64 x 128, <= 256: 128 x 64 x 64, else 128 x 128 x 32. A row's result depends on the tile
-// configuration (the k-split sums), so it is deterministic for a given M but not equal across M buckets.
+// launch_gemm_w4 picks the tile by shape (measured in the lab, gemm_w4_by_shape): M <= 32: 32 x 64 x 128; <= 256:
+// 128 x 128 x 64 for N <= 2048 with K >= 2048, else 64 x 64 x 128; more: 128 x 128 x 32. A row's result depends
+// on the tile configuration (the k-split sums), so it is deterministic for a given shape but not equal across M
+// buckets.
 // Split-K across blocks (GemmW4Args::splits, chosen by gemm_w4_splits): a decode pass of 33..256 rows against
 // E2B's N = 256..2048 matrices makes 4..32 output tiles, so blocks along K write partial tiles that a second
 // kernel sums in split order (deterministic; the splits depend on the shape and the SM count only).
@@ -7137,10 +7160,12 @@ GEMMA4_T4_GEMM_W4_HD inline uint16_t repack_scale(const uint16_t* s, int N, int 
 }
 
 // A kernel configuration: 8 warps as WM (m) x WN (n) x WK (k); a warp computes MT m16 tiles x 4 n8 tiles (32 n:
-// one super-row) over GPW scale groups of every k-tile. MINB: __launch_bounds__ min blocks per SM.
-template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_>
+// one super-row) over GPW scale groups of every k-tile. MINB: __launch_bounds__ min blocks per SM. PF: k-tiles
+// whose global loads are in flight in registers during a tile's math (1 or 2; 2 takes a second register set).
+template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int PF_ = 1>
 struct Cfg {
-  static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_;
+  static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, PF = PF_;
+  static_assert(PF == 1 || PF == 2, "1 or 2 k-tiles in flight");
   static constexpr int kThreads = 256;
   static_assert(WM * WN * WK == 8, "8 warps");
   static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
@@ -7198,9 +7223,9 @@ GEMMA4_T4_GEMM_W4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) 
   return (sr * G + gi) * 32 + (lane >> 2) * 4 + j;
 }
 
-// The shipped configurations (launch_gemm_w4's dispatch by M).
+// The shipped configurations (launch_gemm_w4's dispatch by shape, gemm_w4_by_shape).
 using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32, warps 2 x 4 x 1; 24.5 KiB smem, 2 blocks per SM
-using CfgMid = Cfg<4, 2, 2, 2, 1, 1>;    // 128 x 64 x 64, warps 2 x 2 x 2 (k-split in the block); 40.5 KiB
+using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile; 45.0 KiB
 using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128, warps 1 x 2 x 4; 43.0 KiB
 using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128, warps 1 x 2 x 4; 26 KiB
 
@@ -7235,7 +7260,8 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
   const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
   const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
 
-  uint4 xr[C::kXL], wr[C::kWL];  // the next k-tile, in flight in registers
+  uint4 xa[C::kXL], wa[C::kWL];  // the next k-tile, in flight in registers
+  uint4 xb[C::kXL], wb[C::kWL];  // PF == 2: the one after it
   const half* xrow[C::kXL];      // this thread's X units: row start + column in the tile (null: row past M)
 #pragma unroll
   for (int c = 0; c < C::kXL; ++c) {
@@ -7244,7 +7270,7 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
     gemm_w4::x_unit(idx, C::BK, &row, &col);
     xrow[c] = idx < C::kXLoads && m0 + row < a.m ? a.x + size_t(m0 + row) * a.ldx + col : nullptr;
   }
-  auto load = [&](int kt) {
+  auto load = [&](int kt, uint4(&xr)[C::kXL], uint4(&wr)[C::kWL]) {
     const int kb0 = kt * C::G;
 #pragma unroll
     for (int c = 0; c < C::kXL; ++c) {
@@ -7264,7 +7290,7 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
       wr[c] = ld_weights(base + (ok ? src : 0), ok);
     }
   };
-  auto store = [&](int stage) {
+  auto store = [&](int stage, const uint4(&xr)[C::kXL], const uint4(&wr)[C::kWL]) {
     unsigned char* base = smem + stage * C::kStage;
 #pragma unroll
     for (int c = 0; c < C::kXL; ++c) {
@@ -7288,12 +7314,8 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
 
-  pdl_enter();  // X comes from the previous kernel
-  load(kt_begin);
-  store(kt_begin & 1);
-  __syncthreads();
-  for (int kt = kt_begin; kt < KT; ++kt) {
-    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+  // k-tile kt's math from its smem stage (kt & 1)
+  auto math = [&](int kt) {
     const unsigned char* base = smem + (kt & 1) * C::kStage;
     const half* xs = reinterpret_cast<const half*>(base);
     const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
@@ -7326,8 +7348,33 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
         }
       }
     }
-    if (kt + 1 < KT) store((kt + 1) & 1);
+  };
+
+  pdl_enter();  // X comes from the previous kernel
+  load(kt_begin, xa, wa);
+  store(kt_begin & 1, xa, wa);
+  if constexpr (C::PF == 1) {
     __syncthreads();
+    for (int kt = kt_begin; kt < KT; ++kt) {
+      if (kt + 1 < KT) load(kt + 1, xa, wa);  // in flight during this tile's math
+      math(kt);
+      if (kt + 1 < KT) store((kt + 1) & 1, xa, wa);
+      __syncthreads();
+    }
+  } else {  // two tiles in flight: xb holds tile kt + 1 at the top of each iteration, xa is loaded with kt + 2
+    if (kt_begin + 1 < KT) load(kt_begin + 1, xb, wb);
+    __syncthreads();
+    for (int kt = kt_begin; kt < KT; kt += 2) {
+      if (kt + 2 < KT) load(kt + 2, xa, wa);
+      math(kt);
+      if (kt + 1 < KT) store((kt + 1) & 1, xb, wb);
+      __syncthreads();
+      if (kt + 1 >= KT) break;
+      if (kt + 3 < KT) load(kt + 3, xb, wb);
+      math(kt + 1);
+      if (kt + 2 < KT) store(kt & 1, xa, wa);  // tile kt + 2's stage: tile kt's, read before the barrier above
+      __syncthreads();
+    }
   }
 
   if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
@@ -7409,30 +7456,35 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
                        a.n, a.y, a.ldy);
 }
 
-// The tile configuration by M (see the header): f(C()) for the shipped Cfg C that serves M rows.
+// The tile configuration for an M x N x K product: f(C()) for the shipped Cfg C that serves it. Measured with
+// dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (c); each E2B shape at M 48, 64, 128, split-K as the
+// engine does): up to 256 rows, products with few outputs and a long K (o_proj 1536 x 2048, down_proj 1536 x
+// 6144 / 12288: 12 output tiles of 128 x 128, split 11 ways) are fastest in the 128 x 128 x 64 tile, 20-45%
+// ahead of the 64 x 64 x 128 one, which wins everywhere else (q/k/v, gate/up) and by 12-25% over the 128 x 64 x 64
+// tile these rows took before; past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks per SM.
 template <class F>
-inline auto gemm_w4_by_m(int m, F&& f) {
+inline auto gemm_w4_by_shape(int m, int n, int k, F&& f) {
   if (m <= 32) return f(gemm_w4::CfgTiny());
-  if (m <= 64) return f(gemm_w4::CfgSmall());
-  if (m <= 256) return f(gemm_w4::CfgMid());
+  if (m <= 256) return n <= 2048 && k >= 2048 ? f(gemm_w4::CfgDeep()) : f(gemm_w4::CfgSmall());
   return f(gemm_w4::CfgLarge());
 }
 
-// The configuration launch_gemm_w4 takes for M rows: BM x BN output tiles, BK k per tile.
+// The configuration launch_gemm_w4 takes for an M x N x K product: BM x BN output tiles, BK k per tile.
 struct GemmW4Tile {
   int bm, bn, bk;
 };
-inline GemmW4Tile gemm_w4_tile(int m) {
-  return gemm_w4_by_m(m, [](auto c) { return GemmW4Tile{decltype(c)::BM, decltype(c)::BN, decltype(c)::BK}; });
+inline GemmW4Tile gemm_w4_tile(int m, int n, int k) {
+  return gemm_w4_by_shape(m, n, k, [](auto c) {
+    return GemmW4Tile{decltype(c)::BM, decltype(c)::BN, decltype(c)::BK};
+  });
 }
 
-// Split-K for a grid that would leave SMs idle (the small-M tiles against N = 256..2048: 4..32 blocks on a
+// Split-K, for tile t, for a grid that would leave SMs idle (the small-M tiles against N = 256..2048: 4..32 blocks on a
 // 132-SM H200): enough splits to give each of `sms` SMs a block, at most one per k-tile, and at most
 // part_floats / (M N) (the caller's partials buffer). 1: no split. A function of the shape, sms and part_floats
 // only, so a row's result is deterministic for a given GPU.
-inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
+inline int gemm_w4_splits_for(const GemmW4Tile& t, int m, int n, int k, int sms, size_t part_floats) {
   if (m <= 0 || n <= 0 || k <= 0) return 1;
-  const GemmW4Tile t = gemm_w4_tile(m);
   const size_t blocks = size_t(ceil_div(size_t(n), size_t(t.bn))) * ceil_div(size_t(m), size_t(t.bm));
   if (blocks >= size_t(sms)) return 1;
   size_t s = ceil_div(size_t(sms), blocks);
@@ -7441,10 +7493,14 @@ inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
   if (s > fit) s = fit;
   return s > 1 ? int(s) : 1;
 }
+// The same for the tile launch_gemm_w4 takes for that shape (gemm_w4_by_shape).
+inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
+  return gemm_w4_splits_for(gemm_w4_tile(m, n, k), m, n, k, sms, part_floats);
+}
 
-// One launch for any M: the tile configuration by M (gemm_w4_by_m).
+// One launch for any shape: the tile configuration by shape (gemm_w4_by_shape).
 inline cudaError_t launch_gemm_w4(const GemmW4Args& a, const Launch& l) {
-  return gemm_w4_by_m(a.m, [&](auto c) { return launch_gemm_w4_cfg<decltype(c)>(a, l); });
+  return gemm_w4_by_shape(a.m, a.n, a.k, [&](auto c) { return launch_gemm_w4_cfg<decltype(c)>(a, l); });
 }
 
 // ---- the repack (once at load) ----
@@ -11672,6 +11728,21 @@ class CudaBackend : public BackendModel {
 
   std::string decode_path() const override { return exec_ ? exec_->decode_path() : std::string(); }
 
+  // Prompts: passes of every power of two of rows from the GEMVs' 32 up, one row more, and 1.5x (cuBLAS and the
+  // w4a16 GEMM choose their kernels by row count; an exact multiple of a tile can take another kernel than one
+  // row more: measured, a first 512-row pass cost 10 ms more after a warm-up without it), up to a whole pass;
+  // decode: every row count with a graph of its own (planner.hpp: 1..32, then the padded buckets).
+  WarmUp warm_up_plan() const override {
+    WarmUp w;
+    for (int r = kernels::kGemvMaxRows; r < opt_.max_pass_rows; r *= 2)
+      for (const int n : {r, r + 1, r + r / 2})
+        if (n < opt_.max_pass_rows) w.prompts.push_back(n);
+    w.prompts.push_back(opt_.max_pass_rows);
+    for (int n = 1; n <= kernels::kGemvMaxRows; ++n) w.decode_rows.push_back(n);
+    for (const int b : kDecodeBuckets) w.decode_rows.push_back(b);
+    return w;
+  }
+
  private:
   Status check_shapes(const std::string& where) const {
     const ModelConfig& c = *cfg_;
@@ -11987,6 +12058,49 @@ Status Engine::copy_prefix(const Session& src, Session& dst, size_t n) const {
 }
 
 // Sessions must belong to this engine and have room for their tokens.
+Status Engine::warm_up(size_t max_sessions) const {
+  if (!impl_) return detail::err(Code::InvalidArgument, "warm_up: engine is not loaded");
+  const detail::BackendModel::WarmUp plan = impl_->backend->warm_up_plan();
+  const ModelConfig& c = impl_->config;
+  const size_t ctx = std::min(impl_->options.max_context, size_t(c.max_position_embeddings));
+  // token ids: any valid ones (a pass's cost does not depend on them), spread over the vocabulary
+  int32_t ids_end = c.vocab_size;
+  if (c.hidden_size_per_layer_input > 0) ids_end = std::min(ids_end, c.vocab_size_per_layer_input);
+  auto id = [&](size_t i) { return int32_t(1 + (i * 7919) % size_t(std::max(ids_end - 1, 1))); };
+  int32_t next = 0;
+  Session s;
+  for (const int len : plan.prompts) {
+    if (len < 1 || size_t(len) > ctx) continue;
+    if (!s.valid()) GEMMA4_T4_TRY(create_session(&s, ctx));
+    s.reset();
+    std::vector<int32_t> prompt(static_cast<size_t>(len));
+    for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = id(i);
+    const BatchItem it{&s, prompt.data(), prompt.size()};
+    if (Status st = step(&it, 1, nullptr, &next); !st) return detail::err(st.code, "warm_up: ", st.message);
+  }
+  std::vector<Session> d;
+  std::vector<BatchItem> items;
+  std::vector<int32_t> tok, out;
+  for (const int n : plan.decode_rows) {
+    if (n < 1 || (max_sessions > 0 && size_t(n) > max_sessions)) continue;
+    while (d.size() < size_t(n)) {
+      d.emplace_back();
+      GEMMA4_T4_TRY(create_session(&d.back(), 1));
+    }
+    items.resize(size_t(n));
+    tok.resize(size_t(n));
+    out.resize(size_t(n));
+    for (size_t b = 0; b < size_t(n); ++b) {
+      d[b].reset();
+      tok[b] = id(b);
+      items[b] = BatchItem{&d[b], &tok[b], 1};
+    }
+    if (Status st = step(items.data(), items.size(), nullptr, out.data()); !st)
+      return detail::err(st.code, "warm_up: a decode step of ", n, " sessions: ", st.message);
+  }
+  return Status::ok();
+}
+
 Status Engine::bind_sessions(const BatchItem* items, size_t count, std::vector<detail::ForwardItem>* lowered) const {
   std::vector<detail::ForwardItem>& fwd = *lowered;
   for (size_t b = 0; b < count; ++b) {
@@ -12129,7 +12243,8 @@ Status generate(const Engine& engine, Session& session, const std::vector<int32_
 //      (1 row, not sampled) and finishes after the pass; a joining session feeds the next chunk of its
 //      prompt from what is left of the prefill_rows budget (sampled when the chunk ends the prompt), while
 //      fewer than prefill_sessions (when set) have; with prefill_sessions set the prompt chunks go first, so
-//      the engine's passes of prompt rows are full and the decode rows end the step;
+//      the engine's passes of prompt rows are full and the decode rows end the step; with prefill_priority a
+//      step that has prompt rows to read has no decode rows (the generating sessions wait);
 //   3. Engine::step runs it (items that need no token get greedy options and their token is ignored);
 //   4. each sampled token goes through generate()'s rules: a stop token finishes the session, others are
 //      kept and shown to on_token, and max_new_tokens or a false from on_token ends it after one more feed;
@@ -12346,6 +12461,10 @@ Status Batch::step() {
   const size_t prompts_max =
       b.options.prefill_sessions > 0 ? size_t(b.options.prefill_sessions) : std::numeric_limits<size_t>::max();
   const int rounds = b.options.prefill_sessions > 0 ? 2 : 1;
+  // prefill_priority: no decode rows while a prompt has rows left
+  const bool prompts_only =
+      b.options.prefill_priority && budget > 0 &&
+      std::any_of(b.running.begin(), b.running.end(), [](const auto& e) { return e->phase == Impl::Phase::Prefill; });
   b.last = BatchStep{};
   for (int round = 0; round < rounds; ++round)
     for (auto& ep : b.running) {
@@ -12364,6 +12483,7 @@ Status Batch::step() {
         ++b.last.prompt_sessions;
         b.last.prompt_rows += it.n;
       } else {
+        if (prompts_only) continue;
         it.tokens = &e.pending;
         it.n = 1;
         samples = e.phase == Impl::Phase::Decode;
