@@ -92,17 +92,7 @@
 #include "../kernels/gemv.cuh"
 #include "lab.cuh"
 #else
-namespace lab {  // lab.cuh's, for the host-only self-check build (lab.cuh needs nvcc)
-inline void parallel_for(int count, const std::function<void(int)>& body) {
-  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < nt; ++t)
-    pool.emplace_back([&, t] {
-      for (int i = t; i < count; i += nt) body(i);
-    });
-  for (std::thread& th : pool) th.join();
-}
-}  // namespace lab
+#include "lab_host.hpp"  // lab.cuh's host part (lab.cuh needs nvcc)
 #endif
 
 namespace {

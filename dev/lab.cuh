@@ -5,7 +5,8 @@
 // same arguments, and a main that validates every selected version against the reference and then times it.
 // This header gives them: a CUDA check that exits, an owning device buffer that can poison itself, random
 // fills on the device, the max-relative-error check, the stream read bandwidth (the bound the GB/s columns
-// are printed against), a median-of-samples timer on cudaEvents and the command line's number lists.
+// are printed against), a median-of-samples timer on cudaEvents and the command line's number lists; and
+// lab_host.hpp's parallel_for (the host references).
 #pragma once
 
 #include <cuda_fp16.h>
@@ -21,6 +22,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "lab_host.hpp"  // parallel_for
 
 namespace lab {
 
@@ -204,17 +207,6 @@ inline double stream_read_gbs(cudaStream_t stream) {
       median_us([&](int) { read_bandwidth_kernel<<<sms * 8, 512, 0, stream>>>(buf.get(), bytes / 16, sink.get()); }, 5,
                 5, stream);
   return double(bytes) / us / 1e3;
-}
-
-// body(i) for i in [0, count) on every host core (the host references).
-inline void parallel_for(int count, const std::function<void(int)>& body) {
-  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < nt; ++t)
-    pool.emplace_back([&, t] {
-      for (int i = t; i < count; i += nt) body(i);
-    });
-  for (std::thread& th : pool) th.join();
 }
 
 // ---- command line ----

@@ -29,6 +29,24 @@ void fixture_batch_equals_alone(const char* name, int max_sessions, int prefill_
   batch_equals_alone(engine, scenario(ref.prompt, ref.decode_ids, true), opt);
 }
 
+// Five sessions added to a batch together, each asking 4 greedy tokens of `prompt`; the step (as the test counts
+// them) at which each got its first token, and how many it got.
+struct Joiners {
+  std::vector<Session> s = std::vector<Session>(5);
+  std::vector<int> first_step = std::vector<int>(5, -1), tokens = std::vector<int>(5, 0);
+  int step = 0;  // the test's step counter, read by the callbacks
+
+  void add(const Engine& engine, Batch& batch, const std::vector<int32_t>& prompt) {
+    for (size_t i = 0; i < s.size(); ++i) {
+      REQUIRE(engine.create_session(&s[i]));
+      REQUIRE(batch.add(&s[i], prompt, greedy(4), [this, i](int32_t) {
+        if (tokens[i]++ == 0) first_step[i] = step;
+        return true;
+      }));
+    }
+  }
+};
+
 }  // namespace
 
 TEST_CASE("batch: each session's results equal generate() alone (chunked prefill, queueing)", "[batch][cpu]") {
@@ -40,15 +58,21 @@ TEST_CASE("batch: each session's results equal generate() alone (whole prompts, 
   fixture_batch_equals_alone("flat_keqv", 64, 1000);
 }
 
-TEST_CASE("batch: each session's results equal generate() alone (prompts one or two at a time)", "[batch][cpu]") {
-  for (int prompts : {1, 2}) {
-    INFO("prefill_sessions " << prompts);
+TEST_CASE("batch: each session's results equal generate() alone (prompts one or two at a time, prefill priority)",
+          "[batch][cpu]") {
+  const struct {
+    int prompts;
+    bool priority;
+  } runs[] = {{1, false}, {2, false}, {0, true}, {1, true}};
+  for (const auto& r : runs) {
+    INFO("prefill_sessions " << r.prompts << ", prefill_priority " << r.priority);
     const Reference ref = reference("mm_bf16");
     Engine engine = load_engine("mm_bf16", Backend::Cpu);
     BatchOptions opt;
     opt.max_sessions = 6;
-    opt.prefill_rows = prompts == 1 ? 1000 : 9;
-    opt.prefill_sessions = prompts;
+    opt.prefill_rows = r.prompts == 1 ? 1000 : 9;
+    opt.prefill_sessions = r.prompts;
+    opt.prefill_priority = r.priority;
     batch_equals_alone(engine, scenario(ref.prompt, ref.decode_ids, true), opt);
   }
 }
@@ -66,17 +90,12 @@ TEST_CASE("batch: prefill_sessions bounds the prompts a step reads; prompt rows 
     opt.prefill_sessions = prompts;
     Batch batch(engine, opt);
     CHECK(batch.last_step().prompt_sessions == 0);
-    std::vector<Session> s(5);
-    std::vector<int> first_step(5, -1), tokens(5, 0);
+    Joiners j;
+    j.add(engine, batch, prompt);
+    std::vector<Session>& s = j.s;
+    std::vector<int>&first_step = j.first_step, &tokens = j.tokens;
+    int& step = j.step;
     std::vector<bool> last_fed(5, false);  // the 4th token fed (generate() feeds it before returning)
-    int step = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-      REQUIRE(engine.create_session(&s[i]));
-      REQUIRE(batch.add(&s[i], prompt, greedy(4), [&, i](int32_t) {
-        if (tokens[i]++ == 0) first_step[i] = step;
-        return true;
-      }));
-    }
     for (step = 1; step <= 40 && !batch.idle(); ++step) {
       size_t generating = 0;  // sessions with a sampled token to feed back this step (one row each)
       for (size_t i = 0; i < s.size(); ++i) {
@@ -102,20 +121,6 @@ TEST_CASE("batch: prefill_sessions bounds the prompts a step reads; prompt rows 
   }
 }
 
-TEST_CASE("batch: each session's results equal generate() alone (prefill priority)", "[batch][cpu]") {
-  for (int prompts : {0, 1}) {
-    INFO("prefill_sessions " << prompts);
-    const Reference ref = reference("mm_bf16");
-    Engine engine = load_engine("mm_bf16", Backend::Cpu);
-    BatchOptions opt;
-    opt.max_sessions = 5;
-    opt.prefill_rows = prompts == 1 ? 1000 : 7;
-    opt.prefill_sessions = prompts;
-    opt.prefill_priority = true;
-    batch_equals_alone(engine, scenario(ref.prompt, ref.decode_ids, true), opt);
-  }
-}
-
 // prefill_priority: while prompts are left to read, a step reads prompts only (bench::run's order: every
 // prompt prefilled before any decoding); the generating sessions get their next tokens once every prompt is in.
 TEST_CASE("batch: prefill_priority holds the decode rows back while prompts are left", "[batch][cpu]") {
@@ -128,16 +133,11 @@ TEST_CASE("batch: prefill_priority holds the decode rows back while prompts are 
     opt.prefill_sessions = prompts;
     opt.prefill_priority = true;
     Batch batch(engine, opt);
-    std::vector<Session> s(5);
-    std::vector<int> first_step(5, -1), tokens(5, 0);
-    int step = 0;
-    for (size_t i = 0; i < s.size(); ++i) {
-      REQUIRE(engine.create_session(&s[i]));
-      REQUIRE(batch.add(&s[i], prompt, greedy(4), [&, i](int32_t) {
-        if (tokens[i]++ == 0) first_step[i] = step;
-        return true;
-      }));
-    }
+    Joiners j;
+    j.add(engine, batch, prompt);
+    std::vector<Session>& s = j.s;
+    std::vector<int>&first_step = j.first_step, &tokens = j.tokens;
+    int& step = j.step;
     const int prompt_steps = (int(s.size()) + prompts - 1) / prompts;
     for (step = 1; step <= 40 && !batch.idle(); ++step) {
       REQUIRE(batch.step());

@@ -1,0 +1,23 @@
+// gemma4_t4 kernel lab: the host-only part of dev/lab.cuh (no CUDA), so that a lab file's CPU self-check builds with
+// a plain C++ compiler (dev/gemm_w4.cu -DGEMM_W4_HOST_ONLY).
+#pragma once
+
+#include <algorithm>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace lab {
+
+// body(i) for i in [0, count) on every host core (the host references).
+inline void parallel_for(int count, const std::function<void(int)>& body) {
+  const int nt = std::max(1, std::min(int(std::thread::hardware_concurrency()), 64));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < nt; ++t)
+    pool.emplace_back([&, t] {
+      for (int i = t; i < count; i += nt) body(i);
+    });
+  for (std::thread& th : pool) th.join();
+}
+
+}  // namespace lab
