@@ -17,7 +17,8 @@ Cases:
               ...), 401 (missing / wrong key), 404 (model, path), 413 (Content-Length and chunked); OpenAI's
               error JSON each time and the server serving on after each
   disconnect  clients leaving mid-generation (streamed and not): their sessions are freed (/metrics)
-  first_tokens  8 requests sent together are read one prompt a step (/metrics), each equal to the reference
+  first_tokens  8 requests sent together are read one prompt a step (/metrics), each equal to the reference;
+                --prefill-priority: no decode rows in a step that reads a prompt (--log-steps)
   concurrent  64 streaming clients at once (16 sessions, the rest queued; shared system prompts through the
               prefix cache): every response complete and equal to its request run alone
   overflow    a full queue answers 429 with Retry-After; the server serves again once it drains
@@ -569,13 +570,14 @@ def case_first_tokens():
     """Requests sent together are read one at a time (--prefill-sessions 1, the default), so a request's first
     token waits only for the prompts before it, as in the in-process bench: /metrics counts exactly one prompt per
     step that read prompt rows, however the requests' arrivals fell between steps. With --prefill-sessions 0 the
-    prompts may share steps; both equal generate() alone."""
+    prompts may share steps. With --prefill-priority (and --log-steps, which prints every step) no step that reads
+    a prompt carries decode rows. All equal generate() alone."""
     n, length = 8, 2 if ARGS.light else 300
     rnd = random.Random(7)
     qs = [{"prompt_ids": [2] + [rnd.randrange(4, 512) for _ in range(length - 1)], "max_tokens": 3,
            "ignore_eos": True, "temperature": 0} for _ in range(n)]
     refs = reference(qs)
-    for flags in ((), ("--prefill-sessions", "0", "--prefill-rows", "4096")):
+    for flags in ((), ("--prefill-sessions", "0", "--prefill-rows", "4096"), ("--prefill-priority", "--log-steps")):
         srv = Server("--prefix-cache", "0", *flags)
         go = threading.Barrier(n, timeout=60)
 
@@ -599,9 +601,18 @@ def case_first_tokens():
               == m["gemma4_t4_engine_steps_total"], "a step time for every step")
         check(0 < m["gemma4_t4_driver_between_steps_seconds_count"] < m["gemma4_t4_engine_steps_total"],
               "the driver's time between busy steps")
-        if not flags:
+        if "--prefill-sessions" not in flags:
             check(steps == n and m['gemma4_t4_engine_prompts_per_step_bucket{le="1"}'] == n,
                   f"{n} requests sent together: {steps:.0f} steps read their prompts, wanted one each")
+        if "--log-steps" in flags:
+            log = srv.logtext()
+            logged = [tuple(map(int, g)) for g in
+                      re.findall(r"server: step \d+: (\d+) prompts \((\d+) rows\), (\d+) decode rows", log)]
+            check(len(logged) == m["gemma4_t4_engine_steps_total"], f"--log-steps: {len(logged)} step lines")
+            check(sum(1 for p, _, _ in logged if p > 0) == n, "--log-steps: one line per prompt step")
+            check(all(d == 0 for p, _, d in logged if p > 0),
+                  "--prefill-priority: a step that read a prompt carried decode rows:\n" + log)
+            check(log.count("server: a first token") == n, "--log-steps: a line per first token")
         mean = lambda k: m[k + "_sum"] / max(m[k + "_count"], 1) * 1e3
         print(f"{' '.join(flags) or 'default'}: {n} prompts read in {steps:.0f} steps; mean ms: prompt step "
               f"{mean('gemma4_t4_engine_prompt_step_seconds'):.2f}, decode step "
