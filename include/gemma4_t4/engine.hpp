@@ -276,7 +276,8 @@ Status Engine::copy_prefix(const Session& src, Session& dst, size_t n) const {
   return Status::ok();
 }
 
-// Sessions must belong to this engine and have room for their tokens.
+// The backend's plan (warm_up_plan) through the public API, in scratch sessions: the engine's other state is
+// untouched but for what first use would have done anyway (graphs captured, kernels loaded).
 Status Engine::warm_up(size_t max_sessions) const {
   if (!impl_) return detail::err(Code::InvalidArgument, "warm_up: engine is not loaded");
   const detail::BackendModel::WarmUp plan = impl_->backend->warm_up_plan();
@@ -320,6 +321,7 @@ Status Engine::warm_up(size_t max_sessions) const {
   return Status::ok();
 }
 
+// Sessions must belong to this engine and have room for their tokens.
 Status Engine::bind_sessions(const BatchItem* items, size_t count, std::vector<detail::ForwardItem>* lowered) const {
   std::vector<detail::ForwardItem>& fwd = *lowered;
   for (size_t b = 0; b < count; ++b) {
