@@ -11,8 +11,8 @@
 # -gencode, default arch=compute_90,code=sm_90), IMPL (a built gemma4_t4::impl archive to link instead of
 # compiling src/impl.cu again), SERVE_SWEEP (the cells' bench arguments, default --prompts 512,4096 --tokens 128
 # --repeats 3), SERVE_CONC (the sweep's concurrencies, default 1,8,16,64; "none": no sweep), SERVER_VARIANTS
-# ('|'-separated server flag sets for the c=8 comparison, e.g. "--log-steps|--log-steps --prefill-priority";
-# default: one, no flags), PORT (8080),
+# ('|'-separated server flag sets for the c=8 comparison; default "--log-steps|--log-steps --prefill-priority": the
+# default schedule and bench's, each step logged to server.log; empty: one server, no flags), PORT (8080),
 # CPU=1 (no GPU: the tiny model on the CPU backend, a dry run of this script).
 #
 # The GPU machine has no package manager: cpp-httplib comes as Debian's packages, downloaded on the dev machine
@@ -118,7 +118,7 @@ stop_server() {
 
 # ---- 1b. bench_serve at c=8 per server variant (SERVER_VARIANTS: '|'-separated server flags; the first one
 #      stays up for the sweep and the prefix test), then the whole sweep ----
-IFS='|' read -r -a VARIANTS <<<"${SERVER_VARIANTS:-}"
+IFS='|' read -r -a VARIANTS <<<"${SERVER_VARIANTS---log-steps|--log-steps --prefill-priority}"
 [[ ${#VARIANTS[@]} -gt 0 ]] || VARIANTS=("")
 for v in $(seq $((${#VARIANTS[@]} - 1)) -1 0); do
   read -r -a FLAGS <<<"${VARIANTS[$v]}"
