@@ -113,7 +113,8 @@ struct SweepOptions {
   // gets its prompt shortened to fit, with a note; false: the cell fails instead.
   bool clamp_prompts = true;
   size_t max_context = 0;
-  bool warmup = true;  // an untimed short pass per cell first (CUDA lazy loading, cuBLAS, graph capture)
+  bool warmup = true;  // Engine::warm_up before the cells (CUDA), and an untimed short pass per cell first (CUDA
+                       // lazy loading, cuBLAS, graph capture)
   // How each output token is chosen (greedy by default; SamplingOptions() = Gemma 4's generation_config:
   // temperature 1, top-k 64, top-p 0.95). Every stream uses it with its own seed (sampling.seed + stream).
   SamplingOptions sampling = SamplingOptions::greedy();

@@ -11,7 +11,10 @@
 //   ceiling        read GB/s * 1e9 / Engine::decode_bytes_per_token(): decode steps per second if a step cost
 //                  only streaming the weights once. A batched step also reads the weights once, so the ceiling
 //                  is per stream at every concurrency (KV reads make real steps slower still).
-//   sweep          per cell (prompt P, concurrency C): C sessions of context P + tokens; an untimed warm-up
+//   sweep          before the cells, Engine::warm_up (the passes whose first run loads kernels or captures a
+//                  graph; CUDA only), so that no cell's first prompt pays them (the first cell's TTFT did, by
+//                  up to ~100 ms on the H200, since a 64-row warm-up loads no 512-row kernel);
+//                  per cell (prompt P, concurrency C): C sessions of context P + tokens; an untimed warm-up
 //                  (a min(P, 64)-token prompt for every session in one step, two decode steps: CUDA lazy
 //                  loading, cuBLAS, graph capture for C rows), then per repeat: prompt ids drawn from the
 //                  (cell, repeat) seed; each stream's prompt fed in its own Engine::step (prefill + first
@@ -414,6 +417,13 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
   r.t4_bandwidth_gbs = o.t4_bandwidth_gbs;
   if (r.decode_bytes_per_token > 0) r.t4_ceiling_tok_s = o.t4_bandwidth_gbs * 1e9 / r.decode_bytes_per_token;
 
+  if (o.warmup && r.backend == Backend::Cuda) {
+    const auto t0 = Clock::now();
+    const int most = *std::max_element(o.concurrency.begin(), o.concurrency.end());
+    const Status st = engine.warm_up(size_t(most));
+    r.notes.push_back(st ? strf("Engine::warm_up(%d) before the cells: %.0f ms", most, ms_since(t0))
+                         : "Engine::warm_up failed (the cells' own warm-ups remain): " + st.message);
+  }
   const std::string limit_why = o.max_context > 0 && o.max_context < size_t(cfg.max_position_embeddings)
                                     ? strf("SweepOptions::max_context %zu", o.max_context)
                                     : strf("the model's max_position_embeddings %d", cfg.max_position_embeddings);
