@@ -99,7 +99,7 @@ int parse_args(int argc, char** argv, Args* a) {
   p.choice("--w4-matmul", "HOW", &a->w4_matmul,
            {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}, {"auto", W4Matmul::Auto}},
            "w4a16 passes of > 32 rows: dequant (+ cuBLAS), tensorcore (kernels/gemm_w4.cuh) or auto\n"
-           "(tensorcore up to 64 rows, dequant above; default) (LoadOptions::w4_matmul)");
+           "(tensorcore up to kW4AutoGemmRows rows, dequant above; default) (LoadOptions::w4_matmul)");
   p.choice("--sampling", "MODE", &a->sweep.sampling,
            {{"greedy", SamplingOptions::greedy()}, {"gemma", SamplingOptions()}},
            "greedy (default) or gemma: temperature 1, top-k 64, top-p 0.95 (generation_config)");

@@ -5,7 +5,8 @@
 // for same-lease A/B runs of two builds (bench/RESULTS.md).
 //
 //   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple host|device]
-//               [--decode persistent|kernels] [--w4-matmul dequant|tensorcore] [--no-graphs] [--no-pdl] [--sampled]
+//               [--decode persistent|kernels] [--w4-matmul dequant|tensorcore|auto] [--no-graphs] [--no-pdl]
+//               [--sampled]
 //               [--pass-rows N] [--ttft N] [--prefill-together]
 // --ttft N: before the batches, N prefills of fresh prompts in one session (reset between), each timed to the
 // first token; prints every time and the median (the first one pays one-time costs: page faults, cuBLAS).
@@ -66,7 +67,7 @@ int main(int argc, char** argv) {
   parser.choice("--w4-matmul", "HOW", &opt.w4_matmul,
                 {{"dequant", W4Matmul::Dequant}, {"tensorcore", W4Matmul::TensorCore}, {"auto", W4Matmul::Auto}},
                 "w4a16 passes of > 32 rows: dequant (+ cuBLAS), tensorcore (kernels/gemm_w4.cuh) or auto\n"
-                "(tensorcore up to 64 rows, dequant above) (LoadOptions::w4_matmul; default auto)");
+                "(tensorcore up to kW4AutoGemmRows rows, dequant above) (LoadOptions::w4_matmul; default auto)");
   parser.integer("--persistent-blocks", "N", &opt.persistent.blocks_per_sm, 1, 2,
                  "persistent decode: blocks per SM, 1 or 2 (LoadOptions::persistent; default 1)");
   parser.integer("--persistent-prefetch", "BYTES", &opt.persistent.prefetch_bytes, -1, 1 << 26,
@@ -101,10 +102,12 @@ int main(int argc, char** argv) {
   std::printf("load %.2f s, peak host RSS after load %.0f MiB, decode bytes/token %.3f GB\n", load_s, peak_rss_mib(),
               engine.decode_bytes_per_token() / 1e9);
   std::printf("decode path: %s\n", engine.decode_path().c_str());
-  std::printf("w4a16 passes of > 32 rows (--w4-matmul): %s\n",
-              opt.w4_matmul == W4Matmul::TensorCore ? "tensorcore (kernels/gemm_w4.cuh)"
-              : opt.w4_matmul == W4Matmul::Auto     ? "auto (tensorcore up to 64 rows, dequant + cuBLAS above)"
-                                                    : "dequant + cuBLAS");
+  if (opt.w4_matmul == W4Matmul::Auto)
+    std::printf("w4a16 passes of > 32 rows (--w4-matmul): auto (tensorcore up to %d rows, dequant + cuBLAS above)\n",
+                kW4AutoGemmRows);
+  else
+    std::printf("w4a16 passes of > 32 rows (--w4-matmul): %s\n",
+                opt.w4_matmul == W4Matmul::TensorCore ? "tensorcore (kernels/gemm_w4.cuh)" : "dequant + cuBLAS");
 
   std::mt19937 rng(7);
   std::uniform_int_distribution<int> id(5, c.vocab_size - 1);
@@ -168,10 +171,11 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "%s\n", st.message.c_str());
         return 1;
       }
-    }
-    for (int b = 1; b < B && !together; ++b) {
-      items[0] = BatchItem{&s[b], prompts[b].data(), prompts[b].size()};
-      engine.step(items.data(), 1, nullptr, &next[b]);
+    } else {
+      for (int b = 1; b < B; ++b) {
+        items[0] = BatchItem{&s[b], prompts[b].data(), prompts[b].size()};
+        engine.step(items.data(), 1, nullptr, &next[b]);
+      }
     }
     // decode: all B sessions one token per step; warm-up steps first (graph capture)
     std::vector<int32_t> feed(next);

@@ -84,17 +84,10 @@ class LayerEncoder {
     GEMMA4_T4_CUDA_TRY(
         kernels::launch_rmsnorm(ws_.h, H, ws_.dev.sel + first, w_.final_norm, k, H, c_.rms_norm_eps, ws_.head16, ln_),
         "final norm");
-    if (w_.lm16 && k > kernels::kGemvMaxRows) {
-      const float alpha = 1.f, beta = 0.f;
-      const cublasStatus_t st =
-          cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, V, k, H, &alpha, w_.lm16, CUDA_R_16F, H, ws_.head16, CUDA_R_16F,
-                       H, &beta, dst, CUDA_R_32F, V, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      if (st != CUBLAS_STATUS_SUCCESS)
-        return err(Code::BackendError, "LM head: cublasGemmEx failed (status ", int(st), ")");
-      sanitizer_mark_initialized(dst, size_t(k) * V * sizeof(float), ln_.stream);
-    } else {
+    if (w_.lm16 && k > kernels::kGemvMaxRows)  // the fp16 head read once for every row
+      GEMMA4_T4_TRY(gemm16(w_.lm16, V, H, ws_.head16, k, dst, "LM head"));
+    else
       GEMMA4_T4_TRY(head_gemv(k, dst));
-    }
     GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c_.final_logit_softcapping, ln_), "softcap");
     return Status::ok();
   }
@@ -310,13 +303,18 @@ class LayerEncoder {
       GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, ws_.deq16, ln_), what);
       W = ws_.deq16;
     }
+    return gemm16(W, w.out, w.in, x, n, y, what);
+  }
+
+  // y [n, out] fp32 = x [n, in] W^T, W [out, in] fp16 (rows of x and y packed): one cuBLAS GEMM, fp32 compute.
+  Status gemm16(const half* W, int out, int in, const half* x, int n, float* y, const char* what) const {
     const float alpha = 1.f, beta = 0.f;
     const cublasStatus_t st =
-        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, w.out, n, w.in, &alpha, W, CUDA_R_16F, w.in, x, CUDA_R_16F, w.in,
-                     &beta, y, CUDA_R_32F, w.out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16F, in, x, CUDA_R_16F, in, &beta,
+                     y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS)
       return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
-    sanitizer_mark_initialized(y, size_t(n) * w.out * sizeof(float), ln_.stream);
+    sanitizer_mark_initialized(y, size_t(n) * out * sizeof(float), ln_.stream);
     return Status::ok();
   }
 
