@@ -6,8 +6,8 @@
 #   tools/gpu_check.sh STEP...      steps, in order:
 #     build     configure + build both presets (in parallel)
 #     suite     ctest -L gpu in both builds
-#     ab        quick_bench on full-size synthetic E2B w4a16 (tools/make_synthetic): this tree's decode paths
-#               (persistent, per-kernel) and, when tmp_base/ holds an earlier tree (`git archive REV include
+#     ab        quick_bench on full-size synthetic E2B w4a16 (tools/make_synthetic): this tree's decode variants
+#               (AB_DECODE: quick_bench argument sets separated by '|', default folded and --no-fold) and, when tmp_base/ holds an earlier tree (`git archive REV include
 #               kernels src bench | tar -x -C tmp_base`), that tree -- same lease, same checkpoint
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
@@ -94,20 +94,23 @@ step_suite() {  # both builds at once (one GPU; the suite times nothing), then t
 step_ab() {
   synth w4a16 || { note "make_synthetic failed"; return 1; }
   local Q="--model $MODELS/e2b-w4a16 --prompt 512 --tokens 64 --batch ${AB_BATCH:-1,8,16}"
+  local abv
+  IFS='|' read -r -a abv <<< "${AB_DECODE:---decode kernels|--decode kernels --no-fold}"
   for run in 1 2; do
-    for d in persistent kernels; do
-      note "== this tree, --decode $d (run $run)"
-      build-gpu-native/quick_bench $Q --decode $d 2>&1 | tee -a "$OUT/ab.log" | tail -4
+    for d in "${abv[@]}"; do
+      note "== this tree, $d (run $run)"
+      # shellcheck disable=SC2086
+      build-gpu-native/quick_bench $Q $d 2>&1 | tee -a "$OUT/ab.log" | tail -4 | tee -a "$OUT/summary.txt"
     done
     if [ -x /tmp/qb_base ]; then
       note "== base tree (run $run)"
-      /tmp/qb_base $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3
+      /tmp/qb_base $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
     fi
   done
-  note "== this tree, persistent, sampled (Gemma defaults)"
-  build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3
-  note "== Turing-only build, persistent"
-  build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3
+  note "== this tree, sampled (Gemma defaults)"
+  build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
+  note "== Turing-only build"
+  build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
   note "== TTFT 4096"
   build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 4096 --tokens 4 --batch 1 --ttft 5 2>&1 |
     tee -a "$OUT/ab.log" | grep -E "TTFT|median"

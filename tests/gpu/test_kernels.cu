@@ -1005,6 +1005,125 @@ TEST_CASE("gemv_block: x from shared memory or through L2, several items per blo
         }
 }
 
+// The CUDA backend's folding passes (cuda/layers.hpp take_fold): a GEMV whose blocks build x from the residual
+// stream (GemvFold) must give what residual_norm followed by the GEMV gives, bit for bit -- the outputs and the
+// residual block 0 stores -- for every epilogue, 1..16 rows, both next-norm forms; and residual_norm read from
+// another buffer (h_in) equals it in place.
+TEST_CASE("gemv fold: x built by every block from the residual stream equals residual_norm + the GEMV, bit for bit",
+          "[gpu]") {
+  std::mt19937 rng(310);
+  Stream st;
+  const float eps = 1e-6f;
+  constexpr int L = 3, layer = 1, I = 1000, D = 256;
+  const int outs[3] = {2048, 256, 33};
+  for (bool w4 : {false, true})
+    for (int in : {w4 ? 416 : 376, 1536})
+      for (int n : {1, 3, 8, 9, 16})
+        for (bool norm_next : {true, false})
+          for (float scalar : {1.f, 0.73f}) {
+            const std::string tag = cat("gemv fold ", w4 ? "w4a16" : "fp16", " in ", in, " n ", n,
+                                        norm_next ? " next norm" : " copy", " scalar ", scalar);
+            const ResidualNormInputs res(rng, kn::kGemvFoldMaxRows, in);
+            const kn::NextNorm next = norm_next ? kn::NextNorm::Norm : kn::NextNorm::Copy;
+            // the two-launch path: residual_norm in place on a copy of h, then the GEMVs from x16
+            Dev<float> h_ref(res.h.size()), h_out(res.h.size()), h_moved(res.h.size());
+            h_ref.upload(res.h);
+            Dev<half> x16(size_t(kn::kGemvFoldMaxRows) * in);
+            REQUIRE_CUDA(kn::launch_residual_norm(h_ref.get(), res.dy.get(), res.dwp.get(), n, in, eps, scalar, next,
+                                                  norm_next ? res.dwn.get() : nullptr, x16.get(), st.s));
+            // residual_norm from another buffer (h_in): the same rows
+            Dev<half> x16_moved(x16.size());
+            h_moved.poison();
+            REQUIRE_CUDA(kn::launch_residual_norm(h_moved.get(), res.dy.get(), res.dwp.get(), n, in, eps, scalar, next,
+                                                  norm_next ? res.dwn.get() : nullptr, x16_moved.get(), st.s,
+                                                  res.dh.get()));
+            kn::GemvFold f;
+            f.h_in = res.dh.get();
+            f.y = res.dy.get();
+            f.w_post = res.dwp.get();
+            f.scalar = scalar;
+            f.h_out = h_out.get();
+            f.w = norm_next ? res.dwn.get() : nullptr;
+            f.eps = eps;
+
+            std::vector<std::unique_ptr<GemvWeights>> W;
+            std::vector<std::unique_ptr<Dev<float>>> ya, yb;
+            kn::GemvMat ma[3], mb[3];
+            for (int i = 0; i < 3; ++i) {
+              W.push_back(make_gemv_weights(rng, w4, outs[i], in, 1.f));
+              ya.push_back(std::make_unique<Dev<float>>(size_t(kn::kGemvMaxRows) * outs[i]));
+              yb.push_back(std::make_unique<Dev<float>>(size_t(kn::kGemvMaxRows) * outs[i]));
+              ya.back()->poison();
+              yb.back()->poison();
+              ma[i] = W.back()->mat(ya.back()->get(), outs[i]);
+              mb[i] = W.back()->mat(yb.back()->get(), outs[i]);
+            }
+            const auto Wg = make_gemv_weights(rng, w4, I, in, w4 ? 1.f : 0.25f),
+                       Wu = make_gemv_weights(rng, w4, I, in, w4 ? 1.f : 0.25f),
+                       Wp = make_gemv_weights(rng, w4, D, in, w4 ? 1.f : 0.25f);
+            const std::vector<float> ple = rand_f32(rng, size_t(kn::kGemvMaxRows) * L * D, -3.f, 3.f);
+            Dev<float> dple(ple.size());
+            dple.upload(ple);
+            Dev<half> oa(size_t(kn::kGemvMaxRows) * I), ob(oa.size()), pa(size_t(kn::kGemvMaxRows) * D), pb(pa.size());
+            for (Dev<half>* d : {&oa, &ob, &pa, &pb}) d->poison();
+            REQUIRE_CUDA(kn::launch_gemv_multi(ma, 3, x16.get(), n, in, st.s));
+            REQUIRE_CUDA(kn::launch_gemv_gelu_mul(Wg->mat(nullptr, 0), Wu->mat(nullptr, 0), x16.get(), n, in, oa.get(),
+                                                  I, st.s));
+            REQUIRE_CUDA(
+                kn::launch_gemv_gelu_ple(Wp->mat(nullptr, 0), x16.get(), n, in, dple.get(), L, layer, pa.get(), st.s));
+            // the fold launches (x unused: null), h_out poisoned before each
+            h_out.poison();
+            REQUIRE_CUDA(kn::launch_gemv_multi(mb, 3, nullptr, n, in, st.s, &f));
+            st.sync();
+            const std::vector<float> hr = h_ref.download<float>(), hs = h_out.download<float>();
+            require_same_bits(std::vector<float>(hs.begin(), hs.begin() + std::ptrdiff_t(size_t(n) * in)), hr,
+                              tag + ": h_out (store)");
+            require_same_bits(std::vector<float>(hs.begin(), hs.begin() + std::ptrdiff_t(size_t(n) * in)),
+                              h_moved.download<float>(), tag + ": residual_norm from h_in vs in place");
+            {
+              const std::vector<uint16_t> a = x16.download<uint16_t>(), b = x16_moved.download<uint16_t>();
+              REQUIRE(std::equal(a.begin(), a.begin() + std::ptrdiff_t(size_t(n) * in), b.begin()));
+            }
+            REQUIRE(res.dh.download<float>() == res.h);  // h_in is read only
+            for (int i = 0; i < 3; ++i)
+              require_same_bits(gemv_written(yb[size_t(i)]->download<float>(), outs[i], n, outs[i], tag + " store"),
+                                gemv_written(ya[size_t(i)]->download<float>(), outs[i], n, outs[i], tag + " store"),
+                                cat(tag, ": store, matrix ", i));
+            h_out.poison();
+            REQUIRE_CUDA(kn::launch_gemv_gelu_mul(Wg->mat(nullptr, 0), Wu->mat(nullptr, 0), nullptr, n, in, ob.get(), I,
+                                                  st.s, &f));
+            f.h_out = nullptr;  // no store: the residual stays where it is
+            REQUIRE_CUDA(kn::launch_gemv_gelu_ple(Wp->mat(nullptr, 0), nullptr, n, in, dple.get(), L, layer, pb.get(),
+                                                  st.s, &f));
+            st.sync();
+            const std::vector<float> hs2 = h_out.download<float>();
+            require_same_bits(std::vector<float>(hs2.begin(), hs2.begin() + std::ptrdiff_t(size_t(n) * in)), hr,
+                              tag + ": h_out (gelu_mul)");
+            REQUIRE(gemv_written(ob.download<uint16_t>(), I, n, I, tag + " gelu_mul (fold)") ==
+                    gemv_written(oa.download<uint16_t>(), I, n, I, tag + " gelu_mul"));
+            REQUIRE(gemv_written(pb.download<uint16_t>(), D, n, D, tag + " gelu_ple (fold)") ==
+                    gemv_written(pa.download<uint16_t>(), D, n, D, tag + " gelu_ple"));
+          }
+  // what a fold launch refuses: more than 16 rows, a row width off the row path, no residual
+  kn::GemvFold f;
+  Dev<float> h(size_t(32) * 1544), y(h.size()), w(1544), out(size_t(32) * 64);
+  f.h_in = h.get();
+  f.y = y.get();
+  f.w_post = w.get();
+  const auto W = make_gemv_weights(rng, true, 64, 1536, 1.f);
+  const kn::GemvMat m = W->mat(out.get(), 64);
+  REQUIRE(kn::launch_gemv_multi(&m, 1, nullptr, 17, 1536, st.s, &f) == cudaErrorInvalidValue);
+  const auto W2 = make_gemv_weights(rng, false, 64, 1544, 1.f);
+  const kn::GemvMat m2 = W2->mat(out.get(), 64);
+  REQUIRE(kn::launch_gemv_multi(&m2, 1, nullptr, 1, 1544, st.s, &f) == cudaErrorInvalidValue);
+  f.h_in = nullptr;
+  REQUIRE(kn::launch_gemv_multi(&m, 1, nullptr, 1, 1536, st.s, &f) == cudaErrorInvalidValue);
+  REQUIRE(kn::gemv_fold_ok(16, 1536, size_t(64) << 10));
+  REQUIRE_FALSE(kn::gemv_fold_ok(16, 1536, size_t(48) << 10));
+  REQUIRE(kn::gemv_fold_ok(8, 1536, size_t(32) << 10));
+  REQUIRE_FALSE(kn::gemv_fold_ok(1, 1544, size_t(64) << 10));
+}
+
 TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[gpu]") {
   std::mt19937 rng(303);
   Stream st;
