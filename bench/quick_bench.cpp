@@ -6,7 +6,6 @@
 //
 //   quick_bench --model DIR [--cpu] [--prompt 512] [--tokens 128] [--batch 1,4,8] [--ple host|device]
 //               [--decode persistent|kernels] [--w4-matmul dequant|tensorcore|auto] [--no-graphs] [--no-pdl]
-//               [--no-fold]
 //               [--sampled]
 //               [--pass-rows N] [--ttft N] [--prefill-together]
 // --ttft N: before the batches, N prefills of fresh prompts in one session (reset between), each timed to the
@@ -77,9 +76,6 @@ int main(int argc, char** argv) {
               "persistent decode: write where each step's time goes to FILE at exit");
   parser.flag("--no-graphs", &opt.cuda_graphs, "no CUDA graphs (LoadOptions::cuda_graphs = false)", false);
   parser.flag("--no-pdl", &opt.programmatic_launch, "plain launches (LoadOptions::programmatic_launch = false)", false);
-  parser.flag("--no-fold", &opt.fold_norms,
-              "a residual_norm launch before each matmul that follows a residual (LoadOptions::fold_norms = false)",
-              false);
   parser.flag("--sampled", &sampled, "sample with Gemma 4's defaults instead of greedy decoding");
   parser.integer("--pass-rows", "N", &opt.max_pass_rows, 64, 16384, "LoadOptions::max_pass_rows (default 2048)");
   parser.integer("--ttft", "N", &ttft_runs, 0, 1 << 20, "time N prefills of fresh prompts first (default 0)");

@@ -298,11 +298,6 @@ struct LoadOptions {
     std::string trace;
   } persistent;
   bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 128 sessions; padded buckets) as graphs
-  // DecodePath::Kernels, passes of up to 16 rows (8 where a GPU has 64 KiB of shared memory per SM, the T4) on
-  // models whose hidden size is at most 1536: each matmul that follows a residual builds the residual and its
-  // norm itself, in every block, instead of a residual_norm launch before it (3 launches fewer per layer). Same
-  // results bit for bit; false: the separate launches (A/B runs).
-  bool fold_norms = true;
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
   bool programmatic_launch = true;

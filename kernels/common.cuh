@@ -127,39 +127,22 @@ struct Launch {
   Launch(cudaStream_t s, bool p = false) : stream(s), pdl(p) {}  // NOLINT(google-explicit-constructor)
 };
 
-// Every kernel launch of kernels/: with `smem` bytes of dynamic shared memory. More than 48 KiB needs the kernel's
-// opt-in: raised here unless the stream is being captured into a graph (then the caller has raised it before, at
-// load: no attribute change inside a capture).
+// Every kernel launch of kernels/ (no dynamic shared memory).
 template <typename... P, typename... A>
-inline cudaError_t launch_kernel_smem(void (*k)(P...), dim3 grid, dim3 block, size_t smem, const Launch& launch,
-                                      A&&... args) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (smem > 48 * 1024 && cudaStreamIsCapturing(launch.stream, &capture) == cudaSuccess &&
-      capture == cudaStreamCaptureStatusNone)
-    if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return e;
-    }
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = 0;
   cfg.stream = launch.stream;
   cfg.attrs = attr;
   cfg.numAttrs = launch.pdl ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;
-}
-
-// The same without dynamic shared memory.
-template <typename... P, typename... A>
-inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
-  return launch_kernel_smem(k, grid, block, 0, launch, std::forward<A>(args)...);
 }
 
 }  // namespace kernels

@@ -41,14 +41,13 @@
 #include "attention.cuh"
 #include "elementwise.cuh"
 #include "gemv.cuh"
-#include "rmsnorm.cuh"
 
 namespace gemma4_t4 {
 namespace kernels {
 
 constexpr int kStepThreads = kGemvWarps * 32;  // 256
-constexpr int kStepMaxRows = 16;         // rows of one persistent step (NT <= 2 instantiations; the GEMVs take 32)
-constexpr int kStepChunks = kRowChunks;  // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
+constexpr int kStepMaxRows = 16;  // rows of one persistent step (NT <= 2 instantiations; the GEMVs take 32)
+constexpr int kStepChunks = 12;   // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
 
 enum class StepOp : int { Gemv, Attention, PleCombine, Tokens };
 
@@ -186,33 +185,115 @@ __device__ __forceinline__ void step_trace(const StepParams& p, int instr, int s
     p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * kStepTraceSlots + slot] = global_ns();
 }
 
-// (L2 prefetch of a GEMV item's weights: gemv.cuh's gemv_item_range / prefetch_range.)
+// ---- L2 prefetch of a GEMV item's weights ----
+
+// Bytes of item `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array.
+struct GemvItemRange {
+  const char* p[4];
+  unsigned bytes[4];
+  int n;
+};
+
+__device__ __forceinline__ GemvItemRange gemv_item_range(const GemvArgs& a, int bid, bool two) {
+  GemvItemRange r;
+  r.n = 0;
+  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
+  const int first = a.first_block[mi];
+  const int per = 16 * (kGemvWarps / a.kw), row0 = (bid - first) * per;
+  for (int m = 0; m < (two ? 2 : 1); ++m) {
+    const GemvMat& g = a.mat[two ? m : mi];
+    const int rows = min(per, g.out - row0);
+    if (rows <= 0) continue;
+    if (g.wq) {
+      r.p[r.n] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
+      r.bytes[r.n++] = unsigned(rows) * (a.in / 2);
+      r.p[r.n] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
+      r.bytes[r.n++] = unsigned(rows) * (a.in / 16);
+    } else if (g.w16) {
+      r.p[r.n] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
+      r.bytes[r.n++] = unsigned(rows) * a.in * 2;
+    }
+  }
+  return r;
+}
+
+__device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
+  for (int i = 0; i < r.n; ++i)
+    for (unsigned off = threadIdx.x * 128u; off < r.bytes[i]; off += kStepThreads * 128u)
+      prefetch_l2_line(r.p[i] + off);
+}
 
 // ---- x rows in shared memory (StepX) ----
 
+// The norms' weights of a StepX (constants) into L1, by the whole block, before it waits: build_x then reads
+// them without a round trip.
+__device__ __forceinline__ void prefetch_norms(const StepX& x, int H) {
+  for (int k = int(threadIdx.x); k < H / 32; k += kStepThreads) {
+    if (x.w_post) prefetch_l1_line(x.w_post + 32 * k);
+    if (x.w) prefetch_l1_line(x.w + 32 * k);
+  }
+}
+
 // Warp w builds rows w, w + 8 of x into xs ([rows][ldx] fp16) from the residual stream; the block of item 0
-// (store_h) writes h back. One warp per row, rmsnorm.cuh's row arithmetic (row_fold): bit for bit what the
-// per-kernel path's residual_norm computes.
+// (store_h) writes h back. Row sums in fp32, one warp per row (no block barrier inside).
 __device__ __forceinline__ void build_x(const StepX& x, const StepParams& p, int H, half* xs, int ldx, bool store_h) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n4 = H / 4;
   for (int r = warp; r < p.rows; r += kGemvWarps) {
-    float4 hv[kRowChunks];
-    if (x.embed) {
-      const half* erow = x.embed + size_t(p.ids[r]) * H;
+    float4 hv[kStepChunks], yv[kStepChunks];
+    const half* erow = x.embed ? x.embed + size_t(p.ids[r]) * H : nullptr;
 #pragma unroll
-      for (int j = 0; j < kRowChunks; ++j) {
-        const int c = lane + 32 * j;
-        hv[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (c >= n4) continue;
+    for (int j = 0; j < kStepChunks; ++j) {
+      const int c = lane + 32 * j;
+      hv[j] = yv[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c >= n4) continue;
+      if (erow) {
         const uint2 e = __ldg(reinterpret_cast<const uint2*>(erow) + c);
         const float2 e0 = __half22float2(u32_as_h2(e.x)), e1 = __half22float2(u32_as_h2(e.y));
         hv[j] = make_float4(e0.x * x.embed_scale, e0.y * x.embed_scale, e1.x * x.embed_scale, e1.y * x.embed_scale);
+      } else {
+        hv[j] = __ldcg(reinterpret_cast<const float4*>(x.h_in + size_t(r) * H) + c);
       }
-    } else {
-      row_load<true>(hv, x.h_in + size_t(r) * H, n4);
+      if (x.y) yv[j] = __ldcg(reinterpret_cast<const float4*>(x.y + size_t(r) * H) + c);
     }
-    row_fold<true>(hv, x.y ? x.y + size_t(r) * H : nullptr, x.w_post, x.scalar,
-                   store_h && x.h_out ? x.h_out + size_t(r) * H : nullptr, x.w, H, p.eps, xs + size_t(r) * ldx);
+    if (x.y) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j)
+        ss += yv[j].x * yv[j].x + yv[j].y * yv[j].y + yv[j].z * yv[j].z + yv[j].w * yv[j].w;
+      const float ry = rsqrtf(warp_sum(ss) / H + p.eps);
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j) {
+        const int c = lane + 32 * j;
+        if (c >= n4) continue;
+        const float4 w = __ldg(reinterpret_cast<const float4*>(x.w_post) + c);
+        const float4 a = hv[j], b = yv[j];
+        hv[j] = make_float4((a.x + b.x * ry * w.x) * x.scalar, (a.y + b.y * ry * w.y) * x.scalar,
+                            (a.z + b.z * ry * w.z) * x.scalar, (a.w + b.w * ry * w.w) * x.scalar);
+      }
+    }
+    float rh = 1.f;
+    if (x.w) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j)
+        ss += hv[j].x * hv[j].x + hv[j].y * hv[j].y + hv[j].z * hv[j].z + hv[j].w * hv[j].w;
+      rh = rsqrtf(warp_sum(ss) / H + p.eps);
+    }
+#pragma unroll
+    for (int j = 0; j < kStepChunks; ++j) {
+      const int c = lane + 32 * j;
+      if (c >= n4) continue;
+      const float4 v = hv[j];
+      if (store_h && x.h_out) reinterpret_cast<float4*>(x.h_out + size_t(r) * H)[c] = v;
+      float4 o = v;
+      if (x.w) {
+        const float4 w = __ldg(reinterpret_cast<const float4*>(x.w) + c);
+        o = make_float4(v.x * rh * w.x, v.y * rh * w.y, v.z * rh * w.z, v.w * rh * w.w);
+      }
+      const half2 lo = __halves2half2(to_half_sat(o.x), to_half_sat(o.y)),
+                  hi = __halves2half2(to_half_sat(o.z), to_half_sat(o.w));
+      *reinterpret_cast<uint2*>(xs + size_t(r) * ldx + 4 * c) = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
+    }
   }
 }
 
@@ -357,12 +438,12 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       const bool two = ins.epilogue == GemvEpilogue::GeluMul;
       const GemvItemRange r0 = gemv_item_range(ins.gemv, first, two);
       unsigned per = 0;
-      for (int k = 0; k < 4; ++k) per += r0.bytes[k];
+      for (int k = 0; k < r0.n; ++k) per += r0.bytes[k];
       const int ahead = max(1, p.prefetch_bytes / int(max(per, 1u)));
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)
         prefetch_range(gemv_item_range(ins.gemv, first + fetched * nb, two));
-      if (ins.x.build) prefetch_row_weights(ins.x.w_post, ins.x.w, ins.gemv.in);  // into L1 while the block waits
+      if (ins.x.build) prefetch_norms(ins.x, ins.gemv.in);  // constants: into L1 while the block waits
       step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
       step_trace(p, i, 1);

@@ -51,7 +51,6 @@
 
 #include "common.cuh"
 #include "mma.cuh"
-#include "rmsnorm.cuh"
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -84,22 +83,7 @@ enum class GemvEpilogue { Store, GeluMul, GeluPle, Head };
 enum class GemvX {
   Global,    // written by an earlier kernel: the read-only path (ld.global.nc), cached in L1
   Coherent,  // written earlier in the same kernel by other blocks (persistent decode): through L2 (ld.cg)
-  Shared,    // staged in the calling block's shared memory: [n][ldx] fp16 (gemv_fold_kernel: built by the block)
-};
-
-// A fold launch's x (gemv_fold_kernel): the residual step of the previous branch and the next norm, built by every
-// block with rmsnorm.cuh's row arithmetic (row_fold: bit for bit the residual_norm launch it replaces) --
-//   h = (h_in + norm(y) * w_post) * scalar (y null: h = h_in);  x = half(norm(h) * w), or half(h) when w is null
-// -- and block 0 stores h to h_out. One launch instead of two: no kernel boundary between the norm and the matmul,
-// and the weights stream into L2 while the block waits for its predecessor.
-struct GemvFold {
-  const float* h_in = nullptr;    // [n, in] fp32 residual
-  const float* y = nullptr;       // [n, in] fp32 the branch's projection, or null
-  const float* w_post = nullptr;  // [in] its norm's weight
-  float scalar = 1.f;
-  float* h_out = nullptr;    // [n, in] fp32: block 0 stores h (must not overlap h_in or y)
-  const float* w = nullptr;  // [in] the next norm's weight, or null
-  float eps = 1e-6f;
+  Shared,    // staged in the calling block's shared memory: [n][ldx] fp16
 };
 
 struct GemvArgs {
@@ -374,71 +358,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
   gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
 
-// Bytes of block `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array,
-// slots 2m (the int4 words or fp16 rows of matrix m) and 2m + 1 (its scales); unused slots hold 0 bytes. two:
-// the block reads mat[0] and mat[1] (GeluMul), else the matrix its block range names. (Constant slot indices
-// only: a dynamic index would put the ranges in local memory.)
-struct GemvItemRange {
-  const char* p[4];
-  unsigned bytes[4];
-};
-
-__device__ __forceinline__ GemvItemRange gemv_item_range(const GemvArgs& a, int bid, bool two) {
-  GemvItemRange r;
-  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
-  const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
-  const int per = 16 * (kGemvWarps / a.kw), row0 = (bid - first) * per;
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    const GemvMat& g = two ? (m == 0 ? a.mat[0] : a.mat[1]) : (mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]));
-    const int rows = (m == 0 || two) ? min(per, g.out - row0) : 0;
-    r.p[2 * m] = r.p[2 * m + 1] = nullptr;
-    r.bytes[2 * m] = r.bytes[2 * m + 1] = 0;
-    if (rows <= 0) continue;
-    if (g.wq) {
-      r.p[2 * m] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
-      r.bytes[2 * m] = unsigned(rows) * (a.in / 2);
-      r.p[2 * m + 1] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
-      r.bytes[2 * m + 1] = unsigned(rows) * (a.in / 16);
-    } else if (g.w16) {
-      r.p[2 * m] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
-      r.bytes[2 * m] = unsigned(rows) * a.in * 2;
-    }
-  }
-  return r;
-}
-
-// Every 128-byte line of the ranges into L2, spread over the block's threads.
-__device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    for (unsigned off = threadIdx.x * 128u; off < r.bytes[i]; off += blockDim.x * 128u) prefetch_l2_line(r.p[i] + off);
-}
-
-// The GEMV of gemv_kernel with its x rows built by each block from the residual stream (GemvFold) into shared
-// memory: while the predecessor finishes, the block's weights stream into L2 and the norms' weights into L1; then
-// warp r builds x row r (and r + 8), and gemv_block reads x from shared memory. The build runs before gemv_block
-// sets up its loads, so its registers (two rows of 12 float4 per lane) are free again. Dynamic shared memory:
-// gemv_fold_smem(n, in).
-template <int NT, int WL, GemvEpilogue E>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_fold_kernel(const GemvArgs a, const GemvFold f) {
-  extern __shared__ __align__(16) unsigned char gemv_smem[];
-  float* red = reinterpret_cast<float*>(gemv_smem);
-  half* xs = reinterpret_cast<half*>(gemv_smem + sizeof(float) * gemv_red_floats<NT>());
-  const int bid = int(blockIdx.x);
-  prefetch_range(gemv_item_range(a, bid, E == GemvEpilogue::GeluMul));
-  prefetch_row_weights(f.w_post, f.w, a.in);
-  pdl_enter();
-  for (int r = int(threadIdx.x >> 5); r < a.n; r += kGemvWarps) {
-    float4 hv[kRowChunks];
-    row_load(hv, f.h_in + size_t(r) * a.in, a.in / 4);
-    row_fold(hv, f.y ? f.y + size_t(r) * a.in : nullptr, f.w_post, f.scalar,
-             bid == 0 && f.h_out ? f.h_out + size_t(r) * a.in : nullptr, f.w, a.in, f.eps, xs + size_t(r) * a.ldx);
-  }
-  __syncthreads();
-  gemv_block<NT, WL, E, GemvX::Shared>(a, bid, red, xs, nullptr);
-}
-
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
 // idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above).
 inline int gemv_split(int ktiles) {
@@ -502,89 +421,8 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   return cudaSuccess;
 }
 
-// ---- fold launches (gemv_fold_kernel: the x rows built by every block from a GemvFold) ----
-
-constexpr int kGemvFoldMaxRows = 16;  // NT <= 2
-
-// Dynamic shared memory of a fold launch: the reduction scratch + n x rows of `in` halves, padded by 8 (16 bytes:
-// the 8 rows a warp reads at once start in different banks).
-inline size_t gemv_fold_smem(int n, int in) {
-  return sizeof(float) * (n <= 8 ? gemv_red_floats<1>() : gemv_red_floats<2>()) +
-         size_t(n) * (size_t(in) + 8) * sizeof(half);
-}
-
-// Whether launch_gemv_fold takes n rows of width `in`: n <= 16, `in` on rmsnorm.cuh's row path (in % 4 == 0, at
-// most 32 * 4 * kRowChunks), and its shared memory within max_smem (the caller's per-block budget).
-inline bool gemv_fold_ok(int n, int in, size_t max_smem) {
-  return n >= 1 && n <= kGemvFoldMaxRows && in % 4 == 0 && in / 4 <= 32 * kRowChunks &&
-         gemv_fold_smem(n, in) <= max_smem;
-}
-
-template <int WL, GemvEpilogue E>
-inline cudaError_t launch_gemv_fold_w(const GemvArgs& a, const GemvFold& f, unsigned blocks, const Launch& launch) {
-  const size_t smem = gemv_fold_smem(a.n, a.in);
-  if (a.n <= 8) return launch_kernel_smem(gemv_fold_kernel<1, WL, E>, blocks, kGemvWarps * 32, smem, launch, a, f);
-  return launch_kernel_smem(gemv_fold_kernel<2, WL, E>, blocks, kGemvWarps * 32, smem, launch, a, f);
-}
-
-// Raises every fold kernel's dynamic shared memory opt-in to what 16 rows of the widest row take, on the current
-// device (before any fold launch is captured into a graph).
-inline cudaError_t gemv_fold_opt_in() {
-  const int smem = int(gemv_fold_smem(kGemvFoldMaxRows, 4 * 32 * kRowChunks));
-  cudaError_t e = cudaSuccess;
-  const auto set = [&](auto k) {
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  };
-  set(gemv_fold_kernel<1, kGemvF16, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<2, kGemvF16, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<1, kGemvW4, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<2, kGemvW4, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<1, kGemvF16, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<2, kGemvF16, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<1, kGemvW4, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<2, kGemvW4, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<1, kGemvF16, GemvEpilogue::GeluPle>);
-  set(gemv_fold_kernel<2, kGemvF16, GemvEpilogue::GeluPle>);
-  set(gemv_fold_kernel<1, kGemvW4, GemvEpilogue::GeluPle>);
-  set(gemv_fold_kernel<2, kGemvW4, GemvEpilogue::GeluPle>);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e;
-}
-
-// launch_gemv_args with a.x built by every block from f (a.x unused). Store (any count), GeluMul or GeluPle; fp16
-// or w4a16 weights; f.h_in rows 16-byte aligned, f.h_out not overlapping h_in or y. The caller checks
-// gemv_fold_ok against its device (kernels/ does not query it).
-inline cudaError_t launch_gemv_fold(GemvArgs& a, int nmats, GemvEpilogue e, const GemvFold& f, const Launch& launch) {
-  if (a.n <= 0) return cudaSuccess;
-  if (a.n > kGemvFoldMaxRows || a.in % 4 != 0 || a.in / 4 > 32 * kRowChunks || !f.h_in || (f.y && !f.w_post) ||
-      !gemv_aligned(f.h_in) || (f.y && !gemv_aligned(f.y)) || (f.h_out && !gemv_aligned(f.h_out)))
-    return cudaErrorInvalidValue;
-  unsigned blocks = 0;
-  a.ldx = a.in + 8;
-  if (const cudaError_t err = gemv_plan(a, nmats, e, false, &blocks); err != cudaSuccess || blocks == 0) return err;
-  const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
-  if (wl == kGemvW8) return cudaErrorInvalidValue;
-  const bool w4 = wl == kGemvW4;
-  switch (e) {
-    case GemvEpilogue::Store:
-      return w4 ? launch_gemv_fold_w<kGemvW4, GemvEpilogue::Store>(a, f, blocks, launch)
-                : launch_gemv_fold_w<kGemvF16, GemvEpilogue::Store>(a, f, blocks, launch);
-    case GemvEpilogue::GeluMul:
-      return w4 ? launch_gemv_fold_w<kGemvW4, GemvEpilogue::GeluMul>(a, f, blocks, launch)
-                : launch_gemv_fold_w<kGemvF16, GemvEpilogue::GeluMul>(a, f, blocks, launch);
-    case GemvEpilogue::GeluPle:
-      return w4 ? launch_gemv_fold_w<kGemvW4, GemvEpilogue::GeluPle>(a, f, blocks, launch)
-                : launch_gemv_fold_w<kGemvF16, GemvEpilogue::GeluPle>(a, f, blocks, launch);
-    case GemvEpilogue::Head: break;
-  }
-  return cudaErrorInvalidValue;
-}
-
-// Checks the shapes, fills kw and the block partition, launches. fold: x built by every block instead of read
-// from a.x (launch_gemv_fold).
-inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, const Launch& launch,
-                                    const GemvFold* fold = nullptr) {
-  if (fold) return launch_gemv_fold(a, nmats, e, *fold, launch);
+// Checks the shapes, fills kw and the block partition, launches.
+inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, const Launch& launch) {
   unsigned blocks = 0;
   if (const cudaError_t err = gemv_plan(a, nmats, e, true, &blocks); err != cudaSuccess || blocks == 0) return err;
   if (e == GemvEpilogue::Head) return cudaErrorInvalidValue;  // the persistent decode kernel's only
@@ -618,8 +456,8 @@ inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* 
 }
 
 // y_i = x W_i^T for `count` (1..3) matrices of one layout sharing x and `in`, in one launch.
-inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half* x, int n, int in, const Launch& launch,
-                                     const GemvFold* fold = nullptr) {
+inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half* x, int n, int in,
+                                     const Launch& launch) {
   if (count < 1 || count > kGemvMaxMats) return cudaErrorInvalidValue;
   GemvArgs a;
   a.x = x;
@@ -627,13 +465,13 @@ inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half*
   a.in = in;
   for (int i = 0; i < count; ++i) a.mat[i] = mats[i];
   a.count = count;
-  return launch_gemv_args(a, count, GemvEpilogue::Store, launch, fold);
+  return launch_gemv_args(a, count, GemvEpilogue::Store, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * (x up[o])). gate, up: [I, in] of one layout (their y unused);
 // out16: [n, ld16] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, const half* x, int n, int in,
-                                        half* out16, int ld16, const Launch& launch, const GemvFold* fold = nullptr) {
+                                        half* out16, int ld16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -643,13 +481,13 @@ inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, 
   a.count = 1;
   a.out16 = out16;
   a.ld16 = ld16;
-  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, launch, fold);
+  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * ple[(r * L + layer) * D + o]), D = gate.out. ple: [n, L, D]
 // fp32 (launch_ple_gate's layout); out16: [n, D] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int n, int in, const float* ple, int L,
-                                        int layer, half* out16, const Launch& launch, const GemvFold* fold = nullptr) {
+                                        int layer, half* out16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -662,7 +500,7 @@ inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int 
   a.ple_ld = L * gate.out;
   a.ple_off = layer * gate.out;
   if (layer < 0 || layer >= L) return a.n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
-  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, launch, fold);
+  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, launch);
 }
 
 // y = R[o] * (x . W8[o]) for one int8 matrix with per-row scales (the quantized LM head). y: [n, ldy] fp32.

@@ -299,11 +299,6 @@ struct LoadOptions {
     std::string trace;
   } persistent;
   bool cuda_graphs = true;  // DecodePath::Kernels: replay decode steps (<= 128 sessions; padded buckets) as graphs
-  // DecodePath::Kernels, passes of up to 16 rows (8 where a GPU has 64 KiB of shared memory per SM, the T4) on
-  // models whose hidden size is at most 1536: each matmul that follows a residual builds the residual and its
-  // norm itself, in every block, instead of a residual_norm launch before it (3 launches fewer per layer). Same
-  // results bit for bit; false: the separate launches (A/B runs).
-  bool fold_norms = true;
   // sm_90+ GPUs running a build with sm_90+ code: let each kernel of a forward pass be scheduled while the
   // previous one finishes (programmatic dependent launch; kernels/common.cuh). Ignored elsewhere.
   bool programmatic_launch = true;
@@ -5756,39 +5751,22 @@ struct Launch {
   Launch(cudaStream_t s, bool p = false) : stream(s), pdl(p) {}  // NOLINT(google-explicit-constructor)
 };
 
-// Every kernel launch of kernels/: with `smem` bytes of dynamic shared memory. More than 48 KiB needs the kernel's
-// opt-in: raised here unless the stream is being captured into a graph (then the caller has raised it before, at
-// load: no attribute change inside a capture).
+// Every kernel launch of kernels/ (no dynamic shared memory).
 template <typename... P, typename... A>
-inline cudaError_t launch_kernel_smem(void (*k)(P...), dim3 grid, dim3 block, size_t smem, const Launch& launch,
-                                      A&&... args) {
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  if (smem > 48 * 1024 && cudaStreamIsCapturing(launch.stream, &capture) == cudaSuccess &&
-      capture == cudaStreamCaptureStatusNone)
-    if (const cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
-        e != cudaSuccess) {
-      (void)cudaGetLastError();
-      return e;
-    }
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
+  cfg.dynamicSmemBytes = 0;
   cfg.stream = launch.stream;
   cfg.attrs = attr;
   cfg.numAttrs = launch.pdl ? 1 : 0;
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;
-}
-
-// The same without dynamic shared memory.
-template <typename... P, typename... A>
-inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
-  return launch_kernel_smem(k, grid, block, 0, launch, std::forward<A>(args)...);
 }
 
 }  // namespace kernels
@@ -7610,344 +7588,6 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 
 // (kernels/common.cuh: already inlined above)
 // (kernels/mma.cuh: already inlined above)
-// ---- begin kernels/rmsnorm.cuh ----
-// gemma4_t4 kernels: RMSNorm family (fp32 residual stream in, fp16 matmul input out).
-//
-// Gemma 4 RMSNorm: y = x * (mean(x^2) + eps)^-0.5 * w   (w multiplies directly; no 1 + w), in fp32.
-//
-// rmsnorm:        out16[r] = half(norm(x[src(r)]) * w)  x: fp32, row stride ldx; src(r) = row_index[r] or r
-// residual_norm:  h_out[r] = (h_in[r] + norm(y[r]) * w_post) * scalar   h: [rows, cols] fp32 residual (h_in ==
-//                 h_out: in place) then, by `next`: out16[r] = half(norm(h[r]) * w_next)  (NextNorm::Norm)
-//                                                   out16[r] = half(h[r])                (NextNorm::Copy, PLE gate
-//                                                   input) nothing                              (NextNorm::None)
-// Three paths, a function of (cols, row stride, alignment) only:
-//   row   cols % 4 == 0, cols <= 32 * 4 * kRowChunks (1536: E2B's hidden size), 16-byte aligned rows: one warp per
-//         row, lane l owning float4 chunks l + 32 j. The arithmetic is the row_* functions below, with every
-//         rounding explicit (no contraction left to the compiler), and it is shared: the GEMVs that build their
-//         x from the residual stream themselves (gemv.cuh, GemvFold) and the persistent decode step
-//         (decode_step.cuh) call the same functions, so a folded residual equals this kernel's bit for bit.
-//   vec   other rows of cols % 4 == 0 up to 4 * 256 * kNormVec: one block per row, each thread issuing all its
-//         16-byte loads (x or h, y, and the weights) before it uses any: one memory round trip per reduction.
-//   scalar  the rest.
-// On every path rmsnorm and residual_norm's NextNorm::Norm compute norm(h) the same way (same threads, order and
-// reduction), so the CUDA backend folds every layer's input rmsnorm but the first into the previous layer's last
-// residual_norm bit for bit (tested in tests/gpu/test_kernels.cu).
-// sm_75: plain loads, warp shuffles, block reductions in static shared memory (132 B).
-
-// (kernels/common.cuh: already inlined above)
-// (kernels/mma.cuh: already inlined above)
-
-namespace gemma4_t4 {
-namespace kernels {
-
-enum class NextNorm { None, Norm, Copy };
-
-static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
-                                      const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
-  pdl_enter();
-  const float* xr = x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx;
-  float ss = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
-  const float r = rsqrtf(block_sum(ss) / cols + eps);
-  half* o = out16 + size_t(blockIdx.x) * cols;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(xr[c] * r * w[c]);
-}
-
-// h_in and h may be the same rows (in place): each element is read before the same thread writes it.
-static __global__ void residual_norm_kernel(float* h, const float* h_in, const float* __restrict__ y,
-                                            const float* __restrict__ w_post, int cols, float eps, float scalar,
-                                            NextNorm next, const float* __restrict__ w_next, half* __restrict__ out16) {
-  pdl_enter();
-  float* hr = h + size_t(blockIdx.x) * cols;
-  const float* hi = h_in + size_t(blockIdx.x) * cols;
-  const float* yr = y + size_t(blockIdx.x) * cols;
-  float ss = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += yr[c] * yr[c];
-  const float r = rsqrtf(block_sum(ss) / cols + eps);
-  float hs = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = (hi[c] + yr[c] * r * w_post[c]) * scalar;
-    hr[c] = v;
-    hs += v * v;
-  }
-  if (next == NextNorm::None) return;
-  half* o = out16 + size_t(blockIdx.x) * cols;
-  if (next == NextNorm::Copy) {
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(hr[c]);
-    return;
-  }
-  const float r2 = rsqrtf(block_sum(hs) / cols + eps);
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(hr[c] * r2 * w_next[c]);
-}
-
-constexpr int kNormVec = 8;  // float4 chunks per thread, vectorised kernels
-
-// Thread t owns chunks t, t + T, ..., t + (kNormVec - 1) T of the row (4 floats each; zeros past the end,
-// and everywhere for a null row).
-__device__ __forceinline__ void norm_load(const float* row, int n4, float4 (&v)[kNormVec]) {
-  const float4* p = reinterpret_cast<const float4*>(row);
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
-    const int j = int(threadIdx.x) + k * int(blockDim.x);
-    v[k] = p && j < n4 ? p[j] : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
-__device__ __forceinline__ float norm_sumsq(const float4 (&v)[kNormVec]) {
-  float ss = 0.f;
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
-    ss += v[k].x * v[k].x;
-    ss += v[k].y * v[k].y;
-    ss += v[k].z * v[k].z;
-    ss += v[k].w * v[k].w;
-  }
-  return ss;
-}
-
-// out[j] = half4(v[k] * r * w[k]) (or half4(v[k]) when w is null) for the thread's chunks.
-__device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[kNormVec], float r,
-                                           const float4 (&w)[kNormVec], bool weighted) {
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
-    const int j = int(threadIdx.x) + k * int(blockDim.x);
-    if (j >= n4) continue;
-    const float4 a = v[k];
-    const float4 b = weighted ? make_float4(a.x * r * w[k].x, a.y * r * w[k].y, a.z * r * w[k].z, a.w * r * w[k].w) : a;
-    half2 lo = __halves2half2(to_half_sat(b.x), to_half_sat(b.y)),
-          hi = __halves2half2(to_half_sat(b.z), to_half_sat(b.w));
-    uint2 u;
-    memcpy(&u.x, &lo, 4);
-    memcpy(&u.y, &hi, 4);
-    reinterpret_cast<uint2*>(out)[j] = u;
-  }
-}
-
-static __global__ void __launch_bounds__(256)
-    rmsnorm_vec_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
-                       const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
-  const int n4 = cols / 4;
-  float4 wv[kNormVec];
-  norm_load(w, n4, wv);  // a constant: before pdl_enter
-  pdl_enter();
-  float4 v[kNormVec];
-  norm_load(x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx, n4, v);
-  const float r = rsqrtf(block_sum(norm_sumsq(v)) / cols + eps);
-  norm_store(out16 + size_t(blockIdx.x) * cols, n4, v, r, wv, true);
-}
-
-static __global__ void __launch_bounds__(256)
-    residual_norm_vec_kernel(float* h, const float* h_in, const float* __restrict__ y, const float* __restrict__ w_post,
-                             int cols, float eps, float scalar, NextNorm next, const float* __restrict__ w_next,
-                             half* __restrict__ out16) {
-  const int n4 = cols / 4;
-  float4 wp[kNormVec], wn[kNormVec];
-  norm_load(w_post, n4, wp);  // constants: before pdl_enter
-  norm_load(next == NextNorm::Norm ? w_next : nullptr, n4, wn);
-  pdl_enter();
-  float* hr = h + size_t(blockIdx.x) * cols;
-  float4 yv[kNormVec], hv[kNormVec];
-  norm_load(y + size_t(blockIdx.x) * cols, n4, yv);
-  norm_load(h_in + size_t(blockIdx.x) * cols, n4, hv);
-  const float r = rsqrtf(block_sum(norm_sumsq(yv)) / cols + eps);
-#pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
-    const int j = int(threadIdx.x) + k * int(blockDim.x);
-    if (j >= n4) continue;
-    const float4 a = hv[k], b = yv[k], c = wp[k];
-    hv[k] = make_float4((a.x + b.x * r * c.x) * scalar, (a.y + b.y * r * c.y) * scalar, (a.z + b.z * r * c.z) * scalar,
-                        (a.w + b.w * r * c.w) * scalar);
-    reinterpret_cast<float4*>(hr)[j] = hv[k];
-  }
-  if (next == NextNorm::None) return;
-  half* o = out16 + size_t(blockIdx.x) * cols;
-  if (next == NextNorm::Copy) {
-    norm_store(o, n4, hv, 1.f, wn, false);
-    return;
-  }
-  const float r2 = rsqrtf(block_sum(norm_sumsq(hv)) / cols + eps);  // zeros past the end add nothing
-  norm_store(o, n4, hv, r2, wn, true);
-}
-
-// ---- one warp per row: the row path's arithmetic, shared with gemv.cuh's GemvFold and decode_step.cuh ----
-
-constexpr int kRowChunks = 12;  // float4 chunks of a row per lane: cols <= 32 * 4 * 12 = 1536
-constexpr int kRowWarps = 4;    // rows per block of the row kernels
-
-// The lane's chunks lane + 32 j of a row (zeros past n4 and for a null row). Coherent: through L2 (ld.cg), for
-// rows other blocks of the same kernel wrote (the persistent step); else plain loads.
-template <bool Coherent = false>
-__device__ __forceinline__ void row_load(float4 (&v)[kRowChunks], const float* row, int n4) {
-  const int lane = int(threadIdx.x & 31);
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    const int c = lane + 32 * j;
-    const float4* p = reinterpret_cast<const float4*>(row) + c;
-    v[j] = row && c < n4 ? (Coherent ? __ldcg(p) : *p) : make_float4(0.f, 0.f, 0.f, 0.f);
-  }
-}
-
-// 1 / rms(row) = (mean(x^2) + eps)^-0.5 over the warp's row, in a fixed order: per lane, chunk by chunk
-// (x^2 + y^2 + z^2 + w^2 as fused multiply-adds, then added), then warp_sum.
-__device__ __forceinline__ float row_rstd(const float4 (&v)[kRowChunks], int cols, float eps) {
-  float ss = 0.f;
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    float t = __fmul_rn(v[j].x, v[j].x);
-    t = __fmaf_rn(v[j].y, v[j].y, t);
-    t = __fmaf_rn(v[j].z, v[j].z, t);
-    t = __fmaf_rn(v[j].w, v[j].w, t);
-    ss = __fadd_rn(ss, t);
-  }
-  return rsqrtf(warp_sum(ss) / float(cols) + eps);
-}
-
-// h = (h + y * r * w_post) * scalar over the lane's chunks (w_post: [cols], read through the read-only path).
-__device__ __forceinline__ void row_residual(float4 (&h)[kRowChunks], const float4 (&y)[kRowChunks],
-                                             const float* w_post, float r, float scalar, int n4) {
-  const int lane = int(threadIdx.x & 31);
-  const auto f = [&](float a, float b, float w) { return __fmul_rn(__fmaf_rn(__fmul_rn(b, r), w, a), scalar); };
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= n4) continue;
-    const float4 w = __ldg(reinterpret_cast<const float4*>(w_post) + c);
-    h[j] = make_float4(f(h[j].x, y[j].x, w.x), f(h[j].y, y[j].y, w.y), f(h[j].z, y[j].z, w.z), f(h[j].w, y[j].w, w.w));
-  }
-}
-
-// out[4c..4c+3] = half(v * r * w) for the lane's chunks c (w null: half(v), r unused). out: fp16, 8-byte aligned.
-__device__ __forceinline__ void row_store_half(half* out, const float4 (&v)[kRowChunks], float r, const float* w,
-                                               int n4) {
-  const int lane = int(threadIdx.x & 31);
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j) {
-    const int c = lane + 32 * j;
-    if (c >= n4) continue;
-    float4 o = v[j];
-    if (w) {
-      const float4 ww = __ldg(reinterpret_cast<const float4*>(w) + c);
-      o = make_float4(__fmul_rn(__fmul_rn(o.x, r), ww.x), __fmul_rn(__fmul_rn(o.y, r), ww.y),
-                      __fmul_rn(__fmul_rn(o.z, r), ww.z), __fmul_rn(__fmul_rn(o.w, r), ww.w));
-    }
-    const half2 lo = __halves2half2(to_half_sat(o.x), to_half_sat(o.y)),
-                hi = __halves2half2(to_half_sat(o.z), to_half_sat(o.w));
-    uint2 u;
-    memcpy(&u.x, &lo, 4);
-    memcpy(&u.y, &hi, 4);
-    reinterpret_cast<uint2*>(out)[c] = u;
-  }
-}
-
-// The lane's chunks of a row into out (fp32).
-__device__ __forceinline__ void row_store(float* out, const float4 (&v)[kRowChunks], int n4) {
-  const int lane = int(threadIdx.x & 31);
-#pragma unroll
-  for (int j = 0; j < kRowChunks; ++j)
-    if (lane + 32 * j < n4) reinterpret_cast<float4*>(out)[lane + 32 * j] = v[j];
-}
-
-// The row path's residual step for one warp's row, h (loaded) in registers: when y is set,
-// h = (h + norm(y) * w_post) * scalar (y read like row_load<Coherent>); h stored to h_out when set; then, when x is
-// set, x = half(norm(h) * w), or half(h) when w is null.
-template <bool Coherent = false>
-__device__ __forceinline__ void row_fold(float4 (&h)[kRowChunks], const float* y, const float* w_post, float scalar,
-                                         float* h_out, const float* w, int cols, float eps, half* x) {
-  const int n4 = cols / 4;
-  if (y) {
-    float4 yv[kRowChunks];
-    row_load<Coherent>(yv, y, n4);
-    row_residual(h, yv, w_post, row_rstd(yv, cols, eps), scalar, n4);
-  }
-  if (h_out) row_store(h_out, h, n4);
-  if (x) row_store_half(x, h, w ? row_rstd(h, cols, eps) : 1.f, w, n4);
-}
-
-// The norms' weights (constants, cols floats) into L1 by the whole block, before it waits on its predecessor.
-__device__ __forceinline__ void prefetch_row_weights(const float* a, const float* b, int cols) {
-  for (int k = int(threadIdx.x); k < cols / 32; k += int(blockDim.x)) {
-    if (a) prefetch_l1_line(a + 32 * k);
-    if (b) prefetch_l1_line(b + 32 * k);
-  }
-}
-
-static __global__ void __launch_bounds__(32 * kRowWarps)
-    rmsnorm_row_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
-                       const float* __restrict__ w, int rows, int cols, float eps, half* __restrict__ out16) {
-  prefetch_row_weights(w, nullptr, cols);
-  pdl_enter();
-  const int r = int(blockIdx.x) * kRowWarps + int(threadIdx.x >> 5);
-  if (r >= rows) return;
-  float4 v[kRowChunks];
-  row_load(v, x + size_t(row_index ? row_index[r] : r) * ldx, cols / 4);
-  row_fold(v, nullptr, nullptr, 1.f, nullptr, w, cols, eps, out16 + size_t(r) * cols);
-}
-
-static __global__ void __launch_bounds__(32 * kRowWarps)
-    residual_norm_row_kernel(float* h, const float* h_in, const float* __restrict__ y, const float* __restrict__ w_post,
-                             int rows, int cols, float eps, float scalar, NextNorm next,
-                             const float* __restrict__ w_next, half* __restrict__ out16) {
-  prefetch_row_weights(w_post, next == NextNorm::Norm ? w_next : nullptr, cols);
-  pdl_enter();
-  const int r = int(blockIdx.x) * kRowWarps + int(threadIdx.x >> 5);
-  if (r >= rows) return;
-  float4 hv[kRowChunks];
-  row_load(hv, h_in + size_t(r) * cols, cols / 4);
-  row_fold(hv, y + size_t(r) * cols, w_post, scalar, h + size_t(r) * cols, next == NextNorm::Norm ? w_next : nullptr,
-           cols, eps, next == NextNorm::None ? nullptr : out16 + size_t(r) * cols);
-}
-
-// Whether rows of `cols` floats at row stride ld take the row path (pointers: 16-byte aligned or null).
-inline bool norm_row_ok(int cols, int ld, const void* a, const void* b, const void* c) {
-  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  return cols > 0 && cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 32 * kRowChunks && al(a) && al(b) && al(c);
-}
-
-inline int norm_threads(int cols) { return cols >= 1024 ? 256 : (cols >= 256 ? 128 : 32); }
-
-// The vectorised kernels' block: 32..256 threads, the fewest that hold the row in kNormVec chunks each.
-inline int norm_vec_threads(int cols) {
-  const int n4 = cols / 4;
-  return n4 <= 32 * kNormVec ? 32 : (n4 <= 128 * kNormVec ? 128 : 256);
-}
-
-inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const void* c) {
-  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && al(a) && al(b) && al(c);
-}
-
-inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index, const float* w, int rows, int cols,
-                                  float eps, half* out16, const Launch& launch) {
-  if (rows <= 0) return cudaSuccess;
-  if (norm_row_ok(cols, ldx, x, w, out16))
-    return launch_kernel(rmsnorm_row_kernel, ceil_div(size_t(rows), kRowWarps), 32 * kRowWarps, launch, x, ldx,
-                         row_index, w, rows, cols, eps, out16);
-  if (norm_vec_ok(cols, ldx, x, w, out16))
-    return launch_kernel(rmsnorm_vec_kernel, rows, norm_vec_threads(cols), launch, x, ldx, row_index, w, cols, eps,
-                         out16);
-  return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), launch, x, ldx, row_index, w, cols, eps, out16);
-}
-
-// w_next: read only by NextNorm::Norm (may be null otherwise). h_in: the residual read (null: h, in place); when
-// not h, it must not overlap h.
-inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w_post, int rows, int cols, float eps,
-                                        float scalar, NextNorm next, const float* w_next, half* out16,
-                                        const Launch& launch, const float* h_in = nullptr) {
-  if (rows <= 0) return cudaSuccess;
-  if (!h_in) h_in = h;
-  if (norm_row_ok(cols, cols, h, y, w_post) && norm_row_ok(cols, cols, w_next, out16, h_in))
-    return launch_kernel(residual_norm_row_kernel, ceil_div(size_t(rows), kRowWarps), 32 * kRowWarps, launch, h, h_in,
-                         y, w_post, rows, cols, eps, scalar, next, w_next, out16);
-  if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, h_in))
-    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, h_in, y, w_post, cols, eps,
-                         scalar, next, w_next, out16);
-  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, h_in, y, w_post, cols, eps, scalar,
-                       next, w_next, out16);
-}
-
-}  // namespace kernels
-}  // namespace gemma4_t4
-// ---- end kernels/rmsnorm.cuh ----
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -7980,22 +7620,7 @@ enum class GemvEpilogue { Store, GeluMul, GeluPle, Head };
 enum class GemvX {
   Global,    // written by an earlier kernel: the read-only path (ld.global.nc), cached in L1
   Coherent,  // written earlier in the same kernel by other blocks (persistent decode): through L2 (ld.cg)
-  Shared,    // staged in the calling block's shared memory: [n][ldx] fp16 (gemv_fold_kernel: built by the block)
-};
-
-// A fold launch's x (gemv_fold_kernel): the residual step of the previous branch and the next norm, built by every
-// block with rmsnorm.cuh's row arithmetic (row_fold: bit for bit the residual_norm launch it replaces) --
-//   h = (h_in + norm(y) * w_post) * scalar (y null: h = h_in);  x = half(norm(h) * w), or half(h) when w is null
-// -- and block 0 stores h to h_out. One launch instead of two: no kernel boundary between the norm and the matmul,
-// and the weights stream into L2 while the block waits for its predecessor.
-struct GemvFold {
-  const float* h_in = nullptr;    // [n, in] fp32 residual
-  const float* y = nullptr;       // [n, in] fp32 the branch's projection, or null
-  const float* w_post = nullptr;  // [in] its norm's weight
-  float scalar = 1.f;
-  float* h_out = nullptr;    // [n, in] fp32: block 0 stores h (must not overlap h_in or y)
-  const float* w = nullptr;  // [in] the next norm's weight, or null
-  float eps = 1e-6f;
+  Shared,    // staged in the calling block's shared memory: [n][ldx] fp16
 };
 
 struct GemvArgs {
@@ -8270,71 +7895,6 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
   gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
 
-// Bytes of block `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array,
-// slots 2m (the int4 words or fp16 rows of matrix m) and 2m + 1 (its scales); unused slots hold 0 bytes. two:
-// the block reads mat[0] and mat[1] (GeluMul), else the matrix its block range names. (Constant slot indices
-// only: a dynamic index would put the ranges in local memory.)
-struct GemvItemRange {
-  const char* p[4];
-  unsigned bytes[4];
-};
-
-__device__ __forceinline__ GemvItemRange gemv_item_range(const GemvArgs& a, int bid, bool two) {
-  GemvItemRange r;
-  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
-  const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
-  const int per = 16 * (kGemvWarps / a.kw), row0 = (bid - first) * per;
-#pragma unroll
-  for (int m = 0; m < 2; ++m) {
-    const GemvMat& g = two ? (m == 0 ? a.mat[0] : a.mat[1]) : (mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]));
-    const int rows = (m == 0 || two) ? min(per, g.out - row0) : 0;
-    r.p[2 * m] = r.p[2 * m + 1] = nullptr;
-    r.bytes[2 * m] = r.bytes[2 * m + 1] = 0;
-    if (rows <= 0) continue;
-    if (g.wq) {
-      r.p[2 * m] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
-      r.bytes[2 * m] = unsigned(rows) * (a.in / 2);
-      r.p[2 * m + 1] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
-      r.bytes[2 * m + 1] = unsigned(rows) * (a.in / 16);
-    } else if (g.w16) {
-      r.p[2 * m] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
-      r.bytes[2 * m] = unsigned(rows) * a.in * 2;
-    }
-  }
-  return r;
-}
-
-// Every 128-byte line of the ranges into L2, spread over the block's threads.
-__device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    for (unsigned off = threadIdx.x * 128u; off < r.bytes[i]; off += blockDim.x * 128u) prefetch_l2_line(r.p[i] + off);
-}
-
-// The GEMV of gemv_kernel with its x rows built by each block from the residual stream (GemvFold) into shared
-// memory: while the predecessor finishes, the block's weights stream into L2 and the norms' weights into L1; then
-// warp r builds x row r (and r + 8), and gemv_block reads x from shared memory. The build runs before gemv_block
-// sets up its loads, so its registers (two rows of 12 float4 per lane) are free again. Dynamic shared memory:
-// gemv_fold_smem(n, in).
-template <int NT, int WL, GemvEpilogue E>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_fold_kernel(const GemvArgs a, const GemvFold f) {
-  extern __shared__ __align__(16) unsigned char gemv_smem[];
-  float* red = reinterpret_cast<float*>(gemv_smem);
-  half* xs = reinterpret_cast<half*>(gemv_smem + sizeof(float) * gemv_red_floats<NT>());
-  const int bid = int(blockIdx.x);
-  prefetch_range(gemv_item_range(a, bid, E == GemvEpilogue::GeluMul));
-  prefetch_row_weights(f.w_post, f.w, a.in);
-  pdl_enter();
-  for (int r = int(threadIdx.x >> 5); r < a.n; r += kGemvWarps) {
-    float4 hv[kRowChunks];
-    row_load(hv, f.h_in + size_t(r) * a.in, a.in / 4);
-    row_fold(hv, f.y ? f.y + size_t(r) * a.in : nullptr, f.w_post, f.scalar,
-             bid == 0 && f.h_out ? f.h_out + size_t(r) * a.in : nullptr, f.w, a.in, f.eps, xs + size_t(r) * a.ldx);
-  }
-  __syncthreads();
-  gemv_block<NT, WL, E, GemvX::Shared>(a, bid, red, xs, nullptr);
-}
-
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
 // idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above).
 inline int gemv_split(int ktiles) {
@@ -8398,89 +7958,8 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   return cudaSuccess;
 }
 
-// ---- fold launches (gemv_fold_kernel: the x rows built by every block from a GemvFold) ----
-
-constexpr int kGemvFoldMaxRows = 16;  // NT <= 2
-
-// Dynamic shared memory of a fold launch: the reduction scratch + n x rows of `in` halves, padded by 8 (16 bytes:
-// the 8 rows a warp reads at once start in different banks).
-inline size_t gemv_fold_smem(int n, int in) {
-  return sizeof(float) * (n <= 8 ? gemv_red_floats<1>() : gemv_red_floats<2>()) +
-         size_t(n) * (size_t(in) + 8) * sizeof(half);
-}
-
-// Whether launch_gemv_fold takes n rows of width `in`: n <= 16, `in` on rmsnorm.cuh's row path (in % 4 == 0, at
-// most 32 * 4 * kRowChunks), and its shared memory within max_smem (the caller's per-block budget).
-inline bool gemv_fold_ok(int n, int in, size_t max_smem) {
-  return n >= 1 && n <= kGemvFoldMaxRows && in % 4 == 0 && in / 4 <= 32 * kRowChunks &&
-         gemv_fold_smem(n, in) <= max_smem;
-}
-
-template <int WL, GemvEpilogue E>
-inline cudaError_t launch_gemv_fold_w(const GemvArgs& a, const GemvFold& f, unsigned blocks, const Launch& launch) {
-  const size_t smem = gemv_fold_smem(a.n, a.in);
-  if (a.n <= 8) return launch_kernel_smem(gemv_fold_kernel<1, WL, E>, blocks, kGemvWarps * 32, smem, launch, a, f);
-  return launch_kernel_smem(gemv_fold_kernel<2, WL, E>, blocks, kGemvWarps * 32, smem, launch, a, f);
-}
-
-// Raises every fold kernel's dynamic shared memory opt-in to what 16 rows of the widest row take, on the current
-// device (before any fold launch is captured into a graph).
-inline cudaError_t gemv_fold_opt_in() {
-  const int smem = int(gemv_fold_smem(kGemvFoldMaxRows, 4 * 32 * kRowChunks));
-  cudaError_t e = cudaSuccess;
-  const auto set = [&](auto k) {
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  };
-  set(gemv_fold_kernel<1, kGemvF16, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<2, kGemvF16, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<1, kGemvW4, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<2, kGemvW4, GemvEpilogue::Store>);
-  set(gemv_fold_kernel<1, kGemvF16, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<2, kGemvF16, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<1, kGemvW4, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<2, kGemvW4, GemvEpilogue::GeluMul>);
-  set(gemv_fold_kernel<1, kGemvF16, GemvEpilogue::GeluPle>);
-  set(gemv_fold_kernel<2, kGemvF16, GemvEpilogue::GeluPle>);
-  set(gemv_fold_kernel<1, kGemvW4, GemvEpilogue::GeluPle>);
-  set(gemv_fold_kernel<2, kGemvW4, GemvEpilogue::GeluPle>);
-  if (e != cudaSuccess) (void)cudaGetLastError();
-  return e;
-}
-
-// launch_gemv_args with a.x built by every block from f (a.x unused). Store (any count), GeluMul or GeluPle; fp16
-// or w4a16 weights; f.h_in rows 16-byte aligned, f.h_out not overlapping h_in or y. The caller checks
-// gemv_fold_ok against its device (kernels/ does not query it).
-inline cudaError_t launch_gemv_fold(GemvArgs& a, int nmats, GemvEpilogue e, const GemvFold& f, const Launch& launch) {
-  if (a.n <= 0) return cudaSuccess;
-  if (a.n > kGemvFoldMaxRows || a.in % 4 != 0 || a.in / 4 > 32 * kRowChunks || !f.h_in || (f.y && !f.w_post) ||
-      !gemv_aligned(f.h_in) || (f.y && !gemv_aligned(f.y)) || (f.h_out && !gemv_aligned(f.h_out)))
-    return cudaErrorInvalidValue;
-  unsigned blocks = 0;
-  a.ldx = a.in + 8;
-  if (const cudaError_t err = gemv_plan(a, nmats, e, false, &blocks); err != cudaSuccess || blocks == 0) return err;
-  const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
-  if (wl == kGemvW8) return cudaErrorInvalidValue;
-  const bool w4 = wl == kGemvW4;
-  switch (e) {
-    case GemvEpilogue::Store:
-      return w4 ? launch_gemv_fold_w<kGemvW4, GemvEpilogue::Store>(a, f, blocks, launch)
-                : launch_gemv_fold_w<kGemvF16, GemvEpilogue::Store>(a, f, blocks, launch);
-    case GemvEpilogue::GeluMul:
-      return w4 ? launch_gemv_fold_w<kGemvW4, GemvEpilogue::GeluMul>(a, f, blocks, launch)
-                : launch_gemv_fold_w<kGemvF16, GemvEpilogue::GeluMul>(a, f, blocks, launch);
-    case GemvEpilogue::GeluPle:
-      return w4 ? launch_gemv_fold_w<kGemvW4, GemvEpilogue::GeluPle>(a, f, blocks, launch)
-                : launch_gemv_fold_w<kGemvF16, GemvEpilogue::GeluPle>(a, f, blocks, launch);
-    case GemvEpilogue::Head: break;
-  }
-  return cudaErrorInvalidValue;
-}
-
-// Checks the shapes, fills kw and the block partition, launches. fold: x built by every block instead of read
-// from a.x (launch_gemv_fold).
-inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, const Launch& launch,
-                                    const GemvFold* fold = nullptr) {
-  if (fold) return launch_gemv_fold(a, nmats, e, *fold, launch);
+// Checks the shapes, fills kw and the block partition, launches.
+inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, const Launch& launch) {
   unsigned blocks = 0;
   if (const cudaError_t err = gemv_plan(a, nmats, e, true, &blocks); err != cudaSuccess || blocks == 0) return err;
   if (e == GemvEpilogue::Head) return cudaErrorInvalidValue;  // the persistent decode kernel's only
@@ -8514,8 +7993,8 @@ inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* 
 }
 
 // y_i = x W_i^T for `count` (1..3) matrices of one layout sharing x and `in`, in one launch.
-inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half* x, int n, int in, const Launch& launch,
-                                     const GemvFold* fold = nullptr) {
+inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half* x, int n, int in,
+                                     const Launch& launch) {
   if (count < 1 || count > kGemvMaxMats) return cudaErrorInvalidValue;
   GemvArgs a;
   a.x = x;
@@ -8523,13 +8002,13 @@ inline cudaError_t launch_gemv_multi(const GemvMat* mats, int count, const half*
   a.in = in;
   for (int i = 0; i < count; ++i) a.mat[i] = mats[i];
   a.count = count;
-  return launch_gemv_args(a, count, GemvEpilogue::Store, launch, fold);
+  return launch_gemv_args(a, count, GemvEpilogue::Store, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * (x up[o])). gate, up: [I, in] of one layout (their y unused);
 // out16: [n, ld16] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, const half* x, int n, int in,
-                                        half* out16, int ld16, const Launch& launch, const GemvFold* fold = nullptr) {
+                                        half* out16, int ld16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -8539,13 +8018,13 @@ inline cudaError_t launch_gemv_gelu_mul(const GemvMat& gate, const GemvMat& up, 
   a.count = 1;
   a.out16 = out16;
   a.ld16 = ld16;
-  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, launch, fold);
+  return launch_gemv_args(a, 2, GemvEpilogue::GeluMul, launch);
 }
 
 // out16[r, o] = half(gelu_tanh(x gate[o]) * ple[(r * L + layer) * D + o]), D = gate.out. ple: [n, L, D]
 // fp32 (launch_ple_gate's layout); out16: [n, D] fp16, must not overlap x.
 inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int n, int in, const float* ple, int L,
-                                        int layer, half* out16, const Launch& launch, const GemvFold* fold = nullptr) {
+                                        int layer, half* out16, const Launch& launch) {
   GemvArgs a;
   a.x = x;
   a.n = n;
@@ -8558,7 +8037,7 @@ inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int 
   a.ple_ld = L * gate.out;
   a.ple_off = layer * gate.out;
   if (layer < 0 || layer >= L) return a.n <= 0 ? cudaSuccess : cudaErrorInvalidValue;
-  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, launch, fold);
+  return launch_gemv_args(a, 1, GemvEpilogue::GeluPle, launch);
 }
 
 // y = R[o] * (x . W8[o]) for one int8 matrix with per-row scales (the quantized LM head). y: [n, ldy] fp32.
@@ -8670,7 +8149,196 @@ inline cudaError_t launch_dequant_w4(const uint32_t* Wq, const half* S, int out,
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/gemv.cuh ----
-// (kernels/rmsnorm.cuh: already inlined above)
+// ---- begin kernels/rmsnorm.cuh ----
+// gemma4_t4 kernels: RMSNorm family (fp32 residual stream in, fp16 matmul input out).
+//
+// Gemma 4 RMSNorm: y = x * (mean(x^2) + eps)^-0.5 * w   (w multiplies directly; no 1 + w), in fp32.
+//
+// rmsnorm:        out16[r] = half(norm(x[src(r)]) * w)  x: fp32, row stride ldx; src(r) = row_index[r] or r
+// residual_norm:  h[r] = (h[r] + norm(y[r]) * w_post) * scalar         h: [rows, cols] fp32 residual
+//                 then, by `next`: out16[r] = half(norm(h[r]) * w_next)  (NextNorm::Norm)
+//                                   out16[r] = half(h[r])                (NextNorm::Copy, PLE gate input)
+//                                   nothing                              (NextNorm::None)
+// NextNorm::Norm computes norm(h[r]) exactly as rmsnorm_kernel would on the updated row (same block size,
+// same per-thread order, same reduction), so the CUDA backend folds every layer's input rmsnorm but the
+// first into the previous layer's last residual_norm bit for bit (tested in tests/gpu/test_kernels.cu).
+// One block per row; any cols. Rows of cols % 4 == 0 (row strides too, 16-byte aligned pointers) and
+// cols <= 4 * 256 * kNormVec take the vectorised kernels: each thread issues all its 16-byte loads (x or h, y,
+// and the weights) before it uses any, so a row costs one memory round trip per reduction instead of one per
+// element it owns (a decode step runs ~100 of these one-row norms: latency is all they cost). Other rows take
+// the scalar kernels. The path is a function of (cols, row stride, alignment) only, and rmsnorm and
+// residual_norm's NextNorm::Norm use the same block size, per-thread order and reduction on either path.
+// sm_75: plain loads, block reductions in static shared memory (132 B).
+
+// (kernels/common.cuh: already inlined above)
+
+namespace gemma4_t4 {
+namespace kernels {
+
+enum class NextNorm { None, Norm, Copy };
+
+static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
+                                      const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  pdl_enter();
+  const float* xr = x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx;
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += xr[c] * xr[c];
+  const float r = rsqrtf(block_sum(ss) / cols + eps);
+  half* o = out16 + size_t(blockIdx.x) * cols;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(xr[c] * r * w[c]);
+}
+
+static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y,
+                                            const float* __restrict__ w_post, int cols, float eps, float scalar,
+                                            NextNorm next, const float* __restrict__ w_next, half* __restrict__ out16) {
+  pdl_enter();
+  float* hr = h + size_t(blockIdx.x) * cols;
+  const float* yr = y + size_t(blockIdx.x) * cols;
+  float ss = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += yr[c] * yr[c];
+  const float r = rsqrtf(block_sum(ss) / cols + eps);
+  float hs = 0.f;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = (hr[c] + yr[c] * r * w_post[c]) * scalar;
+    hr[c] = v;
+    hs += v * v;
+  }
+  if (next == NextNorm::None) return;
+  half* o = out16 + size_t(blockIdx.x) * cols;
+  if (next == NextNorm::Copy) {
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(hr[c]);
+    return;
+  }
+  const float r2 = rsqrtf(block_sum(hs) / cols + eps);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(hr[c] * r2 * w_next[c]);
+}
+
+constexpr int kNormVec = 8;  // float4 chunks per thread, vectorised kernels
+
+// Thread t owns chunks t, t + T, ..., t + (kNormVec - 1) T of the row (4 floats each; zeros past the end,
+// and everywhere for a null row).
+__device__ __forceinline__ void norm_load(const float* row, int n4, float4 (&v)[kNormVec]) {
+  const float4* p = reinterpret_cast<const float4*>(row);
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int j = int(threadIdx.x) + k * int(blockDim.x);
+    v[k] = p && j < n4 ? p[j] : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+__device__ __forceinline__ float norm_sumsq(const float4 (&v)[kNormVec]) {
+  float ss = 0.f;
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    ss += v[k].x * v[k].x;
+    ss += v[k].y * v[k].y;
+    ss += v[k].z * v[k].z;
+    ss += v[k].w * v[k].w;
+  }
+  return ss;
+}
+
+// out[j] = half4(v[k] * r * w[k]) (or half4(v[k]) when w is null) for the thread's chunks.
+__device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[kNormVec], float r,
+                                           const float4 (&w)[kNormVec], bool weighted) {
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int j = int(threadIdx.x) + k * int(blockDim.x);
+    if (j >= n4) continue;
+    const float4 a = v[k];
+    const float4 b = weighted ? make_float4(a.x * r * w[k].x, a.y * r * w[k].y, a.z * r * w[k].z, a.w * r * w[k].w) : a;
+    half2 lo = __halves2half2(to_half_sat(b.x), to_half_sat(b.y)),
+          hi = __halves2half2(to_half_sat(b.z), to_half_sat(b.w));
+    uint2 u;
+    memcpy(&u.x, &lo, 4);
+    memcpy(&u.y, &hi, 4);
+    reinterpret_cast<uint2*>(out)[j] = u;
+  }
+}
+
+static __global__ void __launch_bounds__(256)
+    rmsnorm_vec_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
+                       const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  const int n4 = cols / 4;
+  float4 wv[kNormVec];
+  norm_load(w, n4, wv);  // a constant: before pdl_enter
+  pdl_enter();
+  float4 v[kNormVec];
+  norm_load(x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx, n4, v);
+  const float r = rsqrtf(block_sum(norm_sumsq(v)) / cols + eps);
+  norm_store(out16 + size_t(blockIdx.x) * cols, n4, v, r, wv, true);
+}
+
+static __global__ void __launch_bounds__(256)
+    residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_post,
+                             int cols, float eps, float scalar, NextNorm next, const float* __restrict__ w_next,
+                             half* __restrict__ out16) {
+  const int n4 = cols / 4;
+  float4 wp[kNormVec], wn[kNormVec];
+  norm_load(w_post, n4, wp);  // constants: before pdl_enter
+  norm_load(next == NextNorm::Norm ? w_next : nullptr, n4, wn);
+  pdl_enter();
+  float* hr = h + size_t(blockIdx.x) * cols;
+  float4 yv[kNormVec], hv[kNormVec];
+  norm_load(y + size_t(blockIdx.x) * cols, n4, yv);
+  norm_load(hr, n4, hv);
+  const float r = rsqrtf(block_sum(norm_sumsq(yv)) / cols + eps);
+#pragma unroll
+  for (int k = 0; k < kNormVec; ++k) {
+    const int j = int(threadIdx.x) + k * int(blockDim.x);
+    if (j >= n4) continue;
+    const float4 a = hv[k], b = yv[k], c = wp[k];
+    hv[k] = make_float4((a.x + b.x * r * c.x) * scalar, (a.y + b.y * r * c.y) * scalar, (a.z + b.z * r * c.z) * scalar,
+                        (a.w + b.w * r * c.w) * scalar);
+    reinterpret_cast<float4*>(hr)[j] = hv[k];
+  }
+  if (next == NextNorm::None) return;
+  half* o = out16 + size_t(blockIdx.x) * cols;
+  if (next == NextNorm::Copy) {
+    norm_store(o, n4, hv, 1.f, wn, false);
+    return;
+  }
+  const float r2 = rsqrtf(block_sum(norm_sumsq(hv)) / cols + eps);  // zeros past the end add nothing
+  norm_store(o, n4, hv, r2, wn, true);
+}
+
+inline int norm_threads(int cols) { return cols >= 1024 ? 256 : (cols >= 256 ? 128 : 32); }
+
+// The vectorised kernels' block: 32..256 threads, the fewest that hold the row in kNormVec chunks each.
+inline int norm_vec_threads(int cols) {
+  const int n4 = cols / 4;
+  return n4 <= 32 * kNormVec ? 32 : (n4 <= 128 * kNormVec ? 128 : 256);
+}
+
+inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const void* c) {
+  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && al(a) && al(b) && al(c);
+}
+
+inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index, const float* w, int rows, int cols,
+                                  float eps, half* out16, const Launch& launch) {
+  if (rows <= 0) return cudaSuccess;
+  if (norm_vec_ok(cols, ldx, x, w, out16))
+    return launch_kernel(rmsnorm_vec_kernel, rows, norm_vec_threads(cols), launch, x, ldx, row_index, w, cols, eps,
+                         out16);
+  return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), launch, x, ldx, row_index, w, cols, eps, out16);
+}
+
+// w_next: read only by NextNorm::Norm (may be null otherwise).
+inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w_post, int rows, int cols, float eps,
+                                        float scalar, NextNorm next, const float* w_next, half* out16,
+                                        const Launch& launch) {
+  if (rows <= 0) return cudaSuccess;
+  if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr))
+    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, w_post, cols, eps,
+                         scalar, next, w_next, out16);
+  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, w_post, cols, eps, scalar, next,
+                       w_next, out16);
+}
+
+}  // namespace kernels
+}  // namespace gemma4_t4
+// ---- end kernels/rmsnorm.cuh ----
 // ---- begin kernels/rope_kv.cuh ----
 // gemma4_t4 kernels: per-head RMSNorm + RoPE, written to a contiguous buffer (queries) or into a
 // session's KV cache (keys, values).
@@ -9794,8 +9462,6 @@ struct Workspace {
   // decode (<= 32 rows: the GEMVs) and the head
   half* head16 = nullptr;   // [S, H] fp16 final norm of the selected rows (a decode bucket's at once)
   half* act16 = nullptr;    // [32, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
-  float* h_alt = nullptr;   // [16, H] fp32: the residual's other buffer in passes that fold (cuda/layers.hpp take_fold)
-  float* fold_y = nullptr;  // [16, H] fp32: such a pass's residual-branch projection
   float* logits = nullptr;  // [32, V] fp32 logits of up to 32 selected rows (to the host)
   // sampling (Engine::step)
   float* samp_logits = nullptr;                  // [S, V] fp32
@@ -9840,8 +9506,6 @@ struct Workspace {
     GEMMA4_T4_TRY(m.alloc(size_t(std::max(kMaxSeqs, kernels::kGemvMaxRows)) * H, "workspace: head input", &head16));
     GEMMA4_T4_TRY(
         m.alloc(size_t(kernels::kGemvMaxRows) * std::max(w.max_out, D), "workspace: decode activations", &act16));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvFoldMaxRows) * H, "workspace: residual (fold)", &h_alt));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvFoldMaxRows) * H, "workspace: projection (fold)", &fold_y));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params));
@@ -10130,7 +9794,6 @@ struct LayerPass {
   int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
   int sms = 1;                              // the GPU's SMs (the w4a16 GEMM's split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
-  int fold_rows = 0;  // passes of up to this many rows fold each residual into the next GEMV (GemvFold); 0: none
   kernels::Launch launch;
 };
 
@@ -10138,7 +9801,7 @@ class LayerEncoder {
  public:
   LayerEncoder(const ModelConfig& c, const DeviceWeights& w, const Workspace& ws, cublasHandle_t blas,
                const LayerPass& pass)
-      : c_(c), w_(w), ws_(ws), blas_(blas), p_(pass), ln_(pass.launch), h_(ws.h) {}
+      : c_(c), w_(w), ws_(ws), blas_(blas), p_(pass), ln_(pass.launch) {}
 
   // Embedding and per-layer inputs, every layer, the last residual. ple rows in ws.tok when the table is on
   // the host (widened by the planner's stager), gathered here when it is on the GPU.
@@ -10158,10 +9821,7 @@ class LayerEncoder {
                          "PLE combine");
     }
     GEMMA4_T4_TRY(gemma4_layers(*this, c_));
-    if (fold_next_) return err(Code::BackendError, "CUDA layer encoder: a folded norm without its matmul");
-    GEMMA4_T4_TRY(flush(kernels::NextNorm::None, nullptr));  // the head normalises the selected rows itself
-    if (h_ != ws_.h) return err(Code::BackendError, "CUDA layer encoder: the residual ends outside ws.h");
-    return Status::ok();
+    return flush(kernels::NextNorm::None, nullptr);  // the head normalises the selected rows itself
   }
 
   // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= kMaxSeqs) into dst [k, vocab]. The
@@ -10204,25 +9864,20 @@ class LayerEncoder {
     const float* w = which == Norm::Input    ? w_.layers[l].in_norm
                      : which == Norm::PreMlp ? w_.layers[l].pre_ff
                                              : nullptr;
-    if (pending_.y && folding()) {  // left for the next matmul's blocks to build (take_fold)
-      fold_next_ = true;
-      fold_w_ = w;
-      return Status::ok();
-    }
     if (pending_.y) return flush(w ? kernels::NextNorm::Norm : kernels::NextNorm::Copy, w);
     // layer 0's input: nothing to fold into
-    GEMMA4_T4_CUDA_TRY(
-        kernels::launch_rmsnorm(h_, c_.hidden_size, nullptr, w, p_.rows, c_.hidden_size, c_.rms_norm_eps, ws_.x16, ln_),
-        "input norm");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(ws_.h, c_.hidden_size, nullptr, w, p_.rows, c_.hidden_size,
+                                               c_.rms_norm_eps, ws_.x16, ln_),
+                       "input norm");
     return Status::ok();
   }
 
   Status qkv(int l) {
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
+    if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
-    if (lc.kv_shared) return mm_multi(mats, ys, 1, ws_.x16, "q_proj");
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
   }
 
@@ -10298,14 +9953,11 @@ class LayerEncoder {
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
-    const kernels::GemvFold* f = nullptr;
     if (b == Branch::Mlp) {
-      const bool one = decode && same_layout(d.gate, d.up);
-      GEMMA4_T4_TRY(take_fold(one, &f));
-      if (one) {
+      if (decode && same_layout(d.gate, d.up)) {
         GEMMA4_T4_CUDA_TRY(
             kernels::launch_gemv_gelu_mul(gemv_mat(d.gate, nullptr), gemv_mat(d.up, nullptr), ws_.x16, p_.rows,
-                                          c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_, f),
+                                          c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_),
             "gate/up_proj + GELU");
         act_ = ws_.act16;
         return Status::ok();
@@ -10319,10 +9971,9 @@ class LayerEncoder {
       return Status::ok();
     }
     const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
-    GEMMA4_T4_TRY(take_fold(decode, &f));
     if (decode) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
-                                                       ws_.ple, L, l, ws_.act16, ln_, f),
+                                                       ws_.ple, L, l, ws_.act16, ln_),
                          "per_layer_input_gate + GELU");
       act_ = ws_.act16;
       return Status::ok();
@@ -10333,25 +9984,18 @@ class LayerEncoder {
     return Status::ok();
   }
 
-  // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold. Folding passes put y
-  // in ws.fold_y: the matmul that builds its x from it may write proj_a / b / c (q/k/v) while other blocks read it.
+  // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold.
   Status residual(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
-    if (fold_next_)
-      return err(Code::BackendError, "CUDA layer encoder: layer ", l, ": a folded norm without its matmul");
-    const bool fy = folding();
     if (b == Branch::Attention) {
-      float* y = fy ? ws_.fold_y : ws_.proj_a;
-      GEMMA4_T4_TRY(mm(d.o, ws_.x16, y, "o_proj"));
-      pending_ = Pending{y, d.post_attn, 1.f, "post-attention norm"};
+      GEMMA4_T4_TRY(mm(d.o, ws_.x16, ws_.proj_a, "o_proj"));
+      pending_ = Pending{ws_.proj_a, d.post_attn, 1.f, "post-attention norm"};
     } else if (b == Branch::Mlp) {
-      float* y = fy ? ws_.fold_y : ws_.proj_c;
-      GEMMA4_T4_TRY(mm(d.down, act_, y, "down_proj"));
-      pending_ = Pending{y, d.post_ff, 1.f, "post-MLP norm"};
+      GEMMA4_T4_TRY(mm(d.down, act_, ws_.proj_c, "down_proj"));
+      pending_ = Pending{ws_.proj_c, d.post_ff, 1.f, "post-MLP norm"};
     } else {
-      float* y = fy ? ws_.fold_y : ws_.proj_c;
-      GEMMA4_T4_TRY(mm(d.ple_proj, act_, y, "per_layer_projection"));
-      pending_ = Pending{y, d.post_ple, 1.f, "PLE norm"};
+      GEMMA4_T4_TRY(mm(d.ple_proj, act_, ws_.proj_c, "per_layer_projection"));
+      pending_ = Pending{ws_.proj_c, d.post_ple, 1.f, "PLE norm"};
     }
     return Status::ok();
   }
@@ -10371,41 +10015,14 @@ class LayerEncoder {
     const char* what = "";
   };
 
-  // The pending residual as one residual_norm, with the next norm (into x16) folded in. The residual lands in
-  // ws.h (read from where it is: ws.h in place, or ws.h_alt after a fold).
+  // The pending residual as one residual_norm, with the next norm (into x16) folded in.
   Status flush(kernels::NextNorm next, const float* w_next) {
     if (!pending_.y) return Status::ok();
     const Pending p = pending_;
     pending_ = Pending();
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
-                                                     p.scalar, next, w_next, ws_.x16, ln_, h_),
+                                                     p.scalar, next, w_next, ws_.x16, ln_),
                        p.what);
-    h_ = ws_.h;
-    return Status::ok();
-  }
-
-  // Passes that fold each residual into the next GEMV (LayerPass::fold_rows).
-  bool folding() const { return p_.rows <= p_.fold_rows; }
-
-  // For the launch that reads x16 next: when norm() left the pending residual to be folded, *f = its GemvFold
-  // if that launch takes one (`can`: a single GEMV launch), the residual moving to the other buffer (ws.h <->
-  // ws.h_alt: the launch's blocks read h_in while block 0 writes h_out); else the residual_norm launch it would
-  // have been, and *f = null.
-  Status take_fold(bool can, const kernels::GemvFold** f) {
-    *f = nullptr;
-    if (!fold_next_) return Status::ok();
-    fold_next_ = false;
-    if (!can) return flush(fold_w_ ? kernels::NextNorm::Norm : kernels::NextNorm::Copy, fold_w_);
-    fold_.h_in = h_;
-    fold_.y = pending_.y;
-    fold_.w_post = pending_.w;
-    fold_.scalar = pending_.scalar;
-    fold_.h_out = h_ == ws_.h ? ws_.h_alt : ws_.h;
-    fold_.w = fold_w_;
-    fold_.eps = c_.rms_norm_eps;
-    h_ = fold_.h_out;
-    pending_ = Pending();
-    *f = &fold_;
     return Status::ok();
   }
 
@@ -10451,16 +10068,13 @@ class LayerEncoder {
 
   // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 32 rows when they share a
   // layout and `in`, else one mm() each.
-  // A folded norm before it is built by the launch's blocks (take_fold).
-  Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) {
+  Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) const {
     bool one = p_.rows <= kernels::kGemvMaxRows;
     for (int i = 1; i < count; ++i) one = one && same_layout(*mats[i], *mats[0]) && mats[i]->in == mats[0]->in;
-    const kernels::GemvFold* f = nullptr;
-    GEMMA4_T4_TRY(take_fold(one, &f));
     if (one) {
       kernels::GemvMat m[kernels::kGemvMaxMats];
       for (int i = 0; i < count; ++i) m[i] = gemv_mat(*mats[i], ys[i]);
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, p_.rows, mats[0]->in, ln_, f), what);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, p_.rows, mats[0]->in, ln_), what);
       return Status::ok();
     }
     for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(mm(*mats[i], x, ys[i], what));
@@ -10475,10 +10089,6 @@ class LayerEncoder {
   const kernels::Launch ln_;
   Pending pending_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
-  const float* h_;             // where the residual is: ws.h, or ws.h_alt after an odd number of folds
-  bool fold_next_ = false;     // norm() left pending_ and the next norm (fold_w_) to the next matmul
-  const float* fold_w_ = nullptr;
-  kernels::GemvFold fold_;  // the launch's fold (take_fold)
 };
 
 }  // namespace detail
@@ -10547,14 +10157,13 @@ class LayerEncoder {
 // (kernels/attention.cuh: already inlined above)
 // (kernels/elementwise.cuh: already inlined above)
 // (kernels/gemv.cuh: already inlined above)
-// (kernels/rmsnorm.cuh: already inlined above)
 
 namespace gemma4_t4 {
 namespace kernels {
 
 constexpr int kStepThreads = kGemvWarps * 32;  // 256
-constexpr int kStepMaxRows = 16;         // rows of one persistent step (NT <= 2 instantiations; the GEMVs take 32)
-constexpr int kStepChunks = kRowChunks;  // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
+constexpr int kStepMaxRows = 16;  // rows of one persistent step (NT <= 2 instantiations; the GEMVs take 32)
+constexpr int kStepChunks = 12;   // float4 chunks of a hidden row per lane: H <= 32 * 4 * 12 = 1536
 
 enum class StepOp : int { Gemv, Attention, PleCombine, Tokens };
 
@@ -10692,33 +10301,115 @@ __device__ __forceinline__ void step_trace(const StepParams& p, int instr, int s
     p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * kStepTraceSlots + slot] = global_ns();
 }
 
-// (L2 prefetch of a GEMV item's weights: gemv.cuh's gemv_item_range / prefetch_range.)
+// ---- L2 prefetch of a GEMV item's weights ----
+
+// Bytes of item `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array.
+struct GemvItemRange {
+  const char* p[4];
+  unsigned bytes[4];
+  int n;
+};
+
+__device__ __forceinline__ GemvItemRange gemv_item_range(const GemvArgs& a, int bid, bool two) {
+  GemvItemRange r;
+  r.n = 0;
+  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
+  const int first = a.first_block[mi];
+  const int per = 16 * (kGemvWarps / a.kw), row0 = (bid - first) * per;
+  for (int m = 0; m < (two ? 2 : 1); ++m) {
+    const GemvMat& g = a.mat[two ? m : mi];
+    const int rows = min(per, g.out - row0);
+    if (rows <= 0) continue;
+    if (g.wq) {
+      r.p[r.n] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
+      r.bytes[r.n++] = unsigned(rows) * (a.in / 2);
+      r.p[r.n] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
+      r.bytes[r.n++] = unsigned(rows) * (a.in / 16);
+    } else if (g.w16) {
+      r.p[r.n] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
+      r.bytes[r.n++] = unsigned(rows) * a.in * 2;
+    }
+  }
+  return r;
+}
+
+__device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
+  for (int i = 0; i < r.n; ++i)
+    for (unsigned off = threadIdx.x * 128u; off < r.bytes[i]; off += kStepThreads * 128u)
+      prefetch_l2_line(r.p[i] + off);
+}
 
 // ---- x rows in shared memory (StepX) ----
 
+// The norms' weights of a StepX (constants) into L1, by the whole block, before it waits: build_x then reads
+// them without a round trip.
+__device__ __forceinline__ void prefetch_norms(const StepX& x, int H) {
+  for (int k = int(threadIdx.x); k < H / 32; k += kStepThreads) {
+    if (x.w_post) prefetch_l1_line(x.w_post + 32 * k);
+    if (x.w) prefetch_l1_line(x.w + 32 * k);
+  }
+}
+
 // Warp w builds rows w, w + 8 of x into xs ([rows][ldx] fp16) from the residual stream; the block of item 0
-// (store_h) writes h back. One warp per row, rmsnorm.cuh's row arithmetic (row_fold): bit for bit what the
-// per-kernel path's residual_norm computes.
+// (store_h) writes h back. Row sums in fp32, one warp per row (no block barrier inside).
 __device__ __forceinline__ void build_x(const StepX& x, const StepParams& p, int H, half* xs, int ldx, bool store_h) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n4 = H / 4;
   for (int r = warp; r < p.rows; r += kGemvWarps) {
-    float4 hv[kRowChunks];
-    if (x.embed) {
-      const half* erow = x.embed + size_t(p.ids[r]) * H;
+    float4 hv[kStepChunks], yv[kStepChunks];
+    const half* erow = x.embed ? x.embed + size_t(p.ids[r]) * H : nullptr;
 #pragma unroll
-      for (int j = 0; j < kRowChunks; ++j) {
-        const int c = lane + 32 * j;
-        hv[j] = make_float4(0.f, 0.f, 0.f, 0.f);
-        if (c >= n4) continue;
+    for (int j = 0; j < kStepChunks; ++j) {
+      const int c = lane + 32 * j;
+      hv[j] = yv[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (c >= n4) continue;
+      if (erow) {
         const uint2 e = __ldg(reinterpret_cast<const uint2*>(erow) + c);
         const float2 e0 = __half22float2(u32_as_h2(e.x)), e1 = __half22float2(u32_as_h2(e.y));
         hv[j] = make_float4(e0.x * x.embed_scale, e0.y * x.embed_scale, e1.x * x.embed_scale, e1.y * x.embed_scale);
+      } else {
+        hv[j] = __ldcg(reinterpret_cast<const float4*>(x.h_in + size_t(r) * H) + c);
       }
-    } else {
-      row_load<true>(hv, x.h_in + size_t(r) * H, n4);
+      if (x.y) yv[j] = __ldcg(reinterpret_cast<const float4*>(x.y + size_t(r) * H) + c);
     }
-    row_fold<true>(hv, x.y ? x.y + size_t(r) * H : nullptr, x.w_post, x.scalar,
-                   store_h && x.h_out ? x.h_out + size_t(r) * H : nullptr, x.w, H, p.eps, xs + size_t(r) * ldx);
+    if (x.y) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j)
+        ss += yv[j].x * yv[j].x + yv[j].y * yv[j].y + yv[j].z * yv[j].z + yv[j].w * yv[j].w;
+      const float ry = rsqrtf(warp_sum(ss) / H + p.eps);
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j) {
+        const int c = lane + 32 * j;
+        if (c >= n4) continue;
+        const float4 w = __ldg(reinterpret_cast<const float4*>(x.w_post) + c);
+        const float4 a = hv[j], b = yv[j];
+        hv[j] = make_float4((a.x + b.x * ry * w.x) * x.scalar, (a.y + b.y * ry * w.y) * x.scalar,
+                            (a.z + b.z * ry * w.z) * x.scalar, (a.w + b.w * ry * w.w) * x.scalar);
+      }
+    }
+    float rh = 1.f;
+    if (x.w) {
+      float ss = 0.f;
+#pragma unroll
+      for (int j = 0; j < kStepChunks; ++j)
+        ss += hv[j].x * hv[j].x + hv[j].y * hv[j].y + hv[j].z * hv[j].z + hv[j].w * hv[j].w;
+      rh = rsqrtf(warp_sum(ss) / H + p.eps);
+    }
+#pragma unroll
+    for (int j = 0; j < kStepChunks; ++j) {
+      const int c = lane + 32 * j;
+      if (c >= n4) continue;
+      const float4 v = hv[j];
+      if (store_h && x.h_out) reinterpret_cast<float4*>(x.h_out + size_t(r) * H)[c] = v;
+      float4 o = v;
+      if (x.w) {
+        const float4 w = __ldg(reinterpret_cast<const float4*>(x.w) + c);
+        o = make_float4(v.x * rh * w.x, v.y * rh * w.y, v.z * rh * w.z, v.w * rh * w.w);
+      }
+      const half2 lo = __halves2half2(to_half_sat(o.x), to_half_sat(o.y)),
+                  hi = __halves2half2(to_half_sat(o.z), to_half_sat(o.w));
+      *reinterpret_cast<uint2*>(xs + size_t(r) * ldx + 4 * c) = make_uint2(h2_as_u32(lo), h2_as_u32(hi));
+    }
   }
 }
 
@@ -10863,12 +10554,12 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       const bool two = ins.epilogue == GemvEpilogue::GeluMul;
       const GemvItemRange r0 = gemv_item_range(ins.gemv, first, two);
       unsigned per = 0;
-      for (int k = 0; k < 4; ++k) per += r0.bytes[k];
+      for (int k = 0; k < r0.n; ++k) per += r0.bytes[k];
       const int ahead = max(1, p.prefetch_bytes / int(max(per, 1u)));
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)
         prefetch_range(gemv_item_range(ins.gemv, first + fetched * nb, two));
-      if (ins.x.build) prefetch_row_weights(ins.x.w_post, ins.x.w, ins.gemv.in);  // into L1 while the block waits
+      if (ins.x.build) prefetch_norms(ins.x, ins.gemv.in);  // constants: into L1 while the block waits
       step_trace(p, i, 0);
       if (i > 0) step_wait(p.done + i - 1, wait_for, p.fault, i);
       step_trace(p, i, 1);
@@ -11543,7 +11234,6 @@ class PassExecutor {
     blas_ = blas;
     launch_ = kernels::Launch(stream, pdl);
     sms_ = sms;
-    GEMMA4_T4_TRY(init_fold_rows(device));
     for (const LayerConfig& lc : c.layers) {  // prefill layers the tensor-core attention kernel takes
       const int group = c.num_heads / lc.num_kv_heads;
       if (kernels::flash_attention_supported(lc.head_dim, group)) flash_groups_ |= 1 << kernels::gqa_group_index(group);
@@ -11572,7 +11262,6 @@ class PassExecutor {
              " rows; larger batches: per-kernel)";
     std::string s = opt_->cuda_graphs ? "per-kernel, CUDA graphs" : "per-kernel";
     if (launch_.pdl) s += ", programmatic dependent launch";
-    if (fold_rows_ > 0) s += ", residuals folded into the matmuls up to " + std::to_string(fold_rows_) + " rows";
     return s + " (persistent kernel not used: " + persistent_why_ + ")";
   }
 
@@ -11713,7 +11402,6 @@ class PassExecutor {
       lp.rows = sh.rows;
       lp.sms = sms_;
       lp.gemm_rows = gemm_rows();
-      lp.fold_rows = fold_rows_;
       lp.launch = launch_;
       lp.sliding_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, 0);
@@ -11761,30 +11449,6 @@ class PassExecutor {
     return Status::ok();
   }
 
-  // LoadOptions::fold_norms: the most rows (16 or 8) whose GEMVs build their x from the residual stream
-  // (kernels::GemvFold) at two blocks per SM within 64 KiB of shared memory a block (sm_75's limit); 0: none.
-  Status init_fold_rows(int device) {
-    fold_rows_ = 0;
-    if (!opt_->fold_norms) return Status::ok();
-    int optin = 0, per_sm = 0, reserved = 0;
-    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                       "device attributes");
-    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
-                       "device attributes");
-    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device),
-                       "device attributes");
-    const size_t budget = std::min({size_t(optin), size_t(per_sm / 2 - reserved), size_t(64) << 10});
-    for (int n : {kernels::kGemvFoldMaxRows, 8})
-      if (kernels::gemv_fold_ok(n, c_->hidden_size, budget)) {
-        fold_rows_ = n;
-        break;
-      }
-    if (fold_rows_ > 0 &&
-        size_t(optin) >= kernels::gemv_fold_smem(kernels::kGemvFoldMaxRows, 4 * 32 * kernels::kRowChunks))
-      GEMMA4_T4_CUDA_TRY(kernels::gemv_fold_opt_in(), "fold GEMVs: shared memory opt-in");
-    return Status::ok();
-  }
-
   // Passes of up to this many rows take the w4a16 GEMM (LoadOptions::w4_matmul).
   int gemm_rows() const {
     return opt_->w4_matmul == W4Matmul::TensorCore ? std::numeric_limits<int>::max()
@@ -11827,7 +11491,6 @@ class PassExecutor {
     lp.rows = rows;
     lp.sms = sms_;
     lp.gemm_rows = gemm_rows();
-    lp.fold_rows = fold_rows_;
     lp.launch = launch_;
     lp.full_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), 0);
     lp.sliding_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
@@ -11874,7 +11537,6 @@ class PassExecutor {
   cublasHandle_t blas_ = nullptr;
   kernels::Launch launch_;
   int sms_ = 40;
-  int fold_rows_ = 0;     // init_fold_rows
   int flash_groups_ = 0;  // bit gi: some layer folds 2^gi query heads per KV head
   PleStager ple_;
   std::unique_ptr<PersistentDecoder> persistent_;  // null: the per-kernel path serves decode passes too

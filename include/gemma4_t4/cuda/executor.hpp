@@ -39,7 +39,6 @@ class PassExecutor {
     blas_ = blas;
     launch_ = kernels::Launch(stream, pdl);
     sms_ = sms;
-    GEMMA4_T4_TRY(init_fold_rows(device));
     for (const LayerConfig& lc : c.layers) {  // prefill layers the tensor-core attention kernel takes
       const int group = c.num_heads / lc.num_kv_heads;
       if (kernels::flash_attention_supported(lc.head_dim, group)) flash_groups_ |= 1 << kernels::gqa_group_index(group);
@@ -68,7 +67,6 @@ class PassExecutor {
              " rows; larger batches: per-kernel)";
     std::string s = opt_->cuda_graphs ? "per-kernel, CUDA graphs" : "per-kernel";
     if (launch_.pdl) s += ", programmatic dependent launch";
-    if (fold_rows_ > 0) s += ", residuals folded into the matmuls up to " + std::to_string(fold_rows_) + " rows";
     return s + " (persistent kernel not used: " + persistent_why_ + ")";
   }
 
@@ -209,7 +207,6 @@ class PassExecutor {
       lp.rows = sh.rows;
       lp.sms = sms_;
       lp.gemm_rows = gemm_rows();
-      lp.fold_rows = fold_rows_;
       lp.launch = launch_;
       lp.sliding_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, 0);
@@ -257,30 +254,6 @@ class PassExecutor {
     return Status::ok();
   }
 
-  // LoadOptions::fold_norms: the most rows (16 or 8) whose GEMVs build their x from the residual stream
-  // (kernels::GemvFold) at two blocks per SM within 64 KiB of shared memory a block (sm_75's limit); 0: none.
-  Status init_fold_rows(int device) {
-    fold_rows_ = 0;
-    if (!opt_->fold_norms) return Status::ok();
-    int optin = 0, per_sm = 0, reserved = 0;
-    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
-                       "device attributes");
-    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device),
-                       "device attributes");
-    GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, device),
-                       "device attributes");
-    const size_t budget = std::min({size_t(optin), size_t(per_sm / 2 - reserved), size_t(64) << 10});
-    for (int n : {kernels::kGemvFoldMaxRows, 8})
-      if (kernels::gemv_fold_ok(n, c_->hidden_size, budget)) {
-        fold_rows_ = n;
-        break;
-      }
-    if (fold_rows_ > 0 &&
-        size_t(optin) >= kernels::gemv_fold_smem(kernels::kGemvFoldMaxRows, 4 * 32 * kernels::kRowChunks))
-      GEMMA4_T4_CUDA_TRY(kernels::gemv_fold_opt_in(), "fold GEMVs: shared memory opt-in");
-    return Status::ok();
-  }
-
   // Passes of up to this many rows take the w4a16 GEMM (LoadOptions::w4_matmul).
   int gemm_rows() const {
     return opt_->w4_matmul == W4Matmul::TensorCore ? std::numeric_limits<int>::max()
@@ -323,7 +296,6 @@ class PassExecutor {
     lp.rows = rows;
     lp.sms = sms_;
     lp.gemm_rows = gemm_rows();
-    lp.fold_rows = fold_rows_;
     lp.launch = launch_;
     lp.full_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), 0);
     lp.sliding_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
@@ -370,7 +342,6 @@ class PassExecutor {
   cublasHandle_t blas_ = nullptr;
   kernels::Launch launch_;
   int sms_ = 40;
-  int fold_rows_ = 0;     // init_fold_rows
   int flash_groups_ = 0;  // bit gi: some layer folds 2^gi query heads per KV head
   PleStager ple_;
   std::unique_ptr<PersistentDecoder> persistent_;  // null: the per-kernel path serves decode passes too

@@ -46,7 +46,6 @@ struct LayerPass {
   int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
   int sms = 1;                              // the GPU's SMs (the w4a16 GEMM's split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
-  int fold_rows = 0;  // passes of up to this many rows fold each residual into the next GEMV (GemvFold); 0: none
   kernels::Launch launch;
 };
 
@@ -54,7 +53,7 @@ class LayerEncoder {
  public:
   LayerEncoder(const ModelConfig& c, const DeviceWeights& w, const Workspace& ws, cublasHandle_t blas,
                const LayerPass& pass)
-      : c_(c), w_(w), ws_(ws), blas_(blas), p_(pass), ln_(pass.launch), h_(ws.h) {}
+      : c_(c), w_(w), ws_(ws), blas_(blas), p_(pass), ln_(pass.launch) {}
 
   // Embedding and per-layer inputs, every layer, the last residual. ple rows in ws.tok when the table is on
   // the host (widened by the planner's stager), gathered here when it is on the GPU.
@@ -74,10 +73,7 @@ class LayerEncoder {
                          "PLE combine");
     }
     GEMMA4_T4_TRY(gemma4_layers(*this, c_));
-    if (fold_next_) return err(Code::BackendError, "CUDA layer encoder: a folded norm without its matmul");
-    GEMMA4_T4_TRY(flush(kernels::NextNorm::None, nullptr));  // the head normalises the selected rows itself
-    if (h_ != ws_.h) return err(Code::BackendError, "CUDA layer encoder: the residual ends outside ws.h");
-    return Status::ok();
+    return flush(kernels::NextNorm::None, nullptr);  // the head normalises the selected rows itself
   }
 
   // rmsnorm + LM head + soft-cap for selected rows [first, first + k) (k <= kMaxSeqs) into dst [k, vocab]. The
@@ -120,25 +116,20 @@ class LayerEncoder {
     const float* w = which == Norm::Input    ? w_.layers[l].in_norm
                      : which == Norm::PreMlp ? w_.layers[l].pre_ff
                                              : nullptr;
-    if (pending_.y && folding()) {  // left for the next matmul's blocks to build (take_fold)
-      fold_next_ = true;
-      fold_w_ = w;
-      return Status::ok();
-    }
     if (pending_.y) return flush(w ? kernels::NextNorm::Norm : kernels::NextNorm::Copy, w);
     // layer 0's input: nothing to fold into
-    GEMMA4_T4_CUDA_TRY(
-        kernels::launch_rmsnorm(h_, c_.hidden_size, nullptr, w, p_.rows, c_.hidden_size, c_.rms_norm_eps, ws_.x16, ln_),
-        "input norm");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(ws_.h, c_.hidden_size, nullptr, w, p_.rows, c_.hidden_size,
+                                               c_.rms_norm_eps, ws_.x16, ln_),
+                       "input norm");
     return Status::ok();
   }
 
   Status qkv(int l) {
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
+    if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
-    if (lc.kv_shared) return mm_multi(mats, ys, 1, ws_.x16, "q_proj");
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
   }
 
@@ -214,14 +205,11 @@ class LayerEncoder {
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
-    const kernels::GemvFold* f = nullptr;
     if (b == Branch::Mlp) {
-      const bool one = decode && same_layout(d.gate, d.up);
-      GEMMA4_T4_TRY(take_fold(one, &f));
-      if (one) {
+      if (decode && same_layout(d.gate, d.up)) {
         GEMMA4_T4_CUDA_TRY(
             kernels::launch_gemv_gelu_mul(gemv_mat(d.gate, nullptr), gemv_mat(d.up, nullptr), ws_.x16, p_.rows,
-                                          c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_, f),
+                                          c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_),
             "gate/up_proj + GELU");
         act_ = ws_.act16;
         return Status::ok();
@@ -235,10 +223,9 @@ class LayerEncoder {
       return Status::ok();
     }
     const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
-    GEMMA4_T4_TRY(take_fold(decode, &f));
     if (decode) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
-                                                       ws_.ple, L, l, ws_.act16, ln_, f),
+                                                       ws_.ple, L, l, ws_.act16, ln_),
                          "per_layer_input_gate + GELU");
       act_ = ws_.act16;
       return Status::ok();
@@ -249,25 +236,18 @@ class LayerEncoder {
     return Status::ok();
   }
 
-  // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold. Folding passes put y
-  // in ws.fold_y: the matmul that builds its x from it may write proj_a / b / c (q/k/v) while other blocks read it.
+  // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold.
   Status residual(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
-    if (fold_next_)
-      return err(Code::BackendError, "CUDA layer encoder: layer ", l, ": a folded norm without its matmul");
-    const bool fy = folding();
     if (b == Branch::Attention) {
-      float* y = fy ? ws_.fold_y : ws_.proj_a;
-      GEMMA4_T4_TRY(mm(d.o, ws_.x16, y, "o_proj"));
-      pending_ = Pending{y, d.post_attn, 1.f, "post-attention norm"};
+      GEMMA4_T4_TRY(mm(d.o, ws_.x16, ws_.proj_a, "o_proj"));
+      pending_ = Pending{ws_.proj_a, d.post_attn, 1.f, "post-attention norm"};
     } else if (b == Branch::Mlp) {
-      float* y = fy ? ws_.fold_y : ws_.proj_c;
-      GEMMA4_T4_TRY(mm(d.down, act_, y, "down_proj"));
-      pending_ = Pending{y, d.post_ff, 1.f, "post-MLP norm"};
+      GEMMA4_T4_TRY(mm(d.down, act_, ws_.proj_c, "down_proj"));
+      pending_ = Pending{ws_.proj_c, d.post_ff, 1.f, "post-MLP norm"};
     } else {
-      float* y = fy ? ws_.fold_y : ws_.proj_c;
-      GEMMA4_T4_TRY(mm(d.ple_proj, act_, y, "per_layer_projection"));
-      pending_ = Pending{y, d.post_ple, 1.f, "PLE norm"};
+      GEMMA4_T4_TRY(mm(d.ple_proj, act_, ws_.proj_c, "per_layer_projection"));
+      pending_ = Pending{ws_.proj_c, d.post_ple, 1.f, "PLE norm"};
     }
     return Status::ok();
   }
@@ -287,41 +267,14 @@ class LayerEncoder {
     const char* what = "";
   };
 
-  // The pending residual as one residual_norm, with the next norm (into x16) folded in. The residual lands in
-  // ws.h (read from where it is: ws.h in place, or ws.h_alt after a fold).
+  // The pending residual as one residual_norm, with the next norm (into x16) folded in.
   Status flush(kernels::NextNorm next, const float* w_next) {
     if (!pending_.y) return Status::ok();
     const Pending p = pending_;
     pending_ = Pending();
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
-                                                     p.scalar, next, w_next, ws_.x16, ln_, h_),
+                                                     p.scalar, next, w_next, ws_.x16, ln_),
                        p.what);
-    h_ = ws_.h;
-    return Status::ok();
-  }
-
-  // Passes that fold each residual into the next GEMV (LayerPass::fold_rows).
-  bool folding() const { return p_.rows <= p_.fold_rows; }
-
-  // For the launch that reads x16 next: when norm() left the pending residual to be folded, *f = its GemvFold
-  // if that launch takes one (`can`: a single GEMV launch), the residual moving to the other buffer (ws.h <->
-  // ws.h_alt: the launch's blocks read h_in while block 0 writes h_out); else the residual_norm launch it would
-  // have been, and *f = null.
-  Status take_fold(bool can, const kernels::GemvFold** f) {
-    *f = nullptr;
-    if (!fold_next_) return Status::ok();
-    fold_next_ = false;
-    if (!can) return flush(fold_w_ ? kernels::NextNorm::Norm : kernels::NextNorm::Copy, fold_w_);
-    fold_.h_in = h_;
-    fold_.y = pending_.y;
-    fold_.w_post = pending_.w;
-    fold_.scalar = pending_.scalar;
-    fold_.h_out = h_ == ws_.h ? ws_.h_alt : ws_.h;
-    fold_.w = fold_w_;
-    fold_.eps = c_.rms_norm_eps;
-    h_ = fold_.h_out;
-    pending_ = Pending();
-    *f = &fold_;
     return Status::ok();
   }
 
@@ -367,16 +320,13 @@ class LayerEncoder {
 
   // y_i = x W_i^T for `count` (<= 3) matrices sharing x: one GEMV launch for <= 32 rows when they share a
   // layout and `in`, else one mm() each.
-  // A folded norm before it is built by the launch's blocks (take_fold).
-  Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) {
+  Status mm_multi(const DevLinear* const* mats, float* const* ys, int count, const half* x, const char* what) const {
     bool one = p_.rows <= kernels::kGemvMaxRows;
     for (int i = 1; i < count; ++i) one = one && same_layout(*mats[i], *mats[0]) && mats[i]->in == mats[0]->in;
-    const kernels::GemvFold* f = nullptr;
-    GEMMA4_T4_TRY(take_fold(one, &f));
     if (one) {
       kernels::GemvMat m[kernels::kGemvMaxMats];
       for (int i = 0; i < count; ++i) m[i] = gemv_mat(*mats[i], ys[i]);
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, p_.rows, mats[0]->in, ln_, f), what);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_multi(m, count, x, p_.rows, mats[0]->in, ln_), what);
       return Status::ok();
     }
     for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(mm(*mats[i], x, ys[i], what));
@@ -391,10 +341,6 @@ class LayerEncoder {
   const kernels::Launch ln_;
   Pending pending_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
-  const float* h_;             // where the residual is: ws.h, or ws.h_alt after an odd number of folds
-  bool fold_next_ = false;     // norm() left pending_ and the next norm (fold_w_) to the next matmul
-  const float* fold_w_ = nullptr;
-  kernels::GemvFold fold_;  // the launch's fold (take_fold)
 };
 
 }  // namespace detail

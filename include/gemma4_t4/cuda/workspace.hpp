@@ -93,8 +93,6 @@ struct Workspace {
   // decode (<= 32 rows: the GEMVs) and the head
   half* head16 = nullptr;   // [S, H] fp16 final norm of the selected rows (a decode bucket's at once)
   half* act16 = nullptr;    // [32, max(linear out, D)] fp16: the GEMV epilogues' output (GELU products)
-  float* h_alt = nullptr;   // [16, H] fp32: the residual's other buffer in passes that fold (cuda/layers.hpp take_fold)
-  float* fold_y = nullptr;  // [16, H] fp32: such a pass's residual-branch projection
   float* logits = nullptr;  // [32, V] fp32 logits of up to 32 selected rows (to the host)
   // sampling (Engine::step)
   float* samp_logits = nullptr;                  // [S, V] fp32
@@ -139,8 +137,6 @@ struct Workspace {
     GEMMA4_T4_TRY(m.alloc(size_t(std::max(kMaxSeqs, kernels::kGemvMaxRows)) * H, "workspace: head input", &head16));
     GEMMA4_T4_TRY(
         m.alloc(size_t(kernels::kGemvMaxRows) * std::max(w.max_out, D), "workspace: decode activations", &act16));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvFoldMaxRows) * H, "workspace: residual (fold)", &h_alt));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvFoldMaxRows) * H, "workspace: projection (fold)", &fold_y));
     GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxRows) * c.vocab_size, "workspace: logits", &logits));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs) * c.vocab_size, "workspace: sampling logits", &samp_logits));
     GEMMA4_T4_TRY(m.alloc(size_t(kMaxSeqs), "workspace: sampling parameters", &samp_params));
