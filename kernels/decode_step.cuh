@@ -185,40 +185,42 @@ __device__ __forceinline__ void step_trace(const StepParams& p, int instr, int s
     p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * kStepTraceSlots + slot] = global_ns();
 }
 
-// ---- L2 prefetch of a GEMV item's weights ----
-
-// Bytes of item `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array.
+// Bytes of item `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array, slots
+// 2m (the int4 words or fp16 rows of matrix m) and 2m + 1 (its scales); unused slots hold 0 bytes. (Constant slot
+// indices only: a dynamic index would put the ranges in local memory.)
 struct GemvItemRange {
   const char* p[4];
   unsigned bytes[4];
-  int n;
 };
 
 __device__ __forceinline__ GemvItemRange gemv_item_range(const GemvArgs& a, int bid, bool two) {
   GemvItemRange r;
-  r.n = 0;
   const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
-  const int first = a.first_block[mi];
+  const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
   const int per = 16 * (kGemvWarps / a.kw), row0 = (bid - first) * per;
-  for (int m = 0; m < (two ? 2 : 1); ++m) {
-    const GemvMat& g = a.mat[two ? m : mi];
-    const int rows = min(per, g.out - row0);
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const GemvMat& g = two ? (m == 0 ? a.mat[0] : a.mat[1]) : (mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]));
+    const int rows = (m == 0 || two) ? min(per, g.out - row0) : 0;
+    r.p[2 * m] = r.p[2 * m + 1] = nullptr;
+    r.bytes[2 * m] = r.bytes[2 * m + 1] = 0;
     if (rows <= 0) continue;
     if (g.wq) {
-      r.p[r.n] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
-      r.bytes[r.n++] = unsigned(rows) * (a.in / 2);
-      r.p[r.n] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
-      r.bytes[r.n++] = unsigned(rows) * (a.in / 16);
+      r.p[2 * m] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
+      r.bytes[2 * m] = unsigned(rows) * (a.in / 2);
+      r.p[2 * m + 1] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
+      r.bytes[2 * m + 1] = unsigned(rows) * (a.in / 16);
     } else if (g.w16) {
-      r.p[r.n] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
-      r.bytes[r.n++] = unsigned(rows) * a.in * 2;
+      r.p[2 * m] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
+      r.bytes[2 * m] = unsigned(rows) * a.in * 2;
     }
   }
   return r;
 }
 
 __device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
-  for (int i = 0; i < r.n; ++i)
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
     for (unsigned off = threadIdx.x * 128u; off < r.bytes[i]; off += kStepThreads * 128u)
       prefetch_l2_line(r.p[i] + off);
 }
@@ -438,7 +440,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       const bool two = ins.epilogue == GemvEpilogue::GeluMul;
       const GemvItemRange r0 = gemv_item_range(ins.gemv, first, two);
       unsigned per = 0;
-      for (int k = 0; k < r0.n; ++k) per += r0.bytes[k];
+      for (int k = 0; k < 4; ++k) per += r0.bytes[k];
       const int ahead = max(1, p.prefetch_bytes / int(max(per, 1u)));
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)

@@ -120,8 +120,9 @@ __host__ __device__ constexpr int gemv_red_floats() {
 // Block `bid` of a GEMV launch (the block partition of launch_gemv_args): NT 8-row tiles of x (1: n <= 8, 2:
 // n <= 16, 4: n <= 32), WL the weight layout (kGemvF16 / W4 / W8), E the epilogue, XS where x is read from. red:
 // gemv_red_floats<NT>() floats of shared memory; xs: x in shared memory (XS == Shared); best: Head's [n]
-// packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue (weights prefetched
-// into L2 on sm_90, then pdl_enter).
+// packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue: each warp's first U
+// k-tiles of weights loaded into registers and the next U prefetched into L2 before pdl_enter, so only x's loads
+// wait for the predecessor (measured: +7% at one session, +3-6% at 8-16, H200; bench/RESULTS.md 2026-12-04 (d)).
 template <int NT, int WL, GemvEpilogue E, GemvX XS>
 __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* red, const half* xs,
                                            unsigned long long* best) {
@@ -180,37 +181,10 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
     return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
   };
 
-  if constexpr (XS == GemvX::Global) {
-    // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
-    // warp's first 2U k-tiles of them (and their scales) are pulled into L2; x is read only after pdl_enter().
-    for (int i = 0, kt = ks; i < 2 * U && kt < ktiles; ++i, kt += kw) {
-      const int unit = kt * 4 + tig;
-      if (unit >= units) break;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if (oka) prefetch_l2(wa[m] + unit);
-        if (okb) prefetch_l2(wb[m] + unit);
-        if (W4 && tig == 0 && (i == 0 || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
-          if (oka) prefetch_l2(sa[m] + unit);
-          if (okb) prefetch_l2(sb[m] + unit);
-        }
-      }
-    }
-    pdl_enter();
-  }
-
-  float acc[M][NT][4];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[m][t][c] = 0.f;
-
-  for (int kt0 = ks; kt0 < ktiles; kt0 += kw * U) {
-    // Issue every weight load of the U tiles first (the bytes in flight), then compute tile by tile.
-    uint4 qa[U][M], qb[U][M];
-    uint32_t sca[U][M], scb[U][M];  // w4a16: fp16 scale in both halves
+  // The U k-tiles' weight loads from kt0 on, all issued before any is used (the bytes in flight).
+  uint4 qa[U][M], qb[U][M];
+  uint32_t sca[U][M], scb[U][M];  // w4a16: fp16 scale in both halves
+  const auto load_tiles = [&](int kt0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int unit = (kt0 + u * kw) * 4 + tig;
@@ -228,6 +202,42 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
         }
       }
     }
+  };
+
+  bool loaded = false;  // the first U tiles are in registers already
+  if constexpr (XS == GemvX::Global) {
+    // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
+    // warp loads its first U k-tiles of them (and their scales) into registers and pulls the next U into L2; x is
+    // read only after pdl_enter().
+    load_tiles(ks);
+    loaded = true;
+    for (int i = U, kt = ks + U * kw; i < 2 * U && kt < ktiles; ++i, kt += kw) {
+      const int unit = kt * 4 + tig;
+      if (unit >= units) break;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (oka) prefetch_l2(wa[m] + unit);
+        if (okb) prefetch_l2(wb[m] + unit);
+        if (W4 && tig == 0 && (i == U || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
+          if (oka) prefetch_l2(sa[m] + unit);
+          if (okb) prefetch_l2(sb[m] + unit);
+        }
+      }
+    }
+    pdl_enter();
+  }
+
+  float acc[M][NT][4];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[m][t][c] = 0.f;
+
+  for (int kt0 = ks; kt0 < ktiles; kt0 += kw * U) {
+    if (!loaded) load_tiles(kt0);
+    loaded = false;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = kt0 + u * kw;

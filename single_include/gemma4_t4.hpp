@@ -7657,8 +7657,9 @@ __host__ __device__ constexpr int gemv_red_floats() {
 // Block `bid` of a GEMV launch (the block partition of launch_gemv_args): NT 8-row tiles of x (1: n <= 8, 2:
 // n <= 16, 4: n <= 32), WL the weight layout (kGemvF16 / W4 / W8), E the epilogue, XS where x is read from. red:
 // gemv_red_floats<NT>() floats of shared memory; xs: x in shared memory (XS == Shared); best: Head's [n]
-// packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue (weights prefetched
-// into L2 on sm_90, then pdl_enter).
+// packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue: each warp's first U
+// k-tiles of weights loaded into registers and the next U prefetched into L2 before pdl_enter, so only x's loads
+// wait for the predecessor (measured: +7% at one session, +3-6% at 8-16, H200; bench/RESULTS.md 2026-12-04 (d)).
 template <int NT, int WL, GemvEpilogue E, GemvX XS>
 __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* red, const half* xs,
                                            unsigned long long* best) {
@@ -7717,37 +7718,10 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
     return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
   };
 
-  if constexpr (XS == GemvX::Global) {
-    // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
-    // warp's first 2U k-tiles of them (and their scales) are pulled into L2; x is read only after pdl_enter().
-    for (int i = 0, kt = ks; i < 2 * U && kt < ktiles; ++i, kt += kw) {
-      const int unit = kt * 4 + tig;
-      if (unit >= units) break;
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if (oka) prefetch_l2(wa[m] + unit);
-        if (okb) prefetch_l2(wb[m] + unit);
-        if (W4 && tig == 0 && (i == 0 || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
-          if (oka) prefetch_l2(sa[m] + unit);
-          if (okb) prefetch_l2(sb[m] + unit);
-        }
-      }
-    }
-    pdl_enter();
-  }
-
-  float acc[M][NT][4];
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int t = 0; t < NT; ++t)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[m][t][c] = 0.f;
-
-  for (int kt0 = ks; kt0 < ktiles; kt0 += kw * U) {
-    // Issue every weight load of the U tiles first (the bytes in flight), then compute tile by tile.
-    uint4 qa[U][M], qb[U][M];
-    uint32_t sca[U][M], scb[U][M];  // w4a16: fp16 scale in both halves
+  // The U k-tiles' weight loads from kt0 on, all issued before any is used (the bytes in flight).
+  uint4 qa[U][M], qb[U][M];
+  uint32_t sca[U][M], scb[U][M];  // w4a16: fp16 scale in both halves
+  const auto load_tiles = [&](int kt0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int unit = (kt0 + u * kw) * 4 + tig;
@@ -7765,6 +7739,42 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
         }
       }
     }
+  };
+
+  bool loaded = false;  // the first U tiles are in registers already
+  if constexpr (XS == GemvX::Global) {
+    // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
+    // warp loads its first U k-tiles of them (and their scales) into registers and pulls the next U into L2; x is
+    // read only after pdl_enter().
+    load_tiles(ks);
+    loaded = true;
+    for (int i = U, kt = ks + U * kw; i < 2 * U && kt < ktiles; ++i, kt += kw) {
+      const int unit = kt * 4 + tig;
+      if (unit >= units) break;
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        if (oka) prefetch_l2(wa[m] + unit);
+        if (okb) prefetch_l2(wb[m] + unit);
+        if (W4 && tig == 0 && (i == U || (kt & 15) == 0)) {  // 64 scale units: a 128-byte line
+          if (oka) prefetch_l2(sa[m] + unit);
+          if (okb) prefetch_l2(sb[m] + unit);
+        }
+      }
+    }
+    pdl_enter();
+  }
+
+  float acc[M][NT][4];
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[m][t][c] = 0.f;
+
+  for (int kt0 = ks; kt0 < ktiles; kt0 += kw * U) {
+    if (!loaded) load_tiles(kt0);
+    loaded = false;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int kt = kt0 + u * kw;
@@ -10301,40 +10311,42 @@ __device__ __forceinline__ void step_trace(const StepParams& p, int instr, int s
     p.trace[(size_t(instr) * gridDim.x + blockIdx.x) * kStepTraceSlots + slot] = global_ns();
 }
 
-// ---- L2 prefetch of a GEMV item's weights ----
-
-// Bytes of item `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array.
+// Bytes of item `bid`'s weights (its rows of each matrix, scales included): one contiguous range per array, slots
+// 2m (the int4 words or fp16 rows of matrix m) and 2m + 1 (its scales); unused slots hold 0 bytes. (Constant slot
+// indices only: a dynamic index would put the ranges in local memory.)
 struct GemvItemRange {
   const char* p[4];
   unsigned bytes[4];
-  int n;
 };
 
 __device__ __forceinline__ GemvItemRange gemv_item_range(const GemvArgs& a, int bid, bool two) {
   GemvItemRange r;
-  r.n = 0;
   const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
-  const int first = a.first_block[mi];
+  const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
   const int per = 16 * (kGemvWarps / a.kw), row0 = (bid - first) * per;
-  for (int m = 0; m < (two ? 2 : 1); ++m) {
-    const GemvMat& g = a.mat[two ? m : mi];
-    const int rows = min(per, g.out - row0);
+#pragma unroll
+  for (int m = 0; m < 2; ++m) {
+    const GemvMat& g = two ? (m == 0 ? a.mat[0] : a.mat[1]) : (mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]));
+    const int rows = (m == 0 || two) ? min(per, g.out - row0) : 0;
+    r.p[2 * m] = r.p[2 * m + 1] = nullptr;
+    r.bytes[2 * m] = r.bytes[2 * m + 1] = 0;
     if (rows <= 0) continue;
     if (g.wq) {
-      r.p[r.n] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
-      r.bytes[r.n++] = unsigned(rows) * (a.in / 2);
-      r.p[r.n] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
-      r.bytes[r.n++] = unsigned(rows) * (a.in / 16);
+      r.p[2 * m] = reinterpret_cast<const char*>(g.wq) + size_t(row0) * (a.in / 2);
+      r.bytes[2 * m] = unsigned(rows) * (a.in / 2);
+      r.p[2 * m + 1] = reinterpret_cast<const char*>(g.s) + size_t(row0) * (a.in / 16);
+      r.bytes[2 * m + 1] = unsigned(rows) * (a.in / 16);
     } else if (g.w16) {
-      r.p[r.n] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
-      r.bytes[r.n++] = unsigned(rows) * a.in * 2;
+      r.p[2 * m] = reinterpret_cast<const char*>(g.w16) + size_t(row0) * a.in * 2;
+      r.bytes[2 * m] = unsigned(rows) * a.in * 2;
     }
   }
   return r;
 }
 
 __device__ __forceinline__ void prefetch_range(const GemvItemRange& r) {
-  for (int i = 0; i < r.n; ++i)
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
     for (unsigned off = threadIdx.x * 128u; off < r.bytes[i]; off += kStepThreads * 128u)
       prefetch_l2_line(r.p[i] + off);
 }
@@ -10554,7 +10566,7 @@ static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(co
       const bool two = ins.epilogue == GemvEpilogue::GeluMul;
       const GemvItemRange r0 = gemv_item_range(ins.gemv, first, two);
       unsigned per = 0;
-      for (int k = 0; k < r0.n; ++k) per += r0.bytes[k];
+      for (int k = 0; k < 4; ++k) per += r0.bytes[k];
       const int ahead = max(1, p.prefetch_bytes / int(max(per, 1u)));
       int fetched = 0;  // my items whose weights are requested
       for (; fetched < ahead && first + fetched * nb < items; ++fetched)
