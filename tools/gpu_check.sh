@@ -247,12 +247,13 @@ step_steps() {  # where a decode step's GPU time goes, per kernel name (issues 1
   done
 }
 
-step_sanitize() {
-  local T=build-gpu-native/gemma4_t4_gpu_tests SAN=(env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer)
-  timeout "${SAN_S:-240}" "${SAN[@]}" --tool memcheck --error-exitcode 9 "$T" "[persistent]" > "$OUT/memcheck.log" 2>&1
-  note "memcheck [persistent] rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)"
-  timeout "${SAN_S:-240}" "${SAN[@]}" --tool racecheck --error-exitcode 9 "$T" "[persistent]" > "$OUT/racecheck.log" 2>&1
-  note "racecheck [persistent] rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/racecheck.log" | tail -1)"
+step_sanitize() {  # SAN_TESTS: the Catch2 test spec (default "[persistent]"); SAN_TOOLS: default "memcheck racecheck"
+  local T=build-gpu-native/gemma4_t4_gpu_tests SAN=(env GEMMA4_T4_UNDER_TOOL=1 compute-sanitizer) spec=${SAN_TESTS:-[persistent]}
+  for tool in ${SAN_TOOLS:-memcheck racecheck}; do
+    timeout "${SAN_S:-240}" "${SAN[@]}" --tool "$tool" --error-exitcode 9 "$T" "$spec" > "$OUT/$tool.log" 2>&1
+    note "$tool $spec rc=$? $(grep -E 'RACECHECK SUMMARY|ERROR SUMMARY' "$OUT/$tool.log" | tail -1)" \
+      "$(grep -E 'test cases' "$OUT/$tool.log" | tail -1)"
+  done
 }
 
 step_ptxas() {
