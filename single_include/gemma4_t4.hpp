@@ -787,6 +787,11 @@ struct DeviceReport {
   std::string name;
   int cc_major = 0, cc_minor = 0;  // compute capability
   int sm_count = 0;
+  int clock_mhz = 0;  // peak SM clock (cudaDevAttrClockRate)
+  // Dense fp16 tensor-core peak with fp32 accumulation, TFLOP/s: sm_count x clock x FLOP per clock per SM for the
+  // architecture (sm_75 1024: T4 65; sm_80 2048: A100 312; sm_86/87/89 1024, the data-center parts -- GeForce
+  // halves it with fp32 accumulation; sm_90 4096: H100/H200 989 at 1830 MHz); 0 where the table has no entry.
+  double fp16_tensor_tflops = 0;
   uint64_t memory_total = 0, memory_free = 0;  // global memory; free as cudaMemGetInfo says now
   uint64_t smem_per_block = 0;                 // shared memory per block without opting in
   uint64_t smem_per_block_optin = 0;           // per block with cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -881,6 +886,7 @@ struct SweepOptions {
   BandwidthOptions bandwidth_options;
   Bandwidth bandwidth;
   double t4_bandwidth_gbs = 277;  // the T4 projection's bandwidth (T4: 320 GB/s peak, ~277 GB/s streamed)
+  double t4_tensor_tflops = 65;   // the T4 TTFT projection's fp16 tensor-core peak (T4: 65 TFLOP/s)
   std::string label;              // names the checkpoint in every output (e.g. its directory)
   // May be empty; returning false cancels the sweep; throwing stops it too (run() returns CallbackError).
   std::function<bool(const Progress&)> on_progress;
@@ -907,7 +913,12 @@ struct Cell {
   double fixed_ms = 0;             // ms_per_token - decode bytes / measured read bandwidth (>= 0)
   double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: 1000 / (decode bytes / T4 bandwidth + fixed_ms)
   double t4_tok_s_total = 0;       // T4 projection, NOT measured: concurrency * t4_tok_s_per_stream
-  std::string error;               // non-empty: what went wrong (numbers from completed repeats, if any)
+  double prefill_flops = 0;        // one stream's prompt: bench::prefill_flops(config, prompt)
+  // T4 projection, NOT measured (concurrency-1 cells on a GPU whose fp16 tensor peak is known): ttft_ms_median
+  // x DeviceReport::fp16_tensor_tflops / t4_tensor_tflops -- the prompt at the fraction of the tensor-core peak
+  // this GPU reached (prefill_flops / TTFT), on a T4's peak; 0 otherwise
+  double t4_ttft_ms = 0;
+  std::string error;  // non-empty: what went wrong (numbers from completed repeats, if any)
   bool ok() const { return error.empty(); }
 };
 
@@ -935,8 +946,20 @@ struct Report {
   std::vector<Cell> cells;         // prompts outer, concurrency inner, in the order asked
   double t4_bandwidth_gbs = 0;     // T4 projection, NOT measured
   double t4_ceiling_tok_s = 0;     //   t4_bandwidth_gbs * 1e9 / decode_bytes_per_token
+  double t4_tensor_tflops = 0;     // T4 TTFT projection, NOT measured: SweepOptions::t4_tensor_tflops
   bool cancelled = false;
 };
+
+// FLOPs of prefilling one prompt of `prompt` tokens, the matmuls only (norms and element-wise work uncounted):
+// every decoder linear and the PLE model projection at 2 x in x out per token; attention at 4 x heads x head_dim
+// per (query, key) pair (q.k and p.v) over the keys each query sees (every earlier one on full layers, the last
+// sliding_window on sliding ones); the LM head for the last token only (a prefill returns one row of logits).
+double prefill_flops(const ModelConfig& config, int prompt);
+
+// The T4 TTFT projection of a cell (Cell::t4_ttft_ms, which run() fills with it): ttft_ms_median x
+// report.device.fp16_tensor_tflops / report.t4_tensor_tflops for a concurrency-1 cell of a CUDA report whose
+// device peak is known; 0 otherwise. A projection, not a measurement.
+double t4_ttft_ms(const Report& report, const Cell& cell);
 
 // Runs the sweep on a loaded engine. A cell that fails (out of memory, context) carries its error and the
 // sweep goes on. Returns ok with *out filled; InvalidArgument (nothing run) for an unloaded engine or
@@ -12678,6 +12701,20 @@ using Json = nlohmann::json;
 
 constexpr char kProjectionLabel[] = "projection, not measured";
 
+// Dense fp16 tensor-core FLOP per clock per SM with fp32 accumulation, by compute capability (see
+// DeviceReport::fp16_tensor_tflops); 0 for architectures not listed.
+inline int fp16_tensor_flops_per_clock(int cc) {
+  switch (cc) {
+    case 75: return 1024;
+    case 80: return 2048;
+    case 86:
+    case 87:
+    case 89: return 1024;
+    case 90: return 4096;
+    default: return 0;
+  }
+}
+
 inline double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
@@ -12891,6 +12928,11 @@ inline bench::DeviceReport cuda_report(int device) {
   r.cc_major = p.major;
   r.cc_minor = p.minor;
   r.sm_count = p.multiProcessorCount;
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device) == cudaSuccess) r.clock_mhz = khz / 1000;
+  cudaGetLastError();
+  r.fp16_tensor_tflops =
+      double(r.sm_count) * r.clock_mhz * 1e6 * fp16_tensor_flops_per_clock(p.major * 10 + p.minor) / 1e12;
   r.memory_total = p.totalGlobalMem;
   r.smem_per_block = p.sharedMemPerBlock;
   r.smem_per_block_optin = p.sharedMemPerBlockOptin;
@@ -13092,6 +13134,9 @@ DoctorReport doctor(const std::string& model_path, int device) {
 //                  (the time a step spends beyond moving its weights: launches, waits, latency, sampling; it
 //                  does not shrink on a slower GPU, while the bytes take 15x longer). Labelled "projection, not
 //                  measured" wherever it appears, with this formula.
+//                  TTFT, concurrency-1 cells on a GPU: the prompt's FLOPs (prefill_flops) at the fraction of its
+//                  fp16 tensor-core peak this GPU reached, on a T4's 65 TFLOP/s: TTFT x this peak / 65. Memory-
+//                  bound parts of a prefill scale about alike (H200 / T4: 16.5x peak, 15.7x bandwidth).
 
 #include <algorithm>
 #include <cmath>
@@ -13407,6 +13452,33 @@ inline std::string sampling_summary(const SamplingOptions& o) {
 
 namespace bench {
 
+double t4_ttft_ms(const Report& r, const Cell& c) {
+  if (r.backend != Backend::Cuda || c.concurrency != 1 || c.ttft_ms_median <= 0 || r.device.fp16_tensor_tflops <= 0 ||
+      r.t4_tensor_tflops <= 0)
+    return 0;
+  return c.ttft_ms_median * r.device.fp16_tensor_tflops / r.t4_tensor_tflops;
+}
+
+double prefill_flops(const ModelConfig& c, int prompt) {
+  if (prompt <= 0) return 0;
+  const double H = c.hidden_size, P = prompt, D = c.hidden_size_per_layer_input, L = c.num_layers;
+  double linear = 2.0 * H * L * D;  // per_layer_model_projection (when D > 0)
+  double attention = 0;
+  for (const LayerConfig& lc : c.layers) {
+    const double q = double(c.num_heads) * lc.head_dim, kv = double(lc.num_kv_heads) * lc.head_dim;
+    const double kv_out = lc.kv_shared ? 0 : (lc.k_eq_v ? kv : 2 * kv);
+    linear += 2.0 * H * (q + kv_out) + 2.0 * q * H;  // q/k/v, o
+    linear += 3 * 2.0 * H * lc.intermediate_size;    // gate, up, down
+    linear += 2 * 2.0 * H * D;                       // per_layer_input_gate, per_layer_projection
+    // keys seen by the queries at positions 0 .. P-1: p + 1 each, capped at the window on sliding layers
+    const double w = lc.type == LayerType::Sliding && c.sliding_window > 0 ? c.sliding_window : P;
+    const double m = std::min(w, P);
+    const double pairs = m * (m + 1) / 2 + (P - m) * w;
+    attention += 4.0 * q * pairs;
+  }
+  return linear * P + attention + 2.0 * H * c.vocab_size;
+}
+
 Status measure_bandwidth(Backend backend, int device, const BandwidthOptions& options, Bandwidth* out) {
   if (!out) return detail::err(Code::InvalidArgument, "measure_bandwidth: out is null");
   try {
@@ -13478,6 +13550,7 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
   r.seed = o.seed;
   r.t4_bandwidth_gbs = o.t4_bandwidth_gbs;
   if (r.decode_bytes_per_token > 0) r.t4_ceiling_tok_s = o.t4_bandwidth_gbs * 1e9 / r.decode_bytes_per_token;
+  r.t4_tensor_tflops = o.t4_tensor_tflops;
 
   if (o.warmup && r.backend == Backend::Cuda) {
     const auto t0 = Clock::now();
@@ -13548,6 +13621,8 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
         cell.t4_tok_s_per_stream = 1e3 / (r.decode_bytes_per_token / (r.t4_bandwidth_gbs * 1e6) + cell.fixed_ms);
       }
       cell.t4_tok_s_total = cell.t4_tok_s_per_stream * cell.concurrency;
+      cell.prefill_flops = bench::prefill_flops(cfg, cell.prompt);
+      cell.t4_ttft_ms = bench::t4_ttft_ms(r, cell);
     }
     if (!go_on) r.cancelled = true;
   }
@@ -13695,6 +13770,8 @@ inline Json device_json(const bench::DeviceReport& d) {
               {"name", d.name},
               {"compute_capability", strf("%d.%d", d.cc_major, d.cc_minor)},
               {"sm_count", d.sm_count},
+              {"clock_mhz", d.clock_mhz},
+              {"fp16_tensor_tflops", d.fp16_tensor_tflops},
               {"memory_total", d.memory_total},
               {"memory_free", d.memory_free},
               {"smem_per_block", d.smem_per_block},
@@ -13752,6 +13829,26 @@ inline std::string projection_scaled(const bench::Report& r) {
 
 inline std::string projection_sentence(const bench::Report& r) {
   return projection_ceiling(r) + "; " + projection_scaled(r);
+}
+
+// The TTFT projection's formula and its concurrency-1 cells, one line each; "" when no cell has one.
+inline std::string ttft_projection(const bench::Report& r) {
+  std::string s;
+  for (const bench::Cell& c : r.cells) {
+    if (c.t4_ttft_ms <= 0) continue;
+    const double tflops = c.prefill_flops / (c.ttft_ms_median * 1e9);
+    s += strf("  prompt %d: %.3g TFLOP of matmuls, %.1f ms here = %.0f TFLOP/s (%.0f%% of peak) -> %.0f ms on a T4\n",
+              c.prompt, c.prefill_flops / 1e12, c.ttft_ms_median, tflops, 100 * tflops / r.device.fp16_tensor_tflops,
+              c.t4_ttft_ms);
+  }
+  if (s.empty()) return s;
+  return strf(
+             "T4 TTFT projection (%s): TTFT x this GPU's fp16 tensor-core peak (%d SMs x %d MHz x %d FLOP/clock = "
+             "%.0f TFLOP/s) / a T4's %.0f TFLOP/s, i.e. the prompt at the fraction of peak reached here\n",
+             kProjectionLabel, r.device.sm_count, r.device.clock_mhz,
+             fp16_tensor_flops_per_clock(r.device.cc_major * 10 + r.device.cc_minor), r.device.fp16_tensor_tflops,
+             r.t4_tensor_tflops) +
+         s;
 }
 
 }  // namespace bench_impl
@@ -13869,6 +13966,7 @@ std::string to_table(const Report& r) {
         s += strf("%6s  %7d  %12.1f  %11.1f\n", prompt_label(c).c_str(), c.concurrency, c.t4_tok_s_per_stream,
                   c.t4_tok_s_total);
   }
+  s += ttft_projection(r);
   if (r.cancelled) s += "the sweep was cancelled: cells marked 'not run' were not measured\n";
   return s;
 }
@@ -13913,12 +14011,14 @@ std::string to_json(const Report& r) {
                          {"prefill_tok_s", c.prefill_tok_s},
                          {"pct_of_ceiling", c.pct_of_ceiling},
                          {"sessions_fit", c.sessions_fit},
+                         {"prefill_flops", c.prefill_flops},
                          {"error", c.error}});
     t4cells.push_back(Json{{"prompt", c.prompt},
                            {"concurrency", c.concurrency},
                            {"fixed_ms", c.fixed_ms},
                            {"tok_s_per_stream", c.t4_tok_s_per_stream},
-                           {"tok_s_total", c.t4_tok_s_total}});
+                           {"tok_s_total", c.t4_tok_s_total},
+                           {"ttft_ms", c.t4_ttft_ms}});
   }
   Json j = {{"schema", "gemma4_t4.bench/1"},
             {"version", r.version},
@@ -13951,6 +14051,8 @@ std::string to_json(const Report& r) {
               {"description", projection_sentence(r)},
               {"bandwidth_gbs", r.t4_bandwidth_gbs},
               {"ceiling_tok_s", r.t4_ceiling_tok_s},
+              {"tensor_tflops", r.t4_tensor_tflops},
+              {"ttft_description", ttft_projection(r)},
               {"cells", t4cells}}},
             {"cancelled", r.cancelled}};
   return j.dump(2) + "\n";
@@ -13961,13 +14063,14 @@ std::string to_csv(const Report& r) {
   std::string s =
       "prompt,requested_prompt,concurrency,tokens,repeats,ms_per_token,tok_s_per_stream,tok_s_total,ttft_ms_median,"
       "ttft_ms_p90,prefill_tok_s,pct_of_ceiling,ceiling_tok_s,sessions_fit,weight_bytes,kv_bytes_per_token,"
-      "t4_projected_tok_s_per_stream,t4_projected_tok_s_total,t4_note,error\n";
+      "t4_projected_tok_s_per_stream,t4_projected_tok_s_total,t4_projected_ttft_ms,t4_note,error\n";
   for (const Cell& c : r.cells) {
-    s += strf("%d,%d,%d,%d,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%llu,%llu,%llu,%.6g,%.6g,", c.prompt,
+    s += strf("%d,%d,%d,%d,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%llu,%llu,%llu,%.6g,%.6g,%.6g,", c.prompt,
               c.requested_prompt, c.concurrency, c.tokens, c.repeats, c.ms_per_token, c.tok_s_per_stream, c.tok_s_total,
               c.ttft_ms_median, c.ttft_ms_p90, c.prefill_tok_s, c.pct_of_ceiling, r.ceiling_tok_s,
               static_cast<unsigned long long>(c.sessions_fit), static_cast<unsigned long long>(r.weight_bytes),
-              static_cast<unsigned long long>(r.kv_bytes_per_token), c.t4_tok_s_per_stream, c.t4_tok_s_total);
+              static_cast<unsigned long long>(r.kv_bytes_per_token), c.t4_tok_s_per_stream, c.t4_tok_s_total,
+              c.t4_ttft_ms);
     s += csv_field(kProjectionLabel) + "," + csv_field(c.error) + "\n";
   }
   return s;

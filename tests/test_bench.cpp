@@ -1,10 +1,11 @@
 // gemma4_t4::bench on the tiny fixture with the CPU backend (CI has no GPU): the sweep fills every cell with
 // positive numbers; JSON, CSV and SVG carry what the header documents; the T4 projection is labelled in every
 // format; clamping, failing cells, cancellation and bad options; the Engine's memory accessors; doctor and the
-// device report without a GPU.
+// device report without a GPU; prefill_flops against the checkpoint's own tensor shapes.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -122,7 +123,10 @@ TEST_CASE("bench: the sweep on the tiny model fills every cell with positive num
     CHECK(c.fixed_ms == Approx(std::max(0.0, c.ms_per_token - bytes_ms)));
     CHECK(c.t4_tok_s_per_stream == Approx(1e3 / (r.decode_bytes_per_token / (277e9 / 1e3) + c.fixed_ms)));
     CHECK(c.t4_tok_s_total == Approx(c.t4_tok_s_per_stream * c.concurrency));
+    CHECK(c.prefill_flops == Approx(bench::prefill_flops(engine.config(), c.prompt)));
+    CHECK(c.t4_ttft_ms == 0);  // the TTFT projection is for GPUs (a tensor-core peak to scale from)
   }
+  CHECK(r.t4_tensor_tflops == 65);
   // one seed per (cell, repeat): distinct cells, distinct seeds
   CHECK(r.cells[0].seeds[0] != r.cells[1].seeds[0]);
   CHECK(r.cells[0].seeds[0] != r.cells[2].seeds[0]);
@@ -206,7 +210,7 @@ TEST_CASE("bench: CSV has a header and one line per cell", "[bench]") {
   const std::vector<std::string> l = lines(bench::to_csv(r));
   REQUIRE(l.size() == 1 + r.cells.size());
   const std::vector<std::string> header = csv_fields(l[0]);
-  CHECK(header.size() == 20);
+  CHECK(header.size() == 21);
   CHECK(header.front() == "prompt");
   CHECK(header.back() == "error");
   const size_t note = size_t(std::find(header.begin(), header.end(), "t4_note") - header.begin());
@@ -223,6 +227,81 @@ TEST_CASE("bench: CSV has a header and one line per cell", "[bench]") {
     CHECK(f[note] == kLabel);
     CHECK(f.back().empty());
   }
+}
+
+// prefill_flops from the config, against a count from the checkpoint's tensors: 2 x every decoder linear's
+// elements per token (k/v only on layers that project their own cache), attention 4 x q width per (query, key)
+// pair counted query by query (a sliding layer's window from config.json), the LM head once.
+TEST_CASE("bench: prefill_flops equals the count from the checkpoint's tensor shapes", "[bench]") {
+  const std::string dir = testref::fixtures() + "/mm_bf16";
+  std::ifstream f(dir + "/model.safetensors", std::ios::binary);
+  REQUIRE(f);
+  uint64_t n = 0;
+  f.read(reinterpret_cast<char*>(&n), 8);
+  std::string text(n, '\0');
+  f.read(&text[0], std::streamsize(n));
+  const Json header = Json::parse(text);
+  const Json cfg = Json::parse(std::ifstream(dir + "/config.json"))["text_config"];
+  const int L = cfg["num_hidden_layers"], shared = cfg["num_kv_shared_layers"], window = cfg["sliding_window"];
+  const std::vector<std::string> types = cfg["layer_types"];
+  const std::string pre = "model.language_model.";
+  auto numel = [&](const std::string& name) -> double {
+    if (!header.contains(name)) return 0;
+    double e = 1;
+    for (const auto& d : header[name]["shape"]) e *= d.get<double>();
+    return e;
+  };
+  double linear = numel(pre + "per_layer_model_projection.weight");
+  std::vector<double> qwidth;
+  for (int l = 0; l < L; ++l) {
+    const std::string lp = pre + "layers." + std::to_string(l) + ".";
+    linear += numel(lp + "self_attn.q_proj.weight") + numel(lp + "self_attn.o_proj.weight");
+    if (l < L - shared) linear += numel(lp + "self_attn.k_proj.weight") + numel(lp + "self_attn.v_proj.weight");
+    for (const char* m :
+         {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "per_layer_input_gate", "per_layer_projection"})
+      linear += numel(lp + m + ".weight");
+    qwidth.push_back(header[lp + "self_attn.q_proj.weight"]["shape"][0].get<double>());
+  }
+  const Engine engine = testref::load_engine("mm_bf16", Backend::Cpu);
+  for (int P : {1, 7, 8, 9, 100, 1000}) {
+    double attention = 0;
+    for (int l = 0; l < L; ++l)
+      for (int p = 0; p < P; ++p)
+        attention +=
+            4 * qwidth[size_t(l)] * (types[size_t(l)] == "sliding_attention" ? std::min(p + 1, window) : p + 1);
+    const double want = 2 * linear * P + attention + 2 * numel(pre + "embed_tokens.weight");
+    INFO("prompt " << P);
+    CHECK(bench::prefill_flops(engine.config(), P) == Approx(want).epsilon(1e-12));
+  }
+  CHECK(bench::prefill_flops(engine.config(), 0) == 0);
+}
+
+// The TTFT projection is the measured TTFT at this GPU's fp16 tensor peak over a T4's (a GPU report made by hand:
+// CI has no GPU), for concurrency-1 cells only, and labelled in the table and the JSON.
+TEST_CASE("bench: the T4 TTFT projection scales a concurrency-1 TTFT by the tensor-core peaks", "[bench]") {
+  bench::Report r = tiny_report(testref::load_engine("mm_bf16", Backend::Cpu));
+  r.backend = Backend::Cuda;
+  r.device.cuda = true;
+  r.device.cc_major = 9;
+  r.device.sm_count = 132;
+  r.device.clock_mhz = 1980;
+  r.device.fp16_tensor_tflops = 132 * 1980e6 * 4096 / 1e12;
+  for (bench::Cell& c : r.cells) {
+    c.t4_ttft_ms = bench::t4_ttft_ms(r, c);
+    INFO("prompt " << c.prompt << " concurrency " << c.concurrency);
+    if (c.concurrency == 1)
+      CHECK(c.t4_ttft_ms == Approx(c.ttft_ms_median * r.device.fp16_tensor_tflops / 65));
+    else
+      CHECK(c.t4_ttft_ms == 0);  // later streams' TTFTs include the earlier streams' prefills
+  }
+  const std::string table = bench::to_table(r);
+  CHECK(table.find("T4 TTFT projection (projection, not measured)") != std::string::npos);
+  CHECK(count(table, "ms on a T4") == 2);  // the two concurrency-1 cells
+  const Json j = Json::parse(bench::to_json(r));
+  CHECK(j["t4_projection"]["tensor_tflops"].get<double>() == 65);
+  CHECK(j["t4_projection"]["cells"][0]["ttft_ms"].get<double>() == Approx(r.cells[0].t4_ttft_ms));
+  CHECK(j["t4_projection"]["ttft_description"].get<std::string>().find(kLabel) != std::string::npos);
+  CHECK(j["cells"][0]["prefill_flops"].get<double>() == Approx(r.cells[0].prefill_flops));
 }
 
 TEST_CASE("bench: SVG is well-formed enough, with one polyline per prompt in each panel", "[bench]") {

@@ -30,6 +30,11 @@ struct DeviceReport {
   std::string name;
   int cc_major = 0, cc_minor = 0;  // compute capability
   int sm_count = 0;
+  int clock_mhz = 0;  // peak SM clock (cudaDevAttrClockRate)
+  // Dense fp16 tensor-core peak with fp32 accumulation, TFLOP/s: sm_count x clock x FLOP per clock per SM for the
+  // architecture (sm_75 1024: T4 65; sm_80 2048: A100 312; sm_86/87/89 1024, the data-center parts -- GeForce
+  // halves it with fp32 accumulation; sm_90 4096: H100/H200 989 at 1830 MHz); 0 where the table has no entry.
+  double fp16_tensor_tflops = 0;
   uint64_t memory_total = 0, memory_free = 0;  // global memory; free as cudaMemGetInfo says now
   uint64_t smem_per_block = 0;                 // shared memory per block without opting in
   uint64_t smem_per_block_optin = 0;           // per block with cudaFuncAttributeMaxDynamicSharedMemorySize
@@ -124,6 +129,7 @@ struct SweepOptions {
   BandwidthOptions bandwidth_options;
   Bandwidth bandwidth;
   double t4_bandwidth_gbs = 277;  // the T4 projection's bandwidth (T4: 320 GB/s peak, ~277 GB/s streamed)
+  double t4_tensor_tflops = 65;   // the T4 TTFT projection's fp16 tensor-core peak (T4: 65 TFLOP/s)
   std::string label;              // names the checkpoint in every output (e.g. its directory)
   // May be empty; returning false cancels the sweep; throwing stops it too (run() returns CallbackError).
   std::function<bool(const Progress&)> on_progress;
@@ -150,7 +156,12 @@ struct Cell {
   double fixed_ms = 0;             // ms_per_token - decode bytes / measured read bandwidth (>= 0)
   double t4_tok_s_per_stream = 0;  // T4 projection, NOT measured: 1000 / (decode bytes / T4 bandwidth + fixed_ms)
   double t4_tok_s_total = 0;       // T4 projection, NOT measured: concurrency * t4_tok_s_per_stream
-  std::string error;               // non-empty: what went wrong (numbers from completed repeats, if any)
+  double prefill_flops = 0;        // one stream's prompt: bench::prefill_flops(config, prompt)
+  // T4 projection, NOT measured (concurrency-1 cells on a GPU whose fp16 tensor peak is known): ttft_ms_median
+  // x DeviceReport::fp16_tensor_tflops / t4_tensor_tflops -- the prompt at the fraction of the tensor-core peak
+  // this GPU reached (prefill_flops / TTFT), on a T4's peak; 0 otherwise
+  double t4_ttft_ms = 0;
+  std::string error;  // non-empty: what went wrong (numbers from completed repeats, if any)
   bool ok() const { return error.empty(); }
 };
 
@@ -178,8 +189,20 @@ struct Report {
   std::vector<Cell> cells;         // prompts outer, concurrency inner, in the order asked
   double t4_bandwidth_gbs = 0;     // T4 projection, NOT measured
   double t4_ceiling_tok_s = 0;     //   t4_bandwidth_gbs * 1e9 / decode_bytes_per_token
+  double t4_tensor_tflops = 0;     // T4 TTFT projection, NOT measured: SweepOptions::t4_tensor_tflops
   bool cancelled = false;
 };
+
+// FLOPs of prefilling one prompt of `prompt` tokens, the matmuls only (norms and element-wise work uncounted):
+// every decoder linear and the PLE model projection at 2 x in x out per token; attention at 4 x heads x head_dim
+// per (query, key) pair (q.k and p.v) over the keys each query sees (every earlier one on full layers, the last
+// sliding_window on sliding ones); the LM head for the last token only (a prefill returns one row of logits).
+double prefill_flops(const ModelConfig& config, int prompt);
+
+// The T4 TTFT projection of a cell (Cell::t4_ttft_ms, which run() fills with it): ttft_ms_median x
+// report.device.fp16_tensor_tflops / report.t4_tensor_tflops for a concurrency-1 cell of a CUDA report whose
+// device peak is known; 0 otherwise. A projection, not a measurement.
+double t4_ttft_ms(const Report& report, const Cell& cell);
 
 // Runs the sweep on a loaded engine. A cell that fails (out of memory, context) carries its error and the
 // sweep goes on. Returns ok with *out filled; InvalidArgument (nothing run) for an unloaded engine or

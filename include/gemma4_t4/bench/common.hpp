@@ -29,6 +29,20 @@ using Json = nlohmann::json;
 
 constexpr char kProjectionLabel[] = "projection, not measured";
 
+// Dense fp16 tensor-core FLOP per clock per SM with fp32 accumulation, by compute capability (see
+// DeviceReport::fp16_tensor_tflops); 0 for architectures not listed.
+inline int fp16_tensor_flops_per_clock(int cc) {
+  switch (cc) {
+    case 75: return 1024;
+    case 80: return 2048;
+    case 86:
+    case 87:
+    case 89: return 1024;
+    case 90: return 4096;
+    default: return 0;
+  }
+}
+
 inline double ms_since(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }

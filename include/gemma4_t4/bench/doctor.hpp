@@ -146,6 +146,11 @@ inline bench::DeviceReport cuda_report(int device) {
   r.cc_major = p.major;
   r.cc_minor = p.minor;
   r.sm_count = p.multiProcessorCount;
+  int khz = 0;
+  if (cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, device) == cudaSuccess) r.clock_mhz = khz / 1000;
+  cudaGetLastError();
+  r.fp16_tensor_tflops =
+      double(r.sm_count) * r.clock_mhz * 1e6 * fp16_tensor_flops_per_clock(p.major * 10 + p.minor) / 1e12;
   r.memory_total = p.totalGlobalMem;
   r.smem_per_block = p.sharedMemPerBlock;
   r.smem_per_block_optin = p.sharedMemPerBlockOptin;

@@ -29,6 +29,9 @@
 //                  (the time a step spends beyond moving its weights: launches, waits, latency, sampling; it
 //                  does not shrink on a slower GPU, while the bytes take 15x longer). Labelled "projection, not
 //                  measured" wherever it appears, with this formula.
+//                  TTFT, concurrency-1 cells on a GPU: the prompt's FLOPs (prefill_flops) at the fraction of its
+//                  fp16 tensor-core peak this GPU reached, on a T4's 65 TFLOP/s: TTFT x this peak / 65. Memory-
+//                  bound parts of a prefill scale about alike (H200 / T4: 16.5x peak, 15.7x bandwidth).
 #pragma once
 
 #include <algorithm>
@@ -345,6 +348,33 @@ inline std::string sampling_summary(const SamplingOptions& o) {
 
 namespace bench {
 
+double t4_ttft_ms(const Report& r, const Cell& c) {
+  if (r.backend != Backend::Cuda || c.concurrency != 1 || c.ttft_ms_median <= 0 || r.device.fp16_tensor_tflops <= 0 ||
+      r.t4_tensor_tflops <= 0)
+    return 0;
+  return c.ttft_ms_median * r.device.fp16_tensor_tflops / r.t4_tensor_tflops;
+}
+
+double prefill_flops(const ModelConfig& c, int prompt) {
+  if (prompt <= 0) return 0;
+  const double H = c.hidden_size, P = prompt, D = c.hidden_size_per_layer_input, L = c.num_layers;
+  double linear = 2.0 * H * L * D;  // per_layer_model_projection (when D > 0)
+  double attention = 0;
+  for (const LayerConfig& lc : c.layers) {
+    const double q = double(c.num_heads) * lc.head_dim, kv = double(lc.num_kv_heads) * lc.head_dim;
+    const double kv_out = lc.kv_shared ? 0 : (lc.k_eq_v ? kv : 2 * kv);
+    linear += 2.0 * H * (q + kv_out) + 2.0 * q * H;  // q/k/v, o
+    linear += 3 * 2.0 * H * lc.intermediate_size;    // gate, up, down
+    linear += 2 * 2.0 * H * D;                       // per_layer_input_gate, per_layer_projection
+    // keys seen by the queries at positions 0 .. P-1: p + 1 each, capped at the window on sliding layers
+    const double w = lc.type == LayerType::Sliding && c.sliding_window > 0 ? c.sliding_window : P;
+    const double m = std::min(w, P);
+    const double pairs = m * (m + 1) / 2 + (P - m) * w;
+    attention += 4.0 * q * pairs;
+  }
+  return linear * P + attention + 2.0 * H * c.vocab_size;
+}
+
 Status measure_bandwidth(Backend backend, int device, const BandwidthOptions& options, Bandwidth* out) {
   if (!out) return detail::err(Code::InvalidArgument, "measure_bandwidth: out is null");
   try {
@@ -416,6 +446,7 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
   r.seed = o.seed;
   r.t4_bandwidth_gbs = o.t4_bandwidth_gbs;
   if (r.decode_bytes_per_token > 0) r.t4_ceiling_tok_s = o.t4_bandwidth_gbs * 1e9 / r.decode_bytes_per_token;
+  r.t4_tensor_tflops = o.t4_tensor_tflops;
 
   if (o.warmup && r.backend == Backend::Cuda) {
     const auto t0 = Clock::now();
@@ -486,6 +517,8 @@ Status run(const Engine& engine, const SweepOptions& o, Report* out) {
         cell.t4_tok_s_per_stream = 1e3 / (r.decode_bytes_per_token / (r.t4_bandwidth_gbs * 1e6) + cell.fixed_ms);
       }
       cell.t4_tok_s_total = cell.t4_tok_s_per_stream * cell.concurrency;
+      cell.prefill_flops = bench::prefill_flops(cfg, cell.prompt);
+      cell.t4_ttft_ms = bench::t4_ttft_ms(r, cell);
     }
     if (!go_on) r.cancelled = true;
   }

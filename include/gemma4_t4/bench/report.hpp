@@ -48,6 +48,8 @@ inline Json device_json(const bench::DeviceReport& d) {
               {"name", d.name},
               {"compute_capability", strf("%d.%d", d.cc_major, d.cc_minor)},
               {"sm_count", d.sm_count},
+              {"clock_mhz", d.clock_mhz},
+              {"fp16_tensor_tflops", d.fp16_tensor_tflops},
               {"memory_total", d.memory_total},
               {"memory_free", d.memory_free},
               {"smem_per_block", d.smem_per_block},
@@ -105,6 +107,26 @@ inline std::string projection_scaled(const bench::Report& r) {
 
 inline std::string projection_sentence(const bench::Report& r) {
   return projection_ceiling(r) + "; " + projection_scaled(r);
+}
+
+// The TTFT projection's formula and its concurrency-1 cells, one line each; "" when no cell has one.
+inline std::string ttft_projection(const bench::Report& r) {
+  std::string s;
+  for (const bench::Cell& c : r.cells) {
+    if (c.t4_ttft_ms <= 0) continue;
+    const double tflops = c.prefill_flops / (c.ttft_ms_median * 1e9);
+    s += strf("  prompt %d: %.3g TFLOP of matmuls, %.1f ms here = %.0f TFLOP/s (%.0f%% of peak) -> %.0f ms on a T4\n",
+              c.prompt, c.prefill_flops / 1e12, c.ttft_ms_median, tflops, 100 * tflops / r.device.fp16_tensor_tflops,
+              c.t4_ttft_ms);
+  }
+  if (s.empty()) return s;
+  return strf(
+             "T4 TTFT projection (%s): TTFT x this GPU's fp16 tensor-core peak (%d SMs x %d MHz x %d FLOP/clock = "
+             "%.0f TFLOP/s) / a T4's %.0f TFLOP/s, i.e. the prompt at the fraction of peak reached here\n",
+             kProjectionLabel, r.device.sm_count, r.device.clock_mhz,
+             fp16_tensor_flops_per_clock(r.device.cc_major * 10 + r.device.cc_minor), r.device.fp16_tensor_tflops,
+             r.t4_tensor_tflops) +
+         s;
 }
 
 }  // namespace bench_impl
@@ -222,6 +244,7 @@ std::string to_table(const Report& r) {
         s += strf("%6s  %7d  %12.1f  %11.1f\n", prompt_label(c).c_str(), c.concurrency, c.t4_tok_s_per_stream,
                   c.t4_tok_s_total);
   }
+  s += ttft_projection(r);
   if (r.cancelled) s += "the sweep was cancelled: cells marked 'not run' were not measured\n";
   return s;
 }
@@ -266,12 +289,14 @@ std::string to_json(const Report& r) {
                          {"prefill_tok_s", c.prefill_tok_s},
                          {"pct_of_ceiling", c.pct_of_ceiling},
                          {"sessions_fit", c.sessions_fit},
+                         {"prefill_flops", c.prefill_flops},
                          {"error", c.error}});
     t4cells.push_back(Json{{"prompt", c.prompt},
                            {"concurrency", c.concurrency},
                            {"fixed_ms", c.fixed_ms},
                            {"tok_s_per_stream", c.t4_tok_s_per_stream},
-                           {"tok_s_total", c.t4_tok_s_total}});
+                           {"tok_s_total", c.t4_tok_s_total},
+                           {"ttft_ms", c.t4_ttft_ms}});
   }
   Json j = {{"schema", "gemma4_t4.bench/1"},
             {"version", r.version},
@@ -304,6 +329,8 @@ std::string to_json(const Report& r) {
               {"description", projection_sentence(r)},
               {"bandwidth_gbs", r.t4_bandwidth_gbs},
               {"ceiling_tok_s", r.t4_ceiling_tok_s},
+              {"tensor_tflops", r.t4_tensor_tflops},
+              {"ttft_description", ttft_projection(r)},
               {"cells", t4cells}}},
             {"cancelled", r.cancelled}};
   return j.dump(2) + "\n";
@@ -314,13 +341,14 @@ std::string to_csv(const Report& r) {
   std::string s =
       "prompt,requested_prompt,concurrency,tokens,repeats,ms_per_token,tok_s_per_stream,tok_s_total,ttft_ms_median,"
       "ttft_ms_p90,prefill_tok_s,pct_of_ceiling,ceiling_tok_s,sessions_fit,weight_bytes,kv_bytes_per_token,"
-      "t4_projected_tok_s_per_stream,t4_projected_tok_s_total,t4_note,error\n";
+      "t4_projected_tok_s_per_stream,t4_projected_tok_s_total,t4_projected_ttft_ms,t4_note,error\n";
   for (const Cell& c : r.cells) {
-    s += strf("%d,%d,%d,%d,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%llu,%llu,%llu,%.6g,%.6g,", c.prompt,
+    s += strf("%d,%d,%d,%d,%d,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%.6g,%llu,%llu,%llu,%.6g,%.6g,%.6g,", c.prompt,
               c.requested_prompt, c.concurrency, c.tokens, c.repeats, c.ms_per_token, c.tok_s_per_stream, c.tok_s_total,
               c.ttft_ms_median, c.ttft_ms_p90, c.prefill_tok_s, c.pct_of_ceiling, r.ceiling_tok_s,
               static_cast<unsigned long long>(c.sessions_fit), static_cast<unsigned long long>(r.weight_bytes),
-              static_cast<unsigned long long>(r.kv_bytes_per_token), c.t4_tok_s_per_stream, c.t4_tok_s_total);
+              static_cast<unsigned long long>(r.kv_bytes_per_token), c.t4_tok_s_per_stream, c.t4_tok_s_total,
+              c.t4_ttft_ms);
     s += csv_field(kProjectionLabel) + "," + csv_field(c.error) + "\n";
   }
   return s;
