@@ -288,10 +288,15 @@ Status Engine::warm_up(size_t max_sessions) const {
   if (c.hidden_size_per_layer_input > 0) ids_end = std::min(ids_end, c.vocab_size_per_layer_input);
   auto id = [&](size_t i) { return int32_t(1 + (i * 7919) % size_t(std::max(ids_end - 1, 1))); };
   int32_t next = 0;
+  // one scratch session for every prompt, as long as the longest that fits (not max_context: a long-context
+  // engine would allocate that whole KV cache for a moment)
+  size_t longest = 0;
+  for (const int len : plan.prompts)
+    if (len >= 1 && size_t(len) <= ctx) longest = std::max(longest, size_t(len));
   Session s;
   for (const int len : plan.prompts) {
     if (len < 1 || size_t(len) > ctx) continue;
-    if (!s.valid()) GEMMA4_T4_TRY(create_session(&s, ctx));
+    if (!s.valid()) GEMMA4_T4_TRY(create_session(&s, longest));
     s.reset();
     std::vector<int32_t> prompt(static_cast<size_t>(len));
     for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = id(i);
