@@ -253,13 +253,15 @@ std::string to_json(const HeadFidelity& fidelity);
 //  decode_bytes_per_token, lm_head, ceiling_tok_s, weight_bytes, kv{budget_bytes, bytes_per_token, capacity_tokens},
 //  context_limit, options{prompts, concurrency, tokens, repeats, seed}, notes[], cells[{prompt,
 //  requested_prompt, concurrency, tokens, repeats, seeds, ms_per_token, tok_s_per_stream, tok_s_total,
-//  ttft_ms_median, ttft_ms_p90, prefill_tok_s, pct_of_ceiling, sessions_fit, error}], t4_projection{label,
-//  bandwidth_gbs, ceiling_tok_s, cells[{prompt, concurrency, tok_s_per_stream, tok_s_total}]}, cancelled}
+//  ttft_ms_median, ttft_ms_p90, prefill_tok_s, pct_of_ceiling, sessions_fit, prefill_flops, error}],
+//  t4_projection{label, description, bandwidth_gbs, ceiling_tok_s, tensor_tflops, ttft_description,
+//  cells[{prompt, concurrency, fixed_ms, tok_s_per_stream, tok_s_total, ttft_ms}]}, cancelled}
+// (device{} carries clock_mhz and fp16_tensor_tflops beside the fields of DeviceReport.)
 std::string to_json(const Report& report);
 // Header + one line per cell: prompt, requested_prompt, concurrency, tokens, repeats, ms_per_token,
 // tok_s_per_stream, tok_s_total, ttft_ms_median, ttft_ms_p90, prefill_tok_s, pct_of_ceiling, ceiling_tok_s,
 // sessions_fit, weight_bytes, kv_bytes_per_token, t4_projected_tok_s_per_stream, t4_projected_tok_s_total,
-// t4_note ("projection, not measured"), error.
+// t4_projected_ttft_ms (0 where there is none), t4_note ("projection, not measured"), error.
 std::string to_csv(const Report& report);
 // Two panels (tok/s per stream, tok/s total) vs concurrency, one polyline per prompt length in each, the
 // ceiling dashed, the T4 projection dotted and labelled. Self-contained SVG 1.1.
