@@ -7,8 +7,9 @@
 #     build     configure + build both presets (in parallel)
 #     suite     ctest -L gpu in both builds
 #     ab        quick_bench on full-size synthetic E2B w4a16 (tools/make_synthetic): this tree's decode variants
-#               (AB_DECODE: quick_bench argument sets separated by '|', default folded and --no-fold) and, when tmp_base/ holds an earlier tree (`git archive REV include
-#               kernels src bench | tar -x -C tmp_base`), that tree -- same lease, same checkpoint
+#               (AB_DECODE: quick_bench argument sets separated by '|', default the per-kernel and the persistent
+#               path) and, when tmp_base/ holds an earlier tree (`git archive REV include kernels src bench |
+#               tar -x -C tmp_base`), that tree -- same lease, same checkpoint
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
 #     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
@@ -95,7 +96,7 @@ step_ab() {
   synth w4a16 || { note "make_synthetic failed"; return 1; }
   local Q="--model $MODELS/e2b-w4a16 --prompt 512 --tokens 64 --batch ${AB_BATCH:-1,8,16}"
   local abv
-  IFS='|' read -r -a abv <<< "${AB_DECODE:---decode kernels|--decode kernels --no-fold}"
+  IFS='|' read -r -a abv <<< "${AB_DECODE:---decode kernels|--decode persistent}"
   for run in 1 2; do
     for d in "${abv[@]}"; do
       note "== this tree, $d (run $run)"
