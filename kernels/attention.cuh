@@ -7,13 +7,19 @@
 //   (caches: [capacity, kv_heads, D] fp16; the K/V of the rows themselves were written before this runs);
 //   out[r, h] = softmax_j(q . k_j) v_j     (Gemma 4: scaling 1.0, no soft-cap; out saturated to fp16)
 //
-// Work split. Grid (rows, kv_heads, splits): a block takes one KV head's `group` query heads (GQA 8:1 on E2B),
-// so each K/V row is loaded once for all of them, and one contiguous range of the row's keys (the row's keys
-// split evenly in whole 32-key tiles: the grid does not depend on positions, so a captured CUDA graph stays
-// valid as the sequences grow; splits past a short row's keys are empty). The warps split the head
-// dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so per-thread state does not
-// grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is requested at once -- one
-// memory latency per tile. Per tile, with no barrier between the loads and their use:
+// Work split. Grid (rows, kv_heads x head_split, splits): a block takes group / head_split of one KV head's
+// `group` query heads (GQA 8:1 on E2B; head_split 1: all of them, so each K/V row is loaded once for the group;
+// more: a few rows' launch gets head_split times the blocks, each merging 1 / head_split of the partials, and
+// the K/V tile is read once per slice, from L2 after the first), and one contiguous range of the row's keys
+// (the row's keys split evenly in whole 32-key tiles: the grid does not depend on positions, so a captured CUDA
+// graph stays valid as the sequences grow; splits past a short row's keys are empty).
+// PDL prologue (AttnArgs::late_keys >= 0): the block reads the row's metadata, the cache tables and its first
+// tile of past keys and values before pdl_enter -- they were written by the host or by kernels at least two
+// launches back (common.cuh) -- and only q and the keys the previous launch wrote (each row's own key, after
+// the layer's head_norm_rope) after it.
+// The warps split the head dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so
+// per-thread state does not grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is
+// requested at once -- one memory latency per tile. Per tile, with no barrier between the loads and their use:
 //   1. scores: the warp's partial q . k over its channels on the tensor cores (m16n8k8 tensor-core mma: 16 keys x
 //      8 heads x 8 channels, fp16 products exact, fp32 sums), K fragments straight from 16-byte global
 //      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
@@ -60,9 +66,16 @@ struct AttnArgs {
   float* part_o = nullptr;   // [rows, heads, splits, D] fp32 scratch (splits > 1)
   float* part_ml = nullptr;  // [rows, heads, splits, 2] fp32 scratch (max, sum)
   half* out = nullptr;       // [rows, heads * D] fp16
-  // [rows, kv_heads] arrival counters, zero before the launch and zero again after it (the last block of each
-  // (row, KV head) resets its own); allocate once, zeroed. Null: the splits are merged by a second launch.
+  // [rows, kv_heads, head_split] arrival counters, zero before the launch and zero again after it (the last
+  // block of each (row, KV head, head slice) resets its own); allocate once, zeroed. Null: the splits are merged
+  // by a second launch.
   unsigned* counters = nullptr;
+  int head_split = 1;  // query-head slices per KV head (a divisor of the group; group / head_split <= 8)
+  // Keys at the end of each row's range that the previous launch wrote, read after pdl_enter; every earlier key
+  // (and the metadata) is read before it. -1: everything after pdl_enter (passes with prompt chunks, whose rows'
+  // keys were all just written; the persistent kernel). 1: a decode pass (one row per sequence, its own key
+  // written by the layer's head_norm_rope). 0: a layer that reads an earlier layer's cache (KV-shared).
+  int late_keys = -1;
 };
 
 constexpr int kAttnTile = 32;            // keys per block step, and the split granule
@@ -157,6 +170,23 @@ __device__ __forceinline__ void attn_load_k(uint4 (&kf)[2][2][KCH], const half* 
     }
 }
 
+// The same for keys [klo, khi) of the tile only; the other fragments are left as they are (the keys a PDL
+// prologue could not load: see AttnArgs::late_keys).
+template <int KCH>
+__device__ __forceinline__ void attn_load_k_late(uint4 (&kf)[2][2][KCH], const half* __restrict__ K, int ld, int off,
+                                                 int t0, int klo, int khi, int cap, int g) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = 16 * mt + 8 * hi + g;
+      if (key < klo || key >= khi) continue;
+      const uint4* src = reinterpret_cast<const uint4*>(K + size_t((t0 + key) % cap) * ld + off);
+#pragma unroll
+      for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = __ldg(src + 4 * i);
+    }
+}
+
 // V rows of a 32-key tile for lane (key phase kq, channel group): keys kq + KP i, 8 channels at off.
 template <int VI, int KP, bool CG>
 __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
@@ -166,6 +196,16 @@ __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restr
     const int key = kq + KP * i;
     const uint4* src = reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off);
     vf[i] = key < nt ? (CG ? __ldcg(src) : __ldg(src)) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <int VI, int KP>
+__device__ __forceinline__ void attn_load_v_late(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
+                                                 int klo, int khi, int cap, int kq) {
+#pragma unroll
+  for (int i = 0; i < VI; ++i) {
+    const int key = kq + KP * i;
+    if (key >= klo && key < khi) vf[i] = __ldg(reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off));
   }
 }
 
@@ -181,14 +221,15 @@ struct AttnSmem {
   int last_s;
 };
 
-// Block (row, KV head kvh, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32 NW - 1).
-// D: head dim (32..512); G: the group rounded up to 1, 2, 4 or 8 (heads group..G-1 are padding: zero q,
-// never written). fused: merge in the last block (a.counters, a.splits <= kAttnFusedSplits), else write
-// partials for attention_merge_kernel; a.splits == 1 writes out directly either way. Persist (the persistent
+// Block (row, KV head kvh, head slice hs, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32
+// NW - 1). D: head dim (32..512); G: the block's heads (group / head_split) rounded up to 1, 2, 4 or 8 (the rest
+// are padding: zero q, never written). fused: merge in the last block (a.counters, a.splits <=
+// kAttnFusedSplits), else write partials for attention_merge_kernel; a.splits == 1 writes out directly either way. Persist (the persistent
 // decode kernel): q from qs ([G][D] fp16 in shared memory, this block's heads) instead of a.q, and the
-// caches read through L2 (this step wrote some of their slots).
+// caches read through L2 (this step wrote some of their slots); no PDL (a.late_keys, a.head_split unused).
+// Otherwise the block calls pdl_enter itself: first thing, or after its prologue (a.late_keys >= 0).
 template <int D, int G, int NW, bool Persist>
-__device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int sp, bool fused,
+__device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int hs, int sp, bool fused,
                                                 AttnSmem<D, G, NW>& sm, const half* qs) {
   constexpr int WS = D / NW, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
@@ -212,8 +253,11 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int kq = lane / LPK, cv = warp * WS + (lane % LPK) * 8;  // P.V: key phase, first of 8 channels
-  const int group = a.heads / a.kv_heads;
-  const int hbase = row * a.heads + kvh * group;  // this block's first query head in [rows * heads]
+  const int hsplit = Persist ? 1 : a.head_split;
+  const int group = a.heads / a.kv_heads / hsplit;                // this block's query heads
+  const int hbase = row * a.heads + (kvh * hsplit + hs) * group;  // its first query head in [rows * heads]
+  const bool early = !Persist && a.late_keys >= 0;                // a PDL prologue (see AttnArgs::late_keys)
+  if (!Persist && !early) pdl_enter();
   const AttnRange r = attn_range(a, row);
   const int begin = r.lo + sp * r.per, end = min(r.lo + r.n, begin + r.per);
 
@@ -236,6 +280,20 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     const int cap = a.capacity[idx], ld = a.kv_heads * D;
     const int koff = kvh * D + warp * WS + 8 * t, voff = kvh * D + cv;
 
+    uint4 kf[2][2][KCH], vf[VI];
+    int t0 = begin, nt = min(kAttnTile, end - t0);
+    // keys [0, pre) of the first tile now; with a prologue, the ones the previous launch wrote after the wait
+    const int pre = early ? max(0, min(nt, r.lo + r.n - a.late_keys - t0)) : nt;
+    attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, pre, cap, g);
+    attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, pre, cap, kq);
+    if (early) {
+      pdl_enter();
+      if (pre < nt) {
+        attn_load_k_late<KCH>(kf, K, ld, koff, t0, pre, nt, cap, g);
+        attn_load_v_late<VI, KP>(vf, V, ld, voff, t0, pre, nt, cap, kq);
+      }
+    }
+
     uint4 qf[KCH];  // B fragments: head g, channels warp * WS + 32 i + 8 t .. + 7 (zeros for padding heads)
 #pragma unroll
     for (int i = 0; i < KCH; ++i) {
@@ -250,10 +308,6 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     for (int i = tid; i < kAttnTile * G; i += NT) (&p_s[0][0])[i] = 0.f;  // padding heads keep p = 0 ...
     if (tid < G) alpha_s[tid] = 0.f;                                      // ... and alpha = 0
 
-    uint4 kf[2][2][KCH], vf[VI];
-    int t0 = begin, nt = min(kAttnTile, end - t0);
-    attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, nt, cap, g);
-    attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, nt, cap, kq);
     while (nt > 0) {
       // 1. partial scores: keys 16 mt + g (+ 8) x heads 2t, 2t + 1 over this warp's channels
 #pragma unroll
@@ -322,6 +376,8 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       for (int h = 0; h < G; ++h)
 #pragma unroll
         for (int c = 0; c < 8; ++c) acc[h][c] += __shfl_xor_sync(0xffffffffu, acc[h][c], o);
+  } else if (early) {
+    pdl_enter();  // an empty split writes nothing of its own, but every block passes the wait before it stores
   }
 #pragma unroll
   for (int k = 0; k < HPW; ++k) {
@@ -371,7 +427,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    unsigned* cnt = a.counters + size_t(row) * a.kv_heads + kvh;
+    unsigned* cnt = a.counters + (size_t(row) * a.kv_heads + kvh) * hsplit + hs;
     const int last = atomicAdd(cnt, 1u) == unsigned(a.splits - 1);
     if (last) {
       atomicExch(cnt, 0u);  // every split has arrived: ready for the next launch (graph replay)
@@ -419,10 +475,11 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 
 template <int D, int G>
 static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
-  pdl_enter();
   constexpr int NW = attn_block<D>() / 32;
   __shared__ AttnSmem<D, G, NW> sm;
-  attention_block<D, G, NW, false>(a, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), fused != 0, sm, nullptr);
+  const int y = int(blockIdx.y);
+  attention_block<D, G, NW, false>(a, int(blockIdx.x), y / a.head_split, y % a.head_split, int(blockIdx.z), fused != 0,
+                                   sm, nullptr);
 }
 
 // The unfused merge: out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits holding
@@ -457,15 +514,32 @@ inline int attention_fused_splits(int group, int head_dim) {
   return f < 1 ? 1 : f > kAttnFusedSplits ? kAttnFusedSplits : f;
 }
 
-// Splits for a launch of `rows` rows of up to `keys` keys each on a GPU with `sms` SMs: one 32-key tile per
-// split while the grid (rows x kv_heads x splits blocks) stays within about two blocks per SM -- a block's
-// tiles run one after another, so fewer, longer splits are latency-bound -- and rows x splits <= budget (the
-// partials' scratch). Where the fused merge cannot take that many splits but can take a count that at most
-// doubles the tiles per block, that count: a second launch costs more than a tile.
-inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim, int keys, int sms, int budget) {
+// Query-head slices per KV head for a launch of `rows` rows of up to `keys` keys: the largest power of two
+// dividing the group while the grid at one 32-key tile per split (rows x kv_heads x slices x tiles blocks)
+// stays within about two blocks per SM. A decode step of one or a few sessions then runs 8x (E2B) the blocks
+// of one slice, and each block's merge re-reads 1 / slices of the partials; from about 16 sessions on, one.
+inline int attention_head_split_for(int rows, int kv_heads, int group, int keys, int sms) {
+  if (rows <= 0 || keys <= 0 || group <= 1) return 1;
+  const long long tiles = (keys + kAttnTile - 1) / kAttnTile;
+  const long long base = (long long)(rows) * (kv_heads > 0 ? kv_heads : 1) * tiles;
+  int hs = 1;
+  while (group % (2 * hs) == 0 && base * 2 * hs <= 2LL * (sms > 0 ? sms : 1)) hs *= 2;
+  return hs;
+}
+
+// Splits for a launch of `rows` rows of up to `keys` keys each on a GPU with `sms` SMs, `head_split` head
+// slices per KV head: one 32-key tile per split while the grid (rows x kv_heads x head_split x splits blocks)
+// stays within about two blocks per SM -- a block's tiles run one after another, so fewer, longer splits are
+// latency-bound -- and rows x splits <= budget (the partials' scratch). Where the fused merge cannot take that
+// many splits but can take a count that at most doubles the tiles per block, that count: a second launch costs
+// more than a tile.
+inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim, int keys, int sms, int budget,
+                                int head_split = 1) {
   if (rows <= 0 || keys <= 0) return 1;
+  if (head_split < 1) head_split = 1;
   const int tiles = (keys + kAttnTile - 1) / kAttnTile;
-  const int blocks = rows * (kv_heads > 0 ? kv_heads : 1);
+  const int blocks = rows * (kv_heads > 0 ? kv_heads : 1) * head_split;
+  group = group / head_split > 0 ? group / head_split : 1;
   const int fill = (2 * (sms > 0 ? sms : 1) + blocks - 1) / blocks;
   int s = tiles < fill ? tiles : fill;
   if (s > budget / rows) s = budget / rows;
@@ -478,9 +552,10 @@ inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim,
 
 template <int D, int G>
 inline cudaError_t launch_attention_dg(const AttnArgs& a, const Launch& launch) {
-  const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(a.heads / a.kv_heads, D);
-  const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads, a.splits), attn_block<D>(),
-                                      launch, a, int(fused));
+  const int heads = a.heads / a.kv_heads / a.head_split;  // per block
+  const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(heads, D);
+  const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads * a.head_split, a.splits),
+                                      attn_block<D>(), launch, a, int(fused));
   if (e != cudaSuccess || a.splits == 1 || fused) return e;
   return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, launch, a);
 }
@@ -501,12 +576,15 @@ inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
 }
 
-// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits), else two.
+// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits of the
+// block's heads), else two. a.head_split must divide the group; a.late_keys >= 0 only for launches whose rows'
+// keys before the last late_keys were written at least two launches back (AttnArgs).
 inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
   if (a.rows <= 0) return cudaSuccess;
-  if (a.kv_heads <= 0 || a.kv_heads > 65535 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits)
+  if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits || a.head_split < 1 ||
+      (a.heads / a.kv_heads) % a.head_split != 0 || a.kv_heads * a.head_split > 65535 || a.late_keys < -1)
     return cudaErrorInvalidValue;
-  const int group = a.heads / a.kv_heads;
+  const int group = a.heads / a.kv_heads / a.head_split;
   switch (head_dim) {
     case 32: return launch_attention_d<32>(a, group, launch);
     case 64: return launch_attention_d<64>(a, group, launch);

@@ -9,11 +9,16 @@
 // kernel is launched with cudaLaunchAttributeProgrammaticStreamSerialization: it may then be scheduled while
 // its predecessor in the stream is still running (a decode step is ~400 small dependent kernels, so the
 // launch gap and the first loads' latency are most of its time). The contract every kernel here keeps:
-// before pdl_enter() it reads only constants of the forward pass (weights) and writes nothing; pdl_enter()
-// waits until the predecessor grid has completed and its writes are visible (so, transitively, every earlier
-// kernel), then lets the next kernel start its own prologue. Below sm_90 and outside PDL launches both are
-// no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a newer GPU) has no griddepcontrol, so the
-// caller must not ask for PDL there: pdl_supported() tells, from the loaded code's PTX version.
+// before pdl_enter() it writes nothing and reads only data no kernel of the last launch writes: constants of
+// the forward pass (weights), and -- named where a kernel does it -- data the host or a kernel at least two
+// launches back wrote (a pass's metadata, KV-cache rows of earlier positions, the step's PLE rows).
+// pdl_enter() waits until the predecessor grid has completed and its writes are visible, then lets the next
+// kernel start its own prologue. Since every kernel calls it before anything else a dependant could need, a
+// kernel starts only after its predecessor has passed pdl_enter, i.e. after the launch before that completed:
+// hence the two-launch rule (a launch without PDL or a memcpy completes before anything after it starts).
+// Below sm_90 and outside PDL launches both are no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a
+// newer GPU) has no griddepcontrol, so the caller must not ask for PDL there: pdl_supported() tells, from the
+// loaded code's PTX version.
 #pragma once
 
 #include <cuda_fp16.h>

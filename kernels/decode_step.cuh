@@ -95,6 +95,7 @@ struct StepInstr {
   StepX x;
   StepAttn attn;
   StepPle ple;
+  int pad[2] = {0, 0};  // sizeof % 16 == 0: the kernel loads an instruction as 16-byte units
 };
 
 struct StepParams {
@@ -380,7 +381,7 @@ __device__ __forceinline__ void step_attention(const StepInstr& ins, const StepP
     __threadfence();  // the block reads these slots back through L2
   }
   __syncthreads();
-  attention_block<D, G, kGemvWarps, true>(a, row, kvh, sp, splits > 1, sm.attn, &sm.q[0][0]);
+  attention_block<D, G, kGemvWarps, true>(a, row, kvh, 0, sp, splits > 1, sm.attn, &sm.q[0][0]);
 }
 
 // ---- the kernel ----

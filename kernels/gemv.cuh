@@ -122,7 +122,8 @@ __host__ __device__ constexpr int gemv_red_floats() {
 // gemv_red_floats<NT>() floats of shared memory; xs: x in shared memory (XS == Shared); best: Head's [n]
 // packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue: each warp's first U
 // k-tiles of weights loaded into registers and the next U prefetched into L2 before pdl_enter, so only x's loads
-// wait for the predecessor (measured: +7% at one session, +3-6% at 8-16, H200; bench/RESULTS.md 2026-12-04 (d)).
+// wait for the predecessor (measured: +7% at one session, +3-6% at 8-16, H200; bench/RESULTS.md 2026-12-04 (d));
+// GeluPle's ple multipliers (written at the step's start, common.cuh's two-launch rule) are read there too.
 template <int NT, int WL, GemvEpilogue E, GemvX XS>
 __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* red, const half* xs,
                                            unsigned long long* best) {
@@ -205,7 +206,25 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
   };
 
   bool loaded = false;  // the first U tiles are in registers already
+  // GeluPle's multipliers of this lane's outputs (the ple rows, written at the start of the step): read in the
+  // PDL prologue when x is Global and there are at most 16 rows (32 rows' 16 floats would spill at 128
+  // registers); otherwise in the epilogue
+  constexpr bool kPlePre = E == GemvEpilogue::GeluPle && XS == GemvX::Global && NT <= 2;
+  float plev[kPlePre ? NT : 1][2][2] = {};
   if constexpr (XS == GemvX::Global) {
+    if constexpr (kPlePre) {
+      if (ks == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int o = ra + 8 * h, r = t * 8 + 2 * tig + j;
+              if (o < out && r < a.n) plev[t][h][j] = __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o);
+            }
+      }
+    }
     // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
     // warp loads its first U k-tiles of them (and their scales) into registers and pulls the next U into L2; x is
     // read only after pdl_enter().
@@ -335,8 +354,8 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
         } else if (E == GemvEpilogue::GeluPle) {
-          a.out16[size_t(r) * a.ld16 + o] =
-              to_half_sat(gelu_tanh(v) * __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o));
+          const float pm = kPlePre ? plev[kPlePre ? t : 0][h][j] : __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o);
+          a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * pm);
         } else {
           g0.y[size_t(r) * g0.ldy + o] = a.softcap > 0.f ? tanhf(v / a.softcap) * a.softcap : v;
         }

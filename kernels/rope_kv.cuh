@@ -50,8 +50,10 @@ struct HeadNormArgs {
 };
 
 // Grid (rows, sum of the targets' heads): blockIdx.y walks the heads of target 0, then 1, then 2.
+// PDL prologue: everything but x -- the weights, the RoPE table, the row's position and its cache slot, all
+// written by the host or by kernels at least two launches back (common.cuh) -- is read, and the rotation
+// computed, before pdl_enter; after it only x's loads and the block's one reduction.
 static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
-  pdl_enter();
   const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
   // Target and head of this block; constant indices only (a dynamic index into the parameter array would
   // copy it to local memory).
@@ -68,27 +70,36 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   const HeadNormTarget t = ti == 0 ? a.t[0] : (ti == 1 ? a.t[1] : a.t[2]);
   const int i = threadIdx.x;
   const bool active = i < half_d;
+  float wa = 1.f, wb = 1.f, s = 0.f, c = 1.f;
+  bool rot = false;
+  half* dst = nullptr;
+  if (active) {
+    if (t.w) {
+      wa = t.w[i];
+      wb = t.w[i + half_d];
+    }
+    const int p = a.pos[row];
+    rot = t.inv_freq && t.inv_freq[i] != 0.f;
+    if (rot) sincosf(float(p) * t.inv_freq[i], &s, &c);
+    if (t.out) {
+      dst = t.out + (size_t(row) * t.heads + hh) * d;
+    } else {
+      const int idx = t.kv.seq[row] * t.kv.layers + t.kv.layer;
+      const int slot = p % t.kv.capacity[idx];
+      dst = t.kv.base[idx] + (size_t(slot) * t.heads + hh) * d;
+    }
+  }
+  pdl_enter();
   const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
   float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
   const float r = rsqrtf(block_sum(va * va + vb * vb) / d + a.eps);
   if (!active) return;
-  va *= r * (t.w ? t.w[i] : 1.f);
-  vb *= r * (t.w ? t.w[i + half_d] : 1.f);
-  const int p = a.pos[row];
-  if (t.inv_freq && t.inv_freq[i] != 0.f) {
-    float s, c;
-    sincosf(float(p) * t.inv_freq[i], &s, &c);
+  va *= r * wa;
+  vb *= r * wb;
+  if (rot) {
     const float a2 = va * c - vb * s;
     vb = vb * c + va * s;
     va = a2;
-  }
-  half* dst;
-  if (t.out) {
-    dst = t.out + (size_t(row) * t.heads + hh) * d;
-  } else {
-    const int idx = t.kv.seq[row] * t.kv.layers + t.kv.layer;
-    const int slot = p % t.kv.capacity[idx];
-    dst = t.kv.base[idx] + (size_t(slot) * t.heads + hh) * d;
   }
   dst[i] = to_half_sat(va);
   dst[i + half_d] = to_half_sat(vb);

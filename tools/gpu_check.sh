@@ -21,6 +21,7 @@
 #     sanitize  compute-sanitizer memcheck and racecheck over the persistent-decode and kernel tests
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
 #     ncu       warp stall reasons of the persistent step and of per-kernel GEMVs (ncu sections, c=1)
+#     prof      ncu sections (stall reasons, occupancy, throughput) of PROF_K's launches in one quick_bench run
 #     steps     per-kernel GPU time of decode steps at the GPU's own clocks, caches left warm (ncu, one kernel at a
 #               time: no PDL overlap), c=1 (STEPS_C1=0: not) and a 128-row bucket (PROFILE_MATMULS), summed
 #               per kernel name
@@ -224,6 +225,21 @@ step_ncu() {  # warp stall reasons (instruction fetch among them) of the persist
     grep -E "Duration|Warp Cycles Per Issued|Registers Per|issue_stalled" "$OUT/ncu-$f.txt" |
       awk '{print $NF, $0}' | sort -g -r | cut -d' ' -f2- | head -40 | tee -a "$OUT/summary.txt"
   done
+}
+
+step_prof() {  # ncu sections of the kernels matching PROF_K (regex) in one quick_bench run (PROF_Q: its arguments
+  # after --model; PROF_SKIP / PROF_COUNT: matching launches skipped / profiled), per-launch lines in the summary
+  synth w4a16 || { note "make_synthetic failed"; return 1; }
+  local S=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
+    --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
+  # shellcheck disable=SC2086
+  timeout "${NCU_S:-200}" ncu -k "regex:${PROF_K:-gemm_w4_kernel}" -s "${PROF_SKIP:-0}" -c "${PROF_COUNT:-12}" "${S[@]}" \
+    build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" ${PROF_Q:---prompt 64 --tokens 8 --batch 1} > "$OUT/prof.txt" 2>&1
+  note "ncu prof rc=$?"
+  grep -E "^  [a-z_].*\(|Duration|Grid Size|Registers Per|Achieved Occupancy|Memory Throughput|Compute \(SM\) Th|Warp Cycles Per Issued|Issue Slots Busy|issue_stalled_(long_scoreboard|short_scoreboard|barrier|mio_throttle|math_pipe_throttle|wait|not_selected|lg_throttle|tex_throttle|dispatch_stall|no_instruction|imc_miss|membar|drain|selected|sleeping|branch_resolving)" \
+    "$OUT/prof.txt" | cut -c1-150 | head -${PROF_LINES:-400} > "$OUT/prof-summary.txt"
+  head -c 20000 "$OUT/prof-summary.txt" >> "$OUT/summary.txt"
 }
 
 step_steps() {  # where a decode step's GPU time goes, per kernel name (issues 16, 17)

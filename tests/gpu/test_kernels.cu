@@ -1182,13 +1182,15 @@ struct AttnDev {
     out = std::make_unique<Dev<half>>(size_t(a.rows) * a.heads * a.D);
     part_o = std::make_unique<Dev<float>>(size_t(a.rows) * a.heads * max_splits * a.D);
     part_ml = std::make_unique<Dev<float>>(size_t(a.rows) * a.heads * max_splits * 2);
-    counters = std::make_unique<Dev<unsigned>>(size_t(a.rows) * a.kv_heads);
+    counters = std::make_unique<Dev<unsigned>>(size_t(a.rows) * a.heads);  // [rows, kv_heads, head slices]
     counters->upload(std::vector<unsigned>(counters->size(), 0u));
   }
 
-  kn::AttnArgs args(const AttnHost& a, int splits, bool with_counters) const {
+  kn::AttnArgs args(const AttnHost& a, int splits, bool with_counters, int head_split = 1, int late_keys = -1) const {
     REQUIRE(splits <= max_splits);
     kn::AttnArgs r;
+    r.head_split = head_split;
+    r.late_keys = late_keys;
     r.q = q->get();
     r.kbase = kv.kb->get();
     r.vbase = kv.vb->get();
@@ -1225,9 +1227,9 @@ struct AttnDev {
 };
 
 // How launch_attention merges `splits` splits: "1 split", "fused" or "2 launches" (for messages).
-std::string attn_merge_mode(int splits, bool counters, int group, int D) {
+std::string attn_merge_mode(int splits, bool counters, int group, int D, int head_split = 1) {
   if (splits == 1) return "1 split";
-  return counters && splits <= kn::attention_fused_splits(group, D) ? "fused" : "2 launches";
+  return counters && splits <= kn::attention_fused_splits(group / head_split, D) ? "fused" : "2 launches";
 }
 
 TEST_CASE("attention: split-K flash decoding over ring/full caches, GQA groups 1..8, splits 1/3/7/20, both merges",
@@ -1331,6 +1333,25 @@ TEST_CASE("attention: 1..16 rows of different sessions at different positions, t
                                  " window ", window, " splits ", splits, " (", attn_merge_mode(splits, true, group, D),
                                  ") launch ", rep + 1));
             }
+          // Decode passes as the backend launches them: head slices (the policy's, and every power of two that
+          // divides the group) and the PDL prologue's key split (late_keys 1: each row's own key read after the
+          // wait, the rest before; 0: every key before; launched without PDL here, so this checks which keys
+          // each load takes, not the ordering). Every row is a session of its own, as in a decode pass.
+          const int hs_policy = kn::attention_head_split_for(rows, a.kv_heads, group, keys, sms);
+          REQUIRE(group % hs_policy == 0);
+          for (int hs = 1; hs <= group; hs *= 2) {
+            if (group % hs != 0) break;
+            const int sp = kn::attention_splits_for(rows, a.kv_heads, group, D, keys, sms, kBudget, hs);
+            REQUIRE(sp <= dev.max_splits);
+            for (int late : {1, 0, -1}) {
+              dev.poison();
+              REQUIRE_CUDA(kn::launch_attention(dev.args(a, sp, true, hs, late), D, st.s));
+              st.sync();
+              dev.check(ref, cat("attention rows ", rows, " D ", D, " group ", group, " kv_heads ", a.kv_heads,
+                                 " window ", window, " splits ", sp, " (", attn_merge_mode(sp, true, group, D, hs),
+                                 ") head_split ", hs, hs == hs_policy ? " (policy)" : "", " late_keys ", late));
+            }
+          }
         }
 }
 
@@ -1410,6 +1431,20 @@ TEST_CASE("attention split policy: scratch budget, tiles, fused merge where it p
       }
   CHECK(kn::attention_fused_splits(8, 512) == 16);
   CHECK(kn::attention_fused_splits(1, 32) == kn::kAttnFusedSplits);
+  // Head slices (E2B: group 8, one KV head; H200 132 SMs): one session's 512-key layers take 8 slices of 16
+  // one-tile splits (128 blocks, each merging one head), 8 sessions 2, 16 sessions none; a 4096-key bound 2;
+  // a group that is not a power of two only its powers of two (3: 1; 6: 2).
+  CHECK(kn::attention_head_split_for(1, 1, 8, 512, 132) == 8);
+  CHECK(kn::attention_splits_for(1, 1, 8, 512, 512, 132, 1024, 8) == 16);
+  CHECK(kn::attention_head_split_for(8, 1, 8, 512, 132) == 2);
+  CHECK(kn::attention_head_split_for(16, 1, 8, 512, 132) == 1);
+  CHECK(kn::attention_head_split_for(1, 1, 8, 4096, 132) == 2);
+  CHECK(kn::attention_head_split_for(1, 2, 3, 512, 132) == 1);
+  CHECK(kn::attention_head_split_for(1, 1, 6, 512, 132) == 2);
+  // full layers of one session at a 640-key bound: 20 one-tile splits with 8 slices (the fused merge takes 64
+  // at one head of D 512), where one slice gets 16 splits of up to two tiles
+  CHECK(kn::attention_splits_for(1, 1, 8, 512, 640, 132, 1024, 8) == 20);
+  CHECK(kn::attention_splits_for(1, 1, 8, 512, 640, 132, 1024, 1) == 16);
 }
 
 // ---- elementwise.cuh ----

@@ -208,8 +208,9 @@ class PassExecutor {
       lp.sms = sms_;
       lp.gemm_rows = gemm_rows();
       lp.launch = launch_;
-      lp.sliding_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
-      lp.full_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, 0);
+      lp.sliding = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
+      lp.full = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, 0);
+      lp.decode_only = sh.rows == int(pass.size());  // one row per session: only its own key is new
       // A pass holding a prompt chunk runs attention on the tensor cores (kernels/flash_attention.cuh): tile
       // tables for the group sizes the layers use; decode-only passes keep the split kernel.
       if (sh.rows > int(pass.size()))
@@ -297,8 +298,9 @@ class PassExecutor {
     lp.sms = sms_;
     lp.gemm_rows = gemm_rows();
     lp.launch = launch_;
-    lp.full_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), 0);
-    lp.sliding_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
+    lp.full = attention_plan(*c_, sms_, rows, int(opt_->max_context), 0);
+    lp.sliding = attention_plan(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
+    lp.decode_only = true;
     cudaGraph_t graph = nullptr;
     GEMMA4_T4_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
     LayerEncoder enc(*c_, *dw_, *ws_, blas_, lp);

@@ -42,9 +42,10 @@ namespace detail {
 // What one pass's layers need beyond the weights and the workspace.
 struct LayerPass {
   int rows = 0;
-  int sliding_splits = 1, full_splits = 1;  // decode attention key splits per row (planner's attention_splits)
-  int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
-  int sms = 1;                              // the GPU's SMs (the w4a16 GEMM's split-K)
+  AttnPlan sliding, full;             // decode attention: key splits per row, head slices (planner's attention_plan)
+  bool decode_only = false;           // one row per session: head_norm_rope wrote only each row's own key (late_keys)
+  int flash_tiles[4] = {0, 0, 0, 0};  // prefill attention tiles per folded group size; 0: split kernel
+  int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
 };
@@ -185,7 +186,10 @@ class LayerEncoder {
     a.heads = c_.num_heads;
     a.kv_heads = lc.num_kv_heads;
     a.window = lc.type == LayerType::Sliding ? c_.sliding_window : 0;
-    a.splits = a.window ? p_.sliding_splits : p_.full_splits;
+    const AttnPlan& plan = a.window ? p_.sliding : p_.full;
+    a.splits = plan.splits;
+    a.head_split = plan.head_split;
+    a.late_keys = p_.decode_only ? (lc.kv_shared ? 0 : 1) : -1;
     a.part_o = ws_.part_o;
     a.part_ml = ws_.part_ml;
     a.out = ws_.x16;

@@ -158,20 +158,35 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
   return sh;
 }
 
-// Key ranges per row for the layers of this window (0 = full): kernels::attention_splits_for -- about one
-// 32-key tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where
-// that costs at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget).
-inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
+// Key ranges per row for the layers of this window (0 = full), and query-head slices per KV head
+// (kernels::attention_head_split_for: a power of two that divides every such layer's group): about one 32-key
+// tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where that costs
+// at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget). head_split false: one
+// slice (the persistent kernel's attention takes no slices).
+struct AttnPlan {
+  int splits = 1, head_split = 1;
+};
+inline AttnPlan attention_plan(const ModelConfig& c, int sms, int rows, int max_keys, int window,
+                               bool head_split = true) {
   const int keys = window ? std::min(window, max_keys) : max_keys;
-  int group = 1, hd = 0, kvh = 0;  // the layers this count serves (sliding iff window > 0); all if none
+  int group = 1, hd = 0, kvh = 0, pow2 = 0;  // the layers this count serves (sliding iff window > 0); all if none
   for (int pass = 0; pass < 2 && hd == 0; ++pass)
     for (const LayerConfig& lc : c.layers)
       if (pass == 1 || (lc.type == LayerType::Sliding) == (window > 0)) {
-        group = std::max(group, c.num_heads / lc.num_kv_heads);
+        const int g = c.num_heads / lc.num_kv_heads;
+        group = std::max(group, g);
         hd = std::max(hd, lc.head_dim);
         kvh = kvh ? std::min(kvh, lc.num_kv_heads) : lc.num_kv_heads;
+        const int low = g & -g;  // the largest power of two dividing g
+        pow2 = pow2 ? std::min(pow2, low) : low;
       }
-  return kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget);
+  AttnPlan p;
+  p.head_split = head_split ? kernels::attention_head_split_for(rows, kvh, std::max(pow2, 1), keys, sms) : 1;
+  p.splits = kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget, p.head_split);
+  return p;
+}
+inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
+  return attention_plan(c, sms, rows, max_keys, window, false).splits;
 }
 
 // The PLE rows of passes, from the mapped table to the device (see the header). Two halves of every buffer:

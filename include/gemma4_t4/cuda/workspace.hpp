@@ -84,7 +84,7 @@ struct Workspace {
   // decode attention's split partials and the fused merge's arrival counters (zero between launches)
   float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
-  unsigned* attn_counters = nullptr;  // [R, max kv_heads]
+  unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
   half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
@@ -102,12 +102,11 @@ struct Workspace {
   Status alloc(const ModelConfig& c, const DeviceWeights& w, int rows, cudaStream_t stream) {
     const int R = rows, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
     max_rows = rows;
-    int qw = 0, kvw = 0, dmax = 0, kvmax = 1;
+    int qw = 0, kvw = 0, dmax = 0;
     for (const auto& lc : c.layers) {
       qw = std::max(qw, c.num_heads * lc.head_dim);
       kvw = std::max(kvw, lc.num_kv_heads * lc.head_dim);
       dmax = std::max(dmax, lc.head_dim);
-      kvmax = std::max(kvmax, lc.num_kv_heads);
     }
     const int wide = std::max({w.max_out, w.max_in, qw, H, L * D});
     DeviceMemory& m = mem_;
@@ -127,8 +126,8 @@ struct Workspace {
     }
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o));
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * kvmax, "workspace: attention counters", &attn_counters));
-    GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * kvmax * sizeof(unsigned), stream),
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * c.num_heads, "workspace: attention counters", &attn_counters));
+    GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * c.num_heads * sizeof(unsigned), stream),
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
     if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
