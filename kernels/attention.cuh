@@ -224,9 +224,10 @@ struct AttnSmem {
 // Block (row, KV head kvh, head slice hs, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32
 // NW - 1). D: head dim (32..512); G: the block's heads (group / head_split) rounded up to 1, 2, 4 or 8 (the rest
 // are padding: zero q, never written). fused: merge in the last block (a.counters, a.splits <=
-// kAttnFusedSplits), else write partials for attention_merge_kernel; a.splits == 1 writes out directly either way. Persist (the persistent
-// decode kernel): q from qs ([G][D] fp16 in shared memory, this block's heads) instead of a.q, and the
-// caches read through L2 (this step wrote some of their slots); no PDL (a.late_keys, a.head_split unused).
+// kAttnFusedSplits), else write partials for attention_merge_kernel; a.splits == 1 writes out directly either
+// way. Persist (the persistent decode kernel): q from qs ([G][D] fp16 in shared memory, this block's heads)
+// instead of a.q, and the caches read through L2 (this step wrote some of their slots); no PDL (a.late_keys,
+// a.head_split unused).
 // Otherwise the block calls pdl_enter itself: first thing, or after its prologue (a.late_keys >= 0).
 template <int D, int G, int NW, bool Persist>
 __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int hs, int sp, bool fused,
