@@ -8,8 +8,8 @@
 #     suite     ctest -L gpu in both builds
 #     ab        quick_bench on full-size synthetic E2B w4a16 (tools/make_synthetic): this tree's decode variants
 #               (AB_DECODE: quick_bench argument sets separated by '|', default the per-kernel and the persistent
-#               path) and, when tmp_base/ holds an earlier tree (`git archive REV include kernels src bench |
-#               tar -x -C tmp_base`), that tree -- same lease, same checkpoint
+#               path) and each earlier tree of AB_TREES (default tmp_base; each a directory holding `git archive REV
+#               include kernels src bench | tar -x -C DIR`) -- same lease, same checkpoint
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
 #     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
@@ -57,11 +57,12 @@ step_build() {
     ( cmake --preset "$p" -DCMAKE_PREFIX_PATH="$DEPS" > "$OUT/configure-$p.log" 2>&1 &&
       cmake --build --preset "$p" -j "$JOBS" ${BUILD_TARGETS:+--target $BUILD_TARGETS} > "$OUT/build-$p.log" 2>&1 ) &
   done
-  if [ -d tmp_base/include ]; then  # the earlier tree's quick_bench, for the A/B (step ab), alongside
-    ( nvcc -std=c++17 -O2 -gencode arch=compute_90,code=sm_90 -Itmp_base/include -Itmp_base -I"$DEPS/include" -x cu \
-      -o /tmp/qb_base tmp_base/bench/quick_bench.cpp tmp_base/src/impl.cu -lcublas > "$OUT/build-base.log" 2>&1 ||
-      note "base build failed" ) &
-  fi
+  for t in ${AB_TREES:-tmp_base}; do  # earlier trees' quick_bench, for the A/B (step ab), alongside
+    [ -d "$t/include" ] || continue
+    ( nvcc -std=c++17 -O2 -gencode arch=compute_90,code=sm_90 -I"$t/include" -I"$t" -I"$DEPS/include" -x cu \
+      -o "/tmp/qb_$t" "$t/bench/quick_bench.cpp" "$t/src/impl.cu" -lcublas > "$OUT/build-$t.log" 2>&1 ||
+      note "$t build failed" ) &
+  done
   wait
   for p in $PRESETS; do
     if [ -x "build-$p/${BUILT_CHECK:-gemma4_t4_gpu_tests}" ]; then note "built $p"; else
@@ -104,10 +105,12 @@ step_ab() {
       # shellcheck disable=SC2086
       build-gpu-native/quick_bench $Q $d 2>&1 | tee -a "$OUT/ab.log" | tail -4 | tee -a "$OUT/summary.txt"
     done
-    if [ -x /tmp/qb_base ]; then
-      note "== base tree (run $run)"
-      /tmp/qb_base $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
-    fi
+    for t in ${AB_TREES:-tmp_base}; do
+      [ -x "/tmp/qb_$t" ] || continue
+      note "== $t (run $run)"
+      # shellcheck disable=SC2086
+      "/tmp/qb_$t" $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
+    done
   done
   note "== this tree, sampled (Gemma defaults)"
   build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
@@ -157,9 +160,9 @@ step_buckets() {  # issue 17: decode past 32 sessions (GEMVs to 32 rows, padded 
       [ "$fmt" = w4a16 ] && timeout 90 build-gpu-native/quick_bench --model "$MODELS/e2b-$fmt" --prompt 4096 \
         --tokens 4 --batch 1 --ttft 5 --w4-matmul "$m" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "median" |
         tee -a "$OUT/summary.txt"
-      if [ -x /tmp/qb_base ] && { [ "$m" = dequant ] || [ "${BUCKETS_BASE_ALL:-0}" = 1 ]; }; then
+      if [ -x /tmp/qb_tmp_base ] && { [ "$m" = dequant ] || [ "${BUCKETS_BASE_ALL:-0}" = 1 ]; }; then
         note "== $fmt --w4-matmul $m: base tree"
-        timeout 150 /tmp/qb_base "${Q[@]}" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "^ +[0-9]|rror" |
+        timeout 150 /tmp/qb_tmp_base "${Q[@]}" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "^ +[0-9]|rror" |
           tee -a "$OUT/summary.txt"
       fi
     done
