@@ -6,7 +6,7 @@
 //   lab_gemm_w4 [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only]
 //               [--self-check]
 //
-// VERSIONS: a comma list (default 1..11).
+// VERSIONS: a comma list (default 1..15).
 //   1  what the CUDA backend does today for passes of more than 16 rows (cuda/layers.hpp mm()): the whole matrix
 //      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
 //   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
@@ -22,6 +22,13 @@
 //      two tiles' math to land in (on an H200 one tile's math is shorter than a load's latency).
 //   10 tile 128 x 32 x 64, warps 4 (m) x 1 x 2 (k), two k-tiles in flight: twice the blocks of version 4.
 //   11 version 2's tile at one block per SM (registers uncapped), two k-tiles in flight.
+//   12..15 gemm_w4x_kernel (this file, "versions 12..15" below): occupancy (2 blocks of 8 warps per SM on sm_80+,
+//      <= 128 registers), the lop3 dequant (13 instead of 15 instructions per word, bit-identical weights):
+//   12 tile 64 x 128 x 64, warps 1 x 4 x 2 (warp 64 x 32: v5's warp tile).
+//   13 tile 128 x 64 x 64, warps 1 x 4 x 2, warp 128 x 16 (MT 8, NT 2): a dequantised pair feeds 8 m16 tiles, one
+//      block holds all of 65..128 rows (m16 tiles past M skipped).
+//   14 tile 128 x 128 x 32, warps 1 x 8 x 1, warp 128 x 16: no k-warps (no in-block reduction), X re-used by 128 n.
+//   15 version 13 with split-K filling two blocks per SM (gemm_w4_splits_for at 2 x the SM count).
 // Versions 2..11 split K across blocks where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for).
 // The kernel, the layout's index maps and the configurations of versions 2, 3, 5 are kernels/gemm_w4.cuh's (moved
 // there; the versions call its launch_gemm_w4_cfg<C>, version 4 and 7..11 with this file's configurations);
@@ -83,6 +90,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "../kernels/gemm_w4.cuh"  // without nvcc: the layout's index maps and configurations only
@@ -260,6 +268,204 @@ using CfgSmall2 = Cfg<4, 1, 2, 4, 1, 1, 2>;   // v9: v5 (M > 32) likewise
 using CfgNarrow2 = Cfg<2, 4, 1, 2, 1, 1, 2>;  // v10: 128 x 32 x 64, warps 4 x 1 x 2 (warp 32 x 32), two in flight
 using CfgLarge2 = Cfg<4, 2, 4, 1, 1, 1, 2>;   // v11: v2 at one block per SM, two in flight
 
+// ---- versions 12..15: the reworked kernel (gemm_w4x), host part: configuration, dequant, emulation ----
+// What the profile of the shipped kernel (v5 / v3 tiles at 128 rows, H200) says and what these versions change:
+// it issues on ~37% of cycles at 2 warps per scheduler (one 8-warp block per SM at 160-176 registers), stalled on
+// fixed-latency dependencies (the dequant chain, ldmatrix -> mma), not on global memory. So:
+//  - occupancy: on sm_80+ every XCfg is compiled with __launch_bounds__(256, 2) (<= 128 registers, 0 spills) and
+//    <= 41 KiB static smem: two blocks (16 warps, 4 per scheduler) per SM; on sm_75 with min blocks 1 (a T4 SM's
+//    64 KiB holds one block of v12, v13 or v15 anyway; v14 would spill at 128 there). Fewer registers in flight:
+//    one X row/column pair per thread instead of kXL pointers, v12's scales as 4-byte words (kSSep);
+//  - dequant (w4x_pairs): per 32-bit word (4 half2 of B) 1 shift + 4 lop3 + 2 hsub2 + 2 hfma2 + 4 hmul2 = 13
+//    instructions instead of w4_pair's 3 shifts + 4 and/or + 4 hsub2 + 4 hmul2 = 15: the odd nibble pairs are taken
+//    in place (mask 0x00F000F0 -> 1024 + 16 u) and brought to u - 8 by one hfma2 (x / 16 - 72, exact), the even ones
+//    as before (1024 + u - 1032); then the scale (one rounding). Every intermediate is exact, so B is bit-identical
+//    to w4_pair's (and to launch_dequant_w4's fp16 weight). Not folded: (1024 + u) s - 1032 s as one hfma2 would
+//    round 1032 s to fp16 first, an error of up to ~0.4 s per weight, the same for a whole group (simulated with
+//    this lab's inputs at 16 x 64 x 1536: 3.6e-2 of max |ref|, 36 times the lab's tolerance);
+//  - MT = 8, NT = 2 (a warp 128 rows x 16 n): each dequantised half2 feeds 8 m16 tiles instead of 4, at the cost of
+//    one ldmatrix per 2 mma instead of per 4 (ldmatrix is one instruction, the half2 3.25);
+//  - one block covers 128 rows (v13..15), so at 65..128 rows no two blocks dequantise the same weights; m16 tiles
+//    wholly past M are skipped (the tile's math has a half-MT instantiation: 33..64 rows in a 128-row tile).
+// Instruction estimate per warp per 32-k scale group (sm_90: m16n8k16 = 1 HMMA; sm_75: twice the HMMA); "copy":
+// the tile's global loads + shared stores per thread per k-tile (each warp does one group per k-tile in all of
+// these), without their address arithmetic, predicates and the barrier:
+//   v5  (MT 4, NT 4): 32 HMMA, 8 LDSM, 60 dequant, LDS.128 + LDS.64 + 4 PRMT, copy 6 + 6: ~2.7 other per HMMA
+//   v12 (MT 4, NT 4): 32 HMMA, 8 LDSM, 52 dequant, the same 6,                 copy 4 + 4: ~2.3 other per HMMA
+//   v13, v15 (MT 8, NT 2): 32 HMMA, 16 LDSM, 26 dequant, LDS.64 + LDS.32 + 2 PRMT, copy 5 + 5: ~1.8 per HMMA
+//   v14 (MT 8, NT 2): as v13, copy 3 + 3 (and a barrier per group):             ~1.6 other per HMMA
+// MT, NT: m16 / n8 tiles per warp (NT 2: half a super-row, n8 tiles j0, j0 + 1; 4: a whole one); WM, WN, WK: warps
+// along m, n, k (8 in all); GPW: scale groups per warp per k-tile; MINB: __launch_bounds__ min blocks per SM;
+// SLOTS: blocks per SM that split-K fills (1: the engine's gemm_w4_splits_for; MINB: every resident slot).
+#ifdef __CUDACC__
+#define LAB_HD __host__ __device__
+#else
+#define LAB_HD
+#endif
+template <int MT_, int NT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int SLOTS_ = 1>
+struct XCfg {
+  static constexpr int MT = MT_, NT = NT_, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, SLOTS = SLOTS_;
+  static_assert(NT == 2 || NT == 4, "half or all of a super-row per warp");
+  static_assert(MT % 2 == 0, "the half-MT instantiation");
+  static constexpr int kThreads = 256;
+  static_assert(WM * WN * WK == 8, "8 warps");
+  static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
+  static constexpr int BM = WM * MT * 16;  // rows of X per block
+  static constexpr int BN = WN * NT * 8;   // outputs per block
+  static_assert(BN % 32 == 0, "whole super-rows per block");
+  static constexpr int G = WK * GPW;  // scale groups per k-tile
+  static constexpr int BK = 32 * G;   // k per tile
+  static constexpr int XS = BK + 8;   // smem row stride of the X tile, halves
+  static constexpr int kXBytes = BM * XS * 2, kWBytes = BN * BK / 2, kSBytes = BN * G * 2;
+  static constexpr int kStage = kXBytes + kWBytes + kSBytes;
+  static constexpr int kXLoads = BM * BK / 8, kWLoads = BN * BK / 32, kSLoads = BN * G / 8;  // 16-byte units
+  static constexpr int kXL = (kXLoads + 255) / 256;
+  // W and S in one register set of kWL 16-byte units per thread (as Cfg), unless the scales would take a unit set
+  // of their own (v12: 256 W + 32 S units): then they travel as kSL 4-byte words (4 registers fewer).
+  static constexpr bool kSSep = (kWLoads + kSLoads + 255) / 256 > (kWLoads + 255) / 256;
+  static constexpr int kWL = kSSep ? (kWLoads + 255) / 256 : (kWLoads + kSLoads + 255) / 256;
+  static constexpr int kSWords = BN * G / 2, kSL = kSSep ? (kSWords + 255) / 256 : 0;
+  static constexpr int kAcc = MT * NT * 4;
+  static constexpr int kRedBytes = (WK / 2) * WM * WN * kAcc * 32 * 4;
+  static constexpr int kSmem = 2 * kStage > kRedBytes ? 2 * kStage : kRedBytes;  // the reduction reuses the stages
+  static_assert(kSmem <= 48 * 1024, "static shared memory <= 48 KiB (sm_75 without opt-in)");
+  static_assert(kXBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte aligned smem parts");
+  // warp column wn -> its super-row in the tile and its first n8 tile there
+  LAB_HD static constexpr int sr_of(int wn) { return wn * NT / 4; }
+  LAB_HD static constexpr int j0_of(int wn) { return wn * NT % 4; }
+};
+
+// The version configurations (header above; tiles M x N x K, warps m x n x k).
+using XSmall = XCfg<4, 4, 1, 4, 2, 1, 2>;        // v12: 64 x 128 x 64, 1 x 4 x 2: v5's warp tile, 2 blocks per SM
+using XTall = XCfg<8, 2, 1, 4, 2, 1, 2>;         // v13: 128 x 64 x 64, 1 x 4 x 2, warp 128 x 16
+using XWide = XCfg<8, 2, 1, 8, 1, 1, 2>;         // v14: 128 x 128 x 32, 1 x 8 x 1, warp 128 x 16 (no k-warps)
+using XTallFill = XCfg<8, 2, 1, 4, 2, 1, 2, 2>;  // v15: v13, split-K to fill both blocks of every SM
+
+template <class C, class = void>
+struct IsX : std::false_type {};
+template <class C>
+struct IsX<C, std::void_t<decltype(C::sr_of(0))>> : std::true_type {};  // emulated by emulate_x
+
+// w4x_pairs on the host, bit for bit: pair s (0..3) of a word from the lop3 path (s >= 2 from word >> 8; odd s
+// masked in place, 1024 + 16 u, then x / 16 - 72; even s 1024 + u - 1032), times the scale, rounded to fp16.
+void host_w4x_pair(uint32_t word, int s, uint16_t scale, float* lo, float* hi) {
+  const uint32_t w = s >= 2 ? word >> 8 : word;
+  const uint32_t v = (w & (s % 2 ? 0x00F000F0u : 0x000F000Fu)) | 0x64006400u;
+  float q[2];
+  for (int e = 0; e < 2; ++e) {
+    const float f = h2f(uint16_t(v >> (16 * e)));
+    q[e] = s % 2 ? f * (1.f / 16) - 72.f : f - 1032.f;  // exact in fp16 as in fp32
+  }
+  *lo = h2f(f2h(q[0] * h2f(scale)));
+  *hi = h2f(f2h(q[1] * h2f(scale)));
+}
+
+// emulate<C> for an XCfg: the same tile-load maps, a warp's (super-row, j0) n8 tiles, w4x_pairs' dequant.
+template <class C>
+std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
+                              const std::vector<uint32_t>& wp, const std::vector<uint16_t>& sp) {
+  std::vector<double> y(size_t(M) * N, std::nan(""));
+  const int NB = N / 32, KG = K / 32, KT = (KG + C::G - 1) / C::G;
+  std::vector<uint16_t> xs(size_t(C::BM) * C::XS);
+  std::vector<uint32_t> ws(size_t(C::kWBytes) / 4);
+  std::vector<uint16_t> ss(size_t(C::kSBytes) / 2);
+  for (int by = 0; by * C::BM < M; ++by)
+    for (int bx = 0; bx * C::BN < N; ++bx) {
+      const int m0 = by * C::BM, nb0 = bx * (C::BN / 32);
+      std::vector<double> acc(size_t(C::WM * C::WN) * 32 * C::kAcc, 0.0);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int kb0 = kt * C::G;
+        for (int idx = 0; idx < C::kXLoads; ++idx) {
+          int row, col;
+          x_unit(idx, C::BK, &row, &col);
+          const bool ok = m0 + row < M && kb0 * 32 + col < K;
+          for (int e = 0; e < 8; ++e)
+            xs[size_t(row) * C::XS + col + e] = ok ? x[size_t(m0 + row) * ldx + kb0 * 32 + col + e] : 0;
+        }
+        for (int idx = 0; idx < C::kWLoads; ++idx) {
+          int sr, gi;
+          const size_t src = w_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
+          const bool ok = nb0 + sr < NB && kb0 + gi < KG;
+          for (int e = 0; e < 4; ++e) ws[size_t(idx) * 4 + e] = ok ? wp[src * 4 + e] : 0;
+        }
+        if constexpr (!C::kSSep) {
+          for (int idx = 0; idx < C::kSLoads; ++idx) {
+            int sr, gi;
+            const size_t src = s_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
+            const bool ok = nb0 + sr < NB && kb0 + gi < KG;
+            for (int e = 0; e < 8; ++e) ss[size_t(idx) * 8 + e] = ok ? sp[src * 8 + e] : 0;
+          }
+        } else {  // the kernel's 4-byte scale words
+          for (int idx = 0; idx < C::kSWords; ++idx) {
+            int sr, gi;
+            const size_t src = s_unit(idx / 4, C::G, nb0, kb0, KG, &sr, &gi) * 4 + idx % 4;
+            const bool ok = nb0 + sr < NB && kb0 + gi < KG;
+            for (int e = 0; e < 2; ++e) ss[size_t(idx) * 2 + e] = ok ? sp[src * 2 + e] : 0;
+          }
+        }
+        for (int warp = 0; warp < 8; ++warp) {
+          const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+          const int sr = C::sr_of(wn), j0 = C::j0_of(wn);
+          for (int q = 0; q < C::GPW; ++q) {
+            const int gi = ks + C::WK * q;
+            if (kb0 + gi >= KG) continue;
+            for (int h = 0; h < 2; ++h)
+              for (int i = 0; i < C::MT; ++i) {
+                float A[16][16], a_reg[32][4][2];
+                for (int lane = 0; lane < 32; ++lane)
+                  for (int r = 0; r < 4; ++r) {
+                    int row, col;
+                    a_addr(8 * r + (lane >> 2), wm * C::MT * 16, i, gi, h, &row, &col);
+                    for (int e = 0; e < 2; ++e)
+                      a_reg[lane][r][e] = h2f(xs[size_t(row) * C::XS + col + 2 * (lane & 3) + e]);
+                  }
+                for (int lane = 0; lane < 32; ++lane) {
+                  const int g = lane >> 2, t = lane & 3;
+                  for (int e = 0; e < 2; ++e) {
+                    A[g][2 * t + e] = a_reg[lane][0][e];
+                    A[g + 8][2 * t + e] = a_reg[lane][1][e];
+                    A[g][2 * t + 8 + e] = a_reg[lane][2][e];
+                    A[g + 8][2 * t + 8 + e] = a_reg[lane][3][e];
+                  }
+                }
+                for (int j = 0; j < C::NT; ++j) {
+                  float B[16][8];
+                  for (int lane = 0; lane < 32; ++lane) {
+                    const int g = lane >> 2, t = lane & 3;
+                    const uint32_t word = ws[size_t(b_word(sr, gi, C::G, lane, j0 + j))];
+                    const uint16_t sc = ss[size_t(b_scale(sr, gi, C::G, lane, j0 + j))];
+                    host_w4x_pair(word, 2 * h, sc, &B[2 * t][g], &B[2 * t + 1][g]);
+                    host_w4x_pair(word, 2 * h + 1, sc, &B[2 * t + 8][g], &B[2 * t + 9][g]);
+                  }
+                  for (int lane = 0; lane < 32; ++lane) {
+                    const int g = lane >> 2, t = lane & 3;
+                    for (int c = 0; c < 4; ++c) {
+                      const int r = g + 8 * (c >> 1), n = 2 * t + (c & 1);
+                      double d = 0;
+                      for (int k = 0; k < 16; ++k) d += double(A[r][k]) * B[k][n];
+                      acc[(size_t(wmn) * 32 + lane) * C::kAcc + (i * C::NT + j) * 4 + c] += d;
+                    }
+                  }
+                }
+              }
+          }
+        }
+      }
+      for (int wmn = 0; wmn < C::WM * C::WN; ++wmn)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int i = 0; i < C::MT; ++i)
+            for (int j = 0; j < C::NT; ++j)
+              for (int c = 0; c < 4; ++c) {
+                const int wm = wmn / C::WN, wn = wmn % C::WN, g = lane >> 2, t = lane & 3;
+                const int row = m0 + wm * C::MT * 16 + 16 * i + g + 8 * (c >> 1);
+                const int col = (nb0 + C::sr_of(wn)) * 32 + 8 * (C::j0_of(wn) + j) + 2 * t + (c & 1);
+                if (row < M && col < N)
+                  y[size_t(row) * N + col] = acc[(size_t(wmn) * 32 + lane) * C::kAcc + (i * C::NT + j) * 4 + c];
+              }
+    }
+  return y;
+}
+
 void random_problem(std::mt19937* rng, int M, int N, int K, int ldx, std::vector<uint16_t>* x,
                     std::vector<uint32_t>* wq, std::vector<uint16_t>* s) {
   std::uniform_real_distribution<float> ux(-1.f, 1.f), us(0.002f, 0.02f);
@@ -280,7 +486,11 @@ bool self_check_one(const char* name, int M, int N, int K, std::mt19937* rng) {
   random_problem(rng, M, N, K, ldx, &x, &wq, &s);
   repack_host(wq, s, N, K, &wp, &sp);
   const std::vector<double> ref = gemm_w4_ref(x, ldx, M, N, K, wq, s);
-  const std::vector<double> got = emulate<C>(x, ldx, M, N, K, wp, sp);
+  std::vector<double> got;
+  if constexpr (IsX<C>::value)
+    got = emulate_x<C>(x, ldx, M, N, K, wp, sp);
+  else
+    got = emulate<C>(x, ldx, M, N, K, wp, sp);
   double max_ref = 0, max_err = 0;
   size_t bad = 0, worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -322,6 +532,24 @@ bool self_check() {
       ok = ok && wrong == 0;
     }
   }
+  {  // versions 12..15's lop3 dequant against w4_pair: every nibble in every pair position, 4096 random scales
+    size_t wrong = 0;
+    std::uniform_real_distribution<float> us(-0.05f, 0.05f);
+    for (int r = 0; r < 4096; ++r) {
+      const uint16_t sc = r < 2 ? f2h(r ? 1e-7f : 65504.f) : f2h(us(rng));  // a subnormal and the largest too
+      for (uint32_t u = 0; u < 16; ++u)
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t mask = (0xFu << (4 * s)) | (0xFu << (4 * (s + 4)));
+          const uint32_t word = (uint32_t(rng()) & ~mask) | (u << (4 * s)) | ((15 - u) << (4 * (s + 4)));
+          float lo, hi, lo_x, hi_x;
+          host_w4_pair(word, s, sc, &lo, &hi);
+          host_w4x_pair(word, s, sc, &lo_x, &hi_x);
+          wrong += std::memcmp(&lo, &lo_x, 4) != 0 || std::memcmp(&hi, &hi_x, 4) != 0;
+        }
+    }
+    std::printf("  lop3 dequant (v12..15) against w4_pair: %zu of %d pairs differ\n", wrong, 4096 * 64);
+    ok = ok && wrong == 0;
+  }
   ok = self_check_one<CfgLarge>("v2", 17, 96, 96, &rng) && ok;
   ok = self_check_one<CfgLarge>("v2", 130, 160, 32, &rng) && ok;
   ok = self_check_one<CfgDeep>("v3", 33, 96, 160, &rng) && ok;
@@ -329,6 +557,11 @@ bool self_check() {
   ok = self_check_one<CfgSmall>("v5", 65, 96, 416, &rng) && ok;
   ok = self_check_one<CfgTiny>("v5/32", 17, 160, 160, &rng) && ok;
   ok = self_check_one<CfgNarrow2>("v10", 130, 96, 160, &rng) && ok;
+  ok = self_check_one<XSmall>("v12", 65, 160, 416, &rng) && ok;
+  ok = self_check_one<XSmall>("v12", 17, 288, 96, &rng) && ok;
+  ok = self_check_one<XTall>("v13", 129, 160, 160, &rng) && ok;
+  ok = self_check_one<XTall>("v13", 40, 96, 96, &rng) && ok;
+  ok = self_check_one<XWide>("v14", 130, 160, 96, &rng) && ok;
   std::printf("  self-check: %s\n", ok ? "OK" : "FAILED");
   return ok;
 }
@@ -398,8 +631,12 @@ const char* kAbout[] = {
     "v5 (64 x 64 x 128; 32 x 64 x 128 for M <= 32 as v5) with two k-tiles in flight",
     "128 x 32 x 64, warps 4 x 1 x 2 (warp 32 x 32), two k-tiles in flight",
     "v2 (128 x 128 x 32) at one block per SM, two k-tiles in flight",
+    "gemm_w4x 64 x 128 x 64, warps 1 x 4 x 2 (warp 64 x 32 as v5), lop3 dequant, 2 blocks per SM (<= 128 regs)",
+    "gemm_w4x 128 x 64 x 64, warps 1 x 4 x 2, warp 128 x 16 (MT 8, NT 2), lop3 dequant, 2 blocks per SM",
+    "gemm_w4x 128 x 128 x 32, warps 1 x 8 x 1, warp 128 x 16, lop3 dequant, 2 blocks per SM",
+    "v13 with split-K filling 2 blocks per SM (gemm_w4_splits_for at 2 x SMs)",
 };
-constexpr int kVersions = 11;
+constexpr int kVersions = 15;
 
 // Versions 2..11 split K across blocks as the engine does (kernels/gemm_w4.cuh gemm_w4_splits_for: when the tiles
 // leave SMs idle), into a partials buffer of the engine's size (cuda/workspace.hpp kGemmPartFloats).
@@ -412,6 +649,248 @@ cudaError_t launch_split(GemmW4Args a, const kn::Launch& l) {
   a.splits = kn::gemm_w4_splits_for(kn::GemmW4Tile{C::BM, C::BN, C::BK}, a.m, a.n, a.k, g_sms, kPartFloats);
   a.part = g_part;
   return kn::launch_gemm_w4_cfg<C>(a, l);
+}
+
+// ---- versions 12..15: the reworked kernel (gemm_w4x; configuration and notes: XCfg above) ----
+
+// d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
+// dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// A 4-byte weight-path load (ld_weights' path: not allocated in L1), zero when !ok: v12's scales.
+__device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
+  uint32_t v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.u32 %0, [%1];\n"
+      "}\n"
+      : "=r"(v)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// B pairs 2h and 2h + 1 of a GEMM-layout word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit-identical): w is the
+// word (h = 0) or word >> 8 (h = 1). Even pair: 1024 + u (mask 0x000F000F) - 1032; odd pair: 1024 + 16 u (mask
+// 0x00F000F0, no shift) / 16 - 72 in one hfma2; both exact, then times the scale (one rounding).
+__device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t* b0, uint32_t* b1) {
+  const half2 s = kn::u32_as_h2(scale2);
+  const half2 lo = kn::u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
+  const half2 hi = kn::u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
+  const half2 q0 = __hsub2(lo, kn::u32_as_h2(0x64086408u));                              // 1032.0
+  const half2 q1 = __hfma2(hi, kn::u32_as_h2(0x2C002C00u), kn::u32_as_h2(0xD480D480u));  // 1/16, -72.0
+  *b0 = kn::h2_as_u32(__hmul2(q0, s));
+  *b1 = kn::h2_as_u32(__hmul2(q1, s));
+}
+
+// Min blocks per SM for __launch_bounds__: C::MINB on sm_80+; 1 on sm_75, whose 64 KiB of shared memory per SM
+// holds one block of these tiles anyway (v14's 25 KiB would fit two, but spills at 128 registers there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <class C>
+constexpr int kXMinBlocks = C::MINB > 1 ? 1 : C::MINB;  // 1 (names MINB: no unused-member warning)
+#else
+template <class C>
+constexpr int kXMinBlocks = C::MINB;
+#endif
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(const GemmW4Args a) {
+  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int sr = C::sr_of(wn), j0 = C::j0_of(wn);
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
+  const int NB = a.n / 32, KG = a.k / 32, KT_all = (KG + C::G - 1) / C::G;
+  const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
+  const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
+  // m16 tiles of this warp with a row below M: MT, or MT / 2 (the half instantiation of the math)
+  const int rows_left = a.m - m0 - wm * C::MT * 16;
+  const bool full = rows_left > C::MT / 2 * 16;
+
+  uint4 xa[C::kXL], wa[C::kWL];          // the next k-tile, in flight in registers
+  uint32_t sa[C::kSL > 0 ? C::kSL : 1];  // its scales, when they travel apart (kSSep)
+  // this thread's X units (x_unit): rows xrow0 + c kXRowStep, column xcol of the tile (one register, not kXL)
+  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
+  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
+  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int row = m0 + xrow0 + c * kXRowStep;
+      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
+      xa[c] = kn::ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      const bool is_w = idx < C::kWLoads;
+      int s_r, gi;
+      const size_t src =
+          is_w ? w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi) : s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
+      const bool ok = idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads) && nb0 + s_r < NB && kb0 + gi < KG;
+      const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
+      wa[c] = kn::ld_weights(base + (ok ? src : 0), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {  // kSSep: word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
+      const int idx = tid + c * C::kThreads;
+      int s_r, gi;
+      const size_t src = s_unit(idx / 4, C::G, nb0, kb0, KG, &s_r, &gi) * 4 + idx % 4;
+      const bool ok = idx < C::kSWords && nb0 + s_r < NB && kb0 + gi < KG;
+      sa[c] = ld_weights_u32(reinterpret_cast<const uint32_t*>(a.sp) + (ok ? src : 0), ok);
+    }
+  };
+  auto store = [&](int stage) {
+    unsigned char* base = smem + stage * C::kStage;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int row, col;
+      x_unit(idx, C::BK, &row, &col);
+      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads)) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
+    }
+  };
+
+  float acc[C::MT][C::NT][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  // k-tile kt's math from its smem stage, for the first MTA m16 tiles (MT or MT / 2; the rest stay zero)
+  auto math = [&](int kt, auto mta) {
+    constexpr int MTA = decltype(mta)::value;
+    const unsigned char* base = smem + (kt & 1) * C::kStage;
+    const half* xs = reinterpret_cast<const half*>(base);
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
+#pragma unroll
+    for (int q = 0; q < C::GPW; ++q) {
+      const int gi = ks + C::WK * q;
+      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
+      uint32_t wd[C::NT], s2[C::NT];
+      if constexpr (C::NT == 4) {
+        const uint4 w = *reinterpret_cast<const uint4*>(ws + b_word(sr, gi, C::G, lane, 0));
+        const uint2 sc = *reinterpret_cast<const uint2*>(ss + b_scale(sr, gi, C::G, lane, 0));
+        wd[0] = w.x, wd[1] = w.y, wd[2] = w.z, wd[3] = w.w;
+        s2[0] = __byte_perm(sc.x, 0, 0x1010), s2[1] = __byte_perm(sc.x, 0, 0x3232);
+        s2[2] = __byte_perm(sc.y, 0, 0x1010), s2[3] = __byte_perm(sc.y, 0, 0x3232);
+      } else {  // n8 tiles j0, j0 + 1 (j0 even: 8- and 4-byte aligned)
+        const uint2 w = *reinterpret_cast<const uint2*>(ws + b_word(sr, gi, C::G, lane, j0));
+        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + b_scale(sr, gi, C::G, lane, j0));
+        wd[0] = w.x, wd[1] = w.y;
+        s2[0] = __byte_perm(sc, 0, 0x1010), s2[1] = __byte_perm(sc, 0, 0x3232);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
+        uint32_t b[C::NT][2];
+#pragma unroll
+        for (int j = 0; j < C::NT; ++j) w4x_pairs(h ? wd[j] >> 8 : wd[j], s2[j], &b[j][0], &b[j][1]);
+#pragma unroll
+        for (int i = 0; i < MTA; ++i) {
+          int row, col;
+          a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
+          uint32_t af[4];
+          kn::ldsm_x4(af, xs + row * C::XS + col);
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) kn::mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+  };
+  auto math_any = [&](int kt) {
+    if (full)
+      math(kt, std::integral_constant<int, C::MT>());
+    else if (rows_left > 0)
+      math(kt, std::integral_constant<int, C::MT / 2>());
+  };
+
+  kn::pdl_enter();  // X comes from the previous kernel
+  load(kt_begin);
+  store(kt_begin & 1);
+  __syncthreads();
+  for (int kt = kt_begin; kt < KT; ++kt) {
+    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+    math_any(kt);
+    if (kt + 1 < KT) store((kt + 1) & 1);
+    __syncthreads();
+  }
+
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
+    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
+    float* mine = &acc[0][0][0];
+#pragma unroll
+    for (int step = C::WK / 2; step >= 1; step /= 2) {
+      if (ks >= step && ks < 2 * step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e)
+          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
+      }
+      __syncthreads();
+      if (ks < step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
+      }
+      __syncthreads();
+    }
+    if (ks != 0) return;
+  }
+
+  const int g = lane >> 2, t = lane & 3, nb = nb0 + sr;
+  if (nb >= NB) return;
+  float* const y = gridDim.z > 1 ? a.part + size_t(blockIdx.z) * a.m * a.n : a.y;
+  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i) {
+    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) {
+      const int col = nb * 32 + 8 * (j0 + j) + 2 * t;
+      if (row < a.m) *reinterpret_cast<float2*>(y + size_t(row) * ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+      if (row + 8 < a.m)
+        *reinterpret_cast<float2*>(y + size_t(row + 8) * ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  }
+}
+
+// launch_gemm_w4_cfg for an XCfg (the same contract; also M ldx < 2^31: 32-bit X offsets), split-K as C::SLOTS
+// says: the engine's rule (gemm_w4_splits_for) with SLOTS blocks per SM to fill.
+template <class C>
+cudaError_t launch_gemm_w4x(GemmW4Args a, const kn::Launch& l) {
+  if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ldy % 2 != 0 || a.ldx < a.k || a.ldy < a.n ||
+      int64_t(a.m) * a.ldx >= (int64_t(1) << 31) || reinterpret_cast<uintptr_t>(a.x) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.y) % 8 != 0 || reinterpret_cast<uintptr_t>(a.wp) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(a.sp) % 16 != 0)
+    return cudaErrorInvalidValue;
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  if (a.k == 0) return cudaErrorInvalidValue;
+  a.splits = kn::gemm_w4_splits_for(kn::GemmW4Tile{C::BM, C::BN, C::BK}, a.m, a.n, a.k, g_sms * C::SLOTS, kPartFloats);
+  a.part = g_part;
+  const dim3 grid(kn::ceil_div(size_t(a.n), C::BN), kn::ceil_div(size_t(a.m), C::BM), unsigned(a.splits));
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  if (const cudaError_t e = kn::launch_kernel(gemm_w4x_kernel<C>, grid, C::kThreads, l, a);
+      e != cudaSuccess || a.splits == 1)
+    return e;
+  return kn::launch_kernel(kn::gemm_w4_reduce_kernel, kn::ceil_div(size_t(a.m) * (a.n / 4), 256), 256, l, a.part,
+                           a.splits, a.m, a.n, a.y, a.ldy);
 }
 
 // Version v of p for its M rows on weight copy `copy`.
@@ -446,6 +925,10 @@ cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Laun
     case 9: return p.M <= 32 ? launch_split<CfgTiny>(a, l) : launch_split<CfgSmall2>(a, l);
     case 10: return launch_split<CfgNarrow2>(a, l);
     case 11: return launch_split<CfgLarge2>(a, l);
+    case 12: return launch_gemm_w4x<XSmall>(a, l);
+    case 13: return launch_gemm_w4x<XTall>(a, l);
+    case 14: return launch_gemm_w4x<XWide>(a, l);
+    case 15: return launch_gemm_w4x<XTallFill>(a, l);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -571,7 +1054,7 @@ int usage(const char* argv0) {
 int main(int argc, char** argv) {
   std::vector<int> ms = {32, 64, 128, 256, 2048, 4096};
   lab::CommonArgs common;
-  common.versions = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};
+  common.versions = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   common.reps = 20;
   common.samples = 5;
   for (int i = 1; i < argc; ++i) {
