@@ -9,7 +9,8 @@
 #     ab        quick_bench on full-size synthetic E2B w4a16 (tools/make_synthetic): this tree's decode variants
 #               (AB_DECODE: quick_bench argument sets separated by '|', default the per-kernel and the persistent
 #               path) and each earlier tree of AB_TREES (default tmp_base; each a directory holding `git archive REV
-#               include kernels src bench | tar -x -C DIR`) -- same lease, same checkpoint
+#               include kernels src bench | tar -x -C DIR`) -- same lease, same checkpoint (AB_RUNS rounds, default
+#               2); then TTFT of a 4096-token prompt, this tree and each of AB_TREES, per checkpoint of AB_TTFT
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
 #     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
@@ -99,7 +100,7 @@ step_ab() {
   local Q="--model $MODELS/e2b-w4a16 --prompt 512 --tokens 64 --batch ${AB_BATCH:-1,8,16}"
   local abv
   IFS='|' read -r -a abv <<< "${AB_DECODE:---decode kernels|--decode persistent}"
-  for run in 1 2; do
+  for run in $(seq "${AB_RUNS:-2}"); do
     for d in "${abv[@]}"; do
       note "== this tree, $d (run $run)"
       # shellcheck disable=SC2086
@@ -116,9 +117,21 @@ step_ab() {
   build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
   note "== Turing-only build"
   build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
-  note "== TTFT 4096"
-  build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 4096 --tokens 4 --batch 1 --ttft 5 2>&1 |
-    tee -a "$OUT/ab.log" | grep -E "TTFT|median"
+  local T="--prompt 4096 --tokens 4 --batch 1 --ttft 5"
+  for fmt in ${AB_TTFT:-w4a16}; do
+    synth "$fmt" || continue
+    note "== TTFT 4096, $fmt, this tree"
+    # shellcheck disable=SC2086
+    build-gpu-native/quick_bench --model "$MODELS/e2b-$fmt" $T 2>&1 | tee -a "$OUT/ab.log" | grep -E "TTFT|median" |
+      tee -a "$OUT/summary.txt"
+    for t in ${AB_TREES:-tmp_base}; do
+      [ -x "/tmp/qb_$t" ] || continue
+      note "== TTFT 4096, $fmt, $t"
+      # shellcheck disable=SC2086
+      "/tmp/qb_$t" --model "$MODELS/e2b-$fmt" $T 2>&1 | tee -a "$OUT/ab.log" | grep -E "TTFT|median" |
+        tee -a "$OUT/summary.txt"
+    done
+  done
 }
 
 step_decode() {  # issue 16: per-kernel vs persistent (1 and 2 blocks per SM, L2 prefetch off), then the step traces
