@@ -1,4 +1,4 @@
-// gemma4_t4 kernels: prefill attention on tensor cores (flash attention; m16n8k8 mma on Turing, m16n8k16 on sm_80+).
+// gemma4_t4 kernels: prefill attention on Turing tensor cores (flash attention with m16n8k8 tensor-core mma).
 //
 // Same result as attention_split_kernel (attention.cuh), for prompt chunks. For row r (a query at position
 // p = pos[r] of sequence seq[r]) and query head h:
@@ -25,8 +25,8 @@
 // and each warp streams its own 64-channel slice of every K/V row (128 contiguous bytes) through a private
 // shared buffer. Per key tile:
 //   1. K slice (loaded one tile earlier) registers -> buffer; the NEXT tile's K loads issued (registers)
-//   2. partial scores S_w = Q[:, slice] K[:, slice]^T (32 x 32, 16-deep mma steps, ldmatrix) -> the same
-//      buffer (the K slice is dead by then: the buffer holds K, then the partial scores, then V)     | barrier
+//   2. partial scores S_w = Q[:, slice] K[:, slice]^T (32 x 32, m16n8k8, ldmatrix) -> the same buffer (the
+//      K slice is dead by then: the buffer holds K, then the partial scores, then V)                 | barrier
 //   3. every thread: W threads per row sum the W partials (= q . k), mask (causal + window, per position),
 //      online softmax in fp32 (running max m, sum l per row), P = exp(s - m) rounded to fp16 -> shared, and
 //      l accumulates the ROUNDED p (so the weights P.V uses sum exactly to l); rescale factor -> shared  | barrier
@@ -51,13 +51,7 @@
 // (launch bounds), no spills on sm_75 .. sm_120, so a T4 SM runs one 256-thread block (8 warps).
 //
 // sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators and ldmatrix (kernels/mma.cuh, both sm_75);
-// no cp.async, bf16 or anything newer. m16n8k16 only where the GPU has it: both products go in 16-deep
-// steps (flash_mma_k16) whose operands come from one ldmatrix x4 each -- q's A fragments pair two 8-channel
-// k-steps, P's pair two 8-key halves, each K / V ldmatrix x4 holds the two k halves of two 8-wide n-tiles.
-// sm_80+ issues one m16n8k16 per step: S and P.V took 128 mma per warp per key tile as m16n8k8, now 64 (the
-// ldmatrix count, 20, is unchanged -- every fragment already came from an x4). sm_75 runs the same two
-// m16n8k8 in the same order as before, so its results are bit-identical to the k8-only kernel; on sm_80+ an
-// m16n8k16's fp32 sums may round differently from two k8 steps (within the tests' fp16 tolerance).
+// no m16n8k16, cp.async, bf16 or anything newer.
 //
 // Fragment layouts: kernels/mma.cuh.
 #pragma once
@@ -89,33 +83,6 @@ __device__ __forceinline__ uint32_t flash_pack_half2(half lo, half hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-// ---- tensor-core step ----
-
-// c[mt][j] += A_mt (16 x 16 fp16, row-major) B_j (16 x 8 fp16), fp32 accumulators, for the MT row tiles and the
-// two n-tiles j of one ldmatrix x4. a[mt] = {a0, a1 of k 0-7, a0, a1 of k 8-15} (the A operand of m16n8k16);
-// b = {B_0 k 0-7, B_0 k 8-15, B_1 k 0-7, B_1 k 8-15}. Both phases load their operands this way, so the k8 steps
-// always pair up. sm_80+: one m16n8k16 per accumulator, half the mma instructions of two m16n8k8. sm_75 has
-// only m16n8k8: every accumulator's k 0-7 step, then every accumulator's k 8-15 step -- no mma waits on the
-// one just issued, and each fp32 sum is accumulated in the same order as two k8 steps (bit-identical to the
-// m16n8k8-only kernel).
-template <int MT>
-__device__ __forceinline__ void flash_mma_k16(float (&c)[MT][2][4], const uint32_t (&a)[MT][4],
-                                              const uint32_t (&b)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) mma_16x8x16(c[mt][j], a[mt], b[2 * j], b[2 * j + 1]);
-#else
-#pragma unroll
-  for (int kh = 0; kh < 2; ++kh)
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int j = 0; j < 2; ++j) mma_16x8x8(c[mt][j], a[mt][2 * kh], a[mt][2 * kh + 1], b[2 * j + kh]);
-#endif
-}
-
 // ---- kernel ----
 
 // D: head dim (64, 128, 256, 512); G: query heads folded per KV head (1, 2, 4, 8; the real group is
@@ -128,7 +95,6 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   constexpr int W = D / kFlashSlice, GT = 32 * W;  // warps / threads
   constexpr int BM = kFlashRows, BN = kFlashKeys, MT = BM / 16;
   constexpr int NS = kFlashSlice / 8;  // 8-wide k-steps (scores) / n-tiles (output) in a warp's slice
-  constexpr int NS2 = NS / 2;          // 16-wide k-steps (scores) / n-tile pairs (output)
   constexpr int TPR = GT / BM;         // softmax threads per row (= W)
   constexpr int CPT = BN / 4 / TPR;    // 4-key chunks per softmax thread
   constexpr int RPL = BN / 4;          // K/V rows per lane per tile: a warp loads 4 rows x 128 B at a time
@@ -171,9 +137,8 @@ static __global__ void __launch_bounds__(flash_threads<D>())
   const int kbeg = a.window > 0 ? max(0, a.pos[first] - a.window + 1) : 0;  // lo of the first position
   const int kend = a.pos[first + count - 1];                                // the last position
 
-  // q A-fragments of this warp's 64 channels, channels 16 k2 + [0, 16): qa[k2][mt] = {rows mt*16 + g, + 8 of
-  // channels + 0-7, the same rows of channels + 8-15}
-  uint32_t qa[NS2][MT][4];
+  // q fragments of this warp's 64 channels: qa[mt][ks][0] rows mt*16 + g, [1] rows mt*16 + g + 8
+  uint32_t qa[MT][NS][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -184,8 +149,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
                                        a.q + (size_t(first + i) * a.heads + kvh * group + h) * D + col0 + 2 * t)
                                  : nullptr;
 #pragma unroll
-      for (int ks = 0; ks < NS; ++ks)  // 8 fp16 = 4 words per k-step
-        qa[ks / 2][mt][2 * (ks % 2) + hi] = valid ? qr[ks * 4] : 0u;
+      for (int ks = 0; ks < NS; ++ks) qa[mt][ks][hi] = valid ? qr[ks * 4] : 0u;  // 8 fp16 = 4 words per k-step
     }
 
   // softmax role: row srow, 4-key chunks c = spart + TPR i (keys 4 c .. 4 c + 3), i < CPT, of each tile
@@ -220,16 +184,13 @@ static __global__ void __launch_bounds__(flash_threads<D>())
     for (int i = 0; i < RPL; ++i) *reinterpret_cast<uint4*>(&kv[(lane >> 3) + 4 * i][(lane & 7) * 8]) = r[i];
   };
 
-  // o[n2][mt][j]: C fragment of rows mt * 16 + g (+ 8), channels 16 n2 + 8 j + 2t, + 1 of this warp's slice
-  float o[NS2][MT][2][4];
+  float o[MT][NS][4];
 #pragma unroll
-  for (int n2 = 0; n2 < NS2; ++n2)
+  for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
+    for (int nt = 0; nt < NS; ++nt)
 #pragma unroll
-      for (int j = 0; j < 2; ++j)
-#pragma unroll
-        for (int c = 0; c < 4; ++c) o[n2][mt][j][c] = 0.f;
+      for (int c = 0; c < 4; ++c) o[mt][nt][c] = 0.f;
 
   // Tiles k0 = kbeg + n BN; ring slot of k0 tracked incrementally.
   constexpr int KSTEP = BN;
@@ -264,12 +225,21 @@ static __global__ void __launch_bounds__(flash_threads<D>())
 #pragma unroll
           for (int c = 0; c < 4; ++c) s[mt][nt][c] = 0.f;
 #pragma unroll
-      for (int k2 = 0; k2 < NS2; ++k2) {
-        // matrices: 0 = (keys 16 h + 0-7, channels 16 k2 + 0-7), 1 = (same keys, +8-15), 2 / 3 = keys + 8-15:
-        // the B operands (k = channels) of the two 8-key n-tiles
+      for (int k2 = 0; k2 < NS / 2; ++k2) {
+        // matrices: 0 = (keys 16 h + 0-7, channels 16 k2 + 0-7), 1 = (same keys, +8-15), 2 / 3 = keys + 8-15
         uint32_t b[4];
         ldsm_x4(b, &kv[h * 16 + (lane >> 4) * 8 + (lane & 7)][k2 * 16 + ((lane >> 3) & 1) * 8]);
-        flash_mma_k16(s, qa[k2], b);
+        // the four accumulators' chains interleaved: no MMA waits on the one just issued
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16x8x8(s[mt][0], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[0]);
+          mma_16x8x8(s[mt][1], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[2]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16x8x8(s[mt][0], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[1]);
+          mma_16x8x8(s[mt][1], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[3]);
+        }
       }
       __syncwarp();  // every lane's reads of these K rows are done before their partial scores overwrite them
       // row mt * 16 + g (+ 8), keys 8 nt + 2t, + 1: chunk 2 nt + t / 2, swizzled by the row (bits 1, 2 of g)
@@ -348,30 +318,35 @@ static __global__ void __launch_bounds__(flash_threads<D>())
     for (int mt = 0; mt < MT; ++mt) {
       const float a_lo = alpha_s[mt * 16 + g], a_hi = alpha_s[mt * 16 + g + 8];
 #pragma unroll
-      for (int n2 = 0; n2 < NS2; ++n2)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          o[n2][mt][j][0] *= a_lo;
-          o[n2][mt][j][1] *= a_lo;
-          o[n2][mt][j][2] *= a_hi;
-          o[n2][mt][j][3] *= a_hi;
-        }
+      for (int nt = 0; nt < NS; ++nt) {
+        o[mt][nt][0] *= a_lo;
+        o[mt][nt][1] *= a_lo;
+        o[mt][nt][2] *= a_hi;
+        o[mt][nt][3] *= a_hi;
+      }
     }
 #pragma unroll
     for (int k2 = 0; k2 < BN / 16; ++k2) {
       // P A-fragments of keys 16 k2 + 0-15: pa[mt] = {a0, a1} of keys + 0-7, then {a0, a1} of keys + 8-15
-      // (the A operand of m16n8k16)
       uint32_t pa[MT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
         ldsm_x4(pa[mt], &p_s[mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][k2 * 16 + (lane >> 4) * 8]);
 #pragma unroll
-      for (int n2 = 0; n2 < NS2; ++n2) {
-        // matrices: 0 = (keys 16 k2 + 0-7, channels 16 n2 + 0-7), 1 = (keys + 8-15, same), 2 / 3 = channels + 8-15:
-        // the B operands (k = keys) of the two 8-channel n-tiles
+      for (int n2 = 0; n2 < NS / 2; ++n2) {
+        // matrices: 0 = (keys 16 k2 + 0-7, channels 16 n2 + 0-7), 1 = (keys + 8-15, same), 2 / 3 = channels + 8-15
         uint32_t b[4];
         ldsm_x4_trans(b, &kv[k2 * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(2 * n2 + (lane >> 4)) * 8]);
-        flash_mma_k16(o[n2], pa, b);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16x8x8(o[mt][2 * n2], pa[mt][0], pa[mt][1], b[0]);
+          mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][0], pa[mt][1], b[2]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          mma_16x8x8(o[mt][2 * n2], pa[mt][2], pa[mt][3], b[1]);
+          mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][2], pa[mt][3], b[3]);
+        }
       }
     }
     s0 = s1;
@@ -390,12 +365,10 @@ static __global__ void __launch_bounds__(flash_threads<D>())
       const float l = l_s[mt * 16 + hi * 8 + g];
       const float sc = l > 0.f ? 1.f / l : 0.f;  // a row that saw no key (padding) is not written
 #pragma unroll
-      for (int n2 = 0; n2 < NS2; ++n2)
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          o[n2][mt][j][2 * hi] *= sc;
-          o[n2][mt][j][2 * hi + 1] *= sc;
-        }
+      for (int nt = 0; nt < NS; ++nt) {
+        o[mt][nt][2 * hi] *= sc;
+        o[mt][nt][2 * hi + 1] *= sc;
+      }
     }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -407,7 +380,7 @@ static __global__ void __launch_bounds__(flash_threads<D>())
 #pragma unroll
       for (int nt = 0; nt < NS; ++nt)
         *reinterpret_cast<half2*>(orow + nt * 8) =
-            __halves2half2(to_half_sat(o[nt / 2][mt][nt % 2][2 * hi]), to_half_sat(o[nt / 2][mt][nt % 2][2 * hi + 1]));
+            __halves2half2(to_half_sat(o[mt][nt][2 * hi]), to_half_sat(o[mt][nt][2 * hi + 1]));
     }
 }
 
