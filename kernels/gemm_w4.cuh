@@ -45,6 +45,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #ifdef __CUDACC__
 #include "common.cuh"
@@ -96,6 +97,7 @@ GEMMA4_T4_GEMM_W4_HD inline uint16_t repack_scale(const uint16_t* s, int N, int 
 // whose global loads are in flight in registers during a tile's math (1 or 2; 2 takes a second register set).
 template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int PF_ = 1>
 struct Cfg {
+  static constexpr bool kX = false;  // gemm_w4_kernel's configuration
   static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, PF = PF_;
   static_assert(PF == 1 || PF == 2, "1 or 2 k-tiles in flight");
   static constexpr int kThreads = 256;
@@ -160,6 +162,49 @@ using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32, warps 2 x 4 x 1; 24.
 using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile; 45.0 KiB
 using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128, warps 1 x 2 x 4; 43.0 KiB
 using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128, warps 1 x 2 x 4; 26 KiB
+
+// The reworked kernel's configuration (gemm_w4x_kernel; lab versions 12..15, dev/gemm_w4.cu): a warp computes MT
+// m16 tiles x NT n8 tiles (NT 2: half a super-row, n8 tiles j0, j0 + 1; 4: a whole one); WM, WN, WK: warps along m,
+// n, k (8 in all); GPW: scale groups per warp per k-tile; MINB: __launch_bounds__ min blocks per SM on sm_80+ (1 on
+// sm_75); SLOTS: blocks per SM that the lab's split-K fills (the engine: gemm_w4_splits_for at one).
+template <int MT_, int NT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int SLOTS_ = 1>
+struct XCfg {
+  static constexpr bool kX = true;  // gemm_w4x_kernel's configuration
+  static constexpr int MT = MT_, NT = NT_, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, SLOTS = SLOTS_;
+  static_assert(NT == 2 || NT == 4, "half or all of a super-row per warp");
+  static_assert(MT % 2 == 0, "the half-MT instantiation");
+  static constexpr int kThreads = 256;
+  static_assert(WM * WN * WK == 8, "8 warps");
+  static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
+  static constexpr int BM = WM * MT * 16;  // rows of X per block
+  static constexpr int BN = WN * NT * 8;   // outputs per block
+  static_assert(BN % 32 == 0, "whole super-rows per block");
+  static constexpr int G = WK * GPW;  // scale groups per k-tile
+  static constexpr int BK = 32 * G;   // k per tile
+  static constexpr int XS = BK + 8;   // smem row stride of the X tile, halves
+  static constexpr int kXBytes = BM * XS * 2, kWBytes = BN * BK / 2, kSBytes = BN * G * 2;
+  static constexpr int kStage = kXBytes + kWBytes + kSBytes;
+  static constexpr int kXLoads = BM * BK / 8, kWLoads = BN * BK / 32, kSLoads = BN * G / 8;  // 16-byte units
+  static constexpr int kXL = (kXLoads + 255) / 256;
+  // W and S in one register set of kWL 16-byte units per thread (as Cfg), unless the scales would take a unit set
+  // of their own (v12: 256 W + 32 S units): then they travel as kSL 4-byte words (4 registers fewer).
+  static constexpr bool kSSep = (kWLoads + kSLoads + 255) / 256 > (kWLoads + 255) / 256;
+  static constexpr int kWL = kSSep ? (kWLoads + 255) / 256 : (kWLoads + kSLoads + 255) / 256;
+  static constexpr int kSWords = BN * G / 2, kSL = kSSep ? (kSWords + 255) / 256 : 0;
+  static constexpr int kAcc = MT * NT * 4;
+  static constexpr int kRedBytes = (WK / 2) * WM * WN * kAcc * 32 * 4;
+  static constexpr int kSmem = 2 * kStage > kRedBytes ? 2 * kStage : kRedBytes;  // the reduction reuses the stages
+  static_assert(kSmem <= 48 * 1024, "static shared memory <= 48 KiB (sm_75 without opt-in)");
+  static_assert(kXBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte aligned smem parts");
+  // warp column wn -> its super-row in the tile and its first n8 tile there
+  GEMMA4_T4_GEMM_W4_HD static constexpr int sr_of(int wn) { return wn * NT / 4; }
+  GEMMA4_T4_GEMM_W4_HD static constexpr int j0_of(int wn) { return wn * NT % 4; }
+};
+
+// The version configurations (header above; tiles M x N x K, warps m x n x k).
+// The shipped one: 64 x 128 x 64, warps 1 x 4 x 2 (a warp 64 x 32), 32 KiB smem, 2 blocks per SM on sm_80+ (lab
+// version 12).
+using XSmall = XCfg<4, 4, 1, 4, 2, 1, 2>;
 
 }  // namespace gemm_w4
 
@@ -364,14 +409,236 @@ static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int
   *reinterpret_cast<float2*>(out + 2) = make_float2(s.z, s.w);
 }
 
-// One configuration C (the lab instantiates others). Returns cudaErrorInvalidValue for shapes or alignments the
-// kernel does not take (N % 32, K % 32, K == 0, ldx % 8, ldy % 2, ldx < K, ldy < N, x / wp / sp not 16-byte or y
-// not 8-byte aligned; splits < 1, more splits than k-tiles, or splits > 1 without a 16-byte aligned part).
+// ---- the reworked kernel (gemm_w4x; lab version 12 ships as XSmall; configuration notes: XCfg) ----
+
+// d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
+// dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// A 4-byte weight-path load (ld_weights' path: not allocated in L1), zero when !ok: v12's scales.
+__device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
+  uint32_t v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.u32 %0, [%1];\n"
+      "}\n"
+      : "=r"(v)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// B pairs 2h and 2h + 1 of a GEMM-layout word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit-identical): w is the
+// word (h = 0) or word >> 8 (h = 1). Even pair: 1024 + u (mask 0x000F000F) - 1032; odd pair: 1024 + 16 u (mask
+// 0x00F000F0, no shift) / 16 - 72 in one hfma2; both exact, then times the scale (one rounding).
+__device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t* b0, uint32_t* b1) {
+  const half2 s = u32_as_h2(scale2);
+  const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
+  const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
+  const half2 q0 = __hsub2(lo, u32_as_h2(0x64086408u));                          // 1032.0
+  const half2 q1 = __hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u));  // 1/16, -72.0
+  *b0 = h2_as_u32(__hmul2(q0, s));
+  *b1 = h2_as_u32(__hmul2(q1, s));
+}
+
+// Min blocks per SM for __launch_bounds__: C::MINB on sm_80+; 1 on sm_75, whose 64 KiB of shared memory per SM
+// holds one block of these tiles anyway (v14's 25 KiB would fit two, but spills at 128 registers there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <class C>
+constexpr int kXMinBlocks = C::MINB > 1 ? 1 : C::MINB;  // 1 (names MINB: no unused-member warning)
+#else
+template <class C>
+constexpr int kXMinBlocks = C::MINB;
+#endif
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(const GemmW4Args a) {
+  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int sr = C::sr_of(wn), j0 = C::j0_of(wn);
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
+  const int NB = a.n / 32, KG = a.k / 32, KT_all = (KG + C::G - 1) / C::G;
+  const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
+  const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
+  // m16 tiles of this warp with a row below M: MT, or MT / 2 (the half instantiation of the math)
+  const int rows_left = a.m - m0 - wm * C::MT * 16;
+  const bool full = rows_left > C::MT / 2 * 16;
+
+  uint4 xa[C::kXL], wa[C::kWL];          // the next k-tile, in flight in registers
+  uint32_t sa[C::kSL > 0 ? C::kSL : 1];  // its scales, when they travel apart (kSSep)
+  // this thread's X units (x_unit): rows xrow0 + c kXRowStep, column xcol of the tile (one register, not kXL)
+  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
+  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
+  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int row = m0 + xrow0 + c * kXRowStep;
+      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
+      xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      const bool is_w = idx < C::kWLoads;
+      int s_r, gi;
+      const size_t src = is_w ? gemm_w4::w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi)
+                              : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
+      const bool ok = idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads) && nb0 + s_r < NB && kb0 + gi < KG;
+      const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
+      wa[c] = ld_weights(base + (ok ? src : 0), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {  // kSSep: word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
+      const int idx = tid + c * C::kThreads;
+      int s_r, gi;
+      const size_t src = gemm_w4::s_unit(idx / 4, C::G, nb0, kb0, KG, &s_r, &gi) * 4 + idx % 4;
+      const bool ok = idx < C::kSWords && nb0 + s_r < NB && kb0 + gi < KG;
+      sa[c] = ld_weights_u32(reinterpret_cast<const uint32_t*>(a.sp) + (ok ? src : 0), ok);
+    }
+  };
+  auto store = [&](int stage) {
+    unsigned char* base = smem + stage * C::kStage;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int row, col;
+      gemm_w4::x_unit(idx, C::BK, &row, &col);
+      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads)) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
+    }
+  };
+
+  float acc[C::MT][C::NT][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  // k-tile kt's math from its smem stage, for the first MTA m16 tiles (MT or MT / 2; the rest stay zero)
+  auto math = [&](int kt, auto mta) {
+    constexpr int MTA = decltype(mta)::value;
+    const unsigned char* base = smem + (kt & 1) * C::kStage;
+    const half* xs = reinterpret_cast<const half*>(base);
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
+#pragma unroll
+    for (int q = 0; q < C::GPW; ++q) {
+      const int gi = ks + C::WK * q;
+      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
+      uint32_t wd[C::NT], s2[C::NT];
+      if constexpr (C::NT == 4) {
+        const uint4 w = *reinterpret_cast<const uint4*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, 0));
+        const uint2 sc = *reinterpret_cast<const uint2*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, 0));
+        wd[0] = w.x, wd[1] = w.y, wd[2] = w.z, wd[3] = w.w;
+        s2[0] = __byte_perm(sc.x, 0, 0x1010), s2[1] = __byte_perm(sc.x, 0, 0x3232);
+        s2[2] = __byte_perm(sc.y, 0, 0x1010), s2[3] = __byte_perm(sc.y, 0, 0x3232);
+      } else {  // n8 tiles j0, j0 + 1 (j0 even: 8- and 4-byte aligned)
+        const uint2 w = *reinterpret_cast<const uint2*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, j0));
+        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, j0));
+        wd[0] = w.x, wd[1] = w.y;
+        s2[0] = __byte_perm(sc, 0, 0x1010), s2[1] = __byte_perm(sc, 0, 0x3232);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
+        uint32_t b[C::NT][2];
+#pragma unroll
+        for (int j = 0; j < C::NT; ++j) w4x_pairs(h ? wd[j] >> 8 : wd[j], s2[j], &b[j][0], &b[j][1]);
+#pragma unroll
+        for (int i = 0; i < MTA; ++i) {
+          int row, col;
+          gemm_w4::a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
+          uint32_t af[4];
+          ldsm_x4(af, xs + row * C::XS + col);
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+  };
+  auto math_any = [&](int kt) {
+    if (full)
+      math(kt, std::integral_constant<int, C::MT>());
+    else if (rows_left > 0)
+      math(kt, std::integral_constant<int, C::MT / 2>());
+  };
+
+  pdl_enter();  // X comes from the previous kernel
+  load(kt_begin);
+  store(kt_begin & 1);
+  __syncthreads();
+  for (int kt = kt_begin; kt < KT; ++kt) {
+    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+    math_any(kt);
+    if (kt + 1 < KT) store((kt + 1) & 1);
+    __syncthreads();
+  }
+
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
+    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
+    float* mine = &acc[0][0][0];
+#pragma unroll
+    for (int step = C::WK / 2; step >= 1; step /= 2) {
+      if (ks >= step && ks < 2 * step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e)
+          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
+      }
+      __syncthreads();
+      if (ks < step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
+      }
+      __syncthreads();
+    }
+    if (ks != 0) return;
+  }
+
+  const int g = lane >> 2, t = lane & 3, nb = nb0 + sr;
+  if (nb >= NB) return;
+  float* const y = gridDim.z > 1 ? a.part + size_t(blockIdx.z) * a.m * a.n : a.y;
+  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i) {
+    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) {
+      const int col = nb * 32 + 8 * (j0 + j) + 2 * t;
+      if (row < a.m) *reinterpret_cast<float2*>(y + size_t(row) * ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+      if (row + 8 < a.m)
+        *reinterpret_cast<float2*>(y + size_t(row + 8) * ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  }
+}
+
+// One configuration C, a Cfg (gemm_w4_kernel) or an XCfg (gemm_w4x_kernel); the lab instantiates others. Returns
+// cudaErrorInvalidValue for shapes or alignments the kernel does not take (N % 32, K % 32, K == 0, ldx % 8, ldy % 2,
+// ldx < K, ldy < N, x / wp / sp not 16-byte or y not 8-byte aligned; an XCfg: M ldx >= 2^31 (32-bit X offsets);
+// splits < 1, more splits than k-tiles, or splits > 1 without a 16-byte aligned part).
 template <class C>
 inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
   if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ldy % 2 != 0 || a.ldx < a.k || a.ldy < a.n ||
       reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.y) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(a.wp) % 16 != 0 || reinterpret_cast<uintptr_t>(a.sp) % 16 != 0)
+      reinterpret_cast<uintptr_t>(a.wp) % 16 != 0 || reinterpret_cast<uintptr_t>(a.sp) % 16 != 0 ||
+      (C::kX && int64_t(a.m) * a.ldx >= (int64_t(1) << 31)))
     return cudaErrorInvalidValue;
   if (a.m == 0 || a.n == 0) return cudaSuccess;
   if (a.k == 0) return cudaErrorInvalidValue;
@@ -381,23 +648,31 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
     return cudaErrorInvalidValue;
   const dim3 grid(ceil_div(size_t(a.n), C::BN), ceil_div(size_t(a.m), C::BM), unsigned(a.splits));
   if (grid.y > 65535) return cudaErrorInvalidValue;
-  if (const cudaError_t e = launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
-      e != cudaSuccess || a.splits == 1)
-    return e;
+  cudaError_t e;
+  if constexpr (C::kX)
+    e = launch_kernel(gemm_w4x_kernel<C>, grid, C::kThreads, l, a);
+  else
+    e = launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
+  if (e != cudaSuccess || a.splits == 1) return e;
   return launch_kernel(gemm_w4_reduce_kernel, ceil_div(size_t(a.m) * (a.n / 4), 256), 256, l, a.part, a.splits, a.m,
                        a.n, a.y, a.ldy);
 }
 
-// The tile configuration for an M x N x K product: f(C()) for the shipped Cfg C that serves it. Measured with
-// dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (c); each E2B shape at M 48, 64, 128, split-K as the
-// engine does): up to 256 rows, products with few outputs and a long K (o_proj 1536 x 2048, down_proj 1536 x
-// 6144 / 12288: 12 output tiles of 128 x 128, split 11 ways) are fastest in the 128 x 128 x 64 tile, 20-45%
-// ahead of the 64 x 64 x 128 one, which wins everywhere else (q/k/v, gate/up) and by 12-25% over the 128 x 64 x 64
-// tile these rows took before; past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks per SM.
+// The tile configuration for an M x N x K product: f(C()) for the shipped configuration C that serves it.
+// Measured with dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (e); each E2B shape at M 33, 64, 128, 256,
+// split-K as the engine does): up to 256 rows the reworked kernel's 64 x 128 x 64 tile (XSmall, lab version 12: two
+// blocks per SM, a cheaper dequant) is fastest nearly everywhere, 11-30% ahead of the 64 x 64 x 128 tile on q_proj
+// and gate/up, 10-18% ahead of the 128 x 128 x 64 tile on o_proj and down_proj at 33..64 and 256 rows -- except
+// those (N <= 2048, K >= 2048) at 65..128 rows, where the 128 x 128 x 64 tile's 11-way split-K is 7-50% faster
+// (12 output tiles against XSmall's 24 and 6 splits); past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks
+// per SM, as before. M <= 32 (not an engine shape: the GEMVs take them): the 32 x 64 x 128 tile.
 template <class F>
 inline auto gemm_w4_by_shape(int m, int n, int k, F&& f) {
   if (m <= 32) return f(gemm_w4::CfgTiny());
-  if (m <= 256) return n <= 2048 && k >= 2048 ? f(gemm_w4::CfgDeep()) : f(gemm_w4::CfgSmall());
+  if (m <= 256) {
+    if (m > 64 && m <= 128 && n <= 2048 && k >= 2048) return f(gemm_w4::CfgDeep());
+    return f(gemm_w4::XSmall());
+  }
   return f(gemm_w4::CfgLarge());
 }
 
