@@ -27,7 +27,7 @@
 #               time: no PDL overlap), c=1 (STEPS_C1=0: not) and a 128-row bucket (PROFILE_MATMULS), summed
 #               per kernel name
 # Environment: PRESETS (the builds of build and suite, default "gpu-native gpu-turing"), SWEEP (bench arguments),
-# FORMATS (the bench step's checkpoints, default "w4a16 bf16"), JOBS
+# FORMATS (the bench step's checkpoints, default "w4a16 bf16"), BENCH_BUILDS (its builds, default "native turing"), JOBS
 # (build parallelism, default nproc), DEADLINE (see past_deadline), BUILD_TARGETS (instead of the presets' targets, e.g. "gemma4_t4_gpu_tests
 # bench" for a short call).
 # The machine has no package manager: nlohmann/json and Catch2 come from .deps/ (tools/gpu_deps.sh unpacks
@@ -199,7 +199,7 @@ step_bench() {
   for fmt in ${FORMATS:-w4a16 bf16}; do synth "$fmt" || { note "make_synthetic failed"; return 1; }; done
   local sweep=${SWEEP:-"--prompts 512,4096 --concurrency 1,8,16,32,64,128 --tokens 128 --repeats 1"}
   for fmt in ${FORMATS:-w4a16 bf16}; do
-    for b in native turing; do
+    for b in ${BENCH_BUILDS:-native turing}; do
       past_deadline && { note "bench: past DEADLINE, $fmt $b skipped"; continue; }
       note "== bench E2B $fmt, $b"
       timeout "${SWEEP_S:-300}" "build-gpu-$b/bench" --model "$MODELS/e2b-$fmt" $sweep --quiet \
