@@ -180,7 +180,8 @@ TEST_CASE("gemm_w4: shapes and alignments the kernel does not take -> cudaErrorI
   a = good(), a.y = y.get() + 1, bad("y not 8-byte aligned", a);
   Dev<float> part(size_t(4) * 300 * 64 + 4);
   a = good(), a.splits = 0, bad("splits < 1", a);
-  a = good(), a.splits = 2, a.part = part.get(), bad("more splits than k-tiles (M 40: BK 128 = K)", a);
+  const int ktiles = (128 + kn::gemm_w4_tile(40, 64, 128).bk - 1) / kn::gemm_w4_tile(40, 64, 128).bk;
+  a = good(), a.splits = ktiles + 1, a.part = part.get(), bad("more splits than k-tiles (M 40, K 128)", a);
   a = good(), a.m = 300, a.splits = 2, bad("split-K without partials (M 300: BK 32, 4 k-tiles)", a);
   a = good(), a.m = 300, a.splits = 2, a.part = part.get() + 1, bad("partials not 16-byte aligned", a);
   a = good(), a.m = 0;
