@@ -5615,13 +5615,19 @@ class CpuBackend : public BackendModel {
 //   (caches: [capacity, kv_heads, D] fp16; the K/V of the rows themselves were written before this runs);
 //   out[r, h] = softmax_j(q . k_j) v_j     (Gemma 4: scaling 1.0, no soft-cap; out saturated to fp16)
 //
-// Work split. Grid (rows, kv_heads, splits): a block takes one KV head's `group` query heads (GQA 8:1 on E2B),
-// so each K/V row is loaded once for all of them, and one contiguous range of the row's keys (the row's keys
-// split evenly in whole 32-key tiles: the grid does not depend on positions, so a captured CUDA graph stays
-// valid as the sequences grow; splits past a short row's keys are empty). The warps split the head
-// dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so per-thread state does not
-// grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is requested at once -- one
-// memory latency per tile. Per tile, with no barrier between the loads and their use:
+// Work split. Grid (rows, kv_heads x head_split, splits): a block takes group / head_split of one KV head's
+// `group` query heads (GQA 8:1 on E2B; head_split 1: all of them, so each K/V row is loaded once for the group;
+// more: a few rows' launch gets head_split times the blocks, each merging 1 / head_split of the partials, and
+// the K/V tile is read once per slice, from L2 after the first), and one contiguous range of the row's keys
+// (the row's keys split evenly in whole 32-key tiles: the grid does not depend on positions, so a captured CUDA
+// graph stays valid as the sequences grow; splits past a short row's keys are empty).
+// PDL prologue (AttnArgs::late_keys >= 0): the block reads the row's metadata, the cache tables and its first
+// tile of past keys and values before pdl_enter -- they were written by the host or by kernels at least two
+// launches back (common.cuh) -- and only q and the keys the previous launch wrote (each row's own key, after
+// the layer's head_norm_rope) after it.
+// The warps split the head dimension: warp w owns channels [64 w, 64 w + 64) (D = 32: one warp of 32), so
+// per-thread state does not grow with D and a block's whole 32-key tile of K and V (64 KiB at D = 512) is
+// requested at once -- one memory latency per tile. Per tile, with no barrier between the loads and their use:
 //   1. scores: the warp's partial q . k over its channels on the tensor cores (m16n8k8 tensor-core mma: 16 keys x
 //      8 heads x 8 channels, fp16 products exact, fp32 sums), K fragments straight from 16-byte global
 //      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
@@ -5659,11 +5665,16 @@ class CpuBackend : public BackendModel {
 // kernel is launched with cudaLaunchAttributeProgrammaticStreamSerialization: it may then be scheduled while
 // its predecessor in the stream is still running (a decode step is ~400 small dependent kernels, so the
 // launch gap and the first loads' latency are most of its time). The contract every kernel here keeps:
-// before pdl_enter() it reads only constants of the forward pass (weights) and writes nothing; pdl_enter()
-// waits until the predecessor grid has completed and its writes are visible (so, transitively, every earlier
-// kernel), then lets the next kernel start its own prologue. Below sm_90 and outside PDL launches both are
-// no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a newer GPU) has no griddepcontrol, so the
-// caller must not ask for PDL there: pdl_supported() tells, from the loaded code's PTX version.
+// before pdl_enter() it writes nothing and reads only data no kernel of the last launch writes: constants of
+// the forward pass (weights), and -- named where a kernel does it -- data the host or a kernel at least two
+// launches back wrote (a pass's metadata, KV-cache rows of earlier positions, the step's PLE rows).
+// pdl_enter() waits until the predecessor grid has completed and its writes are visible, then lets the next
+// kernel start its own prologue. Since every kernel calls it before anything else a dependant could need, a
+// kernel starts only after its predecessor has passed pdl_enter, i.e. after the launch before that completed:
+// hence the two-launch rule (a launch without PDL or a memcpy completes before anything after it starts).
+// Below sm_90 and outside PDL launches both are no-ops. The Turing-only build (compute_75 PTX JIT-compiled on a
+// newer GPU) has no griddepcontrol, so the caller must not ask for PDL there: pdl_supported() tells, from the
+// loaded code's PTX version.
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -6006,9 +6017,16 @@ struct AttnArgs {
   float* part_o = nullptr;   // [rows, heads, splits, D] fp32 scratch (splits > 1)
   float* part_ml = nullptr;  // [rows, heads, splits, 2] fp32 scratch (max, sum)
   half* out = nullptr;       // [rows, heads * D] fp16
-  // [rows, kv_heads] arrival counters, zero before the launch and zero again after it (the last block of each
-  // (row, KV head) resets its own); allocate once, zeroed. Null: the splits are merged by a second launch.
+  // [rows, kv_heads, head_split] arrival counters, zero before the launch and zero again after it (the last
+  // block of each (row, KV head, head slice) resets its own); allocate once, zeroed. Null: the splits are merged
+  // by a second launch.
   unsigned* counters = nullptr;
+  int head_split = 1;  // query-head slices per KV head (a divisor of the group; group / head_split <= 8)
+  // Keys at the end of each row's range that the previous launch wrote, read after pdl_enter; every earlier key
+  // (and the metadata) is read before it. -1: everything after pdl_enter (passes with prompt chunks, whose rows'
+  // keys were all just written; the persistent kernel). 1: a decode pass (one row per sequence, its own key
+  // written by the layer's head_norm_rope). 0: a layer that reads an earlier layer's cache (KV-shared).
+  int late_keys = -1;
 };
 
 constexpr int kAttnTile = 32;            // keys per block step, and the split granule
@@ -6103,6 +6121,23 @@ __device__ __forceinline__ void attn_load_k(uint4 (&kf)[2][2][KCH], const half* 
     }
 }
 
+// The same for keys [klo, khi) of the tile only; the other fragments are left as they are (the keys a PDL
+// prologue could not load: see AttnArgs::late_keys).
+template <int KCH>
+__device__ __forceinline__ void attn_load_k_late(uint4 (&kf)[2][2][KCH], const half* __restrict__ K, int ld, int off,
+                                                 int t0, int klo, int khi, int cap, int g) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = 16 * mt + 8 * hi + g;
+      if (key < klo || key >= khi) continue;
+      const uint4* src = reinterpret_cast<const uint4*>(K + size_t((t0 + key) % cap) * ld + off);
+#pragma unroll
+      for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = __ldg(src + 4 * i);
+    }
+}
+
 // V rows of a 32-key tile for lane (key phase kq, channel group): keys kq + KP i, 8 channels at off.
 template <int VI, int KP, bool CG>
 __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
@@ -6112,6 +6147,16 @@ __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restr
     const int key = kq + KP * i;
     const uint4* src = reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off);
     vf[i] = key < nt ? (CG ? __ldcg(src) : __ldg(src)) : make_uint4(0u, 0u, 0u, 0u);
+  }
+}
+
+template <int VI, int KP>
+__device__ __forceinline__ void attn_load_v_late(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
+                                                 int klo, int khi, int cap, int kq) {
+#pragma unroll
+  for (int i = 0; i < VI; ++i) {
+    const int key = kq + KP * i;
+    if (key >= klo && key < khi) vf[i] = __ldg(reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off));
   }
 }
 
@@ -6127,14 +6172,16 @@ struct AttnSmem {
   int last_s;
 };
 
-// Block (row, KV head kvh, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32 NW - 1).
-// D: head dim (32..512); G: the group rounded up to 1, 2, 4 or 8 (heads group..G-1 are padding: zero q,
-// never written). fused: merge in the last block (a.counters, a.splits <= kAttnFusedSplits), else write
-// partials for attention_merge_kernel; a.splits == 1 writes out directly either way. Persist (the persistent
-// decode kernel): q from qs ([G][D] fp16 in shared memory, this block's heads) instead of a.q, and the
-// caches read through L2 (this step wrote some of their slots).
+// Block (row, KV head kvh, head slice hs, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32
+// NW - 1). D: head dim (32..512); G: the block's heads (group / head_split) rounded up to 1, 2, 4 or 8 (the rest
+// are padding: zero q, never written). fused: merge in the last block (a.counters, a.splits <=
+// kAttnFusedSplits), else write partials for attention_merge_kernel; a.splits == 1 writes out directly either
+// way. Persist (the persistent decode kernel): q from qs ([G][D] fp16 in shared memory, this block's heads)
+// instead of a.q, and the caches read through L2 (this step wrote some of their slots); no PDL (a.late_keys,
+// a.head_split unused).
+// Otherwise the block calls pdl_enter itself: first thing, or after its prologue (a.late_keys >= 0).
 template <int D, int G, int NW, bool Persist>
-__device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int sp, bool fused,
+__device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int hs, int sp, bool fused,
                                                 AttnSmem<D, G, NW>& sm, const half* qs) {
   constexpr int WS = D / NW, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
@@ -6158,8 +6205,11 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int kq = lane / LPK, cv = warp * WS + (lane % LPK) * 8;  // P.V: key phase, first of 8 channels
-  const int group = a.heads / a.kv_heads;
-  const int hbase = row * a.heads + kvh * group;  // this block's first query head in [rows * heads]
+  const int hsplit = Persist ? 1 : a.head_split;
+  const int group = a.heads / a.kv_heads / hsplit;                // this block's query heads
+  const int hbase = row * a.heads + (kvh * hsplit + hs) * group;  // its first query head in [rows * heads]
+  const bool early = !Persist && a.late_keys >= 0;                // a PDL prologue (see AttnArgs::late_keys)
+  if (!Persist && !early) pdl_enter();
   const AttnRange r = attn_range(a, row);
   const int begin = r.lo + sp * r.per, end = min(r.lo + r.n, begin + r.per);
 
@@ -6182,6 +6232,20 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     const int cap = a.capacity[idx], ld = a.kv_heads * D;
     const int koff = kvh * D + warp * WS + 8 * t, voff = kvh * D + cv;
 
+    uint4 kf[2][2][KCH], vf[VI];
+    int t0 = begin, nt = min(kAttnTile, end - t0);
+    // keys [0, pre) of the first tile now; with a prologue, the ones the previous launch wrote after the wait
+    const int pre = early ? max(0, min(nt, r.lo + r.n - a.late_keys - t0)) : nt;
+    attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, pre, cap, g);
+    attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, pre, cap, kq);
+    if (early) {
+      pdl_enter();
+      if (pre < nt) {
+        attn_load_k_late<KCH>(kf, K, ld, koff, t0, pre, nt, cap, g);
+        attn_load_v_late<VI, KP>(vf, V, ld, voff, t0, pre, nt, cap, kq);
+      }
+    }
+
     uint4 qf[KCH];  // B fragments: head g, channels warp * WS + 32 i + 8 t .. + 7 (zeros for padding heads)
 #pragma unroll
     for (int i = 0; i < KCH; ++i) {
@@ -6196,10 +6260,6 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     for (int i = tid; i < kAttnTile * G; i += NT) (&p_s[0][0])[i] = 0.f;  // padding heads keep p = 0 ...
     if (tid < G) alpha_s[tid] = 0.f;                                      // ... and alpha = 0
 
-    uint4 kf[2][2][KCH], vf[VI];
-    int t0 = begin, nt = min(kAttnTile, end - t0);
-    attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, nt, cap, g);
-    attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, nt, cap, kq);
     while (nt > 0) {
       // 1. partial scores: keys 16 mt + g (+ 8) x heads 2t, 2t + 1 over this warp's channels
 #pragma unroll
@@ -6268,6 +6328,8 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       for (int h = 0; h < G; ++h)
 #pragma unroll
         for (int c = 0; c < 8; ++c) acc[h][c] += __shfl_xor_sync(0xffffffffu, acc[h][c], o);
+  } else if (early) {
+    pdl_enter();  // an empty split writes nothing of its own, but every block passes the wait before it stores
   }
 #pragma unroll
   for (int k = 0; k < HPW; ++k) {
@@ -6317,7 +6379,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   __threadfence();
   __syncthreads();
   if (tid == 0) {
-    unsigned* cnt = a.counters + size_t(row) * a.kv_heads + kvh;
+    unsigned* cnt = a.counters + (size_t(row) * a.kv_heads + kvh) * hsplit + hs;
     const int last = atomicAdd(cnt, 1u) == unsigned(a.splits - 1);
     if (last) {
       atomicExch(cnt, 0u);  // every split has arrived: ready for the next launch (graph replay)
@@ -6365,10 +6427,11 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 
 template <int D, int G>
 static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
-  pdl_enter();
   constexpr int NW = attn_block<D>() / 32;
   __shared__ AttnSmem<D, G, NW> sm;
-  attention_block<D, G, NW, false>(a, int(blockIdx.x), int(blockIdx.y), int(blockIdx.z), fused != 0, sm, nullptr);
+  const int y = int(blockIdx.y);
+  attention_block<D, G, NW, false>(a, int(blockIdx.x), y / a.head_split, y % a.head_split, int(blockIdx.z), fused != 0,
+                                   sm, nullptr);
 }
 
 // The unfused merge: out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits holding
@@ -6403,15 +6466,32 @@ inline int attention_fused_splits(int group, int head_dim) {
   return f < 1 ? 1 : f > kAttnFusedSplits ? kAttnFusedSplits : f;
 }
 
-// Splits for a launch of `rows` rows of up to `keys` keys each on a GPU with `sms` SMs: one 32-key tile per
-// split while the grid (rows x kv_heads x splits blocks) stays within about two blocks per SM -- a block's
-// tiles run one after another, so fewer, longer splits are latency-bound -- and rows x splits <= budget (the
-// partials' scratch). Where the fused merge cannot take that many splits but can take a count that at most
-// doubles the tiles per block, that count: a second launch costs more than a tile.
-inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim, int keys, int sms, int budget) {
+// Query-head slices per KV head for a launch of `rows` rows of up to `keys` keys: the largest power of two
+// dividing the group while the grid at one 32-key tile per split (rows x kv_heads x slices x tiles blocks)
+// stays within about two blocks per SM. A decode step of one or a few sessions then runs 8x (E2B) the blocks
+// of one slice, and each block's merge re-reads 1 / slices of the partials; from about 16 sessions on, one.
+inline int attention_head_split_for(int rows, int kv_heads, int group, int keys, int sms) {
+  if (rows <= 0 || keys <= 0 || group <= 1) return 1;
+  const long long tiles = (keys + kAttnTile - 1) / kAttnTile;
+  const long long base = (long long)(rows) * (kv_heads > 0 ? kv_heads : 1) * tiles;
+  int hs = 1;
+  while (group % (2 * hs) == 0 && base * 2 * hs <= 2LL * (sms > 0 ? sms : 1)) hs *= 2;
+  return hs;
+}
+
+// Splits for a launch of `rows` rows of up to `keys` keys each on a GPU with `sms` SMs, `head_split` head
+// slices per KV head: one 32-key tile per split while the grid (rows x kv_heads x head_split x splits blocks)
+// stays within about two blocks per SM -- a block's tiles run one after another, so fewer, longer splits are
+// latency-bound -- and rows x splits <= budget (the partials' scratch). Where the fused merge cannot take that
+// many splits but can take a count that at most doubles the tiles per block, that count: a second launch costs
+// more than a tile.
+inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim, int keys, int sms, int budget,
+                                int head_split = 1) {
   if (rows <= 0 || keys <= 0) return 1;
+  if (head_split < 1) head_split = 1;
   const int tiles = (keys + kAttnTile - 1) / kAttnTile;
-  const int blocks = rows * (kv_heads > 0 ? kv_heads : 1);
+  const int blocks = rows * (kv_heads > 0 ? kv_heads : 1) * head_split;
+  group = group / head_split > 0 ? group / head_split : 1;
   const int fill = (2 * (sms > 0 ? sms : 1) + blocks - 1) / blocks;
   int s = tiles < fill ? tiles : fill;
   if (s > budget / rows) s = budget / rows;
@@ -6424,9 +6504,10 @@ inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim,
 
 template <int D, int G>
 inline cudaError_t launch_attention_dg(const AttnArgs& a, const Launch& launch) {
-  const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(a.heads / a.kv_heads, D);
-  const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads, a.splits), attn_block<D>(),
-                                      launch, a, int(fused));
+  const int heads = a.heads / a.kv_heads / a.head_split;  // per block
+  const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(heads, D);
+  const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads * a.head_split, a.splits),
+                                      attn_block<D>(), launch, a, int(fused));
   if (e != cudaSuccess || a.splits == 1 || fused) return e;
   return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, launch, a);
 }
@@ -6447,12 +6528,15 @@ inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
 }
 
-// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits), else two.
+// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits of the
+// block's heads), else two. a.head_split must divide the group; a.late_keys >= 0 only for launches whose rows'
+// keys before the last late_keys were written at least two launches back (AttnArgs).
 inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
   if (a.rows <= 0) return cudaSuccess;
-  if (a.kv_heads <= 0 || a.kv_heads > 65535 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits)
+  if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits || a.head_split < 1 ||
+      (a.heads / a.kv_heads) % a.head_split != 0 || a.kv_heads * a.head_split > 65535 || a.late_keys < -1)
     return cudaErrorInvalidValue;
-  const int group = a.heads / a.kv_heads;
+  const int group = a.heads / a.kv_heads / a.head_split;
   switch (head_dim) {
     case 32: return launch_attention_d<32>(a, group, launch);
     case 64: return launch_attention_d<64>(a, group, launch);
@@ -7139,6 +7223,7 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #ifdef __CUDACC__
 // (kernels/common.cuh: already inlined above)
@@ -7190,6 +7275,7 @@ GEMMA4_T4_GEMM_W4_HD inline uint16_t repack_scale(const uint16_t* s, int N, int 
 // whose global loads are in flight in registers during a tile's math (1 or 2; 2 takes a second register set).
 template <int MT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int PF_ = 1>
 struct Cfg {
+  static constexpr bool kX = false;  // gemm_w4_kernel's configuration
   static constexpr int MT = MT_, NT = 4, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, PF = PF_;
   static_assert(PF == 1 || PF == 2, "1 or 2 k-tiles in flight");
   static constexpr int kThreads = 256;
@@ -7254,6 +7340,49 @@ using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32, warps 2 x 4 x 1; 24.
 using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile; 45.0 KiB
 using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128, warps 1 x 2 x 4; 43.0 KiB
 using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128, warps 1 x 2 x 4; 26 KiB
+
+// The reworked kernel's configuration (gemm_w4x_kernel; lab versions 12..15, dev/gemm_w4.cu): a warp computes MT
+// m16 tiles x NT n8 tiles (NT 2: half a super-row, n8 tiles j0, j0 + 1; 4: a whole one); WM, WN, WK: warps along m,
+// n, k (8 in all); GPW: scale groups per warp per k-tile; MINB: __launch_bounds__ min blocks per SM on sm_80+ (1 on
+// sm_75); SLOTS: blocks per SM that the lab's split-K fills (the engine: gemm_w4_splits_for at one).
+template <int MT_, int NT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int SLOTS_ = 1>
+struct XCfg {
+  static constexpr bool kX = true;  // gemm_w4x_kernel's configuration
+  static constexpr int MT = MT_, NT = NT_, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, SLOTS = SLOTS_;
+  static_assert(NT == 2 || NT == 4, "half or all of a super-row per warp");
+  static_assert(MT % 2 == 0, "the half-MT instantiation");
+  static constexpr int kThreads = 256;
+  static_assert(WM * WN * WK == 8, "8 warps");
+  static_assert(WK == 1 || WK == 2 || WK == 4 || WK == 8, "k-warps: a power of two (tree reduction)");
+  static constexpr int BM = WM * MT * 16;  // rows of X per block
+  static constexpr int BN = WN * NT * 8;   // outputs per block
+  static_assert(BN % 32 == 0, "whole super-rows per block");
+  static constexpr int G = WK * GPW;  // scale groups per k-tile
+  static constexpr int BK = 32 * G;   // k per tile
+  static constexpr int XS = BK + 8;   // smem row stride of the X tile, halves
+  static constexpr int kXBytes = BM * XS * 2, kWBytes = BN * BK / 2, kSBytes = BN * G * 2;
+  static constexpr int kStage = kXBytes + kWBytes + kSBytes;
+  static constexpr int kXLoads = BM * BK / 8, kWLoads = BN * BK / 32, kSLoads = BN * G / 8;  // 16-byte units
+  static constexpr int kXL = (kXLoads + 255) / 256;
+  // W and S in one register set of kWL 16-byte units per thread (as Cfg), unless the scales would take a unit set
+  // of their own (v12: 256 W + 32 S units): then they travel as kSL 4-byte words (4 registers fewer).
+  static constexpr bool kSSep = (kWLoads + kSLoads + 255) / 256 > (kWLoads + 255) / 256;
+  static constexpr int kWL = kSSep ? (kWLoads + 255) / 256 : (kWLoads + kSLoads + 255) / 256;
+  static constexpr int kSWords = BN * G / 2, kSL = kSSep ? (kSWords + 255) / 256 : 0;
+  static constexpr int kAcc = MT * NT * 4;
+  static constexpr int kRedBytes = (WK / 2) * WM * WN * kAcc * 32 * 4;
+  static constexpr int kSmem = 2 * kStage > kRedBytes ? 2 * kStage : kRedBytes;  // the reduction reuses the stages
+  static_assert(kSmem <= 48 * 1024, "static shared memory <= 48 KiB (sm_75 without opt-in)");
+  static_assert(kXBytes % 16 == 0 && kWBytes % 16 == 0 && kSBytes % 16 == 0, "16-byte aligned smem parts");
+  // warp column wn -> its super-row in the tile and its first n8 tile there
+  GEMMA4_T4_GEMM_W4_HD static constexpr int sr_of(int wn) { return wn * NT / 4; }
+  GEMMA4_T4_GEMM_W4_HD static constexpr int j0_of(int wn) { return wn * NT % 4; }
+};
+
+// The version configurations (header above; tiles M x N x K, warps m x n x k).
+// The shipped one: 64 x 128 x 64, warps 1 x 4 x 2 (a warp 64 x 32), 32 KiB smem, 2 blocks per SM on sm_80+ (lab
+// version 12).
+using XSmall = XCfg<4, 4, 1, 4, 2, 1, 2>;
 
 }  // namespace gemm_w4
 
@@ -7458,14 +7587,236 @@ static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int
   *reinterpret_cast<float2*>(out + 2) = make_float2(s.z, s.w);
 }
 
-// One configuration C (the lab instantiates others). Returns cudaErrorInvalidValue for shapes or alignments the
-// kernel does not take (N % 32, K % 32, K == 0, ldx % 8, ldy % 2, ldx < K, ldy < N, x / wp / sp not 16-byte or y
-// not 8-byte aligned; splits < 1, more splits than k-tiles, or splits > 1 without a 16-byte aligned part).
+// ---- the reworked kernel (gemm_w4x; lab version 12 ships as XSmall; configuration notes: XCfg) ----
+
+// d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
+// dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// A 4-byte weight-path load (ld_weights' path: not allocated in L1), zero when !ok: v12's scales.
+__device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
+  uint32_t v;
+  asm("{\n"
+      "  .reg .pred p;\n"
+      "  setp.ne.b32 p, %2, 0;\n"
+      "  mov.b32 %0, 0;\n"
+      "  @p ld.global.nc.L1::no_allocate.u32 %0, [%1];\n"
+      "}\n"
+      : "=r"(v)
+      : "l"(p), "r"(int(ok)));
+  return v;
+}
+
+// B pairs 2h and 2h + 1 of a GEMM-layout word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit-identical): w is the
+// word (h = 0) or word >> 8 (h = 1). Even pair: 1024 + u (mask 0x000F000F) - 1032; odd pair: 1024 + 16 u (mask
+// 0x00F000F0, no shift) / 16 - 72 in one hfma2; both exact, then times the scale (one rounding).
+__device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t* b0, uint32_t* b1) {
+  const half2 s = u32_as_h2(scale2);
+  const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
+  const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
+  const half2 q0 = __hsub2(lo, u32_as_h2(0x64086408u));                          // 1032.0
+  const half2 q1 = __hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u));  // 1/16, -72.0
+  *b0 = h2_as_u32(__hmul2(q0, s));
+  *b1 = h2_as_u32(__hmul2(q1, s));
+}
+
+// Min blocks per SM for __launch_bounds__: C::MINB on sm_80+; 1 on sm_75, whose 64 KiB of shared memory per SM
+// holds one block of these tiles anyway (v14's 25 KiB would fit two, but spills at 128 registers there).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+template <class C>
+constexpr int kXMinBlocks = C::MINB > 1 ? 1 : C::MINB;  // 1 (names MINB: no unused-member warning)
+#else
+template <class C>
+constexpr int kXMinBlocks = C::MINB;
+#endif
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(const GemmW4Args a) {
+  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int sr = C::sr_of(wn), j0 = C::j0_of(wn);
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
+  const int NB = a.n / 32, KG = a.k / 32, KT_all = (KG + C::G - 1) / C::G;
+  const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
+  const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
+  // m16 tiles of this warp with a row below M: MT, or MT / 2 (the half instantiation of the math)
+  const int rows_left = a.m - m0 - wm * C::MT * 16;
+  const bool full = rows_left > C::MT / 2 * 16;
+
+  uint4 xa[C::kXL], wa[C::kWL];          // the next k-tile, in flight in registers
+  uint32_t sa[C::kSL > 0 ? C::kSL : 1];  // its scales, when they travel apart (kSSep)
+  // this thread's X units (x_unit): rows xrow0 + c kXRowStep, column xcol of the tile (one register, not kXL)
+  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
+  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
+  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int row = m0 + xrow0 + c * kXRowStep;
+      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
+      xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      const bool is_w = idx < C::kWLoads;
+      int s_r, gi;
+      const size_t src = is_w ? gemm_w4::w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi)
+                              : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
+      const bool ok = idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads) && nb0 + s_r < NB && kb0 + gi < KG;
+      const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
+      wa[c] = ld_weights(base + (ok ? src : 0), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {  // kSSep: word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
+      const int idx = tid + c * C::kThreads;
+      int s_r, gi;
+      const size_t src = gemm_w4::s_unit(idx / 4, C::G, nb0, kb0, KG, &s_r, &gi) * 4 + idx % 4;
+      const bool ok = idx < C::kSWords && nb0 + s_r < NB && kb0 + gi < KG;
+      sa[c] = ld_weights_u32(reinterpret_cast<const uint32_t*>(a.sp) + (ok ? src : 0), ok);
+    }
+  };
+  auto store = [&](int stage) {
+    unsigned char* base = smem + stage * C::kStage;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int row, col;
+      gemm_w4::x_unit(idx, C::BK, &row, &col);
+      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads)) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
+    }
+  };
+
+  float acc[C::MT][C::NT][4];
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  // k-tile kt's math from its smem stage, for the first MTA m16 tiles (MT or MT / 2; the rest stay zero)
+  auto math = [&](int kt, auto mta) {
+    constexpr int MTA = decltype(mta)::value;
+    const unsigned char* base = smem + (kt & 1) * C::kStage;
+    const half* xs = reinterpret_cast<const half*>(base);
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
+#pragma unroll
+    for (int q = 0; q < C::GPW; ++q) {
+      const int gi = ks + C::WK * q;
+      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
+      uint32_t wd[C::NT], s2[C::NT];
+      if constexpr (C::NT == 4) {
+        const uint4 w = *reinterpret_cast<const uint4*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, 0));
+        const uint2 sc = *reinterpret_cast<const uint2*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, 0));
+        wd[0] = w.x, wd[1] = w.y, wd[2] = w.z, wd[3] = w.w;
+        s2[0] = __byte_perm(sc.x, 0, 0x1010), s2[1] = __byte_perm(sc.x, 0, 0x3232);
+        s2[2] = __byte_perm(sc.y, 0, 0x1010), s2[3] = __byte_perm(sc.y, 0, 0x3232);
+      } else {  // n8 tiles j0, j0 + 1 (j0 even: 8- and 4-byte aligned)
+        const uint2 w = *reinterpret_cast<const uint2*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, j0));
+        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, j0));
+        wd[0] = w.x, wd[1] = w.y;
+        s2[0] = __byte_perm(sc, 0, 0x1010), s2[1] = __byte_perm(sc, 0, 0x3232);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
+        uint32_t b[C::NT][2];
+#pragma unroll
+        for (int j = 0; j < C::NT; ++j) w4x_pairs(h ? wd[j] >> 8 : wd[j], s2[j], &b[j][0], &b[j][1]);
+#pragma unroll
+        for (int i = 0; i < MTA; ++i) {
+          int row, col;
+          gemm_w4::a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
+          uint32_t af[4];
+          ldsm_x4(af, xs + row * C::XS + col);
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+  };
+  auto math_any = [&](int kt) {
+    if (full)
+      math(kt, std::integral_constant<int, C::MT>());
+    else if (rows_left > 0)
+      math(kt, std::integral_constant<int, C::MT / 2>());
+  };
+
+  pdl_enter();  // X comes from the previous kernel
+  load(kt_begin);
+  store(kt_begin & 1);
+  __syncthreads();
+  for (int kt = kt_begin; kt < KT; ++kt) {
+    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+    math_any(kt);
+    if (kt + 1 < KT) store((kt + 1) & 1);
+    __syncthreads();
+  }
+
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
+    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
+    float* mine = &acc[0][0][0];
+#pragma unroll
+    for (int step = C::WK / 2; step >= 1; step /= 2) {
+      if (ks >= step && ks < 2 * step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e)
+          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
+      }
+      __syncthreads();
+      if (ks < step) {
+#pragma unroll
+        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
+      }
+      __syncthreads();
+    }
+    if (ks != 0) return;
+  }
+
+  const int g = lane >> 2, t = lane & 3, nb = nb0 + sr;
+  if (nb >= NB) return;
+  float* const y = gridDim.z > 1 ? a.part + size_t(blockIdx.z) * a.m * a.n : a.y;
+  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i) {
+    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j) {
+      const int col = nb * 32 + 8 * (j0 + j) + 2 * t;
+      if (row < a.m) *reinterpret_cast<float2*>(y + size_t(row) * ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+      if (row + 8 < a.m)
+        *reinterpret_cast<float2*>(y + size_t(row + 8) * ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  }
+}
+
+// One configuration C, a Cfg (gemm_w4_kernel) or an XCfg (gemm_w4x_kernel); the lab instantiates others. Returns
+// cudaErrorInvalidValue for shapes or alignments the kernel does not take (N % 32, K % 32, K == 0, ldx % 8, ldy % 2,
+// ldx < K, ldy < N, x / wp / sp not 16-byte or y not 8-byte aligned; an XCfg: M ldx >= 2^31 (32-bit X offsets);
+// splits < 1, more splits than k-tiles, or splits > 1 without a 16-byte aligned part).
 template <class C>
 inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
   if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ldy % 2 != 0 || a.ldx < a.k || a.ldy < a.n ||
       reinterpret_cast<uintptr_t>(a.x) % 16 != 0 || reinterpret_cast<uintptr_t>(a.y) % 8 != 0 ||
-      reinterpret_cast<uintptr_t>(a.wp) % 16 != 0 || reinterpret_cast<uintptr_t>(a.sp) % 16 != 0)
+      reinterpret_cast<uintptr_t>(a.wp) % 16 != 0 || reinterpret_cast<uintptr_t>(a.sp) % 16 != 0 ||
+      (C::kX && int64_t(a.m) * a.ldx >= (int64_t(1) << 31)))
     return cudaErrorInvalidValue;
   if (a.m == 0 || a.n == 0) return cudaSuccess;
   if (a.k == 0) return cudaErrorInvalidValue;
@@ -7475,23 +7826,31 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
     return cudaErrorInvalidValue;
   const dim3 grid(ceil_div(size_t(a.n), C::BN), ceil_div(size_t(a.m), C::BM), unsigned(a.splits));
   if (grid.y > 65535) return cudaErrorInvalidValue;
-  if (const cudaError_t e = launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
-      e != cudaSuccess || a.splits == 1)
-    return e;
+  cudaError_t e;
+  if constexpr (C::kX)
+    e = launch_kernel(gemm_w4x_kernel<C>, grid, C::kThreads, l, a);
+  else
+    e = launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
+  if (e != cudaSuccess || a.splits == 1) return e;
   return launch_kernel(gemm_w4_reduce_kernel, ceil_div(size_t(a.m) * (a.n / 4), 256), 256, l, a.part, a.splits, a.m,
                        a.n, a.y, a.ldy);
 }
 
-// The tile configuration for an M x N x K product: f(C()) for the shipped Cfg C that serves it. Measured with
-// dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (c); each E2B shape at M 48, 64, 128, split-K as the
-// engine does): up to 256 rows, products with few outputs and a long K (o_proj 1536 x 2048, down_proj 1536 x
-// 6144 / 12288: 12 output tiles of 128 x 128, split 11 ways) are fastest in the 128 x 128 x 64 tile, 20-45%
-// ahead of the 64 x 64 x 128 one, which wins everywhere else (q/k/v, gate/up) and by 12-25% over the 128 x 64 x 64
-// tile these rows took before; past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks per SM.
+// The tile configuration for an M x N x K product: f(C()) for the shipped configuration C that serves it.
+// Measured with dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (e); each E2B shape at M 33, 64, 128, 256,
+// split-K as the engine does): up to 256 rows the reworked kernel's 64 x 128 x 64 tile (XSmall, lab version 12: two
+// blocks per SM, a cheaper dequant) is fastest nearly everywhere, 11-30% ahead of the 64 x 64 x 128 tile on q_proj
+// and gate/up, 10-18% ahead of the 128 x 128 x 64 tile on o_proj and down_proj at 33..64 and 256 rows -- except
+// those (N <= 2048, K >= 2048) at 65..128 rows, where the 128 x 128 x 64 tile's 11-way split-K is 7-50% faster
+// (12 output tiles against XSmall's 24 and 6 splits); past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks
+// per SM, as before. M <= 32 (not an engine shape: the GEMVs take them): the 32 x 64 x 128 tile.
 template <class F>
 inline auto gemm_w4_by_shape(int m, int n, int k, F&& f) {
   if (m <= 32) return f(gemm_w4::CfgTiny());
-  if (m <= 256) return n <= 2048 && k >= 2048 ? f(gemm_w4::CfgDeep()) : f(gemm_w4::CfgSmall());
+  if (m <= 256) {
+    if (m > 64 && m <= 128 && n <= 2048 && k >= 2048) return f(gemm_w4::CfgDeep());
+    return f(gemm_w4::XSmall());
+  }
   return f(gemm_w4::CfgLarge());
 }
 
@@ -7684,7 +8043,8 @@ __host__ __device__ constexpr int gemv_red_floats() {
 // gemv_red_floats<NT>() floats of shared memory; xs: x in shared memory (XS == Shared); best: Head's [n]
 // packed row maxima in shared memory. A GemvX::Global block starts with the PDL prologue: each warp's first U
 // k-tiles of weights loaded into registers and the next U prefetched into L2 before pdl_enter, so only x's loads
-// wait for the predecessor (measured: +7% at one session, +3-6% at 8-16, H200; bench/RESULTS.md 2026-12-04 (d)).
+// wait for the predecessor (measured: +7% at one session, +3-6% at 8-16, H200; bench/RESULTS.md 2026-12-04 (d));
+// GeluPle's ple multipliers (written at the step's start, common.cuh's two-launch rule) are read there too.
 template <int NT, int WL, GemvEpilogue E, GemvX XS>
 __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* red, const half* xs,
                                            unsigned long long* best) {
@@ -7767,7 +8127,25 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
   };
 
   bool loaded = false;  // the first U tiles are in registers already
+  // GeluPle's multipliers of this lane's outputs (the ple rows, written at the start of the step): read in the
+  // PDL prologue when x is Global and there are at most 16 rows (32 rows' 16 floats would spill at 128
+  // registers); otherwise in the epilogue
+  constexpr bool kPlePre = E == GemvEpilogue::GeluPle && XS == GemvX::Global && NT <= 2;
+  float plev[kPlePre ? NT : 1][2][2] = {};
   if constexpr (XS == GemvX::Global) {
+    if constexpr (kPlePre) {
+      if (ks == 0) {
+#pragma unroll
+        for (int t = 0; t < NT; ++t)
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              const int o = ra + 8 * h, r = t * 8 + 2 * tig + j;
+              if (o < out && r < a.n) plev[t][h][j] = __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o);
+            }
+      }
+    }
     // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
     // warp loads its first U k-tiles of them (and their scales) into registers and pulls the next U into L2; x is
     // read only after pdl_enter().
@@ -7897,8 +8275,8 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
         } else if (E == GemvEpilogue::GeluPle) {
-          a.out16[size_t(r) * a.ld16 + o] =
-              to_half_sat(gelu_tanh(v) * __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o));
+          const float pm = kPlePre ? plev[kPlePre ? t : 0][h][j] : __ldcg(a.ple + size_t(r) * a.ple_ld + a.ple_off + o);
+          a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * pm);
         } else {
           g0.y[size_t(r) * g0.ldy + o] = a.softcap > 0.f ? tanhf(v / a.softcap) * a.softcap : v;
         }
@@ -8426,8 +8804,10 @@ struct HeadNormArgs {
 };
 
 // Grid (rows, sum of the targets' heads): blockIdx.y walks the heads of target 0, then 1, then 2.
+// PDL prologue: everything but x -- the weights, the RoPE table, the row's position and its cache slot, all
+// written by the host or by kernels at least two launches back (common.cuh) -- is read, and the rotation
+// computed, before pdl_enter; after it only x's loads and the block's one reduction.
 static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
-  pdl_enter();
   const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
   // Target and head of this block; constant indices only (a dynamic index into the parameter array would
   // copy it to local memory).
@@ -8444,27 +8824,36 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   const HeadNormTarget t = ti == 0 ? a.t[0] : (ti == 1 ? a.t[1] : a.t[2]);
   const int i = threadIdx.x;
   const bool active = i < half_d;
+  float wa = 1.f, wb = 1.f, s = 0.f, c = 1.f;
+  bool rot = false;
+  half* dst = nullptr;
+  if (active) {
+    if (t.w) {
+      wa = t.w[i];
+      wb = t.w[i + half_d];
+    }
+    const int p = a.pos[row];
+    rot = t.inv_freq && t.inv_freq[i] != 0.f;
+    if (rot) sincosf(float(p) * t.inv_freq[i], &s, &c);
+    if (t.out) {
+      dst = t.out + (size_t(row) * t.heads + hh) * d;
+    } else {
+      const int idx = t.kv.seq[row] * t.kv.layers + t.kv.layer;
+      const int slot = p % t.kv.capacity[idx];
+      dst = t.kv.base[idx] + (size_t(slot) * t.heads + hh) * d;
+    }
+  }
+  pdl_enter();
   const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
   float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
   const float r = rsqrtf(block_sum(va * va + vb * vb) / d + a.eps);
   if (!active) return;
-  va *= r * (t.w ? t.w[i] : 1.f);
-  vb *= r * (t.w ? t.w[i + half_d] : 1.f);
-  const int p = a.pos[row];
-  if (t.inv_freq && t.inv_freq[i] != 0.f) {
-    float s, c;
-    sincosf(float(p) * t.inv_freq[i], &s, &c);
+  va *= r * wa;
+  vb *= r * wb;
+  if (rot) {
     const float a2 = va * c - vb * s;
     vb = vb * c + va * s;
     va = a2;
-  }
-  half* dst;
-  if (t.out) {
-    dst = t.out + (size_t(row) * t.heads + hh) * d;
-  } else {
-    const int idx = t.kv.seq[row] * t.kv.layers + t.kv.layer;
-    const int slot = p % t.kv.capacity[idx];
-    dst = t.kv.base[idx] + (size_t(slot) * t.heads + hh) * d;
   }
   dst[i] = to_half_sat(va);
   dst[i + half_d] = to_half_sat(vb);
@@ -9488,7 +9877,7 @@ struct Workspace {
   // decode attention's split partials and the fused merge's arrival counters (zero between launches)
   float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
-  unsigned* attn_counters = nullptr;  // [R, max kv_heads]
+  unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
   half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
@@ -9506,12 +9895,11 @@ struct Workspace {
   Status alloc(const ModelConfig& c, const DeviceWeights& w, int rows, cudaStream_t stream) {
     const int R = rows, H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input;
     max_rows = rows;
-    int qw = 0, kvw = 0, dmax = 0, kvmax = 1;
+    int qw = 0, kvw = 0, dmax = 0;
     for (const auto& lc : c.layers) {
       qw = std::max(qw, c.num_heads * lc.head_dim);
       kvw = std::max(kvw, lc.num_kv_heads * lc.head_dim);
       dmax = std::max(dmax, lc.head_dim);
-      kvmax = std::max(kvmax, lc.num_kv_heads);
     }
     const int wide = std::max({w.max_out, w.max_in, qw, H, L * D});
     DeviceMemory& m = mem_;
@@ -9531,8 +9919,8 @@ struct Workspace {
     }
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * dmax, "workspace: attention partials", &part_o));
     GEMMA4_T4_TRY(m.alloc(size_t(kSplitBudget) * c.num_heads * 2, "workspace: attention partials", &part_ml));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * kvmax, "workspace: attention counters", &attn_counters));
-    GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * kvmax * sizeof(unsigned), stream),
+    GEMMA4_T4_TRY(m.alloc(size_t(R) * c.num_heads, "workspace: attention counters", &attn_counters));
+    GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(attn_counters, 0, size_t(R) * c.num_heads * sizeof(unsigned), stream),
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
     if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
@@ -9702,20 +10090,35 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
   return sh;
 }
 
-// Key ranges per row for the layers of this window (0 = full): kernels::attention_splits_for -- about one
-// 32-key tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where
-// that costs at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget).
-inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
+// Key ranges per row for the layers of this window (0 = full), and query-head slices per KV head
+// (kernels::attention_head_split_for: a power of two that divides every such layer's group): about one 32-key
+// tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where that costs
+// at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget). head_split false: one
+// slice (the persistent kernel's attention takes no slices).
+struct AttnPlan {
+  int splits = 1, head_split = 1;
+};
+inline AttnPlan attention_plan(const ModelConfig& c, int sms, int rows, int max_keys, int window,
+                               bool head_split = true) {
   const int keys = window ? std::min(window, max_keys) : max_keys;
-  int group = 1, hd = 0, kvh = 0;  // the layers this count serves (sliding iff window > 0); all if none
+  int group = 1, hd = 0, kvh = 0, pow2 = 0;  // the layers this count serves (sliding iff window > 0); all if none
   for (int pass = 0; pass < 2 && hd == 0; ++pass)
     for (const LayerConfig& lc : c.layers)
       if (pass == 1 || (lc.type == LayerType::Sliding) == (window > 0)) {
-        group = std::max(group, c.num_heads / lc.num_kv_heads);
+        const int g = c.num_heads / lc.num_kv_heads;
+        group = std::max(group, g);
         hd = std::max(hd, lc.head_dim);
         kvh = kvh ? std::min(kvh, lc.num_kv_heads) : lc.num_kv_heads;
+        const int low = g & -g;  // the largest power of two dividing g
+        pow2 = pow2 ? std::min(pow2, low) : low;
       }
-  return kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget);
+  AttnPlan p;
+  p.head_split = head_split ? kernels::attention_head_split_for(rows, kvh, std::max(pow2, 1), keys, sms) : 1;
+  p.splits = kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget, p.head_split);
+  return p;
+}
+inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
+  return attention_plan(c, sms, rows, max_keys, window, false).splits;
 }
 
 // The PLE rows of passes, from the mapped table to the device (see the header). Two halves of every buffer:
@@ -9825,9 +10228,10 @@ namespace detail {
 // What one pass's layers need beyond the weights and the workspace.
 struct LayerPass {
   int rows = 0;
-  int sliding_splits = 1, full_splits = 1;  // decode attention key splits per row (planner's attention_splits)
-  int flash_tiles[4] = {0, 0, 0, 0};        // prefill attention tiles per folded group size; 0: split kernel
-  int sms = 1;                              // the GPU's SMs (the w4a16 GEMM's split-K)
+  AttnPlan sliding, full;             // decode attention: key splits per row, head slices (planner's attention_plan)
+  bool decode_only = false;           // one row per session: head_norm_rope wrote only each row's own key (late_keys)
+  int flash_tiles[4] = {0, 0, 0, 0};  // prefill attention tiles per folded group size; 0: split kernel
+  int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
 };
@@ -9968,7 +10372,10 @@ class LayerEncoder {
     a.heads = c_.num_heads;
     a.kv_heads = lc.num_kv_heads;
     a.window = lc.type == LayerType::Sliding ? c_.sliding_window : 0;
-    a.splits = a.window ? p_.sliding_splits : p_.full_splits;
+    const AttnPlan& plan = a.window ? p_.sliding : p_.full;
+    a.splits = plan.splits;
+    a.head_split = plan.head_split;
+    a.late_keys = p_.decode_only ? (lc.kv_shared ? 0 : 1) : -1;
     a.part_o = ws_.part_o;
     a.part_ml = ws_.part_ml;
     a.out = ws_.x16;
@@ -10246,6 +10653,7 @@ struct StepInstr {
   StepX x;
   StepAttn attn;
   StepPle ple;
+  int pad[2] = {0, 0};  // sizeof % 16 == 0: the kernel loads an instruction as 16-byte units
 };
 
 struct StepParams {
@@ -10531,7 +10939,7 @@ __device__ __forceinline__ void step_attention(const StepInstr& ins, const StepP
     __threadfence();  // the block reads these slots back through L2
   }
   __syncthreads();
-  attention_block<D, G, kGemvWarps, true>(a, row, kvh, sp, splits > 1, sm.attn, &sm.q[0][0]);
+  attention_block<D, G, kGemvWarps, true>(a, row, kvh, 0, sp, splits > 1, sm.attn, &sm.q[0][0]);
 }
 
 // ---- the kernel ----
@@ -11440,8 +11848,9 @@ class PassExecutor {
       lp.sms = sms_;
       lp.gemm_rows = gemm_rows();
       lp.launch = launch_;
-      lp.sliding_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
-      lp.full_splits = attention_splits(c, sms_, sh.rows, sh.max_pos + 1, 0);
+      lp.sliding = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
+      lp.full = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, 0);
+      lp.decode_only = sh.rows == int(pass.size());  // one row per session: only its own key is new
       // A pass holding a prompt chunk runs attention on the tensor cores (kernels/flash_attention.cuh): tile
       // tables for the group sizes the layers use; decode-only passes keep the split kernel.
       if (sh.rows > int(pass.size()))
@@ -11529,8 +11938,9 @@ class PassExecutor {
     lp.sms = sms_;
     lp.gemm_rows = gemm_rows();
     lp.launch = launch_;
-    lp.full_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), 0);
-    lp.sliding_splits = attention_splits(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
+    lp.full = attention_plan(*c_, sms_, rows, int(opt_->max_context), 0);
+    lp.sliding = attention_plan(*c_, sms_, rows, int(opt_->max_context), c_->sliding_window);
+    lp.decode_only = true;
     cudaGraph_t graph = nullptr;
     GEMMA4_T4_CUDA_TRY(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "graph capture");
     LayerEncoder enc(*c_, *dw_, *ws_, blas_, lp);
