@@ -16,15 +16,18 @@
 //   4  tile 128 x 64 x 64: warps 2 (m) x 2 (n) x 2 (k, one scale group each, summed through smem at the end).
 //   5  tile 32|64 x 64 x 128 (32 rows when M <= 32): warps 1 x 2 x 4 (k): more blocks for few rows.
 //   6  the shipped launcher, kernels/gemm_w4.cuh launch_gemm_w4 (LoadOptions::w4_matmul = TensorCore, and Auto's
-//      rows): by shape, from this lab's 2026-12-04 run: M <= 256 -> 3 when N <= 2048 and K >= 2048, else 5; more
-//      -> 2 (until then by M: <= 64 -> 5, <= 256 -> 4, else 2).
+//      rows): by shape, from this lab's runs: since 2026-12-04 (e) M <= 256 -> 12, but 3 when N <= 2048 and
+//      K >= 2048 at 65..128 rows; more -> 2 (before: M <= 256 -> 3 when N <= 2048 and K >= 2048, else 5; before
+//      that by M: <= 64 -> 5, <= 256 -> 4, else 2).
 //   7..9  versions 4, 3, 5 with two k-tiles' loads in flight in registers (Cfg::PF = 2) instead of one: a load has
 //      two tiles' math to land in (on an H200 one tile's math is shorter than a load's latency).
 //   10 tile 128 x 32 x 64, warps 4 (m) x 1 x 2 (k), two k-tiles in flight: twice the blocks of version 4.
 //   11 version 2's tile at one block per SM (registers uncapped), two k-tiles in flight.
-//   12..15 gemm_w4x_kernel (this file, "versions 12..15" below): occupancy (2 blocks of 8 warps per SM on sm_80+,
+//   12..15 gemm_w4x_kernel (kernels/gemm_w4.cuh since 12 shipped; notes in "versions 12..15" below and at XCfg
+//      there): occupancy (2 blocks of 8 warps per SM on sm_80+,
 //      <= 128 registers), the lop3 dequant (13 instead of 15 instructions per word, bit-identical weights):
-//   12 tile 64 x 128 x 64, warps 1 x 4 x 2 (warp 64 x 32: v5's warp tile).
+//   12 tile 64 x 128 x 64, warps 1 x 4 x 2 (warp 64 x 32: v5's warp tile); gemm_w4::XSmall, in the dispatch since
+//      2026-12-04 (e) (version 6 above: 33..256 rows but N <= 2048 with K >= 2048 at 65..128 rows, which take 3).
 //   13 tile 128 x 64 x 64, warps 1 x 4 x 2, warp 128 x 16 (MT 8, NT 2): a dequantised pair feeds 8 m16 tiles, one
 //      block holds all of 65..128 rows (m16 tiles past M skipped).
 //   14 tile 128 x 128 x 32, warps 1 x 8 x 1, warp 128 x 16: no k-warps (no in-block reduction), X re-used by 128 n.

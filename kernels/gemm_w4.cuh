@@ -34,10 +34,15 @@
 // summed through smem (tree, fixed order: deterministic), and fragments go straight to Y as float2 (a row's 4 lanes
 // write 32 contiguous bytes). Rows past M and groups past K are loaded as zeros, columns past N not stored. Static smem
 // <= 45 KiB (sm_75 without opt-in), no cp.async.
+// The reworked kernel, gemm_w4x_kernel (XCfg; lab version 12 = XSmall): the same layout, maps and pipeline, at two
+// blocks per SM on sm_80+ (<= 128 registers), one X row / column per thread instead of one pointer per load, the
+// dequant in 13 instead of 15 instructions per word (w4x_pairs: lop3, the odd nibble pairs without a shift;
+// bit-identical weights) and m16 tiles wholly past M skipped; ncu on the first kernel at 128 rows (H200) showed
+// 37% of issue slots busy at 2 warps per scheduler, stalled on fixed-latency dependencies, not on memory.
 // launch_gemm_w4 picks the tile by shape (measured in the lab, gemm_w4_by_shape): M <= 32: 32 x 64 x 128; <= 256:
-// 128 x 128 x 64 for N <= 2048 with K >= 2048, else 64 x 64 x 128; more: 128 x 128 x 32. A row's result depends
-// on the tile configuration (the k-split sums), so it is deterministic for a given shape but not equal across M
-// buckets.
+// XSmall's 64 x 128 x 64, but 128 x 128 x 64 for N <= 2048 with K >= 2048 at 65..128 rows; more: 128 x 128 x 32.
+// A row's result depends on the tile configuration (the k-split sums), so it is deterministic for a given shape
+// but not equal across M buckets.
 // Split-K across blocks (GemmW4Args::splits, chosen by gemm_w4_splits): a decode pass of 33..256 rows against
 // E2B's N = 256..2048 matrices makes 4..32 output tiles, so blocks along K write partial tiles that a second
 // kernel sums in split order (deterministic; the splits depend on the shape and the SM count only).
@@ -662,8 +667,8 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
 // Measured with dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (e); each E2B shape at M 33, 64, 128, 256,
 // split-K as the engine does): up to 256 rows the reworked kernel's 64 x 128 x 64 tile (XSmall, lab version 12: two
 // blocks per SM, a cheaper dequant) is fastest nearly everywhere, 11-30% ahead of the 64 x 64 x 128 tile on q_proj
-// and gate/up, 10-18% ahead of the 128 x 128 x 64 tile on o_proj and down_proj at 33..64 and 256 rows -- except
-// those (N <= 2048, K >= 2048) at 65..128 rows, where the 128 x 128 x 64 tile's 11-way split-K is 7-50% faster
+// and gate/up, 2-18% ahead of the 128 x 128 x 64 tile on o_proj and down_proj at 33..64 and 256 rows -- except
+// those (N <= 2048, K >= 2048) at 65..128 rows, where the 128 x 128 x 64 tile's 11-way split-K is 6-49% faster
 // (12 output tiles against XSmall's 24 and 6 splits); past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks
 // per SM, as before. M <= 32 (not an engine shape: the GEMVs take them): the 32 x 64 x 128 tile.
 template <class F>
