@@ -6,7 +6,7 @@
 //   lab_gemm_w4 [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only]
 //               [--self-check]
 //
-// VERSIONS: a comma list (default 1..15).
+// VERSIONS: a comma list (default 1..16).
 //   1  what the CUDA backend does today for passes of more than 16 rows (cuda/layers.hpp mm()): the whole matrix
 //      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
 //   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
@@ -32,6 +32,9 @@
 //      block holds all of 65..128 rows (m16 tiles past M skipped).
 //   14 tile 128 x 128 x 32, warps 1 x 8 x 1, warp 128 x 16: no k-warps (no in-block reduction), X re-used by 128 n.
 //   15 version 13 with split-K filling two blocks per SM (gemm_w4_splits_for at 2 x the SM count).
+//   16 version 12 (the shipped XSmall) with split-K filling two blocks per SM: the candidate for o_proj / down_proj
+//      at 65..128 rows, where 12 at the engine's split (24 tiles, 6 splits) lost to 3 (12 tiles, 11 splits) and 15
+//      gained on 13 that way (2026-12-04 (e)).
 // Versions 2..11 split K across blocks where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for).
 // The kernel, the layout's index maps and the configurations of versions 2, 3, 5 are kernels/gemm_w4.cuh's (moved
 // there; the versions call its launch_gemm_w4_cfg<C>, version 4 and 7..11 with this file's configurations);
@@ -301,9 +304,10 @@ using CfgLarge2 = Cfg<4, 2, 4, 1, 1, 1, 2>;   // v11: v2 at one block per SM, tw
 // along m, n, k (8 in all); GPW: scale groups per warp per k-tile; MINB: __launch_bounds__ min blocks per SM;
 // SLOTS: blocks per SM that split-K fills (1: the engine's gemm_w4_splits_for; MINB: every resident slot).
 // v12: XSmall (64 x 128 x 64, 1 x 4 x 2: v5's warp tile, 2 blocks per SM) is kernels/gemm_w4.cuh's, shipped
-using XTall = XCfg<8, 2, 1, 4, 2, 1, 2>;         // v13: 128 x 64 x 64, 1 x 4 x 2, warp 128 x 16
-using XWide = XCfg<8, 2, 1, 8, 1, 1, 2>;         // v14: 128 x 128 x 32, 1 x 8 x 1, warp 128 x 16 (no k-warps)
-using XTallFill = XCfg<8, 2, 1, 4, 2, 1, 2, 2>;  // v15: v13, split-K to fill both blocks of every SM
+using XTall = XCfg<8, 2, 1, 4, 2, 1, 2>;          // v13: 128 x 64 x 64, 1 x 4 x 2, warp 128 x 16
+using XWide = XCfg<8, 2, 1, 8, 1, 1, 2>;          // v14: 128 x 128 x 32, 1 x 8 x 1, warp 128 x 16 (no k-warps)
+using XTallFill = XCfg<8, 2, 1, 4, 2, 1, 2, 2>;   // v15: v13, split-K to fill both blocks of every SM
+using XSmallFill = XCfg<4, 4, 1, 4, 2, 1, 2, 2>;  // v16: v12, likewise
 
 template <class C, class = void>
 struct IsX : std::false_type {};
@@ -599,8 +603,9 @@ const char* kAbout[] = {
     "gemm_w4x 128 x 64 x 64, warps 1 x 4 x 2, warp 128 x 16 (MT 8, NT 2), lop3 dequant, 2 blocks per SM",
     "gemm_w4x 128 x 128 x 32, warps 1 x 8 x 1, warp 128 x 16, lop3 dequant, 2 blocks per SM",
     "v13 with split-K filling 2 blocks per SM (gemm_w4_splits_for at 2 x SMs)",
+    "v12 with split-K filling 2 blocks per SM (gemm_w4_splits_for at 2 x SMs)",
 };
-constexpr int kVersions = 15;
+constexpr int kVersions = 16;
 
 // Versions 2..11 split K across blocks as the engine does (kernels/gemm_w4.cuh gemm_w4_splits_for: when the tiles
 // leave SMs idle), into a partials buffer of the engine's size (cuda/workspace.hpp kGemmPartFloats).
@@ -675,6 +680,7 @@ cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Laun
     case 13: return launch_gemm_w4x<XTall>(a, l);
     case 14: return launch_gemm_w4x<XWide>(a, l);
     case 15: return launch_gemm_w4x<XTallFill>(a, l);
+    case 16: return launch_gemm_w4x<XSmallFill>(a, l);
     default: return cudaErrorInvalidValue;
   }
 }
