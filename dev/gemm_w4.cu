@@ -166,6 +166,27 @@ void host_w4_pair(uint32_t word, int s, uint16_t scale, float* lo, float* hi) {
   *hi = h2f(f2h(float(int((word >> (4 * (s + 4))) & 0xFu) - 8) * h2f(scale)));
 }
 
+// One k-tile's X and W parts of a "smem" stage as both kernels' tile loads fill them (x_unit, w_unit; zeros past M,
+// K and N): the emulators' common part (the S part differs: 16-byte units, or v12's 4-byte words).
+template <class C>
+void fill_xw(const std::vector<uint16_t>& x, int ldx, int M, int N, int K, const std::vector<uint32_t>& wp, int m0,
+             int nb0, int kb0, std::vector<uint16_t>* xs, std::vector<uint32_t>* ws) {
+  const int NB = N / 32, KG = K / 32;
+  for (int idx = 0; idx < C::kXLoads; ++idx) {
+    int row, col;
+    x_unit(idx, C::BK, &row, &col);
+    const bool ok = m0 + row < M && kb0 * 32 + col < K;
+    for (int e = 0; e < 8; ++e)
+      (*xs)[size_t(row) * C::XS + col + e] = ok ? x[size_t(m0 + row) * ldx + kb0 * 32 + col + e] : 0;
+  }
+  for (int idx = 0; idx < C::kWLoads; ++idx) {
+    int sr, gi;
+    const size_t src = w_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
+    const bool ok = nb0 + sr < NB && kb0 + gi < KG;
+    for (int e = 0; e < 4; ++e) (*ws)[size_t(idx) * 4 + e] = ok ? wp[src * 4 + e] : 0;
+  }
+}
+
 // Emulates kernel C on the CPU for one problem: the same tile-load maps into two "smem" stages, ldmatrix.x4
 // and m16n8k16 (two m16n8k8) per the PTX ISA's fragment layouts, the same epilogue map. Sums in double.
 template <class C>
@@ -183,19 +204,7 @@ std::vector<double> emulate(const std::vector<uint16_t>& x, int ldx, int M, int 
       std::vector<double> acc(size_t(C::WM * C::WN) * 32 * C::kAcc, 0.0);
       for (int kt = 0; kt < KT; ++kt) {
         const int kb0 = kt * C::G;
-        for (int idx = 0; idx < C::kXLoads; ++idx) {
-          int row, col;
-          x_unit(idx, C::BK, &row, &col);
-          const bool ok = m0 + row < M && kb0 * 32 + col < K;
-          for (int e = 0; e < 8; ++e)
-            xs[size_t(row) * C::XS + col + e] = ok ? x[size_t(m0 + row) * ldx + kb0 * 32 + col + e] : 0;
-        }
-        for (int idx = 0; idx < C::kWLoads; ++idx) {
-          int sr, gi;
-          const size_t src = w_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
-          const bool ok = nb0 + sr < NB && kb0 + gi < KG;
-          for (int e = 0; e < 4; ++e) ws[size_t(idx) * 4 + e] = ok ? wp[src * 4 + e] : 0;
-        }
+        fill_xw<C>(x, ldx, M, N, K, wp, m0, nb0, kb0, &xs, &ws);
         for (int idx = 0; idx < C::kSLoads; ++idx) {
           int sr, gi;
           const size_t src = s_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
@@ -343,19 +352,7 @@ std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, in
       std::vector<double> acc(size_t(C::WM * C::WN) * 32 * C::kAcc, 0.0);
       for (int kt = 0; kt < KT; ++kt) {
         const int kb0 = kt * C::G;
-        for (int idx = 0; idx < C::kXLoads; ++idx) {
-          int row, col;
-          x_unit(idx, C::BK, &row, &col);
-          const bool ok = m0 + row < M && kb0 * 32 + col < K;
-          for (int e = 0; e < 8; ++e)
-            xs[size_t(row) * C::XS + col + e] = ok ? x[size_t(m0 + row) * ldx + kb0 * 32 + col + e] : 0;
-        }
-        for (int idx = 0; idx < C::kWLoads; ++idx) {
-          int sr, gi;
-          const size_t src = w_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
-          const bool ok = nb0 + sr < NB && kb0 + gi < KG;
-          for (int e = 0; e < 4; ++e) ws[size_t(idx) * 4 + e] = ok ? wp[src * 4 + e] : 0;
-        }
+        fill_xw<C>(x, ldx, M, N, K, wp, m0, nb0, kb0, &xs, &ws);
         if constexpr (!C::kSSep) {
           for (int idx = 0; idx < C::kSLoads; ++idx) {
             int sr, gi;
