@@ -231,6 +231,50 @@ struct GemmW4Args {
   float* part = nullptr;
 };
 
+// ---- the kernels' common tail ----
+
+// The WK k-warps' partial accumulators (kAcc per lane; `mine`: this warp's) summed into k-warp 0's: a tree over
+// shared memory (red: [WK / 2][WM * WN][kAcc][32] fp32), in a fixed order (deterministic). Every thread of the
+// block calls it (barriers).
+template <class C>
+__device__ __forceinline__ void gemm_w4_kwarp_sum(float* mine, float* red, int ks, int wmn, int lane) {
+#pragma unroll
+  for (int step = C::WK / 2; step >= 1; step /= 2) {
+    if (ks >= step && ks < 2 * step) {
+#pragma unroll
+      for (int e = 0; e < C::kAcc; ++e) red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
+    }
+    __syncthreads();
+    if (ks < step) {
+#pragma unroll
+      for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
+    }
+    __syncthreads();
+  }
+}
+
+// A warp's MT m16 x NT n8 accumulator tiles (first row row0, first column col0) to Y, or to split z's partial tile
+// when the grid splits K (formed here, not kept live through the k loop: registers). A row's 4 lanes write 32
+// contiguous bytes as float2; rows past M are not written.
+template <int MT, int NT>
+__device__ __forceinline__ void gemm_w4_store(const GemmW4Args& a, const float (&acc)[MT][NT][4], int row0, int col0,
+                                              int lane) {
+  const int g = lane >> 2, t = lane & 3;
+  float* const y = gridDim.z > 1 ? a.part + size_t(blockIdx.z) * a.m * a.n : a.y;
+  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
+#pragma unroll
+  for (int i = 0; i < MT; ++i) {
+    const int row = row0 + 16 * i + g;
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const int col = col0 + 8 * j + 2 * t;
+      if (row < a.m) *reinterpret_cast<float2*>(y + size_t(row) * ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
+      if (row + 8 < a.m)
+        *reinterpret_cast<float2*>(y + size_t(row + 8) * ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
+    }
+  }
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const GemmW4Args a) {
   __shared__ __align__(16) unsigned char smem[2 * C::kStage];  // 2 stages of [X tile | W tile | S tile]
@@ -359,42 +403,14 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
     }
   }
 
-  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
-    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
-    float* mine = &acc[0][0][0];
-#pragma unroll
-    for (int step = C::WK / 2; step >= 1; step /= 2) {
-      if (ks >= step && ks < 2 * step) {
-#pragma unroll
-        for (int e = 0; e < C::kAcc; ++e)
-          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
-      }
-      __syncthreads();
-      if (ks < step) {
-#pragma unroll
-        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
-      }
-      __syncthreads();
-    }
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles (the stages are free after the loop)
+    gemm_w4_kwarp_sum<C>(&acc[0][0][0], reinterpret_cast<float*>(smem), ks, wmn, lane);
     if (ks != 0) return;
   }
 
-  const int g = lane >> 2, t = lane & 3, nb = nb0 + wn;
+  const int nb = nb0 + wn;
   if (nb >= NB) return;
-  // the output: y, or split z's partial tile (formed here, not kept live through the k loop: registers)
-  float* const y = gridDim.z > 1 ? a.part + size_t(blockIdx.z) * a.m * a.n : a.y;
-  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i) {
-    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int col = nb * 32 + 8 * j + 2 * t;
-      if (row < a.m) *reinterpret_cast<float2*>(y + size_t(row) * ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
-      if (row + 8 < a.m)
-        *reinterpret_cast<float2*>(y + size_t(row + 8) * ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
-    }
-  }
+  gemm_w4_store(a, acc, m0 + wm * C::MT * 16, nb * 32, lane);
 }
 
 // y = sum of the splits' partial tiles, in split order. One thread per 4 outputs (N % 4 == 0).
@@ -597,41 +613,14 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
     __syncthreads();
   }
 
-  if constexpr (C::WK > 1) {  // the k-warps' partial tiles: tree over smem (the stages are free after the loop)
-    float* red = reinterpret_cast<float*>(smem);  // [WK / 2][WM * WN][kAcc][32]
-    float* mine = &acc[0][0][0];
-#pragma unroll
-    for (int step = C::WK / 2; step >= 1; step /= 2) {
-      if (ks >= step && ks < 2 * step) {
-#pragma unroll
-        for (int e = 0; e < C::kAcc; ++e)
-          red[(((ks - step) * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane] = mine[e];
-      }
-      __syncthreads();
-      if (ks < step) {
-#pragma unroll
-        for (int e = 0; e < C::kAcc; ++e) mine[e] += red[((ks * C::WM * C::WN + wmn) * C::kAcc + e) * 32 + lane];
-      }
-      __syncthreads();
-    }
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles (the stages are free after the loop)
+    gemm_w4_kwarp_sum<C>(&acc[0][0][0], reinterpret_cast<float*>(smem), ks, wmn, lane);
     if (ks != 0) return;
   }
 
-  const int g = lane >> 2, t = lane & 3, nb = nb0 + sr;
+  const int nb = nb0 + sr;
   if (nb >= NB) return;
-  float* const y = gridDim.z > 1 ? a.part + size_t(blockIdx.z) * a.m * a.n : a.y;
-  const int ldy = gridDim.z > 1 ? a.n : a.ldy;
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i) {
-    const int row = m0 + wm * C::MT * 16 + 16 * i + g;
-#pragma unroll
-    for (int j = 0; j < C::NT; ++j) {
-      const int col = nb * 32 + 8 * (j0 + j) + 2 * t;
-      if (row < a.m) *reinterpret_cast<float2*>(y + size_t(row) * ldy + col) = make_float2(acc[i][j][0], acc[i][j][1]);
-      if (row + 8 < a.m)
-        *reinterpret_cast<float2*>(y + size_t(row + 8) * ldy + col) = make_float2(acc[i][j][2], acc[i][j][3]);
-    }
-  }
+  gemm_w4_store(a, acc, m0 + wm * C::MT * 16, nb * 32 + 8 * j0, lane);
 }
 
 // One configuration C, a Cfg (gemm_w4_kernel) or an XCfg (gemm_w4x_kernel); the lab instantiates others. Returns
