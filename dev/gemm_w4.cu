@@ -187,6 +187,43 @@ void fill_xw(const std::vector<uint16_t>& x, int ldx, int M, int N, int K, const
   }
 }
 
+// ldmatrix.x4 of m16 tile i, k16 half h of group gi, for warp row wm, from the emulated X stage: register r of lane
+// (g, t) = row g, halves 2t, 2t+1 of the matrix whose rows lanes 8r..8r+7 address; A[16][16] rebuilt from all
+// lanes' registers per m16n8k16's A layout.
+template <class C>
+void emulate_a(const std::vector<uint16_t>& xs, int wm, int i, int gi, int h, float (&A)[16][16]) {
+  float a_reg[32][4][2];
+  for (int lane = 0; lane < 32; ++lane)
+    for (int r = 0; r < 4; ++r) {
+      int row, col;
+      a_addr(8 * r + (lane >> 2), wm * C::MT * 16, i, gi, h, &row, &col);
+      for (int e = 0; e < 2; ++e) a_reg[lane][r][e] = h2f(xs[size_t(row) * C::XS + col + 2 * (lane & 3) + e]);
+    }
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int e = 0; e < 2; ++e) {
+      A[g][2 * t + e] = a_reg[lane][0][e];
+      A[g + 8][2 * t + e] = a_reg[lane][1][e];
+      A[g][2 * t + 8 + e] = a_reg[lane][2][e];
+      A[g + 8][2 * t + 8 + e] = a_reg[lane][3][e];
+    }
+  }
+}
+
+// m16n8k16 in double into every lane's C fragment: lane (g, t)'s c0, c1 = (row g, n 2t, 2t+1), c2, c3 = row g + 8,
+// at acc[lane * stride + c] (stride: the accumulators per lane).
+void emulate_mma(const float (&A)[16][16], const float (&B)[16][8], double* acc, int stride) {
+  for (int lane = 0; lane < 32; ++lane) {
+    const int g = lane >> 2, t = lane & 3;
+    for (int c = 0; c < 4; ++c) {
+      const int r = g + 8 * (c >> 1), n = 2 * t + (c & 1);
+      double d = 0;
+      for (int k = 0; k < 16; ++k) d += double(A[r][k]) * B[k][n];
+      acc[size_t(lane) * stride + c] += d;
+    }
+  }
+}
+
 // Emulates kernel C on the CPU for one problem: the same tile-load maps into two "smem" stages, ldmatrix.x4
 // and m16n8k16 (two m16n8k8) per the PTX ISA's fragment layouts, the same epilogue map. Sums in double.
 template <class C>
@@ -218,25 +255,8 @@ std::vector<double> emulate(const std::vector<uint16_t>& x, int ldx, int M, int 
             if (kb0 + gi >= KG) continue;
             for (int h = 0; h < 2; ++h)
               for (int i = 0; i < C::MT; ++i) {
-                // ldmatrix.x4: register r of lane (g, t) = row g, halves 2t, 2t+1 of the matrix whose rows lanes
-                // 8r..8r+7 address. A[16][16] rebuilt from all lanes' registers per m16n8k16's A layout.
-                float A[16][16], a_reg[32][4][2];
-                for (int lane = 0; lane < 32; ++lane)
-                  for (int r = 0; r < 4; ++r) {
-                    int row, col;
-                    a_addr(8 * r + (lane >> 2), wm * C::MT * 16, i, gi, h, &row, &col);
-                    for (int e = 0; e < 2; ++e)
-                      a_reg[lane][r][e] = h2f(xs[size_t(row) * C::XS + col + 2 * (lane & 3) + e]);
-                  }
-                for (int lane = 0; lane < 32; ++lane) {
-                  const int g = lane >> 2, t = lane & 3;
-                  for (int e = 0; e < 2; ++e) {
-                    A[g][2 * t + e] = a_reg[lane][0][e];
-                    A[g + 8][2 * t + e] = a_reg[lane][1][e];
-                    A[g][2 * t + 8 + e] = a_reg[lane][2][e];
-                    A[g + 8][2 * t + 8 + e] = a_reg[lane][3][e];
-                  }
-                }
+                float A[16][16];
+                emulate_a<C>(xs, wm, i, gi, h, A);
                 for (int j = 0; j < 4; ++j) {
                   float B[16][8];  // [k][n]: b0 = (k 2t, 2t+1; n g), b1 = (k 2t+8, 2t+9; n g)
                   for (int lane = 0; lane < 32; ++lane) {
@@ -246,15 +266,7 @@ std::vector<double> emulate(const std::vector<uint16_t>& x, int ldx, int M, int 
                     host_w4_pair(word, 2 * h, sc, &B[2 * t][g], &B[2 * t + 1][g]);
                     host_w4_pair(word, 2 * h + 1, sc, &B[2 * t + 8][g], &B[2 * t + 9][g]);
                   }
-                  for (int lane = 0; lane < 32; ++lane) {
-                    const int g = lane >> 2, t = lane & 3;
-                    for (int c = 0; c < 4; ++c) {  // c0, c1 = (row g, n 2t, 2t+1); c2, c3 = row g + 8
-                      const int r = g + 8 * (c >> 1), n = 2 * t + (c & 1);
-                      double d = 0;
-                      for (int k = 0; k < 16; ++k) d += double(A[r][k]) * B[k][n];
-                      acc[(size_t(wmn) * 32 + lane) * C::kAcc + (i * 4 + j) * 4 + c] += d;
-                    }
-                  }
+                  emulate_mma(A, B, &acc[size_t(wmn) * 32 * C::kAcc + (i * 4 + j) * 4], C::kAcc);
                 }
               }
           }
@@ -376,23 +388,8 @@ std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, in
             if (kb0 + gi >= KG) continue;
             for (int h = 0; h < 2; ++h)
               for (int i = 0; i < C::MT; ++i) {
-                float A[16][16], a_reg[32][4][2];
-                for (int lane = 0; lane < 32; ++lane)
-                  for (int r = 0; r < 4; ++r) {
-                    int row, col;
-                    a_addr(8 * r + (lane >> 2), wm * C::MT * 16, i, gi, h, &row, &col);
-                    for (int e = 0; e < 2; ++e)
-                      a_reg[lane][r][e] = h2f(xs[size_t(row) * C::XS + col + 2 * (lane & 3) + e]);
-                  }
-                for (int lane = 0; lane < 32; ++lane) {
-                  const int g = lane >> 2, t = lane & 3;
-                  for (int e = 0; e < 2; ++e) {
-                    A[g][2 * t + e] = a_reg[lane][0][e];
-                    A[g + 8][2 * t + e] = a_reg[lane][1][e];
-                    A[g][2 * t + 8 + e] = a_reg[lane][2][e];
-                    A[g + 8][2 * t + 8 + e] = a_reg[lane][3][e];
-                  }
-                }
+                float A[16][16];
+                emulate_a<C>(xs, wm, i, gi, h, A);
                 for (int j = 0; j < C::NT; ++j) {
                   float B[16][8];
                   for (int lane = 0; lane < 32; ++lane) {
@@ -402,15 +399,7 @@ std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, in
                     host_w4x_pair(word, 2 * h, sc, &B[2 * t][g], &B[2 * t + 1][g]);
                     host_w4x_pair(word, 2 * h + 1, sc, &B[2 * t + 8][g], &B[2 * t + 9][g]);
                   }
-                  for (int lane = 0; lane < 32; ++lane) {
-                    const int g = lane >> 2, t = lane & 3;
-                    for (int c = 0; c < 4; ++c) {
-                      const int r = g + 8 * (c >> 1), n = 2 * t + (c & 1);
-                      double d = 0;
-                      for (int k = 0; k < 16; ++k) d += double(A[r][k]) * B[k][n];
-                      acc[(size_t(wmn) * 32 + lane) * C::kAcc + (i * C::NT + j) * 4 + c] += d;
-                    }
-                  }
+                  emulate_mma(A, B, &acc[size_t(wmn) * 32 * C::kAcc + (i * C::NT + j) * 4], C::kAcc);
                 }
               }
           }
