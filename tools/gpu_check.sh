@@ -11,6 +11,7 @@
 #               path) and each earlier tree of AB_TREES (default tmp_base; each a directory holding `git archive REV
 #               include kernels src bench | tar -x -C DIR`) -- same lease, same checkpoint (AB_RUNS rounds, default
 #               2); then TTFT of a 4096-token prompt, this tree and each of AB_TREES, per checkpoint of AB_TTFT
+#               (default w4a16; set but empty: none)
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
 #     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
@@ -118,7 +119,7 @@ step_ab() {
   note "== Turing-only build"
   build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
   local T="--prompt 4096 --tokens 4 --batch 1 --ttft 5"
-  for fmt in ${AB_TTFT:-w4a16}; do
+  for fmt in ${AB_TTFT-w4a16}; do
     synth "$fmt" || continue
     note "== TTFT 4096, $fmt, this tree"
     # shellcheck disable=SC2086
