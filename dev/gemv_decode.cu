@@ -13,12 +13,17 @@
 //   3  the residual norm folded into the GEMV's last block: gemv_block stores y, every thread fences, each block
 //      takes a ticket from an arrival counter, and the block that draws the last one runs the residual norm
 //      on the complete rows (bit-identical to version 1's separate kernel). "+ norm" cases only.
+//   4  k-split over blocks (GemvArgs::ksplit) of --splits S parts (default 2; fewer where the warps would run out
+//      of k-tiles), whatever gemv_store_splits would pick: the parts into a buffer of their own, summed in part
+//      order by launch_residual_norm ("+ norm") or, for the plain Store cases, checked as that sum. Version 1
+//      takes the engine's choice (gemv_store_splits for this GPU) in the "+ norm" cases, as layers.hpp does.
 // Versions 2 and 3 were first measured end to end, as patches on d670ef6 (bench/RESULTS.md 2026-12-03 (c),
 // dev/README.md); both lost and were reverted. They live here so that they can be re-run as the code moves.
 //
 // Cases: Gemma 4 E2B decode (hidden 1536): q_proj 1536 -> 2048, gate/up 1536 -> 6144 x 2 with the GELU
 // product, down_proj 6144 -> 1536, the three matmuls a residual norm follows (o_proj 2048 -> 1536, down_proj,
-// ple_proj 256 -> 1536) with it, and the LM head 1536 -> 262144; rows 1, 8, 16; fp16 and w4a16 weights.
+// ple_proj 256 -> 1536) with it, the double-wide MLP of layers 15-34 (gate/up 1536 -> 12288 x 2, down 12288 ->
+// 1536 + norm), and the LM head 1536 -> 262144; rows 1, 8, 16; fp16 and w4a16 weights.
 //
 // Validation comes first: every listed version at odd sizes (k-tile counts that take each warp split, partial
 // row tiles, 1..16 rows) and at the E2B shapes, random inputs, outputs poisoned (NaN) before each launch.
@@ -323,9 +328,13 @@ cudaError_t launch_gemv_norm_tail(GemvArgs a, NormTail t, const kn::Launch& l) {
 enum class Op { Store, GeluMul, StoreNorm };
 constexpr int kRows = kn::kGemvMaxRows;  // every buffer holds 16 rows; a launch uses the first n
 constexpr float kEps = 1e-6f, kScalar = 0.75f;
+constexpr int kVersions = 4;
+int g_sms = 1;     // the device's SMs (version 1's k-split choice)
+int g_splits = 2;  // version 4's parts (--splits)
 
 bool implements(int version, Op op) {
-  return version == 1 || (version == 2 && op != Op::StoreNorm) || (version == 3 && op == Op::StoreNorm);
+  return version == 1 || (version == 2 && op != Op::StoreNorm) || (version == 3 && op == Op::StoreNorm) ||
+         (version == 4 && op != Op::GeluMul);
 }
 
 // Bytes of one matrix: fp16 weights, or w4a16 words + scales.
@@ -373,14 +382,16 @@ struct Problem {
   Op op = Op::Store;
   bool w4 = false;
   int out = 0, in = 0, ldy = 0, ld16 = 0;
-  Weights w, up;                         // the matrix (GeluMul: the gate) and GeluMul's up
-  lab::DevBuf<half> x;                   // [16, in] fp16
-  lab::DevBuf<float> y;                  // [16, ldy] fp32 (Store, StoreNorm; StoreNorm: ldy = out)
-  lab::DevBuf<half> out16;               // [16, ld16] fp16 (GeluMul)
-  lab::DevBuf<float> h, w_post, w_next;  // [16, out], [out], [out] fp32 (StoreNorm)
-  lab::DevBuf<half> norm16;              // [16, out] fp16 (StoreNorm)
-  lab::DevBuf<unsigned> counter;         // [1] version 3's arrival counter
-  std::vector<float> h0;                 // h's contents before a launch (restored before each validated one)
+  Weights w, up;                           // the matrix (GeluMul: the gate) and GeluMul's up
+  lab::DevBuf<half> x;                     // [16, in] fp16
+  lab::DevBuf<float> y;                    // [16, ldy] fp32 (Store, StoreNorm; StoreNorm: ldy = out)
+  lab::DevBuf<half> out16;                 // [16, ld16] fp16 (GeluMul)
+  lab::DevBuf<float> h, w_post, w_next;    // [16, out], [out], [out] fp32 (StoreNorm)
+  lab::DevBuf<half> norm16;                // [16, out] fp16 (StoreNorm)
+  lab::DevBuf<unsigned> counter;           // [1] version 3's arrival counter
+  lab::DevBuf<float> parts;                // [kGemvMaxSplit, 16, ldy] a k-split launch's parts
+  mutable int last_parts = 1, last_n = 0;  // the parts (1: it wrote y) and rows of the last launch
+  std::vector<float> h0;                   // h's contents before a launch (restored before each validated one)
 
   size_t weight_bytes() const { return w.bytes() + (op == Op::GeluMul ? up.bytes() : 0); }
 };
@@ -404,6 +415,7 @@ std::unique_ptr<Problem> make_problem(const char* name, Op op, bool w4, int out,
   p->w_next = lab::DevBuf<float>(norm_rows ? out : 0);
   p->norm16 = lab::DevBuf<half>(norm_rows * out);
   p->counter = lab::DevBuf<unsigned>(1);
+  p->parts = lab::DevBuf<float>(op == Op::GeluMul ? 0 : size_t(kn::kGemvMaxSplit) * kRows * p->ldy);
   LAB_CHECK(cudaMemset(p->counter.get(), 0, sizeof(unsigned)));
   if (norm_rows) {
     lab::fill_uniform(p->h.get(), p->h.size(), -2.f, 2.f, seed + 4);
@@ -431,6 +443,8 @@ GemvArgs gemv_args(const Problem& p, int n, int copy) {
 cudaError_t run(int version, const Problem& p, int n, int copy, const kn::Launch& l) {
   GemvArgs a = gemv_args(p, n, copy);
   const GemvEpilogue e = p.op == Op::GeluMul ? GemvEpilogue::GeluMul : GemvEpilogue::Store;
+  p.last_parts = 1;
+  p.last_n = n;
   if (version == 2) return launch_gemv_wide(a, e, l);
   if (version == 3) {
     NormTail t;
@@ -438,10 +452,21 @@ cudaError_t run(int version, const Problem& p, int n, int copy, const kn::Launch
     t.eps = kEps, t.scalar = kScalar, t.counter = p.counter.get();
     return launch_gemv_norm_tail(a, t, l);
   }
+  // the k-split: version 4's --splits (at most one k-tile per warp), version 1's the engine's in the "+ norm" cases
+  const int wl = p.w4 ? kn::kGemvW4 : kn::kGemvF16;
+  const int ktiles = (p.in / (p.w4 ? 32 : 8) + 3) / 4, kw = kn::gemv_split(ktiles);
+  int parts = version == 4 ? std::max(1, std::min(g_splits, ktiles / kw)) : 1;
+  if (version == 1 && p.op == Op::StoreNorm) parts = kn::gemv_store_splits(p.out, p.in, wl, g_sms);
+  if (parts > 1) {
+    a.ksplit = parts;
+    a.split_ld = size_t(kRows) * p.ldy;
+    a.mat[0].y = p.parts.get();
+    p.last_parts = parts;
+  }
   const cudaError_t err = kn::launch_gemv_args(a, e == GemvEpilogue::GeluMul ? 2 : 1, e, l);
   if (err != cudaSuccess || p.op != Op::StoreNorm) return err;
-  return kn::launch_residual_norm(p.h.get(), p.y.get(), p.w_post.get(), n, p.out, kEps, kScalar, kn::NextNorm::Norm,
-                                  p.w_next.get(), p.norm16.get(), l);
+  return kn::launch_residual_norm(p.h.get(), a.mat[0].y, p.w_post.get(), n, p.out, kEps, kScalar, kn::NextNorm::Norm,
+                                  p.w_next.get(), p.norm16.get(), l, parts, a.split_ld);
 }
 
 // ---- host reference ----
@@ -558,6 +583,23 @@ struct Outputs {  // everything a launch left in p's output buffers
 Outputs collect(const Problem& p) {
   Outputs o;
   o.y = p.y.download();
+  if (p.last_parts > 1) {  // y as the parts' sum (in part order) for rows < n and columns < out; elsewhere part
+                           // 0's element, or a non-poison value where any part's element there was written
+    const std::vector<float> parts = p.parts.download();
+    const size_t ld = size_t(kRows) * p.ldy;
+    for (size_t k = 0; k < o.y.size(); ++k) {
+      const bool region = int(k / size_t(p.ldy)) < p.last_n && int(k % size_t(p.ldy)) < p.out;
+      float v = parts[k];
+      bool written = false;
+      for (int q = 1; q < p.last_parts; ++q) {
+        if (region) v += parts[size_t(q) * ld + k];
+        uint32_t b;
+        std::memcpy(&b, &parts[size_t(q) * ld + k], 4);
+        written = written || (!region && b != 0xFFFFFFFFu);
+      }
+      o.y[k] = written ? 0.f : v;
+    }
+  }
   o.h = p.h.download();
   o.out16 = p.out16.download();
   o.norm16 = p.norm16.download();
@@ -609,10 +651,11 @@ void validate(Problem& p, const std::vector<int>& rows, const std::vector<int>& 
   const Reference ref = reference(p);
   for (int n : rows) {
     Outputs base;
-    for (int v : {1, 2, 3}) {
+    for (int v = 1; v <= kVersions; ++v) {
       const bool listed = std::find(versions.begin(), versions.end(), v) != versions.end();
       if (!implements(v, p.op) || (!listed && v != 1)) continue;
       p.y.poison();
+      p.parts.poison();
       p.out16.poison();
       p.norm16.poison();
       if (p.op == Op::StoreNorm) p.h.upload(p.h0);
@@ -634,7 +677,7 @@ void validate(Problem& p, const std::vector<int>& rows, const std::vector<int>& 
       if (p.op == Op::Store) st.y.add(check_region(got.y, p.ldy, n, p.out, ref.y, nullptr), where);
       if (p.op == Op::GeluMul) st.act.add(check_region(got.out16, p.ld16, n, p.out, ref.act, nullptr), where);
       if (p.op == Op::StoreNorm) {
-        st.y.add(check_region(got.y, p.ldy, n, p.out, ref.y, nullptr), where);
+        if (p.last_parts == 1) st.y.add(check_region(got.y, p.ldy, n, p.out, ref.y, nullptr), where);
         st.h.add(check_region(got.h, p.out, n, p.out, ref.h, &p.h0), where);
         st.norm.add(check_region(got.norm16, p.out, n, p.out, ref.norm16, nullptr), where);
       }
@@ -664,6 +707,8 @@ const Case kE2B[] = {
     {"down_proj", Op::Store, 1536, 6144},
     {"o_proj + norm", Op::StoreNorm, 1536, 2048},
     {"down_proj + norm", Op::StoreNorm, 1536, 6144},
+    {"gate/up wide", Op::GeluMul, 12288, 1536},
+    {"down wide + norm", Op::StoreNorm, 1536, 12288},
     {"ple_proj + norm", Op::StoreNorm, 1536, 256},
     {"LM head", Op::Store, 262144, 1536},
 };
@@ -683,14 +728,15 @@ const char* kAbout[] = {
     "shipped: kernels/gemv.cuh launch_gemv_args (+ launch_residual_norm: two launches)",
     "wide in-flight tiles: 6 (gate/up: 3) k-tiles of weight loads per warp where the share passes 4 (2)",
     "residual norm in the GEMV's last block (arrival counter; + norm cases only)",
+    "k-split over --splits blocks per row tile (parts summed by the residual norm; not gate/up)",
 };
 
 int usage(const char* argv0) {
   std::printf(
       "usage: %s [VERSIONS] [--rows 1,8,16] [--weights fp16,w4a16] [--reps 50] [--samples 7] [--pdl] "
-      "[--validate-only]\n  VERSIONS: comma list of 1..3 (default 1,2,3)\n",
-      argv0);
-  for (int v = 1; v <= 3; ++v) std::printf("  %d  %s\n", v, kAbout[v]);
+      "[--splits 2] [--validate-only]\n  VERSIONS: comma list of 1..%d (default 1,2,3,4)\n",
+      argv0, kVersions);
+  for (int v = 1; v <= kVersions; ++v) std::printf("  %d  %s\n", v, kAbout[v]);
   return 2;
 }
 
@@ -700,10 +746,16 @@ int main(int argc, char** argv) {
   std::vector<int> rows = {1, 8, 16};
   bool fp16 = true, w4 = true, pdl = false;
   lab::CommonArgs common;
-  common.versions = {1, 2, 3};
+  common.versions = {1, 2, 3, 4};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
-    if (common.take(argc, argv, &i, 3)) continue;
+    if (common.take(argc, argv, &i, kVersions)) continue;
+    std::vector<int> sp;
+    if (arg == "--splits" && i + 1 < argc && lab::parse_ints(argv[++i], &sp) && sp.size() == 1 && sp[0] >= 1 &&
+        sp[0] <= kn::kGemvMaxSplit) {
+      g_splits = sp[0];
+      continue;
+    }
     if (arg == "--rows" && i + 1 < argc && lab::parse_ints(argv[++i], &rows)) continue;
     if (arg == "--weights" && i + 1 < argc) {
       const std::string w = argv[++i];
@@ -724,6 +776,7 @@ int main(int argc, char** argv) {
 
   cudaDeviceProp prop;
   LAB_CHECK(cudaGetDeviceProperties(&prop, 0));
+  g_sms = prop.multiProcessorCount;
   if (pdl && !kn::pdl_supported(0)) {
     std::printf("--pdl: this build / device has no programmatic dependent launch (sm_90 code needed); off\n");
     pdl = false;
@@ -740,7 +793,7 @@ int main(int argc, char** argv) {
 
   // ---- validate
   std::printf("\nvalidating (random inputs, outputs poisoned; max |got - ref| / max |ref| against the host)\n");
-  std::vector<VersionStats> stats(4);
+  std::vector<VersionStats> stats(kVersions + 1);
   uint64_t seed = 100;
   for (bool q : layouts) {
     for (int in : q ? kOddInW4 : kOddInF16) {

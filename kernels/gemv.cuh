@@ -44,8 +44,11 @@
 // Precision vs the CUDA-core GEMV this replaced: w4a16 weights are rounded to fp16 once (as prefill always
 // did) and the fp32 sums run in tensor-core order: results move by ~1e-4 relative, well inside the tests'
 // fp16 tolerances.
-// Tuning notes (not measured yet): a 1536-row matrix with a long k (down_proj) makes 96 blocks, fewer than
-// the H200's 132 SMs; a 16-warp block or a k-split across blocks would fill it.
+// k-split across blocks (GemvArgs::ksplit; Store of one matrix): a 1536-row matrix with a long k (down_proj) makes
+// 96 row-tile blocks, fewer than an H200's 132 SMs. gemv_store_splits then gives each row tile 2-4 blocks, block
+// bid = row-tile block * ksplit + part, whose warps take every (kw * ksplit)-th k-tile from part * kw + ks; part p
+// stores its partial sums at y + p * split_ld, and the reader adds the parts in part order (kernels/rmsnorm.cuh
+// launch_residual_norm: the residual projections o_proj, down_proj). Still a function of `in` and the GPU only.
 // sm_75 safe: static shared memory <= 16 KiB, no cp.async, no spills.
 #pragma once
 
@@ -58,6 +61,7 @@ namespace kernels {
 constexpr int kGemvWarps = 8;     // warps per block
 constexpr int kGemvMaxRows = 32;  // input rows (decode batch) per launch
 constexpr int kGemvMaxMats = 3;   // matrices of one multi-matrix launch
+constexpr int kGemvMaxSplit = 4;  // blocks splitting one row tile's k-tiles (GemvArgs::ksplit)
 
 // One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
 struct GemvMat {
@@ -93,6 +97,8 @@ struct GemvArgs {
   int count = 1;                           // outputs the blocks are partitioned over (Store); 1 for the GELU epilogues
   int first_block[kGemvMaxMats + 1] = {};  // blocks of output i: [first_block[i], first_block[i + 1])
   int kw = 1;                              // warps splitting the k-tiles of one 16-row tile: 1, 2, 4, 8
+  int ksplit = 1;                          // blocks splitting them further (Store of one matrix)
+  size_t split_ld = 0;                     // ksplit > 1: part p of the sums at y + p * split_ld floats
   half* out16 = nullptr;                   // GeluMul, GeluPle: [n, ld16] fp16
   int ld16 = 0;
   const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
@@ -136,14 +142,17 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
   const int kw = a.kw, ks = warp & (kw - 1), mt = warp / kw;
+  // k-split: block bid is part `part` of row-tile block `tb`; the warp takes every KW-th k-tile from kk on
+  const int S = a.ksplit, tb = bid / S, part = bid - tb * S;
+  const int kk = part * kw + ks, KW = kw * S;
   // The block's output (constant indices only: a dynamic index into the parameter array would copy it to
   // local memory).
-  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
+  const int mi = (a.count > 1 && tb >= a.first_block[1]) ? ((a.count > 2 && tb >= a.first_block[2]) ? 2 : 1) : 0;
   const GemvMat g0 = mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]);
   const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
   const GemvMat g[2] = {g0, a.mat[1]};  // g[1]: the up matrix of GeluMul (same out and in as the gate)
   const int out = g0.out;
-  const int row0 = (bid - first) * (16 * (kGemvWarps / kw)) + mt * 16;
+  const int row0 = (tb - first) * (16 * (kGemvWarps / kw)) + mt * 16;
   const int ra = row0 + gid, rb = ra + 8;  // this lane's two weight rows
   const bool oka = ra < out, okb = rb < out;
   const int units = W4 ? a.in / 32 : (W8 ? a.in / 16 : a.in / 8);  // 16-byte units per weight row
@@ -188,7 +197,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
   const auto load_tiles = [&](int kt0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int unit = (kt0 + u * kw) * 4 + tig;
+      const int unit = (kt0 + u * KW) * 4 + tig;
       const bool ok = unit < units;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -228,9 +237,9 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
     // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
     // warp loads its first U k-tiles of them (and their scales) into registers and pulls the next U into L2; x is
     // read only after pdl_enter().
-    load_tiles(ks);
+    load_tiles(kk);
     loaded = true;
-    for (int i = U, kt = ks + U * kw; i < 2 * U && kt < ktiles; ++i, kt += kw) {
+    for (int i = U, kt = kk + U * KW; i < 2 * U && kt < ktiles; ++i, kt += KW) {
       const int unit = kt * 4 + tig;
       if (unit >= units) break;
 #pragma unroll
@@ -254,12 +263,12 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[m][t][c] = 0.f;
 
-  for (int kt0 = ks; kt0 < ktiles; kt0 += kw * U) {
+  for (int kt0 = kk; kt0 < ktiles; kt0 += KW * U) {
     if (!loaded) load_tiles(kt0);
     loaded = false;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int kt = kt0 + u * kw;
+      const int kt = kt0 + u * KW;
       if (kt >= ktiles) break;  // warp-uniform: every lane reaches each warp-wide mma
       const int unit = kt * 4 + tig;
       const bool ok = unit < units;
@@ -350,7 +359,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
         if (o >= out || r >= a.n) continue;
         const float v = acc[0][t][2 * h + j];
         if (E == GemvEpilogue::Store) {
-          g0.y[size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
+          g0.y[size_t(part) * a.split_ld + size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
         } else if (E == GemvEpilogue::GeluPle) {
@@ -441,13 +450,36 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   if (e == GemvEpilogue::GeluMul && a.mat[1].out != a.mat[0].out) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluPle && !a.ple) return cudaErrorInvalidValue;
 
-  a.kw = gemv_split((a.in / cols + 3) / 4);
+  const int ktiles = (a.in / cols + 3) / 4;
+  a.kw = gemv_split(ktiles);
+  if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
+                                        a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
+    return cudaErrorInvalidValue;
   const int rows_per_block = 16 * (kGemvWarps / a.kw);
   a.first_block[0] = 0;
   for (int i = 0; i < kGemvMaxMats; ++i)
     a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
-  *blocks = unsigned(a.first_block[a.count]);
+  *blocks = unsigned(a.first_block[a.count]) * unsigned(a.ksplit);
   return cudaSuccess;
+}
+
+// Blocks splitting the k-tiles of a one-matrix Store GEMV (GemvArgs::ksplit) on a GPU of `sms` SMs: none where the
+// row tiles alone fill a wave of two blocks per SM; else as many parts as still fit that wave, then more past it
+// only while a warp's share stays above 6 k-tiles (at most kGemvMaxSplit parts; each warp keeps a k-tile).
+// Measured (dev/gemv_decode.cu version 4, H200, one row, us per call for 1 / 2 / 3 / 4 parts): w4a16 down_proj
+// 6144 -> 1536 6.0 / 4.6 / 7.0 / 6.6 (this rule: 2), w4a16 12288 -> 1536 + norm 12.3 (3) / 11.5 (2) / 12.2 (3),
+// fp16 6144 -> 1536 11.8 / 9.1 / 8.3 / 7.2 (4). A function of the shape and the GPU only, never of the row count,
+// so batched decode still equals one-row decode bit for bit.
+inline int gemv_store_splits(int out, int in, int wl, int sms) {
+  const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);
+  if (out <= 0 || in <= 0 || in % cols != 0 || sms <= 0) return 1;
+  const int ktiles = (in / cols + 3) / 4, kw = gemv_split(ktiles);
+  const long long tiles = (out + 16 * (kGemvWarps / kw) - 1) / (16 * (kGemvWarps / kw));
+  if (tiles >= 2LL * sms) return 1;
+  int s = 1;
+  while (s < kGemvMaxSplit && kw * (s + 1) <= ktiles && tiles * (s + 1) <= 2LL * sms) ++s;
+  while (s < kGemvMaxSplit && kw * (s + 1) <= ktiles && (ktiles + kw * s - 1) / (kw * s) > 6) ++s;
+  return s;
 }
 
 // Checks the shapes, fills kw and the block partition, launches.
@@ -472,15 +504,19 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cons
   return cudaErrorInvalidValue;
 }
 
-// y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32.
+// y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32. ksplit > 1: the
+// sum in ksplit parts, part p into y + p * split_ld (split_ld >= n * ldy floats), for the reader to add in part
+// order (launch_residual_norm's parts).
 inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
-                               int in, float* y, int ldy, const Launch& launch) {
+                               int in, float* y, int ldy, const Launch& launch, int ksplit = 1, size_t split_ld = 0) {
   GemvArgs a;
   a.x = x;
   a.n = n;
   a.in = in;
   a.mat[0] = GemvMat{W16, Wq, S, out, y, ldy};
   a.count = 1;
+  a.ksplit = ksplit;
+  a.split_ld = split_ld;
   return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 

@@ -4,6 +4,8 @@
 //
 // rmsnorm:        out16[r] = half(norm(x[src(r)]) * w)  x: fp32, row stride ldx; src(r) = row_index[r] or r
 // residual_norm:  h[r] = (h[r] + norm(y[r]) * w_post) * scalar         h: [rows, cols] fp32 residual
+//                 y[r] = y_0[r] + y_1[r] + ... in part order: a k-split GEMV's parts (gemv.cuh ksplit),
+//                 part p at y + p * part_ld
 //                 then, by `next`: out16[r] = half(norm(h[r]) * w_next)  (NextNorm::Norm)
 //                                   out16[r] = half(h[r])                (NextNorm::Copy, PLE gate input)
 //                                   nothing                              (NextNorm::None)
@@ -37,18 +39,27 @@ static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, cons
   for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(xr[c] * r * w[c]);
 }
 
-static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y,
-                                            const float* __restrict__ w_post, int cols, float eps, float scalar,
-                                            NextNorm next, const float* __restrict__ w_next, half* __restrict__ out16) {
+static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y, int parts,
+                                            size_t part_ld, const float* __restrict__ w_post, int cols, float eps,
+                                            float scalar, NextNorm next, const float* __restrict__ w_next,
+                                            half* __restrict__ out16) {
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
+  const auto yat = [&](int c) {  // the parts' sum, in part order
+    float v = yr[c];
+    for (int p = 1; p < parts; ++p) v += yr[size_t(p) * part_ld + c];
+    return v;
+  };
   float ss = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += yr[c] * yr[c];
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = yat(c);
+    ss += v * v;
+  }
   const float r = rsqrtf(block_sum(ss) / cols + eps);
   float hs = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = (hr[c] + yr[c] * r * w_post[c]) * scalar;
+    const float v = (hr[c] + yat(c) * r * w_post[c]) * scalar;
     hr[c] = v;
     hs += v * v;
   }
@@ -119,9 +130,9 @@ static __global__ void __launch_bounds__(256)
 }
 
 static __global__ void __launch_bounds__(256)
-    residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_post,
-                             int cols, float eps, float scalar, NextNorm next, const float* __restrict__ w_next,
-                             half* __restrict__ out16) {
+    residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, int parts, size_t part_ld,
+                             const float* __restrict__ w_post, int cols, float eps, float scalar, NextNorm next,
+                             const float* __restrict__ w_next, half* __restrict__ out16) {
   const int n4 = cols / 4;
   float4 wp[kNormVec], wn[kNormVec];
   norm_load(w_post, n4, wp);  // constants: before pdl_enter
@@ -131,6 +142,13 @@ static __global__ void __launch_bounds__(256)
   float4 yv[kNormVec], hv[kNormVec];
   norm_load(y + size_t(blockIdx.x) * cols, n4, yv);
   norm_load(hr, n4, hv);
+  for (int p = 1; p < parts; ++p) {  // a k-split GEMV's further parts, added in part order
+    float4 t[kNormVec];
+    norm_load(y + size_t(p) * part_ld + size_t(blockIdx.x) * cols, n4, t);
+#pragma unroll
+    for (int k = 0; k < kNormVec; ++k)
+      yv[k] = make_float4(yv[k].x + t[k].x, yv[k].y + t[k].y, yv[k].z + t[k].z, yv[k].w + t[k].w);
+  }
   const float r = rsqrtf(block_sum(norm_sumsq(yv)) / cols + eps);
 #pragma unroll
   for (int k = 0; k < kNormVec; ++k) {
@@ -173,16 +191,19 @@ inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index,
   return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), launch, x, ldx, row_index, w, cols, eps, out16);
 }
 
-// w_next: read only by NextNorm::Norm (may be null otherwise).
+// w_next: read only by NextNorm::Norm (may be null otherwise). parts (>= 1): y is the sum of that many [rows, cols]
+// arrays, part p at y + p * part_ld floats (part_ld >= rows * cols; a multiple of 4 for the vectorised kernel).
 inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w_post, int rows, int cols, float eps,
                                         float scalar, NextNorm next, const float* w_next, half* out16,
-                                        const Launch& launch) {
+                                        const Launch& launch, int parts = 1, size_t part_ld = 0) {
   if (rows <= 0) return cudaSuccess;
-  if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr))
-    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, w_post, cols, eps,
-                         scalar, next, w_next, out16);
-  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, w_post, cols, eps, scalar, next,
-                       w_next, out16);
+  if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(cols))) return cudaErrorInvalidValue;
+  if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr) &&
+      (parts == 1 || part_ld % 4 == 0))
+    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld, w_post,
+                         cols, eps, scalar, next, w_next, out16);
+  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps,
+                       scalar, next, w_next, out16);
 }
 
 }  // namespace kernels

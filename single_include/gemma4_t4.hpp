@@ -7960,8 +7960,11 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // Precision vs the CUDA-core GEMV this replaced: w4a16 weights are rounded to fp16 once (as prefill always
 // did) and the fp32 sums run in tensor-core order: results move by ~1e-4 relative, well inside the tests'
 // fp16 tolerances.
-// Tuning notes (not measured yet): a 1536-row matrix with a long k (down_proj) makes 96 blocks, fewer than
-// the H200's 132 SMs; a 16-warp block or a k-split across blocks would fill it.
+// k-split across blocks (GemvArgs::ksplit; Store of one matrix): a 1536-row matrix with a long k (down_proj) makes
+// 96 row-tile blocks, fewer than an H200's 132 SMs. gemv_store_splits then gives each row tile 2-4 blocks, block
+// bid = row-tile block * ksplit + part, whose warps take every (kw * ksplit)-th k-tile from part * kw + ks; part p
+// stores its partial sums at y + p * split_ld, and the reader adds the parts in part order (kernels/rmsnorm.cuh
+// launch_residual_norm: the residual projections o_proj, down_proj). Still a function of `in` and the GPU only.
 // sm_75 safe: static shared memory <= 16 KiB, no cp.async, no spills.
 
 // (kernels/common.cuh: already inlined above)
@@ -7973,6 +7976,7 @@ namespace kernels {
 constexpr int kGemvWarps = 8;     // warps per block
 constexpr int kGemvMaxRows = 32;  // input rows (decode batch) per launch
 constexpr int kGemvMaxMats = 3;   // matrices of one multi-matrix launch
+constexpr int kGemvMaxSplit = 4;  // blocks splitting one row tile's k-tiles (GemvArgs::ksplit)
 
 // One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
 struct GemvMat {
@@ -8008,6 +8012,8 @@ struct GemvArgs {
   int count = 1;                           // outputs the blocks are partitioned over (Store); 1 for the GELU epilogues
   int first_block[kGemvMaxMats + 1] = {};  // blocks of output i: [first_block[i], first_block[i + 1])
   int kw = 1;                              // warps splitting the k-tiles of one 16-row tile: 1, 2, 4, 8
+  int ksplit = 1;                          // blocks splitting them further (Store of one matrix)
+  size_t split_ld = 0;                     // ksplit > 1: part p of the sums at y + p * split_ld floats
   half* out16 = nullptr;                   // GeluMul, GeluPle: [n, ld16] fp16
   int ld16 = 0;
   const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
@@ -8051,14 +8057,17 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
 
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
   const int kw = a.kw, ks = warp & (kw - 1), mt = warp / kw;
+  // k-split: block bid is part `part` of row-tile block `tb`; the warp takes every KW-th k-tile from kk on
+  const int S = a.ksplit, tb = bid / S, part = bid - tb * S;
+  const int kk = part * kw + ks, KW = kw * S;
   // The block's output (constant indices only: a dynamic index into the parameter array would copy it to
   // local memory).
-  const int mi = (a.count > 1 && bid >= a.first_block[1]) ? ((a.count > 2 && bid >= a.first_block[2]) ? 2 : 1) : 0;
+  const int mi = (a.count > 1 && tb >= a.first_block[1]) ? ((a.count > 2 && tb >= a.first_block[2]) ? 2 : 1) : 0;
   const GemvMat g0 = mi == 0 ? a.mat[0] : (mi == 1 ? a.mat[1] : a.mat[2]);
   const int first = mi == 0 ? a.first_block[0] : (mi == 1 ? a.first_block[1] : a.first_block[2]);
   const GemvMat g[2] = {g0, a.mat[1]};  // g[1]: the up matrix of GeluMul (same out and in as the gate)
   const int out = g0.out;
-  const int row0 = (bid - first) * (16 * (kGemvWarps / kw)) + mt * 16;
+  const int row0 = (tb - first) * (16 * (kGemvWarps / kw)) + mt * 16;
   const int ra = row0 + gid, rb = ra + 8;  // this lane's two weight rows
   const bool oka = ra < out, okb = rb < out;
   const int units = W4 ? a.in / 32 : (W8 ? a.in / 16 : a.in / 8);  // 16-byte units per weight row
@@ -8103,7 +8112,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
   const auto load_tiles = [&](int kt0) {
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int unit = (kt0 + u * kw) * 4 + tig;
+      const int unit = (kt0 + u * KW) * 4 + tig;
       const bool ok = unit < units;
 #pragma unroll
       for (int m = 0; m < M; ++m) {
@@ -8143,9 +8152,9 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
     // PDL prologue (kernels/common.cuh): the weights are constants, so while the previous kernel finishes, this
     // warp loads its first U k-tiles of them (and their scales) into registers and pulls the next U into L2; x is
     // read only after pdl_enter().
-    load_tiles(ks);
+    load_tiles(kk);
     loaded = true;
-    for (int i = U, kt = ks + U * kw; i < 2 * U && kt < ktiles; ++i, kt += kw) {
+    for (int i = U, kt = kk + U * KW; i < 2 * U && kt < ktiles; ++i, kt += KW) {
       const int unit = kt * 4 + tig;
       if (unit >= units) break;
 #pragma unroll
@@ -8169,12 +8178,12 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[m][t][c] = 0.f;
 
-  for (int kt0 = ks; kt0 < ktiles; kt0 += kw * U) {
+  for (int kt0 = kk; kt0 < ktiles; kt0 += KW * U) {
     if (!loaded) load_tiles(kt0);
     loaded = false;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int kt = kt0 + u * kw;
+      const int kt = kt0 + u * KW;
       if (kt >= ktiles) break;  // warp-uniform: every lane reaches each warp-wide mma
       const int unit = kt * 4 + tig;
       const bool ok = unit < units;
@@ -8265,7 +8274,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
         if (o >= out || r >= a.n) continue;
         const float v = acc[0][t][2 * h + j];
         if (E == GemvEpilogue::Store) {
-          g0.y[size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
+          g0.y[size_t(part) * a.split_ld + size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
         } else if (E == GemvEpilogue::GeluPle) {
@@ -8356,13 +8365,36 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   if (e == GemvEpilogue::GeluMul && a.mat[1].out != a.mat[0].out) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluPle && !a.ple) return cudaErrorInvalidValue;
 
-  a.kw = gemv_split((a.in / cols + 3) / 4);
+  const int ktiles = (a.in / cols + 3) / 4;
+  a.kw = gemv_split(ktiles);
+  if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
+                                        a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
+    return cudaErrorInvalidValue;
   const int rows_per_block = 16 * (kGemvWarps / a.kw);
   a.first_block[0] = 0;
   for (int i = 0; i < kGemvMaxMats; ++i)
     a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
-  *blocks = unsigned(a.first_block[a.count]);
+  *blocks = unsigned(a.first_block[a.count]) * unsigned(a.ksplit);
   return cudaSuccess;
+}
+
+// Blocks splitting the k-tiles of a one-matrix Store GEMV (GemvArgs::ksplit) on a GPU of `sms` SMs: none where the
+// row tiles alone fill a wave of two blocks per SM; else as many parts as still fit that wave, then more past it
+// only while a warp's share stays above 6 k-tiles (at most kGemvMaxSplit parts; each warp keeps a k-tile).
+// Measured (dev/gemv_decode.cu version 4, H200, one row, us per call for 1 / 2 / 3 / 4 parts): w4a16 down_proj
+// 6144 -> 1536 6.0 / 4.6 / 7.0 / 6.6 (this rule: 2), w4a16 12288 -> 1536 + norm 12.3 (3) / 11.5 (2) / 12.2 (3),
+// fp16 6144 -> 1536 11.8 / 9.1 / 8.3 / 7.2 (4). A function of the shape and the GPU only, never of the row count,
+// so batched decode still equals one-row decode bit for bit.
+inline int gemv_store_splits(int out, int in, int wl, int sms) {
+  const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);
+  if (out <= 0 || in <= 0 || in % cols != 0 || sms <= 0) return 1;
+  const int ktiles = (in / cols + 3) / 4, kw = gemv_split(ktiles);
+  const long long tiles = (out + 16 * (kGemvWarps / kw) - 1) / (16 * (kGemvWarps / kw));
+  if (tiles >= 2LL * sms) return 1;
+  int s = 1;
+  while (s < kGemvMaxSplit && kw * (s + 1) <= ktiles && tiles * (s + 1) <= 2LL * sms) ++s;
+  while (s < kGemvMaxSplit && kw * (s + 1) <= ktiles && (ktiles + kw * s - 1) / (kw * s) > 6) ++s;
+  return s;
 }
 
 // Checks the shapes, fills kw and the block partition, launches.
@@ -8387,15 +8419,19 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cons
   return cudaErrorInvalidValue;
 }
 
-// y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32.
+// y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32. ksplit > 1: the
+// sum in ksplit parts, part p into y + p * split_ld (split_ld >= n * ldy floats), for the reader to add in part
+// order (launch_residual_norm's parts).
 inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
-                               int in, float* y, int ldy, const Launch& launch) {
+                               int in, float* y, int ldy, const Launch& launch, int ksplit = 1, size_t split_ld = 0) {
   GemvArgs a;
   a.x = x;
   a.n = n;
   a.in = in;
   a.mat[0] = GemvMat{W16, Wq, S, out, y, ldy};
   a.count = 1;
+  a.ksplit = ksplit;
+  a.split_ld = split_ld;
   return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 
@@ -8563,6 +8599,8 @@ inline cudaError_t launch_dequant_w4(const uint32_t* Wq, const half* S, int out,
 //
 // rmsnorm:        out16[r] = half(norm(x[src(r)]) * w)  x: fp32, row stride ldx; src(r) = row_index[r] or r
 // residual_norm:  h[r] = (h[r] + norm(y[r]) * w_post) * scalar         h: [rows, cols] fp32 residual
+//                 y[r] = y_0[r] + y_1[r] + ... in part order: a k-split GEMV's parts (gemv.cuh ksplit),
+//                 part p at y + p * part_ld
 //                 then, by `next`: out16[r] = half(norm(h[r]) * w_next)  (NextNorm::Norm)
 //                                   out16[r] = half(h[r])                (NextNorm::Copy, PLE gate input)
 //                                   nothing                              (NextNorm::None)
@@ -8595,18 +8633,27 @@ static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, cons
   for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(xr[c] * r * w[c]);
 }
 
-static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y,
-                                            const float* __restrict__ w_post, int cols, float eps, float scalar,
-                                            NextNorm next, const float* __restrict__ w_next, half* __restrict__ out16) {
+static __global__ void residual_norm_kernel(float* __restrict__ h, const float* __restrict__ y, int parts,
+                                            size_t part_ld, const float* __restrict__ w_post, int cols, float eps,
+                                            float scalar, NextNorm next, const float* __restrict__ w_next,
+                                            half* __restrict__ out16) {
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
+  const auto yat = [&](int c) {  // the parts' sum, in part order
+    float v = yr[c];
+    for (int p = 1; p < parts; ++p) v += yr[size_t(p) * part_ld + c];
+    return v;
+  };
   float ss = 0.f;
-  for (int c = threadIdx.x; c < cols; c += blockDim.x) ss += yr[c] * yr[c];
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    const float v = yat(c);
+    ss += v * v;
+  }
   const float r = rsqrtf(block_sum(ss) / cols + eps);
   float hs = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-    const float v = (hr[c] + yr[c] * r * w_post[c]) * scalar;
+    const float v = (hr[c] + yat(c) * r * w_post[c]) * scalar;
     hr[c] = v;
     hs += v * v;
   }
@@ -8677,9 +8724,9 @@ static __global__ void __launch_bounds__(256)
 }
 
 static __global__ void __launch_bounds__(256)
-    residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, const float* __restrict__ w_post,
-                             int cols, float eps, float scalar, NextNorm next, const float* __restrict__ w_next,
-                             half* __restrict__ out16) {
+    residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, int parts, size_t part_ld,
+                             const float* __restrict__ w_post, int cols, float eps, float scalar, NextNorm next,
+                             const float* __restrict__ w_next, half* __restrict__ out16) {
   const int n4 = cols / 4;
   float4 wp[kNormVec], wn[kNormVec];
   norm_load(w_post, n4, wp);  // constants: before pdl_enter
@@ -8689,6 +8736,13 @@ static __global__ void __launch_bounds__(256)
   float4 yv[kNormVec], hv[kNormVec];
   norm_load(y + size_t(blockIdx.x) * cols, n4, yv);
   norm_load(hr, n4, hv);
+  for (int p = 1; p < parts; ++p) {  // a k-split GEMV's further parts, added in part order
+    float4 t[kNormVec];
+    norm_load(y + size_t(p) * part_ld + size_t(blockIdx.x) * cols, n4, t);
+#pragma unroll
+    for (int k = 0; k < kNormVec; ++k)
+      yv[k] = make_float4(yv[k].x + t[k].x, yv[k].y + t[k].y, yv[k].z + t[k].z, yv[k].w + t[k].w);
+  }
   const float r = rsqrtf(block_sum(norm_sumsq(yv)) / cols + eps);
 #pragma unroll
   for (int k = 0; k < kNormVec; ++k) {
@@ -8731,16 +8785,19 @@ inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index,
   return launch_kernel(rmsnorm_kernel, rows, norm_threads(cols), launch, x, ldx, row_index, w, cols, eps, out16);
 }
 
-// w_next: read only by NextNorm::Norm (may be null otherwise).
+// w_next: read only by NextNorm::Norm (may be null otherwise). parts (>= 1): y is the sum of that many [rows, cols]
+// arrays, part p at y + p * part_ld floats (part_ld >= rows * cols; a multiple of 4 for the vectorised kernel).
 inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w_post, int rows, int cols, float eps,
                                         float scalar, NextNorm next, const float* w_next, half* out16,
-                                        const Launch& launch) {
+                                        const Launch& launch, int parts = 1, size_t part_ld = 0) {
   if (rows <= 0) return cudaSuccess;
-  if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr))
-    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, w_post, cols, eps,
-                         scalar, next, w_next, out16);
-  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, w_post, cols, eps, scalar, next,
-                       w_next, out16);
+  if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(cols))) return cudaErrorInvalidValue;
+  if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr) &&
+      (parts == 1 || part_ld % 4 == 0))
+    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld, w_post,
+                         cols, eps, scalar, next, w_next, out16);
+  return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps,
+                       scalar, next, w_next, out16);
 }
 
 }  // namespace kernels
@@ -9874,6 +9931,7 @@ struct Workspace {
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
   half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
+  float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
   half* pad_k = nullptr;  // [max kv_heads * d] fp16
   half* pad_v = nullptr;  // [max kv_heads * d] fp16
@@ -9918,6 +9976,8 @@ struct Workspace {
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
     if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxSplit) * kernels::kGemvMaxRows * H, "workspace: GEMV split-K parts",
+                          &gemv_parts));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding K", &pad_k));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding V", &pad_v));
     GEMMA4_T4_TRY(m.alloc(size_t(std::max(kMaxSeqs, kernels::kGemvMaxRows)) * H, "workspace: head input", &head16));
@@ -10225,7 +10285,7 @@ struct LayerPass {
   AttnPlan sliding, full;             // decode attention: key splits per row, head slices (planner's attention_plan)
   bool decode_only = false;           // one row per session: head_norm_rope wrote only each row's own key (late_keys)
   int flash_tiles[4] = {0, 0, 0, 0};  // prefill attention tiles per folded group size; 0: split kernel
-  int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's split-K)
+  int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
 };
@@ -10423,17 +10483,9 @@ class LayerEncoder {
   // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold.
   Status residual(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
-    if (b == Branch::Attention) {
-      GEMMA4_T4_TRY(mm(d.o, ws_.x16, ws_.proj_a, "o_proj"));
-      pending_ = Pending{ws_.proj_a, d.post_attn, 1.f, "post-attention norm"};
-    } else if (b == Branch::Mlp) {
-      GEMMA4_T4_TRY(mm(d.down, act_, ws_.proj_c, "down_proj"));
-      pending_ = Pending{ws_.proj_c, d.post_ff, 1.f, "post-MLP norm"};
-    } else {
-      GEMMA4_T4_TRY(mm(d.ple_proj, act_, ws_.proj_c, "per_layer_projection"));
-      pending_ = Pending{ws_.proj_c, d.post_ple, 1.f, "PLE norm"};
-    }
-    return Status::ok();
+    if (b == Branch::Attention) return project(d.o, ws_.x16, ws_.proj_a, "o_proj", d.post_attn, "post-attention norm");
+    if (b == Branch::Mlp) return project(d.down, act_, ws_.proj_c, "down_proj", d.post_ff, "post-MLP norm");
+    return project(d.ple_proj, act_, ws_.proj_c, "per_layer_projection", d.post_ple, "PLE norm");
   }
 
   // h *= scalar: folded into the pending residual (residual_norm computes (h + norm(y) w) * scalar).
@@ -10449,7 +10501,31 @@ class LayerEncoder {
     const float* w = nullptr;  // [H] its norm's weight
     float scalar = 1.f;
     const char* what = "";
+    int parts = 1;  // a k-split GEMV's parts to add (y .. y + (parts - 1) part_ld)
+    size_t part_ld = 0;
   };
+
+  // y = x W^T of a residual projection, its norm-and-add left pending. A decode GEMV whose row tiles leave the GPU
+  // short of blocks (o_proj, down_proj: 96 on an H200's 132 SMs) splits its k-tiles over blocks
+  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order.
+  Status project(const DevLinear& w, const half* x, float* y, const char* what, const float* norm_w,
+                 const char* norm_what) {
+    const int n = p_.rows, H = c_.hidden_size;
+    const int parts =
+        n <= kernels::kGemvMaxRows && w.out == H
+            ? kernels::gemv_store_splits(w.out, w.in, w.w16 ? kernels::kGemvF16 : kernels::kGemvW4, p_.sms)
+            : 1;
+    if (parts > 1) {
+      const size_t ld = size_t(kernels::kGemvMaxRows) * H;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, ws_.gemv_parts, H, ln_, parts, ld),
+                         what);
+      pending_ = Pending{ws_.gemv_parts, norm_w, 1.f, norm_what, parts, ld};
+      return Status::ok();
+    }
+    GEMMA4_T4_TRY(mm(w, x, y, what));
+    pending_ = Pending{y, norm_w, 1.f, norm_what};
+    return Status::ok();
+  }
 
   // The pending residual as one residual_norm, with the next norm (into x16) folded in.
   Status flush(kernels::NextNorm next, const float* w_next) {
@@ -10457,7 +10533,7 @@ class LayerEncoder {
     const Pending p = pending_;
     pending_ = Pending();
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
-                                                     p.scalar, next, w_next, ws_.x16, ln_),
+                                                     p.scalar, next, w_next, ws_.x16, ln_, p.parts, p.part_ld),
                        p.what);
     return Status::ok();
   }

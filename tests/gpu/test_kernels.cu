@@ -772,6 +772,154 @@ TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..32 rows, strided y, batch
       }
 }
 
+// The residual projections' k-split (layers.hpp project): ksplit blocks per row tile write ksplit parts, and
+// launch_residual_norm adds them in part order. Each part stays batch-independent, the parts' sum is the GEMV, and
+// the residual norm over the parts equals the residual norm of their sum (taken in part order) bit for bit.
+TEST_CASE("gemv k-split: parts sum to x W^T, batch-independent; residual_norm adds them in part order", "[gpu]") {
+  std::mt19937 rng(307);
+  Stream st;
+  const int R = kn::kGemvMaxRows;
+  for (bool w4 : {false, true})
+    for (int in : gemv_ins(w4)) {
+      const int ktiles = (in / (w4 ? 32 : 8) + 3) / 4, kw = kn::gemv_split(ktiles);
+      if (ktiles / kw < 2) continue;  // no room for a second part
+      for (int out : {33, 1536, 2051}) {
+        const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(R) * in, -1.f, 1.f);  // [32, in] fp16
+        const int ldy = out + 3;
+        const size_t ld = size_t(R) * ldy + 5;  // parts apart by more than their rows
+        Dev<half> dx(x.size());
+        dx.upload(x);
+        Dev<float> dparts(size_t(kn::kGemvMaxSplit) * ld);
+        const std::vector<double> ref_all = gemv_ref(W->dense, widen(x), R, out, in);
+        for (int parts = 2; parts <= kn::kGemvMaxSplit && kw * parts <= ktiles; ++parts) {
+          std::vector<std::vector<float>> whole(static_cast<size_t>(parts));  // each part of the 32-row launch
+          for (int n : {R, 9, 1}) {
+            dparts.poison();
+            const kn::GemvMat m = W->mat(dparts.get(), ldy);
+            REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, out, in, dparts.get(), ldy, st.s, parts, ld));
+            st.sync();
+            const std::string what =
+                cat("gemv k-split ", w4 ? "w4a16" : "fp16", " parts ", parts, " n ", n, " out ", out, " in ", in);
+            const std::vector<float> all = dparts.download<float>();
+            std::vector<float> sum;
+            for (int q = 0; q < parts; ++q) {
+              const std::vector<float> part(all.begin() + std::ptrdiff_t(size_t(q) * ld),
+                                            all.begin() + std::ptrdiff_t(size_t(q) * ld + size_t(R) * ldy));
+              const std::vector<float> got = gemv_written(part, ldy, n, out, cat(what, " part ", q));
+              for (size_t k = size_t(R) * ldy; k < ld; ++k) REQUIRE(is_poison(all[size_t(q) * ld + k]));
+              if (q == 0)
+                sum = got;
+              else
+                for (size_t k = 0; k < got.size(); ++k) sum[k] += got[k];
+              if (n == R)
+                whole[size_t(q)] = got;
+              else
+                require_same_bits(got, whole[size_t(q)], cat(what, " part ", q, " vs the same rows of n = 32"));
+            }
+            check_max_rel(sum, head_rows(ref_all, n, out), kTolF32Half, what);
+            for (int q = parts; q < kn::kGemvMaxSplit; ++q)
+              for (size_t k = 0; k < ld; ++k) REQUIRE(is_poison(all[size_t(q) * ld + k]));
+          }
+        }
+      }
+    }
+
+  // residual_norm over parts == residual_norm of their sum, bit for bit (vectorised and scalar kernels)
+  const float eps = 1e-6f;
+  for (int rows : {1, 5, 32})
+    for (int cols : {1536, 1538})
+      for (int parts : {2, 3, 4}) {
+        const size_t n = size_t(rows) * cols, ld = n + 4;
+        const ResidualNormInputs a(rng, rows, cols);
+        const std::vector<float> extra = rand_f32(rng, size_t(parts - 1) * n, -50.f, 50.f);
+        std::vector<float> all(size_t(parts) * ld, 0.f), sum(a.y);
+        for (int q = 0; q < parts; ++q)
+          for (size_t k = 0; k < n; ++k) {
+            const float v = q == 0 ? a.y[k] : extra[size_t(q - 1) * n + k];
+            all[size_t(q) * ld + k] = v;
+            if (q > 0) sum[k] += v;
+          }
+        Dev<float> dall(all.size()), dsum(n), h1(n), h2(n);
+        dall.upload(all);
+        dsum.upload(sum);
+        h1.upload(a.h);
+        h2.upload(a.h);
+        Dev<half> o1(n), o2(n);
+        REQUIRE_CUDA(kn::launch_residual_norm(h1.get(), dall.get(), a.dwp.get(), rows, cols, eps, 0.73f,
+                                              kn::NextNorm::Norm, a.dwn.get(), o1.get(), st.s, parts, ld));
+        REQUIRE_CUDA(kn::launch_residual_norm(h2.get(), dsum.get(), a.dwp.get(), rows, cols, eps, 0.73f,
+                                              kn::NextNorm::Norm, a.dwn.get(), o2.get(), st.s));
+        st.sync();
+        const std::string what = cat("residual_norm rows ", rows, " cols ", cols, " parts ", parts);
+        require_same_bits(h1.download<float>(), h2.download<float>(), what + " (h)");
+        const std::vector<uint16_t> b1 = o1.download<uint16_t>(), b2 = o2.download<uint16_t>();
+        INFO(what << " (out16)");
+        REQUIRE(b1 == b2);
+      }
+
+  // refused: more parts than the warps have k-tiles, parts closer than n * ldy, a k-split of a fused epilogue,
+  // too few floats between the norm's parts
+  {
+    const auto W = make_gemv_weights(rng, true, 64, 256, 1.f);  // 2 k-tiles, 2 warps per row tile: 1 part only
+    Dev<half> dx(size_t(R) * 256);
+    Dev<float> dy(size_t(4) * R * 64);
+    const kn::GemvMat m = W->mat(dy.get(), 64);
+    REQUIRE(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), 1, 64, 256, dy.get(), 64, st.s, 2, size_t(R) * 64) ==
+            cudaErrorInvalidValue);
+    const auto W2 = make_gemv_weights(rng, true, 64, 2048, 1.f);  // 16 k-tiles, 8 warps: 2 parts fit
+    const kn::GemvMat m2 = W2->mat(dy.get(), 64);
+    Dev<half> dx2(size_t(R) * 2048);
+    REQUIRE(kn::launch_gemv(m2.w16, m2.wq, m2.s, dx2.get(), 3, 64, 2048, dy.get(), 64, st.s, 2, 2 * 64) ==
+            cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv(m2.w16, m2.wq, m2.s, dx2.get(), 3, 64, 2048, dy.get(), 64, st.s, 3, 0) ==
+            cudaErrorInvalidValue);
+    REQUIRE(kn::launch_gemv(m2.w16, m2.wq, m2.s, dx2.get(), 3, 64, 2048, dy.get(), 64, st.s, 0, 0) ==
+            cudaErrorInvalidValue);
+    kn::GemvArgs g;
+    g.x = dx2.get();
+    g.n = 1;
+    g.in = 2048;
+    g.mat[0] = m2;
+    g.mat[1] = m2;
+    g.out16 = reinterpret_cast<half*>(dy.get());
+    g.ld16 = 64;
+    g.ksplit = 2;
+    g.split_ld = size_t(R) * 64;
+    REQUIRE(kn::launch_gemv_args(g, 2, kn::GemvEpilogue::GeluMul, st.s) == cudaErrorInvalidValue);
+    Dev<float> h(64);
+    Dev<half> o(64);
+    REQUIRE(kn::launch_residual_norm(h.get(), dy.get(), h.get(), 1, 64, 1e-6f, 1.f, kn::NextNorm::None, nullptr,
+                                     o.get(), st.s, 2, 63) == cudaErrorInvalidValue);
+    REQUIRE(kn::launch_residual_norm(h.get(), dy.get(), h.get(), 1, 64, 1e-6f, 1.f, kn::NextNorm::None, nullptr,
+                                     o.get(), st.s, 0, 64) == cudaErrorInvalidValue);
+  }
+}
+
+// The split policy (gemv_store_splits): no parts where the row tiles fill a wave of two blocks per SM; else all
+// the parts that fit the wave, more only while a warp's share stays above 6 k-tiles; shape and GPU only.
+TEST_CASE("gemv k-split policy: parts only where the row tiles leave the GPU short", "[gpu]") {
+  for (int sms : {40, 80, 132, 170})
+    for (bool w4 : {false, true})
+      for (int out : {256, 1536, 2048, 6144, 262144})
+        for (int in : {256, 1536, 2048, 6144, 12288}) {
+          const int wl = w4 ? kn::kGemvW4 : kn::kGemvF16;
+          const int s = kn::gemv_store_splits(out, in, wl, sms);
+          const int ktiles = (in / (w4 ? 32 : 8) + 3) / 4, kw = kn::gemv_split(ktiles);
+          const long long tiles = (out + 16 * (kn::kGemvWarps / kw) - 1) / (16 * (kn::kGemvWarps / kw));
+          const auto share = [&](int parts) { return (ktiles + kw * parts - 1) / (kw * parts); };
+          INFO("out " << out << " in " << in << (w4 ? " w4a16" : " fp16") << " on " << sms << " SMs: " << s
+                      << " parts, " << tiles << " row-tile blocks");
+          REQUIRE(s >= 1);
+          REQUIRE(s <= kn::kGemvMaxSplit);
+          REQUIRE(kw * s <= ktiles);
+          if (tiles >= 2LL * sms) REQUIRE(s == 1);
+          if (s > 1 && tiles * s > 2LL * sms) REQUIRE(share(s - 1) > 6);  // past the wave only for long shares
+          const bool room = s < kn::kGemvMaxSplit && kw * (s + 1) <= ktiles && tiles < 2LL * sms;
+          if (room) REQUIRE((tiles * (s + 1) > 2LL * sms && share(s) <= 6));  // one more would break a rule
+        }
+}
+
 TEST_CASE("gemv multi: up to 3 matrices sharing x in one launch equal separate launches bit for bit", "[gpu]") {
   std::mt19937 rng(304);
   Stream st;

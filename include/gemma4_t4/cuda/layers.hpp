@@ -45,7 +45,7 @@ struct LayerPass {
   AttnPlan sliding, full;             // decode attention: key splits per row, head slices (planner's attention_plan)
   bool decode_only = false;           // one row per session: head_norm_rope wrote only each row's own key (late_keys)
   int flash_tiles[4] = {0, 0, 0, 0};  // prefill attention tiles per folded group size; 0: split kernel
-  int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's split-K)
+  int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
 };
@@ -243,17 +243,9 @@ class LayerEncoder {
   // y = proj(input); h += norm(y) is left pending for the next norm() (or scale()) to fold.
   Status residual(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
-    if (b == Branch::Attention) {
-      GEMMA4_T4_TRY(mm(d.o, ws_.x16, ws_.proj_a, "o_proj"));
-      pending_ = Pending{ws_.proj_a, d.post_attn, 1.f, "post-attention norm"};
-    } else if (b == Branch::Mlp) {
-      GEMMA4_T4_TRY(mm(d.down, act_, ws_.proj_c, "down_proj"));
-      pending_ = Pending{ws_.proj_c, d.post_ff, 1.f, "post-MLP norm"};
-    } else {
-      GEMMA4_T4_TRY(mm(d.ple_proj, act_, ws_.proj_c, "per_layer_projection"));
-      pending_ = Pending{ws_.proj_c, d.post_ple, 1.f, "PLE norm"};
-    }
-    return Status::ok();
+    if (b == Branch::Attention) return project(d.o, ws_.x16, ws_.proj_a, "o_proj", d.post_attn, "post-attention norm");
+    if (b == Branch::Mlp) return project(d.down, act_, ws_.proj_c, "down_proj", d.post_ff, "post-MLP norm");
+    return project(d.ple_proj, act_, ws_.proj_c, "per_layer_projection", d.post_ple, "PLE norm");
   }
 
   // h *= scalar: folded into the pending residual (residual_norm computes (h + norm(y) w) * scalar).
@@ -269,7 +261,31 @@ class LayerEncoder {
     const float* w = nullptr;  // [H] its norm's weight
     float scalar = 1.f;
     const char* what = "";
+    int parts = 1;  // a k-split GEMV's parts to add (y .. y + (parts - 1) part_ld)
+    size_t part_ld = 0;
   };
+
+  // y = x W^T of a residual projection, its norm-and-add left pending. A decode GEMV whose row tiles leave the GPU
+  // short of blocks (o_proj, down_proj: 96 on an H200's 132 SMs) splits its k-tiles over blocks
+  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order.
+  Status project(const DevLinear& w, const half* x, float* y, const char* what, const float* norm_w,
+                 const char* norm_what) {
+    const int n = p_.rows, H = c_.hidden_size;
+    const int parts =
+        n <= kernels::kGemvMaxRows && w.out == H
+            ? kernels::gemv_store_splits(w.out, w.in, w.w16 ? kernels::kGemvF16 : kernels::kGemvW4, p_.sms)
+            : 1;
+    if (parts > 1) {
+      const size_t ld = size_t(kernels::kGemvMaxRows) * H;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, ws_.gemv_parts, H, ln_, parts, ld),
+                         what);
+      pending_ = Pending{ws_.gemv_parts, norm_w, 1.f, norm_what, parts, ld};
+      return Status::ok();
+    }
+    GEMMA4_T4_TRY(mm(w, x, y, what));
+    pending_ = Pending{y, norm_w, 1.f, norm_what};
+    return Status::ok();
+  }
 
   // The pending residual as one residual_norm, with the next norm (into x16) folded in.
   Status flush(kernels::NextNorm next, const float* w_next) {
@@ -277,7 +293,7 @@ class LayerEncoder {
     const Pending p = pending_;
     pending_ = Pending();
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
-                                                     p.scalar, next, w_next, ws_.x16, ln_),
+                                                     p.scalar, next, w_next, ws_.x16, ln_, p.parts, p.part_ld),
                        p.what);
     return Status::ok();
   }

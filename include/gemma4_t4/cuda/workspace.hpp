@@ -87,6 +87,7 @@ struct Workspace {
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
   half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
+  float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
   half* pad_k = nullptr;  // [max kv_heads * d] fp16
   half* pad_v = nullptr;  // [max kv_heads * d] fp16
@@ -131,6 +132,8 @@ struct Workspace {
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
     if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
+    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxSplit) * kernels::kGemvMaxRows * H, "workspace: GEMV split-K parts",
+                          &gemv_parts));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding K", &pad_k));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding V", &pad_v));
     GEMMA4_T4_TRY(m.alloc(size_t(std::max(kMaxSeqs, kernels::kGemvMaxRows)) * H, "workspace: head input", &head16));
