@@ -6,7 +6,7 @@
 //   lab_gemm_w4 [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only]
 //               [--self-check]
 //
-// VERSIONS: a comma list (default 1..16).
+// VERSIONS: a comma list (default 1..15; 16..18 when listed).
 //   1  what the CUDA backend does today for passes of more than 16 rows (cuda/layers.hpp mm()): the whole matrix
 //      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
 //   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
@@ -35,6 +35,20 @@
 //   16 version 12 (the shipped XSmall) with split-K filling two blocks per SM: the candidate for o_proj / down_proj
 //      at 65..128 rows, where 12 at the engine's split (24 tiles, 6 splits) lost to 3 (12 tiles, 11 splits) and 15
 //      gained on 13 that way (2026-12-04 (e)).
+//   17 the MLP's gate and up projections and the GELU product in one launch (gemm_w4x_glu_kernel, this file):
+//      act16[m, o] = half(gelu_tanh(x . Wg[o]) * (x . Wu[o])), fp16 out (row stride ld16). Version 12's tile and
+//      math (XSmall: 64 x 128 x 64, warps 1 x 4 x 2, 2 blocks per SM on sm_80+), its 128 accumulator columns being
+//      64 outputs of gate and the same 64 of up (a warp: n8 tiles j0, j0 + 1 of both, so g and u of one (m, o) sit in
+//      one lane's registers); the epilogue is gelu_mul_kernel's expression (to_half_sat(gelu_tanh(g) * u)), so the
+//      output equals v12 unsplit + gelu_mul bit for bit (checked in the validation, printed, not fatal). No split-K
+//      (the GELU is nonlinear): E2B's N = 6144 / 12288 makes 96 / 192 tiles per 64 rows. Gate/up shapes only.
+//      32 KiB smem, 145 / 128 registers (sm_75 / sm_90), 0 spills: each thread's weight and scale sources are formed
+//      once and moved by kb0 per k-tile (with two matrices the shipped per-tile maps spilled 16 bytes on sm_90).
+//   18 what the engine does for those rows today, three launches (cuda/layers.hpp gate()): gate GEMM and up GEMM to
+//      fp32 through the shipped launch_gemm_w4 with the engine's split-K (= version 12 at 33..256 rows), then
+//      kernels/elementwise.cuh launch_gelu_mul into the fp16 act. The baseline of 17; gate/up shapes only.
+// Versions 17 and 18 print in the gate/up rows of the timing table, for the whole gate + up + GELU (twice the flops
+// and weight bytes of a single GEMM column; the Y bytes are the fp16 act).
 // Versions 2..11 split K across blocks where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for).
 // The kernel, the layout's index maps and the configurations of versions 2, 3, 5 are kernels/gemm_w4.cuh's (moved
 // there; the versions call its launch_gemm_w4_cfg<C>, version 4 and 7..11 with this file's configurations);
@@ -74,14 +88,18 @@
 // 32..2080 with partial k tiles; ldx = K + 8, ldy = N + 2) and at the E2B shapes (M 33 and 257), random inputs,
 // Y poisoned with NaN (and one row past M, and the ldy padding, checked untouched), against gemm_w4_ref (double
 // sums of the same fp16 weights): max |got - ref| / max |ref| <= 1e-3 per launch, every element finite; the first
-// failing element is printed as (m, n) got / ref. Any failure: exit 1 before timing.
+// failing element is printed as (m, n) got / ref. Any failure: exit 1 before timing. Versions 17 and 18: the same
+// odd sizes (N: outputs of each matrix, ld16 = N + 2) and gate/up 6144 and 12288 x 1536 at M 33, 64, 77, 100, 128,
+// 256, against gemm_w4_glu_ref (the two double sums, then gelu_tanh and the product in double, saturated as
+// to_half_sat); the fp16 act poisoned (NaN) with its border checked, its fp16 rounding inside the same 1e-3.
 // Timing: cudaEvents around --reps calls, median of --samples, weights rotated over copies > 3 x L2 (as in a decode
 // step); TFLOP/s against a stated fp16 tensor-core peak per GPU (dense, from the datasheets: H100/H200 989, A100
 // 312, L4 121, T4 65), GB/s (weights + scales + X + Y bytes) against the measured stream read bandwidth, and
 // %bound = max(flops / peak, bytes / bandwidth) / time.
 //
 // A CPU-only self-check of the repack and of the kernel's index math (fragment by fragment, from the PTX ISA's
-// fragment layouts) runs first, and alone with --self-check; it also builds with g++ (no GPU, no nvcc):
+// fragment layouts; version 17's gate | up tile maps, warp map and GELU epilogue pairing included) runs first, and
+// alone with --self-check; it also builds with g++ (no GPU, no nvcc):
 //   g++ -std=c++17 -O2 -x c++ -DGEMM_W4_HOST_ONLY -I/usr/local/cuda/include dev/gemm_w4.cu -o /tmp/gemm_w4_host
 #include <cuda_fp16.h>
 
@@ -103,6 +121,7 @@
 #ifndef GEMM_W4_HOST_ONLY
 #include <cublas_v2.h>
 
+#include "../kernels/elementwise.cuh"  // version 18's launch_gelu_mul
 #include "../kernels/gemv.cuh"
 #include "lab.cuh"
 #else
@@ -158,6 +177,23 @@ std::vector<double> gemm_w4_ref(const std::vector<uint16_t>& x, int ldx, int M, 
   return y;
 }
 
+// gelu_tanh(g) u in double, saturated to fp16's range as to_half_sat (kernels/common.cuh) does before it rounds.
+double gelu_mul_ref(double g, double u) {
+  const double v = 0.5 * g * (1 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
+  return std::min(std::max(v, -65504.0), 65504.0);
+}
+
+// Versions 17, 18: act[m][o] = gelu_tanh(g) u, g = x . Wg[o], u = x . Wu[o] (gemm_w4_ref's double sums of the fp16
+// weights): [M, N]. wq_g / wq_u [N, K/8], s_g / s_u [N, K/32] as gemm_w4_ref's.
+std::vector<double> gemm_w4_glu_ref(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
+                                    const std::vector<uint32_t>& wq_g, const std::vector<uint16_t>& s_g,
+                                    const std::vector<uint32_t>& wq_u, const std::vector<uint16_t>& s_u) {
+  std::vector<double> act = gemm_w4_ref(x, ldx, M, N, K, wq_g, s_g);
+  const std::vector<double> u = gemm_w4_ref(x, ldx, M, N, K, wq_u, s_u);
+  for (size_t i = 0; i < act.size(); ++i) act[i] = gelu_mul_ref(act[i], u[i]);
+  return act;
+}
+
 // ---- CPU self-check: the repack and the kernel's index maps, one fragment at a time ----
 
 // w4_pair on the host, as values: (u_s - 8) * scale and (u_{s+4} - 8) * scale rounded to fp16.
@@ -166,12 +202,9 @@ void host_w4_pair(uint32_t word, int s, uint16_t scale, float* lo, float* hi) {
   *hi = h2f(f2h(float(int((word >> (4 * (s + 4))) & 0xFu) - 8) * h2f(scale)));
 }
 
-// One k-tile's X and W parts of a "smem" stage as both kernels' tile loads fill them (x_unit, w_unit; zeros past M,
-// K and N): the emulators' common part (the S part differs: 16-byte units, or v12's 4-byte words).
+// One k-tile's X part of a "smem" stage as every kernel's tile load fills it (x_unit; zeros past M and K).
 template <class C>
-void fill_xw(const std::vector<uint16_t>& x, int ldx, int M, int N, int K, const std::vector<uint32_t>& wp, int m0,
-             int nb0, int kb0, std::vector<uint16_t>* xs, std::vector<uint32_t>* ws) {
-  const int NB = N / 32, KG = K / 32;
+void fill_x(const std::vector<uint16_t>& x, int ldx, int M, int K, int m0, int kb0, std::vector<uint16_t>* xs) {
   for (int idx = 0; idx < C::kXLoads; ++idx) {
     int row, col;
     x_unit(idx, C::BK, &row, &col);
@@ -179,6 +212,15 @@ void fill_xw(const std::vector<uint16_t>& x, int ldx, int M, int N, int K, const
     for (int e = 0; e < 8; ++e)
       (*xs)[size_t(row) * C::XS + col + e] = ok ? x[size_t(m0 + row) * ldx + kb0 * 32 + col + e] : 0;
   }
+}
+
+// One k-tile's X and W parts of a "smem" stage as both kernels' tile loads fill them (x_unit, w_unit; zeros past M,
+// K and N): the emulators' common part (the S part differs: 16-byte units, or v12's 4-byte words).
+template <class C>
+void fill_xw(const std::vector<uint16_t>& x, int ldx, int M, int N, int K, const std::vector<uint32_t>& wp, int m0,
+             int nb0, int kb0, std::vector<uint16_t>* xs, std::vector<uint32_t>* ws) {
+  const int NB = N / 32, KG = K / 32;
+  fill_x<C>(x, ldx, M, K, m0, kb0, xs);
   for (int idx = 0; idx < C::kWLoads; ++idx) {
     int sr, gi;
     const size_t src = w_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
@@ -420,6 +462,134 @@ std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, in
   return y;
 }
 
+// ---- version 17: gate/up + GELU in one launch, host part: configuration, tile maps, emulation ----
+// The block's weight tile is a base XCfg's (v17: XSmall, 4 super-rows x G groups), filled from two matrices: tile
+// super-rows [0, SRM) are gate's super-rows nb0 .. nb0 + SRM - 1, [SRM, 2 SRM) up's same ones (SRM = BN / 64), so
+// the smem stage, the loads per thread and the math per warp are the base's. A warp's NT = 4 n8 tiles are n8 tiles
+// j0, j0 + 1 of output super-row osr in gate (accumulators j 0, 1) and in up (j 2, 3): g and u of one output sit in
+// one lane (the epilogue needs no exchange). Its B operand: two 8-byte words and two 4-byte scale words instead of
+// one 16-byte and one 8-byte shared load (the dequant, ldmatrix and mma counts are v12's).
+// The shipped change this would become: gemm_w4x_kernel with a source map for tile super-rows (one matrix as today,
+// or gate | up), a warp map (sr_of / j0_of, or osr_of / oj0_of over both halves) and an epilogue parameter (fp32
+// store / GELU product to fp16), all compile-time, and the load sources hoisted out of the k loop (as here).
+#ifdef __CUDACC__
+#define LAB_HD __host__ __device__
+#else
+#define LAB_HD
+#endif
+
+template <class B>
+struct GluCfg : B {
+  static_assert(B::NT == 4, "a warp: n8 tiles j0, j0 + 1 of gate and of up");
+  static constexpr int NTO = B::NT / 2;  // n8 tiles per matrix per warp
+  static constexpr int BNO = B::BN / 2;  // outputs per block (columns of act; of gate and of up each)
+  static constexpr int SRM = BNO / 32;   // super-rows per matrix in the tile
+  static_assert(BNO % 32 == 0, "whole super-rows of both matrices");
+  static_assert(B::kSSep, "W in 16-byte units, the scales as 4-byte words (as XSmall)");
+  // warp column wn -> its output super-row in the block and its first n8 tile there
+  LAB_HD static constexpr int osr_of(int wn) { return wn * NTO / 4; }
+  LAB_HD static constexpr int oj0_of(int wn) { return wn * NTO % 4; }
+};
+using GluSmall = GluCfg<XSmall>;  // v17: 64 rows x 64 outputs x 64 k (128 accumulator columns), 32 KiB smem
+
+// A k-tile further along K, a unit's source moves by G groups: 32 16-byte W units (512 bytes) and 16 S words per
+// group (the kernel adds kb0 times these to the k-tile-0 source of glu_w_unit / glu_s_unit; the emulator too).
+constexpr int kGluWUnitsPerGroup = 32, kGluSWordsPerGroup = 16;
+
+// Unit idx of v17's W tile (16-byte units, kept in smem as they are) -> its matrix (0 gate, 1 up), its global unit
+// in that matrix's wp (w_unit), its super-row nb there and its group gi in the tile.
+LAB_HD inline size_t glu_w_unit(int idx, int G, int srm, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
+  const int per = G * 32 * srm;  // units per matrix
+  int sr;
+  const size_t src = w_unit(idx % per, G, nb0, kb0, KG, &sr, gi);
+  *mat = idx / per;
+  *nb = nb0 + sr;
+  return src;
+}
+// The same for the S tile's 16-byte units (s_unit; the 4-byte words of unit idx / 4 follow it).
+LAB_HD inline size_t glu_s_unit(int idx, int G, int srm, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
+  const int per = G * 4 * srm;
+  int sr;
+  const size_t src = s_unit(idx % per, G, nb0, kb0, KG, &sr, gi);
+  *mat = idx / per;
+  *nb = nb0 + sr;
+  return src;
+}
+
+// emulate_x for version 17: the same X fill, the W / S tiles through glu_w_unit / glu_s_unit, a warp's gate and up
+// n8 tiles, and the epilogue's gelu_mul_ref on the (double) accumulators of one lane: act [M, N] in double.
+template <class C>
+std::vector<double> emulate_glu(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
+                                const std::vector<uint32_t> (&wp)[2], const std::vector<uint16_t> (&sp)[2]) {
+  std::vector<double> y(size_t(M) * N, std::nan(""));
+  const int NB = N / 32, KG = K / 32, KT = (KG + C::G - 1) / C::G;
+  std::vector<uint16_t> xs(size_t(C::BM) * C::XS);
+  std::vector<uint32_t> ws(size_t(C::kWBytes) / 4);
+  std::vector<uint16_t> ss(size_t(C::kSBytes) / 2);
+  for (int by = 0; by * C::BM < M; ++by)
+    for (int bx = 0; bx * C::BNO < N; ++bx) {
+      const int m0 = by * C::BM, nb0 = bx * C::SRM;
+      std::vector<double> acc(size_t(C::WM * C::WN) * 32 * C::kAcc, 0.0);
+      for (int kt = 0; kt < KT; ++kt) {
+        const int kb0 = kt * C::G;
+        fill_x<C>(x, ldx, M, K, m0, kb0, &xs);
+        for (int idx = 0; idx < C::kWLoads; ++idx) {  // the kernel's: k-tile 0's unit + kb0 groups
+          int mat, nb, gi;
+          const size_t src =
+              glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi) + size_t(kb0) * kGluWUnitsPerGroup;
+          const bool ok = nb < NB && kb0 + gi < KG;
+          for (int e = 0; e < 4; ++e) ws[size_t(idx) * 4 + e] = ok ? wp[mat][src * 4 + e] : 0;
+        }
+        for (int idx = 0; idx < C::kSWords; ++idx) {
+          int mat, nb, gi;
+          const size_t src = glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi) * 4 + idx % 4 +
+                             size_t(kb0) * kGluSWordsPerGroup;
+          const bool ok = nb < NB && kb0 + gi < KG;
+          for (int e = 0; e < 2; ++e) ss[size_t(idx) * 2 + e] = ok ? sp[mat][src * 2 + e] : 0;
+        }
+        for (int warp = 0; warp < 8; ++warp) {
+          const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+          const int osr = C::osr_of(wn), j0 = C::oj0_of(wn);
+          for (int q = 0; q < C::GPW; ++q) {
+            const int gi = ks + C::WK * q;
+            if (kb0 + gi >= KG) continue;
+            for (int h = 0; h < 2; ++h)
+              for (int i = 0; i < C::MT; ++i) {
+                float A[16][16];
+                emulate_a<C>(xs, wm, i, gi, h, A);
+                for (int j = 0; j < C::NT; ++j) {  // j / NTO: the matrix; j % NTO: the n8 tile after j0
+                  const int t = j / C::NTO * C::SRM + osr, jj = j0 + j % C::NTO;
+                  float B[16][8];
+                  for (int lane = 0; lane < 32; ++lane) {
+                    const int g = lane >> 2, tq = lane & 3;
+                    const uint32_t word = ws[size_t(b_word(t, gi, C::G, lane, jj))];
+                    const uint16_t sc = ss[size_t(b_scale(t, gi, C::G, lane, jj))];
+                    host_w4x_pair(word, 2 * h, sc, &B[2 * tq][g], &B[2 * tq + 1][g]);
+                    host_w4x_pair(word, 2 * h + 1, sc, &B[2 * tq + 8][g], &B[2 * tq + 9][g]);
+                  }
+                  emulate_mma(A, B, &acc[size_t(wmn) * 32 * C::kAcc + (i * C::NT + j) * 4], C::kAcc);
+                }
+              }
+          }
+        }
+      }
+      for (int wmn = 0; wmn < C::WM * C::WN; ++wmn)
+        for (int lane = 0; lane < 32; ++lane)
+          for (int i = 0; i < C::MT; ++i)
+            for (int j = 0; j < C::NTO; ++j)
+              for (int c = 0; c < 4; ++c) {
+                const int wm = wmn / C::WN, wn = wmn % C::WN, g = lane >> 2, t = lane & 3;
+                const int row = m0 + wm * C::MT * 16 + 16 * i + g + 8 * (c >> 1);
+                const int col = (nb0 + C::osr_of(wn)) * 32 + 8 * (C::oj0_of(wn) + j) + 2 * t + (c & 1);
+                const double* a = &acc[(size_t(wmn) * 32 + lane) * C::kAcc];
+                if (row < M && col < N)
+                  y[size_t(row) * N + col] =
+                      gelu_mul_ref(a[(i * C::NT + j) * 4 + c], a[(i * C::NT + j + C::NTO) * 4 + c]);
+              }
+    }
+  return y;
+}
+
 void random_problem(std::mt19937* rng, int M, int N, int K, int ldx, std::vector<uint16_t>* x,
                     std::vector<uint32_t>* wq, std::vector<uint16_t>* s) {
   std::uniform_real_distribution<float> ux(-1.f, 1.f), us(0.002f, 0.02f);
@@ -430,6 +600,31 @@ void random_problem(std::mt19937* rng, int M, int N, int K, int ldx, std::vector
   for (uint32_t& w : *wq) w = uint32_t((*rng)());
   s->resize(size_t(N) * K / 32);
   for (uint16_t& v : *s) v = f2h(us(*rng));
+}
+
+// An emulated result against its reference: max |got - ref| / max |ref| <= 1e-9 (both in double; only the order of
+// the sums differs) and every element written (the emulators start from NaN).
+bool compare_emulated(const char* name, int M, int N, int K, const std::vector<double>& ref,
+                      const std::vector<double>& got) {
+  double max_ref = 0, max_err = 0;
+  size_t nonfinite = 0, worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    const double d = std::fabs(got[i] - ref[i]);
+    if (!std::isfinite(d)) {  // never written
+      if (nonfinite++ == 0) worst = i;
+      continue;
+    }
+    if (d > max_err && nonfinite == 0) worst = i;
+    max_err = std::max(max_err, d);
+  }
+  const double rel = max_err / std::max(max_ref, 1e-30);
+  const bool bad = nonfinite > 0 || rel > 1e-9;
+  std::printf("  self-check %-6s M %4d N %4d K %4d: max rel err %.2e%s", name, M, N, K, rel, bad ? "  FAIL" : "\n");
+  if (bad)
+    std::printf(" (%zu not written) at (m %zu, n %zu): emulated %.6g, reference %.6g\n", nonfinite, worst / size_t(N),
+                worst % size_t(N), got[worst], ref[worst]);
+  return !bad;
 }
 
 template <class C>
@@ -445,20 +640,20 @@ bool self_check_one(const char* name, int M, int N, int K, std::mt19937* rng) {
     got = emulate_x<C>(x, ldx, M, N, K, wp, sp);
   else
     got = emulate<C>(x, ldx, M, N, K, wp, sp);
-  double max_ref = 0, max_err = 0;
-  size_t bad = 0, worst = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    max_ref = std::max(max_ref, std::fabs(ref[i]));
-    const double d = std::fabs(got[i] - ref[i]);
-    if (!(d <= max_err)) max_err = d, worst = i;  // NaN (never written) is the worst
-  }
-  const double rel = max_err / std::max(max_ref, 1e-30);
-  bad = rel > 1e-9;
-  std::printf("  self-check %-6s M %4d N %4d K %4d: max rel err %.2e%s", name, M, N, K, rel, bad ? "  FAIL" : "\n");
-  if (bad)
-    std::printf(" at (m %zu, n %zu): emulated %.6g, reference %.6g\n", worst / size_t(N), worst % size_t(N), got[worst],
-                ref[worst]);
-  return !bad;
+  return compare_emulated(name, M, N, K, ref, got);
+}
+
+// Version 17's maps: emulate_glu against gemm_w4_glu_ref (gate and up drawn independently, one X).
+template <class C>
+bool self_check_glu(const char* name, int M, int N, int K, std::mt19937* rng) {
+  const int ldx = K + 8;
+  std::vector<uint16_t> x, x_unused, s[2], sp[2];
+  std::vector<uint32_t> wq[2], wp[2];
+  random_problem(rng, M, N, K, ldx, &x, &wq[0], &s[0]);
+  random_problem(rng, M, N, K, ldx, &x_unused, &wq[1], &s[1]);
+  for (int mat = 0; mat < 2; ++mat) repack_host(wq[mat], s[mat], N, K, &wp[mat], &sp[mat]);
+  const std::vector<double> ref = gemm_w4_glu_ref(x, ldx, M, N, K, wq[0], s[0], wq[1], s[1]);
+  return compare_emulated(name, M, N, K, ref, emulate_glu<C>(x, ldx, M, N, K, wp, sp));
 }
 
 // The repack against the checkpoint nibbles directly (every nibble of a few sizes), then every configuration's
@@ -516,6 +711,9 @@ bool self_check() {
   ok = self_check_one<XTall>("v13", 129, 160, 160, &rng) && ok;
   ok = self_check_one<XTall>("v13", 40, 96, 96, &rng) && ok;
   ok = self_check_one<XWide>("v14", 130, 160, 96, &rng) && ok;
+  ok = self_check_glu<GluSmall>("v17", 65, 96, 416, &rng) && ok;  // partial m, n (one super-row) and k tiles
+  ok = self_check_glu<GluSmall>("v17", 17, 160, 96, &rng) && ok;
+  ok = self_check_glu<GluSmall>("v17", 130, 32, 64, &rng) && ok;
   std::printf("  self-check: %s\n", ok ? "OK" : "FAILED");
   return ok;
 }
@@ -547,27 +745,70 @@ struct Problem {
   lab::DevBuf<float> y;      // [M + 1, ldy] fp32: row M and columns N..ldy-1 must stay poisoned
 };
 
+// `copies` copies of a random N x K matrix in the checkpoint layout (wq [copies, N, K/8], s [copies, N, K/32]) and in
+// the GEMM layout (wp, sp: launch_repack_w4_gemm, the engine's load-time repack).
+void make_weights(int N, int K, int copies, uint64_t seed, lab::DevBuf<uint32_t>* wq, lab::DevBuf<half>* s,
+                  lab::DevBuf<uint32_t>* wp, lab::DevBuf<half>* sp) {
+  const size_t nk = size_t(N) * K;
+  *wq = lab::DevBuf<uint32_t>(nk / 8 * copies);
+  *s = lab::DevBuf<half>(nk / 32 * copies);
+  *wp = lab::DevBuf<uint32_t>(nk / 8 * copies);
+  *sp = lab::DevBuf<half>(nk / 32 * copies);
+  lab::fill_bits(wq->get(), wq->size(), seed);
+  lab::fill_uniform(s->get(), s->size(), 0.002f, 0.02f, seed + 1);
+  for (int c = 0; c < copies; ++c) {
+    LAB_CHECK(kn::launch_repack_w4_gemm(wq->get() + nk / 8 * c, s->get() + nk / 32 * c, N, K, wp->get() + nk / 8 * c,
+                                        sp->get() + nk / 32 * c, kn::Launch()));
+  }
+}
+
+// X [M, ldx] fp16, uniform in [-1, 1); the row padding NaN: a version that read past K (into a zero weight) would
+// turn a row NaN.
+lab::DevBuf<half> make_x(int M, int K, int ldx, uint64_t seed) {
+  lab::DevBuf<half> x(size_t(M) * ldx);
+  lab::fill_uniform(x.get(), x.size(), -1.f, 1.f, seed);
+  if (ldx > K) LAB_CHECK(cudaMemset2D(x.get() + K, size_t(ldx) * 2, 0xFF, size_t(ldx - K) * 2, size_t(M)));
+  return x;
+}
+
 std::unique_ptr<Problem> make_problem(const char* name, int M, int N, int K, int ldx, int ldy, int copies,
                                       uint64_t seed) {
   auto p = std::make_unique<Problem>();
   p->name = name, p->M = M, p->N = N, p->K = K, p->ldx = ldx, p->ldy = ldy, p->copies = copies;
-  p->x = lab::DevBuf<half>(size_t(M) * ldx);
-  lab::fill_uniform(p->x.get(), p->x.size(), -1.f, 1.f, seed);
-  if (ldx > K)  // the row padding NaN: a version that read past K (into a zero weight) would turn a row NaN
-    LAB_CHECK(cudaMemset2D(p->x.get() + K, size_t(ldx) * 2, 0xFF, size_t(ldx - K) * 2, size_t(M)));
-  const size_t nk = size_t(N) * K;
-  p->wq = lab::DevBuf<uint32_t>(nk / 8 * copies);
-  p->s = lab::DevBuf<half>(nk / 32 * copies);
-  p->wp = lab::DevBuf<uint32_t>(nk / 8 * copies);
-  p->sp = lab::DevBuf<half>(nk / 32 * copies);
-  lab::fill_bits(p->wq.get(), p->wq.size(), seed + 1);
-  lab::fill_uniform(p->s.get(), p->s.size(), 0.002f, 0.02f, seed + 2);
-  for (int c = 0; c < copies; ++c) {
-    LAB_CHECK(kn::launch_repack_w4_gemm(p->wq.get() + nk / 8 * c, p->s.get() + nk / 32 * c, N, K,
-                                        p->wp.get() + nk / 8 * c, p->sp.get() + nk / 32 * c, kn::Launch()));
-  }
-  p->deq = lab::DevBuf<half>(nk);
+  p->x = make_x(M, K, ldx, seed);
+  make_weights(N, K, copies, seed + 1, &p->wq, &p->s, &p->wp, &p->sp);
+  p->deq = lab::DevBuf<half>(size_t(N) * K);
   p->y = lab::DevBuf<float>(size_t(M + 1) * ldy);
+  LAB_CHECK(cudaDeviceSynchronize());
+  return p;
+}
+
+// Versions 17, 18: the MLP's gate and up projections of one X (N outputs each), the fp16 act with a poisoned border,
+// and version 18's intermediates.
+struct GluProblem {
+  const char* name = "";
+  int M = 0, N = 0, K = 0, ldx = 0, ld16 = 0, copies = 1;
+  lab::DevBuf<half> x;          // [M, ldx] fp16
+  lab::DevBuf<uint32_t> wq[2];  // gate, up: [copies, N, K/8] checkpoint words
+  lab::DevBuf<half> s[2];       // gate, up: [copies, N, K/32] fp16 scales
+  lab::DevBuf<uint32_t> wp[2];  // gate, up: [copies, N*K/8] the GEMM layout
+  lab::DevBuf<half> sp[2];      // gate, up: [copies, N*K/32]
+  lab::DevBuf<half> out;        // [M + 1, ld16] fp16 act: row M and columns N..ld16-1 must stay poisoned
+  lab::DevBuf<float> yg, yu;    // [M, N] fp32: version 18's gate and up GEMM outputs
+  lab::DevBuf<half> act;        // [M, N] fp16: v18 gelu_mul out where ld16 != N (then copied), the bit check's
+};
+
+std::unique_ptr<GluProblem> make_glu_problem(const char* name, int M, int N, int K, int ldx, int ld16, int copies,
+                                             uint64_t seed) {
+  auto p = std::make_unique<GluProblem>();
+  p->name = name, p->M = M, p->N = N, p->K = K, p->ldx = ldx, p->ld16 = ld16, p->copies = copies;
+  p->x = make_x(M, K, ldx, seed);
+  for (int mat = 0; mat < 2; ++mat)
+    make_weights(N, K, copies, seed + 1 + 2 * mat, &p->wq[mat], &p->s[mat], &p->wp[mat], &p->sp[mat]);
+  p->out = lab::DevBuf<half>(size_t(M + 1) * ld16);
+  p->yg = lab::DevBuf<float>(size_t(M) * N);
+  p->yu = lab::DevBuf<float>(size_t(M) * N);
+  p->act = lab::DevBuf<half>(size_t(M) * N);
   LAB_CHECK(cudaDeviceSynchronize());
   return p;
 }
@@ -579,7 +820,7 @@ const char* kAbout[] = {
     "gemm_w4 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile, 45.0 KiB smem",
     "gemm_w4 128 x 64 x 64, warps 2 x 2 x 2 (k-split in the block), 40.5 KiB smem",
     "gemm_w4 64 x 64 x 128 (32 x 64 x 128 for M <= 32), warps 1 x 2 x 4 (k-split in the block)",
-    "by shape: M <= 256 -> 3 for N <= 2048 and K >= 2048, else 5; more -> 2",
+    "the shipped launch_gemm_w4, by shape: M <= 256 -> 12 (3 for N <= 2048, K >= 2048 at 65..128 rows); more -> 2",
     "v4 (128 x 64 x 64) with two k-tiles in flight (Cfg::PF = 2)",
     "v3 (128 x 128 x 64) with two k-tiles in flight",
     "v5 (64 x 64 x 128; 32 x 64 x 128 for M <= 32 as v5) with two k-tiles in flight",
@@ -590,8 +831,11 @@ const char* kAbout[] = {
     "gemm_w4x 128 x 128 x 32, warps 1 x 8 x 1, warp 128 x 16, lop3 dequant, 2 blocks per SM",
     "v13 with split-K filling 2 blocks per SM (gemm_w4_splits_for at 2 x SMs)",
     "v12 with split-K filling 2 blocks per SM (gemm_w4_splits_for at 2 x SMs)",
+    "gate/up + GELU in one launch: v12's tile, 64 outputs of gate + the same 64 of up, fp16 act (gate/up rows)",
+    "gate/up + GELU as the engine: launch_gemm_w4 gate, up (fp32, engine split-K), launch_gelu_mul (gate/up rows)",
 };
-constexpr int kVersions = 16;
+constexpr int kVersions = 18;
+constexpr bool is_glu(int v) { return v == 17 || v == 18; }  // the gate/up + GELU versions
 
 // Versions 2..11 split K across blocks as the engine does (kernels/gemm_w4.cuh gemm_w4_splits_for: when the tiles
 // leave SMs idle), into a partials buffer of the engine's size (cuda/workspace.hpp kGemmPartFloats).
@@ -628,6 +872,247 @@ cudaError_t launch_gemm_w4x(GemmW4Args a, const kn::Launch& l) {
     return e;
   return kn::launch_kernel(kn::gemm_w4_reduce_kernel, kn::ceil_div(size_t(a.m) * (a.n / 4), 256), 256, l, a.part,
                            a.splits, a.m, a.n, a.y, a.ldy);
+}
+
+// ---- versions 17, 18: gate/up + GELU in one launch (gemm_w4x_glu; configuration and maps: GluCfg above) ----
+
+struct GemmW4GluArgs {
+  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
+  int ldx = 0;
+  int m = 0, n = 0, k = 0;     // n: outputs of each matrix (the MLP width); N % 32 == 0, K % 32 == 0
+  const uint32_t* wp[2] = {};  // gate, up: [N/32][K/32][32][4] u32, the GEMM layout, 16-byte aligned
+  const half* sp[2] = {};      // gate, up: [N/32][K/32][8][4] fp16 scales, 16-byte aligned
+  half* out = nullptr;         // [M, ld16] fp16 act, 4-byte aligned, ld16 % 2 == 0
+  int ld16 = 0;
+};
+
+// gemm_w4x_kernel (kernels/gemm_w4.cuh) with the tile's super-rows read from gate | up (glu_w_unit, glu_s_unit), a
+// warp's B from its output super-row in both halves of the tile, and the GELU product as the epilogue. Lines that
+// differ from the shipped kernel are marked "v17".
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, kn::kXMinBlocks<C>) gemm_w4x_glu_kernel(const GemmW4GluArgs a) {
+  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int osr = C::osr_of(wn), j0 = C::oj0_of(wn);                       // v17: output super-row, first n8 tile
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * C::SRM;  // v17: SRM super-rows of each matrix
+  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;     // v17: no split-K
+  const int rows_left = a.m - m0 - wm * C::MT * 16;
+  const bool full = rows_left > C::MT / 2 * 16;
+
+  uint4 xa[C::kXL], wa[C::kWL];  // the next k-tile, in flight in registers
+  uint32_t sa[C::kSL];           // its scales (4-byte words: kSSep)
+  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
+  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
+  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  // v17: this thread's W units and S words at k-tile 0 (their matrix selected once), then + kb0 groups per k-tile:
+  // the shipped kernel's way, the maps per k-tile, spilled 16 bytes here with two matrices (sm_90, 128 registers)
+  const uint4* wsrc[C::kWL];
+  const uint32_t* ssrc[C::kSL];
+  int wgi[C::kWL], sgi[C::kSL];  // the unit's group in the tile; -1: none (past N, or no unit for this thread)
+#pragma unroll
+  for (int c = 0; c < C::kWL; ++c) {
+    const int idx = tid + c * C::kThreads;
+    int mat, nb;
+    const size_t src = glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &wgi[c]);
+    const bool ok = idx < C::kWLoads && nb < NB;
+    wgi[c] = ok ? wgi[c] : -1;
+    wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? src : 0);
+  }
+#pragma unroll
+  for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
+    const int idx = tid + c * C::kThreads;
+    int mat, nb;
+    const size_t src = glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &sgi[c]) * 4 + idx % 4;
+    const bool ok = idx < C::kSWords && nb < NB;
+    sgi[c] = ok ? sgi[c] : -1;
+    ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? src : 0);
+  }
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int row = m0 + xrow0 + c * kXRowStep;
+      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
+      xa[c] = kn::ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const bool ok = wgi[c] >= 0 && kb0 + wgi[c] < KG;
+      wa[c] = kn::ld_weights(wsrc[c] + (ok ? size_t(kb0) * kGluWUnitsPerGroup : 0), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const bool ok = sgi[c] >= 0 && kb0 + sgi[c] < KG;
+      sa[c] = kn::ld_weights_u32(ssrc[c] + (ok ? size_t(kb0) * kGluSWordsPerGroup : 0), ok);
+    }
+  };
+  auto store = [&](int stage) {
+    unsigned char* base = smem + stage * C::kStage;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int row, col;
+      x_unit(idx, C::BK, &row, &col);
+      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kWLoads) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
+    }
+  };
+
+  float acc[C::MT][C::NT][4];  // v17: n8 tiles j < NTO of gate, j >= NTO of up (the same outputs)
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  // k-tile kt's math from its smem stage, for the first MTA m16 tiles (MT or MT / 2; the rest stay zero)
+  auto math = [&](int kt, auto mta) {
+    constexpr int MTA = decltype(mta)::value;
+    const unsigned char* base = smem + (kt & 1) * C::kStage;
+    const half* xs = reinterpret_cast<const half*>(base);
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
+#pragma unroll
+    for (int q = 0; q < C::GPW; ++q) {
+      const int gi = ks + C::WK * q;
+      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
+      uint32_t wd[C::NT], s2[C::NT];
+#pragma unroll
+      for (int mat = 0; mat < 2; ++mat) {  // v17: n8 tiles j0, j0 + 1 of tile super-row osr (gate), SRM + osr (up)
+        const int t = mat * C::SRM + osr;
+        const uint2 w = *reinterpret_cast<const uint2*>(ws + b_word(t, gi, C::G, lane, j0));
+        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + b_scale(t, gi, C::G, lane, j0));
+        wd[2 * mat] = w.x, wd[2 * mat + 1] = w.y;
+        s2[2 * mat] = __byte_perm(sc, 0, 0x1010), s2[2 * mat + 1] = __byte_perm(sc, 0, 0x3232);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
+        uint32_t b[C::NT][2];
+#pragma unroll
+        for (int j = 0; j < C::NT; ++j) kn::w4x_pairs(h ? wd[j] >> 8 : wd[j], s2[j], &b[j][0], &b[j][1]);
+#pragma unroll
+        for (int i = 0; i < MTA; ++i) {
+          int row, col;
+          a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
+          uint32_t af[4];
+          kn::ldsm_x4(af, xs + row * C::XS + col);
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) kn::mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+  };
+  auto math_any = [&](int kt) {
+    if (full)
+      math(kt, std::integral_constant<int, C::MT>());
+    else if (rows_left > 0)
+      math(kt, std::integral_constant<int, C::MT / 2>());
+  };
+
+  kn::pdl_enter();  // X comes from the previous kernel
+  load(0);
+  store(0);
+  __syncthreads();
+  for (int kt = 0; kt < KT; ++kt) {
+    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+    math_any(kt);
+    if (kt + 1 < KT) store((kt + 1) & 1);
+    __syncthreads();
+  }
+
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles (the stages are free after the loop)
+    kn::gemm_w4_kwarp_sum<C>(&acc[0][0][0], reinterpret_cast<float*>(smem), ks, wmn, lane);
+    if (ks != 0) return;
+  }
+
+  // v17: the epilogue, gelu_mul_kernel's expression on g and u of each output; a row's 4 lanes write 16
+  // contiguous bytes per n8 tile as half2
+  const int nb = nb0 + osr;
+  if (nb >= NB) return;
+  const int g = lane >> 2, t = lane & 3, row0 = m0 + wm * C::MT * 16, col0 = nb * 32 + 8 * j0;
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8 of the m16 tile: accumulators 2 hr, 2 hr + 1
+      const int row = row0 + 16 * i + g + 8 * hr;
+      if (row >= a.m) continue;
+#pragma unroll
+      for (int j = 0; j < C::NTO; ++j) {
+        const float* gv = acc[i][j] + 2 * hr;
+        const float* uv = acc[i][j + C::NTO] + 2 * hr;
+        const half2 v = __halves2half2(kn::to_half_sat(kn::gelu_tanh(gv[0]) * uv[0]),
+                                       kn::to_half_sat(kn::gelu_tanh(gv[1]) * uv[1]));
+        *reinterpret_cast<half2*>(a.out + size_t(row) * a.ld16 + col0 + 8 * j + 2 * t) = v;
+      }
+    }
+}
+
+// Version 17's launcher: GluCfg C, no split-K. cudaErrorInvalidValue for shapes or alignments the kernel does not
+// take (launch_gemm_w4_cfg's for an XCfg, with ld16 % 2, ld16 < N and out 4-byte aligned for Y's).
+template <class C>
+cudaError_t launch_gemm_w4x_glu(const GemmW4GluArgs& a, const kn::Launch& l) {
+  bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 4 == 0;
+  for (int mat = 0; mat < 2; ++mat)
+    aligned =
+        aligned && reinterpret_cast<uintptr_t>(a.wp[mat]) % 16 == 0 && reinterpret_cast<uintptr_t>(a.sp[mat]) % 16 == 0;
+  if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ld16 % 2 != 0 || a.ldx < a.k || a.ld16 < a.n ||
+      int64_t(a.m) * a.ldx >= (int64_t(1) << 31) || !aligned)
+    return cudaErrorInvalidValue;
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  if (a.k == 0) return cudaErrorInvalidValue;
+  const dim3 grid(kn::ceil_div(size_t(a.n), C::BNO), kn::ceil_div(size_t(a.m), C::BM));
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  return kn::launch_kernel(gemm_w4x_glu_kernel<C>, grid, C::kThreads, l, a);
+}
+
+// The gate or up GEMM of p (mat 0, 1) into yg / yu, weight copy c: the engine's (launch_gemm_w4, its split-K), or
+// version 12 unsplit (the sums version 17 makes).
+cudaError_t glu_gemm(GluProblem& p, int mat, size_t c, bool unsplit, const kn::Launch& l) {
+  const size_t nk = size_t(p.N) * p.K;
+  GemmW4Args a;
+  a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
+  a.wp = p.wp[mat].get() + nk / 8 * c, a.sp = p.sp[mat].get() + nk / 32 * c;
+  a.y = (mat ? p.yu : p.yg).get(), a.ldy = p.N;
+  if (unsplit) return kn::launch_gemm_w4_cfg<XSmall>(a, l);
+  a.splits = kn::gemm_w4_splits(a.m, a.n, a.k, g_sms, kPartFloats);  // as cuda/layers.hpp mm()
+  a.part = g_part;
+  return kn::launch_gemm_w4(a, l);
+}
+
+// Version v (17, 18) of p for its M rows on weight copy `copy`, into p.out. unsplit (18 only; the bit-identity
+// check): v12 without split-K, the sums version 17 makes, and the act into p.act ([M, N]; out untouched).
+cudaError_t run_glu(int v, GluProblem& p, int copy, const kn::Launch& l, bool unsplit = false) {
+  const size_t nk = size_t(p.N) * p.K, c = size_t(copy % p.copies);
+  if (v == 17) {
+    GemmW4GluArgs a;
+    a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
+    for (int mat = 0; mat < 2; ++mat)
+      a.wp[mat] = p.wp[mat].get() + nk / 8 * c, a.sp[mat] = p.sp[mat].get() + nk / 32 * c;
+    a.out = p.out.get(), a.ld16 = p.ld16;
+    return launch_gemm_w4x_glu<GluSmall>(a, l);
+  }
+  if (v != 18) return cudaErrorInvalidValue;
+  for (int mat = 0; mat < 2; ++mat)
+    if (const cudaError_t e = glu_gemm(p, mat, c, unsplit, l); e != cudaSuccess) return e;
+  // launch_gelu_mul writes [M, N] packed: straight into out at ld16 == N (every timed case), else into act and
+  // copied (the validation's padded ld16 only)
+  half* act = p.ld16 == p.N && !unsplit ? p.out.get() : p.act.get();
+  if (const cudaError_t e = kn::launch_gelu_mul(p.yg.get(), p.yu.get(), size_t(p.M) * p.N, act, l); e != cudaSuccess)
+    return e;
+  if (act == p.out.get() || unsplit) return cudaSuccess;
+  return cudaMemcpy2DAsync(p.out.get(), size_t(p.ld16) * 2, act, size_t(p.N) * 2, size_t(p.N) * 2, size_t(p.M),
+                           cudaMemcpyDeviceToDevice, l.stream);
 }
 
 // Version v of p for its M rows on weight copy `copy`.
@@ -676,32 +1161,34 @@ cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Laun
 struct Stats {
   double max_rel = 0;
   int launches = 0, failures = 0;
+  size_t bit_checked = 0, bit_diff = 0;  // version 17: outputs compared with v12 unsplit + gelu_mul, and differing
 };
-constexpr double kTol = 1e-3;  // max |got - ref| / max |ref|: fp32 sums of up to 12288 fp16 products
+constexpr double kTol = 1e-3;  // max |got - ref| / max |ref|: fp32 sums of up to 12288 fp16 products (and, for
+                               // 17 / 18, the fp16 act's rounding: <= 2^-11 of |ref|)
 
-// Y's rows [0, M) x columns [0, N) against ref; the rest of the [M + 1, ldy] buffer must still be the poison.
-bool check(const Problem& p, int v, const std::vector<double>& ref, Stats* st) {
-  const std::vector<float> y = p.y.download();
+// An output of M x N (row stride ld, M + 1 rows allocated) against ref [M, N]: got(i) the value of element i of the
+// buffer, poisoned(i) whether it still holds the poison; elements of row M and of columns N..ld-1 must.
+bool check_out(const char* name, int M, int N, int K, int ld, int v, const std::function<double(size_t)>& got,
+               const std::function<bool(size_t)>& poisoned, const std::vector<double>& ref, Stats* st) {
   double max_ref = 0;
   for (double r : ref) max_ref = std::max(max_ref, std::fabs(r));
   double max_err = 0;
   size_t nonfinite = 0, stray = 0, worst = 0;
   long first_nan = -1, first_bad = -1;
-  for (int m = 0; m <= p.M; ++m)
-    for (int n = 0; n < p.ldy; ++n) {
-      const size_t i = size_t(m) * p.ldy + n;
-      if (m == p.M || n >= p.N) {
-        uint32_t bits;
-        std::memcpy(&bits, &y[i], 4);
-        stray += bits != 0xFFFFFFFFu;
+  for (int m = 0; m <= M; ++m)
+    for (int n = 0; n < ld; ++n) {
+      const size_t i = size_t(m) * ld + n;
+      if (m == M || n >= N) {
+        stray += !poisoned(i);
         continue;
       }
-      const size_t r = size_t(m) * p.N + n;
-      if (!std::isfinite(y[i])) {
+      const size_t r = size_t(m) * N + n;
+      const double y = got(i);
+      if (!std::isfinite(y)) {
         if (nonfinite++ == 0) first_nan = long(r);
         continue;
       }
-      const double d = std::fabs(double(y[i]) - ref[r]);
+      const double d = std::fabs(y - ref[r]);
       if (d > max_err) max_err = d, worst = r;
       if (first_bad < 0 && d > kTol * max_ref) first_bad = long(r);
     }
@@ -711,16 +1198,29 @@ bool check(const Problem& p, int v, const std::vector<double>& ref, Stats* st) {
   const bool ok = nonfinite == 0 && stray == 0 && rel <= kTol;
   if (!ok && ++st->failures <= 8) {
     std::printf(
-        "  FAIL version %d, %s M %d N %d K %d: %zu non-finite, %zu changed outside Y, max rel err %.3g (tol %.0e)\n", v,
-        p.name, p.M, p.N, p.K, nonfinite, stray, rel, kTol);
+        "  FAIL version %d, %s M %d N %d K %d: %zu non-finite, %zu changed outside the output, max rel err %.3g (tol "
+        "%.0e)\n",
+        v, name, M, N, K, nonfinite, stray, rel, kTol);
     for (long r : {first_nan, first_bad, long(worst)}) {
       if (r < 0) continue;
-      const int m = int(r / p.N), n = int(r % p.N);
-      std::printf("    (m %d, n %d): got %.6g, reference %.6g\n", m, n, double(y[size_t(m) * p.ldy + n]),
-                  ref[size_t(r)]);
+      const int m = int(r / N), n = int(r % N);
+      std::printf("    (m %d, n %d): got %.6g, reference %.6g\n", m, n, got(size_t(m) * ld + n), ref[size_t(r)]);
     }
   }
   return ok;
+}
+
+// Y's rows [0, M) x columns [0, N) against ref; the rest of the [M + 1, ldy] buffer must still be the poison.
+bool check(const Problem& p, int v, const std::vector<double>& ref, Stats* st) {
+  const std::vector<float> y = p.y.download();
+  return check_out(
+      p.name, p.M, p.N, p.K, p.ldy, v, [&](size_t i) { return double(y[i]); },
+      [&](size_t i) {
+        uint32_t bits;
+        std::memcpy(&bits, &y[i], 4);
+        return bits == 0xFFFFFFFFu;
+      },
+      ref, st);
 }
 
 template <typename T>
@@ -750,6 +1250,39 @@ void validate(Problem& p, const std::vector<int>& versions, std::vector<Stats>* 
   }
 }
 
+// Versions 17, 18 on p against gemm_w4_glu_ref: the act (and versions 18's fp32 intermediates) poisoned before each
+// launch, out's border checked. Version 17 is also compared bit for bit with v12 unsplit + gelu_mul (counted in
+// Stats, printed, not a failure: the claim is equality, the contract the tolerance).
+void validate_glu(GluProblem& p, const std::vector<int>& versions, std::vector<Stats>* stats, const kn::Launch& l) {
+  const size_t nk = size_t(p.N) * p.K;
+  const std::vector<double> ref =
+      gemm_w4_glu_ref(as_bits(p.x.download()), p.ldx, p.M, p.N, p.K, p.wq[0].download(nk / 8),
+                      as_bits(p.s[0].download(nk / 32)), p.wq[1].download(nk / 8), as_bits(p.s[1].download(nk / 32)));
+  for (int v : versions) {
+    p.out.poison(), p.yg.poison(), p.yu.poison(), p.act.poison();
+    const cudaError_t e = run_glu(v, p, 0, l);
+    Stats& st = (*stats)[size_t(v)];
+    if (e != cudaSuccess) {
+      std::printf("  FAIL version %d, %s M %d N %d K %d: launch returned %s\n", v, p.name, p.M, p.N, p.K,
+                  cudaGetErrorString(e));
+      ++st.launches, ++st.failures;
+      continue;
+    }
+    LAB_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> out = as_bits(p.out.download());
+    check_out(
+        p.name, p.M, p.N, p.K, p.ld16, v, [&](size_t i) { return double(h2f(out[i])); },
+        [&](size_t i) { return out[i] == 0xFFFFu; }, ref, &st);
+    if (v != 17) continue;
+    LAB_CHECK(run_glu(18, p, 0, l, /*unsplit=*/true));
+    LAB_CHECK(cudaDeviceSynchronize());
+    const std::vector<uint16_t> act = as_bits(p.act.download());
+    for (int m = 0; m < p.M; ++m)
+      for (int n = 0; n < p.N; ++n) st.bit_diff += act[size_t(m) * p.N + n] != out[size_t(m) * p.ld16 + n];
+    st.bit_checked += size_t(p.M) * p.N;
+  }
+}
+
 // ---- the cases ----
 
 struct Shape {
@@ -766,6 +1299,8 @@ const Shape kE2B[] = {
 const Shape kOdd[] = {{"odd", 32, 32}, {"odd", 96, 416}, {"odd", 160, 96}, {"odd", 1056, 1568}, {"odd", 224, 2080}};
 const int kOddM[] = {17, 33, 100, 257};
 const int kE2BM[] = {33, 257};
+const int kGluM[] = {33, 64, 77, 100, 128, 256};  // versions 17, 18 at the E2B gate/up shapes
+bool is_gate_up(const Shape& s) { return std::strncmp(s.name, "gate/up", 7) == 0; }
 
 // Dense fp16 tensor-core peak (fp32 accumulate where the datasheet gives it), TFLOP/s; 0: unknown.
 double peak_tflops(const std::string& name) {
@@ -781,7 +1316,7 @@ double peak_tflops(const std::string& name) {
 int usage(const char* argv0) {
   std::printf(
       "usage: %s [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only] "
-      "[--self-check]\n  VERSIONS: comma list of 1..%d (default all)\n",
+      "[--self-check]\n  VERSIONS: comma list of 1..%d (default 1..15)\n",
       argv0, kVersions);
   for (int v = 1; v <= kVersions; ++v) std::printf("  %d  %s\n", v, kAbout[v]);
   return 2;
@@ -803,6 +1338,8 @@ int main(int argc, char** argv) {
     return usage(argv[0]);
   }
   const std::vector<int>& versions = common.versions;
+  std::vector<int> single, glu;  // single GEMMs (1..16); gate/up + GELU (17, 18)
+  for (int v : versions) (is_glu(v) ? glu : single).push_back(v);
   const int reps = common.reps, samples = common.samples;
   const bool validate_only = common.validate_only;
   if (std::any_of(ms.begin(), ms.end(), [](int m) { return m < 1; })) return usage(argv[0]);
@@ -831,21 +1368,39 @@ int main(int argc, char** argv) {
               kTol);
   std::vector<Stats> stats(kVersions + 1);
   uint64_t seed = 100;
-  for (const Shape& s : kOdd)
-    for (int m : kOddM) {
-      auto p = make_problem(s.name, m, s.n, s.k, s.k + 8, s.n + 2, 1, seed += 10);
-      validate(*p, versions, &stats, blas, launch);
-    }
-  for (const Shape& s : kE2B)
-    for (int m : kE2BM) {
-      auto p = make_problem(s.name, m, s.n, s.k, s.k, s.n, 1, seed += 10);
-      validate(*p, versions, &stats, blas, launch);
-    }
+  if (!single.empty()) {
+    for (const Shape& s : kOdd)
+      for (int m : kOddM) {
+        auto p = make_problem(s.name, m, s.n, s.k, s.k + 8, s.n + 2, 1, seed += 10);
+        validate(*p, single, &stats, blas, launch);
+      }
+    for (const Shape& s : kE2B)
+      for (int m : kE2BM) {
+        auto p = make_problem(s.name, m, s.n, s.k, s.k, s.n, 1, seed += 10);
+        validate(*p, single, &stats, blas, launch);
+      }
+  }
+  if (!glu.empty()) {
+    for (const Shape& s : kOdd)
+      for (int m : kOddM) {
+        auto p = make_glu_problem(s.name, m, s.n, s.k, s.k + 8, s.n + 2, 1, seed += 10);
+        validate_glu(*p, glu, &stats, launch);
+      }
+    for (const Shape& s : kE2B)
+      for (int m : kGluM) {
+        if (!is_gate_up(s)) continue;
+        auto p = make_glu_problem(s.name, m, s.n, s.k, s.k, s.n, 1, seed += 10);
+        validate_glu(*p, glu, &stats, launch);
+      }
+  }
   bool ok = true;
   for (int v : versions) {
     const Stats& s = stats[size_t(v)];
     std::printf("  version %d: %d launches, max rel err %.2e: %s\n", v, s.launches, s.max_rel,
                 s.failures ? "FAILED" : "OK");
+    if (s.bit_checked)
+      std::printf("    bit for bit against v12 unsplit + gelu_mul: %zu of %zu act elements differ%s\n", s.bit_diff,
+                  s.bit_checked, s.bit_diff ? " (MISMATCH: not a failure; see validate_glu)" : "");
     ok = ok && s.failures == 0;
   }
   if (!ok) return 1;
@@ -856,27 +1411,45 @@ int main(int argc, char** argv) {
   std::printf(
       "\nstream read %.0f GB/s (measured), fp16 tensor peak %s TFLOP/s (stated, dense). Per version: us per call "
       "(median of %d x %d), TFLOP/s, GB/s (weights + scales + X + Y), %% of bound = max(flops / peak, bytes / "
-      "bandwidth) / time; weights rotated over copies > 3 x L2\n",
-      bw, peak > 0 ? std::to_string(int(peak)).c_str() : "unknown", samples, reps);
+      "bandwidth) / time; weights rotated over copies > 3 x L2%s\n",
+      bw, peak > 0 ? std::to_string(int(peak)).c_str() : "unknown", samples, reps,
+      glu.empty()
+          ? ""
+          : ". v17, v18: gate/up rows only, the whole gate + up + GELU (2 x a GEMM's flops and weights; Y = the "
+            "fp16 act)");
   std::printf("%-13s %5s %5s %5s", "shape", "N", "K", "M");
-  for (int v : versions) std::printf(" | v%d %8s %6s %5s %4s", v, "us", "TF/s", "GB/s", "%bd");
+  for (int v : versions) std::printf(" | v%-2d %7s %6s %5s %4s", v, "us", "TF/s", "GB/s", "%bd");
   std::printf("\n");
-  for (const Shape& s : kE2B)
+  for (const Shape& s : kE2B) {
+    const bool gate_up = is_gate_up(s) && !glu.empty();
+    if (single.empty() && !gate_up) continue;
     for (int m : ms) {
       const size_t wbytes = size_t(s.n) * s.k / 2 + size_t(s.n) * (s.k / 32) * 2;
       const int copies = int(std::min<size_t>(64, 3 * size_t(prop.l2CacheSize) / wbytes + 1));
-      auto p = make_problem(s.name, m, s.n, s.k, s.k, s.n, copies, seed += 10);
-      const double flops = 2.0 * m * s.n * s.k;
-      const double bytes = double(wbytes) + 2.0 * m * s.k + 4.0 * m * s.n;
-      const double bound_us = std::max(peak > 0 ? flops / (peak * 1e6) : 0.0, bytes / (bw * 1e3));
+      const int glu_copies = int(std::min<size_t>(64, 3 * size_t(prop.l2CacheSize) / (2 * wbytes) + 1));
+      std::unique_ptr<Problem> p;
+      std::unique_ptr<GluProblem> q;
+      if (!single.empty()) p = make_problem(s.name, m, s.n, s.k, s.k, s.n, copies, seed += 10);
+      if (gate_up) q = make_glu_problem(s.name, m, s.n, s.k, s.k, s.n, glu_copies, seed += 10);
       std::printf("%-13s %5d %5d %5d", s.name, s.n, s.k, m);
       for (int v : versions) {
-        const double us = lab::median_us([&](int i) { LAB_CHECK(run(v, *p, i, blas, launch)); }, reps, samples, stream);
+        if (is_glu(v) && !q) {
+          std::printf(" | %11s %6s %5s %4s", "-", "-", "-", "-");
+          continue;
+        }
+        const double flops = (is_glu(v) ? 4.0 : 2.0) * m * s.n * s.k;
+        const double bytes = is_glu(v) ? 2.0 * double(wbytes) + 2.0 * m * s.k + 2.0 * m * s.n
+                                       : double(wbytes) + 2.0 * m * s.k + 4.0 * m * s.n;
+        const double bound_us = std::max(peak > 0 ? flops / (peak * 1e6) : 0.0, bytes / (bw * 1e3));
+        const double us = lab::median_us(
+            [&](int i) { LAB_CHECK(is_glu(v) ? run_glu(v, *q, i, launch) : run(v, *p, i, blas, launch)); }, reps,
+            samples, stream);
         std::printf(" | %11.2f %6.1f %5.0f %3.0f%%", us, flops / us / 1e6, bytes / us / 1e3, 100 * bound_us / us);
       }
       std::printf("\n");
       std::fflush(stdout);
     }
+  }
   cublasDestroy(blas);
   LAB_CHECK(cudaStreamDestroy(stream));
   return 0;
