@@ -367,10 +367,10 @@ using CfgLarge2 = Cfg<4, 2, 4, 1, 1, 1, 2>;   // v11: v2 at one block per SM, tw
 // along m, n, k (8 in all); GPW: scale groups per warp per k-tile; MINB: __launch_bounds__ min blocks per SM;
 // SLOTS: blocks per SM that split-K fills (1: the engine's gemm_w4_splits_for; MINB: every resident slot).
 // v12: XSmall (64 x 128 x 64, 1 x 4 x 2: v5's warp tile, 2 blocks per SM) is kernels/gemm_w4.cuh's, shipped
-using XTall = XCfg<8, 2, 1, 4, 2, 1, 2>;          // v13: 128 x 64 x 64, 1 x 4 x 2, warp 128 x 16
-using XWide = XCfg<8, 2, 1, 8, 1, 1, 2>;          // v14: 128 x 128 x 32, 1 x 8 x 1, warp 128 x 16 (no k-warps)
-using XTallFill = XCfg<8, 2, 1, 4, 2, 1, 2, 2>;   // v15: v13, split-K to fill both blocks of every SM
-using XSmallFill = XCfg<4, 4, 1, 4, 2, 1, 2, 2>;  // v16: v12, likewise
+using XTall = XCfg<8, 2, 1, 4, 2, 1, 2>;         // v13: 128 x 64 x 64, 1 x 4 x 2, warp 128 x 16
+using XWide = XCfg<8, 2, 1, 8, 1, 1, 2>;         // v14: 128 x 128 x 32, 1 x 8 x 1, warp 128 x 16 (no k-warps)
+using XTallFill = XCfg<8, 2, 1, 4, 2, 1, 2, 2>;  // v15: v13, split-K to fill both blocks of every SM
+// v16: XSmallFill (v12 likewise) is kernels/gemm_w4.cuh's, shipped for N <= 2048 with a long K
 
 template <class C, class = void>
 struct IsX : std::false_type {};
@@ -472,50 +472,6 @@ std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, in
 // The shipped change this would become: gemm_w4x_kernel with a source map for tile super-rows (one matrix as today,
 // or gate | up), a warp map (sr_of / j0_of, or osr_of / oj0_of over both halves) and an epilogue parameter (fp32
 // store / GELU product to fp16), all compile-time, and the load sources hoisted out of the k loop (as here).
-#ifdef __CUDACC__
-#define LAB_HD __host__ __device__
-#else
-#define LAB_HD
-#endif
-
-template <class B>
-struct GluCfg : B {
-  static_assert(B::NT == 4, "a warp: n8 tiles j0, j0 + 1 of gate and of up");
-  static constexpr int NTO = B::NT / 2;  // n8 tiles per matrix per warp
-  static constexpr int BNO = B::BN / 2;  // outputs per block (columns of act; of gate and of up each)
-  static constexpr int SRM = BNO / 32;   // super-rows per matrix in the tile
-  static_assert(BNO % 32 == 0, "whole super-rows of both matrices");
-  static_assert(B::kSSep, "W in 16-byte units, the scales as 4-byte words (as XSmall)");
-  // warp column wn -> its output super-row in the block and its first n8 tile there
-  LAB_HD static constexpr int osr_of(int wn) { return wn * NTO / 4; }
-  LAB_HD static constexpr int oj0_of(int wn) { return wn * NTO % 4; }
-};
-using GluSmall = GluCfg<XSmall>;  // v17: 64 rows x 64 outputs x 64 k (128 accumulator columns), 32 KiB smem
-
-// A k-tile further along K, a unit's source moves by G groups: 32 16-byte W units (512 bytes) and 16 S words per
-// group (the kernel adds kb0 times these to the k-tile-0 source of glu_w_unit / glu_s_unit; the emulator too).
-constexpr int kGluWUnitsPerGroup = 32, kGluSWordsPerGroup = 16;
-
-// Unit idx of v17's W tile (16-byte units, kept in smem as they are) -> its matrix (0 gate, 1 up), its global unit
-// in that matrix's wp (w_unit), its super-row nb there and its group gi in the tile.
-LAB_HD inline size_t glu_w_unit(int idx, int G, int srm, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
-  const int per = G * 32 * srm;  // units per matrix
-  int sr;
-  const size_t src = w_unit(idx % per, G, nb0, kb0, KG, &sr, gi);
-  *mat = idx / per;
-  *nb = nb0 + sr;
-  return src;
-}
-// The same for the S tile's 16-byte units (s_unit; the 4-byte words of unit idx / 4 follow it).
-LAB_HD inline size_t glu_s_unit(int idx, int G, int srm, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
-  const int per = G * 4 * srm;
-  int sr;
-  const size_t src = s_unit(idx % per, G, nb0, kb0, KG, &sr, gi);
-  *mat = idx / per;
-  *nb = nb0 + sr;
-  return src;
-}
-
 // emulate_x for version 17: the same X fill, the W / S tiles through glu_w_unit / glu_s_unit, a warp's gate and up
 // n8 tiles, and the epilogue's gelu_mul_ref on the (double) accumulators of one lane: act [M, N] in double.
 template <class C>
@@ -874,207 +830,7 @@ cudaError_t launch_gemm_w4x(GemmW4Args a, const kn::Launch& l) {
                            a.splits, a.m, a.n, a.y, a.ldy);
 }
 
-// ---- versions 17, 18: gate/up + GELU in one launch (gemm_w4x_glu; configuration and maps: GluCfg above) ----
-
-struct GemmW4GluArgs {
-  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
-  int ldx = 0;
-  int m = 0, n = 0, k = 0;     // n: outputs of each matrix (the MLP width); N % 32 == 0, K % 32 == 0
-  const uint32_t* wp[2] = {};  // gate, up: [N/32][K/32][32][4] u32, the GEMM layout, 16-byte aligned
-  const half* sp[2] = {};      // gate, up: [N/32][K/32][8][4] fp16 scales, 16-byte aligned
-  half* out = nullptr;         // [M, ld16] fp16 act, 4-byte aligned, ld16 % 2 == 0
-  int ld16 = 0;
-};
-
-// gemm_w4x_kernel (kernels/gemm_w4.cuh) with the tile's super-rows read from gate | up (glu_w_unit, glu_s_unit), a
-// warp's B from its output super-row in both halves of the tile, and the GELU product as the epilogue. Lines that
-// differ from the shipped kernel are marked "v17".
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, kn::kXMinBlocks<C>) gemm_w4x_glu_kernel(const GemmW4GluArgs a) {
-  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
-  const int osr = C::osr_of(wn), j0 = C::oj0_of(wn);                       // v17: output super-row, first n8 tile
-  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * C::SRM;  // v17: SRM super-rows of each matrix
-  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;     // v17: no split-K
-  const int rows_left = a.m - m0 - wm * C::MT * 16;
-  const bool full = rows_left > C::MT / 2 * 16;
-
-  uint4 xa[C::kXL], wa[C::kWL];  // the next k-tile, in flight in registers
-  uint32_t sa[C::kSL];           // its scales (4-byte words: kSSep)
-  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
-  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
-  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
-  // v17: this thread's W units and S words at k-tile 0 (their matrix selected once), then + kb0 groups per k-tile:
-  // the shipped kernel's way, the maps per k-tile, spilled 16 bytes here with two matrices (sm_90, 128 registers)
-  const uint4* wsrc[C::kWL];
-  const uint32_t* ssrc[C::kSL];
-  int wgi[C::kWL], sgi[C::kSL];  // the unit's group in the tile; -1: none (past N, or no unit for this thread)
-#pragma unroll
-  for (int c = 0; c < C::kWL; ++c) {
-    const int idx = tid + c * C::kThreads;
-    int mat, nb;
-    const size_t src = glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &wgi[c]);
-    const bool ok = idx < C::kWLoads && nb < NB;
-    wgi[c] = ok ? wgi[c] : -1;
-    wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? src : 0);
-  }
-#pragma unroll
-  for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
-    const int idx = tid + c * C::kThreads;
-    int mat, nb;
-    const size_t src = glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &sgi[c]) * 4 + idx % 4;
-    const bool ok = idx < C::kSWords && nb < NB;
-    sgi[c] = ok ? sgi[c] : -1;
-    ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? src : 0);
-  }
-  auto load = [&](int kt) {
-    const int kb0 = kt * C::G;
-#pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int row = m0 + xrow0 + c * kXRowStep;
-      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
-      xa[c] = kn::ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
-    }
-#pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {
-      const bool ok = wgi[c] >= 0 && kb0 + wgi[c] < KG;
-      wa[c] = kn::ld_weights(wsrc[c] + (ok ? size_t(kb0) * kGluWUnitsPerGroup : 0), ok);
-    }
-#pragma unroll
-    for (int c = 0; c < C::kSL; ++c) {
-      const bool ok = sgi[c] >= 0 && kb0 + sgi[c] < KG;
-      sa[c] = kn::ld_weights_u32(ssrc[c] + (ok ? size_t(kb0) * kGluSWordsPerGroup : 0), ok);
-    }
-  };
-  auto store = [&](int stage) {
-    unsigned char* base = smem + stage * C::kStage;
-#pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      int row, col;
-      x_unit(idx, C::BK, &row, &col);
-      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
-    }
-#pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      if (idx < C::kWLoads) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
-    }
-#pragma unroll
-    for (int c = 0; c < C::kSL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
-    }
-  };
-
-  float acc[C::MT][C::NT][4];  // v17: n8 tiles j < NTO of gate, j >= NTO of up (the same outputs)
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-    for (int j = 0; j < C::NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
-
-  // k-tile kt's math from its smem stage, for the first MTA m16 tiles (MT or MT / 2; the rest stay zero)
-  auto math = [&](int kt, auto mta) {
-    constexpr int MTA = decltype(mta)::value;
-    const unsigned char* base = smem + (kt & 1) * C::kStage;
-    const half* xs = reinterpret_cast<const half*>(base);
-    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
-    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
-#pragma unroll
-    for (int q = 0; q < C::GPW; ++q) {
-      const int gi = ks + C::WK * q;
-      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
-      uint32_t wd[C::NT], s2[C::NT];
-#pragma unroll
-      for (int mat = 0; mat < 2; ++mat) {  // v17: n8 tiles j0, j0 + 1 of tile super-row osr (gate), SRM + osr (up)
-        const int t = mat * C::SRM + osr;
-        const uint2 w = *reinterpret_cast<const uint2*>(ws + b_word(t, gi, C::G, lane, j0));
-        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + b_scale(t, gi, C::G, lane, j0));
-        wd[2 * mat] = w.x, wd[2 * mat + 1] = w.y;
-        s2[2 * mat] = __byte_perm(sc, 0, 0x1010), s2[2 * mat + 1] = __byte_perm(sc, 0, 0x3232);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
-        uint32_t b[C::NT][2];
-#pragma unroll
-        for (int j = 0; j < C::NT; ++j) kn::w4x_pairs(h ? wd[j] >> 8 : wd[j], s2[j], &b[j][0], &b[j][1]);
-#pragma unroll
-        for (int i = 0; i < MTA; ++i) {
-          int row, col;
-          a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
-          uint32_t af[4];
-          kn::ldsm_x4(af, xs + row * C::XS + col);
-#pragma unroll
-          for (int j = 0; j < C::NT; ++j) kn::mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
-        }
-      }
-    }
-  };
-  auto math_any = [&](int kt) {
-    if (full)
-      math(kt, std::integral_constant<int, C::MT>());
-    else if (rows_left > 0)
-      math(kt, std::integral_constant<int, C::MT / 2>());
-  };
-
-  kn::pdl_enter();  // X comes from the previous kernel
-  load(0);
-  store(0);
-  __syncthreads();
-  for (int kt = 0; kt < KT; ++kt) {
-    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
-    math_any(kt);
-    if (kt + 1 < KT) store((kt + 1) & 1);
-    __syncthreads();
-  }
-
-  if constexpr (C::WK > 1) {  // the k-warps' partial tiles (the stages are free after the loop)
-    kn::gemm_w4_kwarp_sum<C>(&acc[0][0][0], reinterpret_cast<float*>(smem), ks, wmn, lane);
-    if (ks != 0) return;
-  }
-
-  // v17: the epilogue, gelu_mul_kernel's expression on g and u of each output; a row's 4 lanes write 16
-  // contiguous bytes per n8 tile as half2
-  const int nb = nb0 + osr;
-  if (nb >= NB) return;
-  const int g = lane >> 2, t = lane & 3, row0 = m0 + wm * C::MT * 16, col0 = nb * 32 + 8 * j0;
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8 of the m16 tile: accumulators 2 hr, 2 hr + 1
-      const int row = row0 + 16 * i + g + 8 * hr;
-      if (row >= a.m) continue;
-#pragma unroll
-      for (int j = 0; j < C::NTO; ++j) {
-        const float* gv = acc[i][j] + 2 * hr;
-        const float* uv = acc[i][j + C::NTO] + 2 * hr;
-        const half2 v = __halves2half2(kn::to_half_sat(kn::gelu_tanh(gv[0]) * uv[0]),
-                                       kn::to_half_sat(kn::gelu_tanh(gv[1]) * uv[1]));
-        *reinterpret_cast<half2*>(a.out + size_t(row) * a.ld16 + col0 + 8 * j + 2 * t) = v;
-      }
-    }
-}
-
-// Version 17's launcher: GluCfg C, no split-K. cudaErrorInvalidValue for shapes or alignments the kernel does not
-// take (launch_gemm_w4_cfg's for an XCfg, with ld16 % 2, ld16 < N and out 4-byte aligned for Y's).
-template <class C>
-cudaError_t launch_gemm_w4x_glu(const GemmW4GluArgs& a, const kn::Launch& l) {
-  bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 4 == 0;
-  for (int mat = 0; mat < 2; ++mat)
-    aligned =
-        aligned && reinterpret_cast<uintptr_t>(a.wp[mat]) % 16 == 0 && reinterpret_cast<uintptr_t>(a.sp[mat]) % 16 == 0;
-  if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ld16 % 2 != 0 || a.ldx < a.k || a.ld16 < a.n ||
-      int64_t(a.m) * a.ldx >= (int64_t(1) << 31) || !aligned)
-    return cudaErrorInvalidValue;
-  if (a.m == 0 || a.n == 0) return cudaSuccess;
-  if (a.k == 0) return cudaErrorInvalidValue;
-  const dim3 grid(kn::ceil_div(size_t(a.n), C::BNO), kn::ceil_div(size_t(a.m), C::BM));
-  if (grid.y > 65535) return cudaErrorInvalidValue;
-  return kn::launch_kernel(gemm_w4x_glu_kernel<C>, grid, C::kThreads, l, a);
-}
+// ---- versions 17, 18: gate/up + GELU (17: kernels/gemm_w4.cuh's launch_gemm_w4_glu) ----
 
 // The gate or up GEMM of p (mat 0, 1) into yg / yu, weight copy c: the engine's (launch_gemm_w4, its split-K), or
 // version 12 unsplit (the sums version 17 makes).
@@ -1095,12 +851,12 @@ cudaError_t glu_gemm(GluProblem& p, int mat, size_t c, bool unsplit, const kn::L
 cudaError_t run_glu(int v, GluProblem& p, int copy, const kn::Launch& l, bool unsplit = false) {
   const size_t nk = size_t(p.N) * p.K, c = size_t(copy % p.copies);
   if (v == 17) {
-    GemmW4GluArgs a;
+    kn::GemmW4GluArgs a;
     a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
     for (int mat = 0; mat < 2; ++mat)
       a.wp[mat] = p.wp[mat].get() + nk / 8 * c, a.sp[mat] = p.sp[mat].get() + nk / 32 * c;
     a.out = p.out.get(), a.ld16 = p.ld16;
-    return launch_gemm_w4x_glu<GluSmall>(a, l);
+    return kn::launch_gemm_w4_glu<GluSmall>(a, l);
   }
   if (v != 18) return cudaErrorInvalidValue;
   for (int mat = 0; mat < 2; ++mat)

@@ -5594,7 +5594,8 @@ class CpuBackend : public BackendModel {
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
-//   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out
+//   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -7219,7 +7220,8 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 // bit-identical weights) and m16 tiles wholly past M skipped; ncu on the first kernel at 128 rows (H200) showed
 // 37% of issue slots busy at 2 warps per scheduler, stalled on fixed-latency dependencies, not on memory.
 // launch_gemm_w4 picks the tile by shape (measured in the lab, gemm_w4_by_shape): M <= 32: 32 x 64 x 128; <= 256:
-// XSmall's 64 x 128 x 64, but 128 x 128 x 64 for N <= 2048 with K >= 2048 at 65..128 rows; more: 128 x 128 x 32.
+// XSmall's 64 x 128 x 64, its split-K filling two blocks per SM for N <= 2048 with a long K; more: 128 x 128 x 32.
+// The MLP's gate and up at 33..256 rows: one launch with the GELU product as its epilogue (gemm_w4x_glu_kernel).
 // A row's result depends on the tile configuration (the k-split sums), so it is deterministic for a given shape
 // but not equal across M buckets.
 // Split-K across blocks (GemmW4Args::splits, chosen by gemm_w4_splits): a decode pass of 33..256 rows against
@@ -7342,7 +7344,7 @@ GEMMA4_T4_GEMM_W4_HD inline int b_scale(int sr, int gi, int G, int lane, int j) 
 
 // The shipped configurations (launch_gemm_w4's dispatch by shape, gemm_w4_by_shape).
 using CfgLarge = Cfg<4, 2, 4, 1, 1, 2>;  // 128 x 128 x 32, warps 2 x 4 x 1; 24.5 KiB smem, 2 blocks per SM
-using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64, warps 2 x 4 x 1, 2 groups per warp per tile; 45.0 KiB
+using CfgDeep = Cfg<4, 2, 4, 1, 2, 1>;   // 128 x 128 x 64, 2 x 4 x 1, 45.0 KiB (lab v3; 65..128 rows until (f))
 using CfgSmall = Cfg<4, 1, 2, 4, 1, 1>;  // 64 x 64 x 128, warps 1 x 2 x 4; 43.0 KiB
 using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128, warps 1 x 2 x 4; 26 KiB
 
@@ -7388,6 +7390,55 @@ struct XCfg {
 // The shipped one: 64 x 128 x 64, warps 1 x 4 x 2 (a warp 64 x 32), 32 KiB smem, 2 blocks per SM on sm_80+ (lab
 // version 12).
 using XSmall = XCfg<4, 4, 1, 4, 2, 1, 2>;
+// The same tile with split-K filling both blocks of every SM (lab version 16): the N <= 2048 matrices with a long K.
+using XSmallFill = XCfg<4, 4, 1, 4, 2, 1, 2, 2>;
+
+// The MLP's gate and up in one launch with the GELU product as the epilogue (gemm_w4x_glu_kernel; lab version 17):
+// the block's weight tile is a base XCfg's (XSmall: 4 super-rows x G groups), filled from two matrices: tile
+// super-rows [0, SRM) are gate's super-rows nb0 .. nb0 + SRM - 1, [SRM, 2 SRM) up's same ones (SRM = BN / 64), so
+// the smem stage, the loads per thread and the math per warp are the base's. A warp's NT = 4 n8 tiles are n8 tiles
+// j0, j0 + 1 of output super-row osr in gate (accumulators j 0, 1) and in up (j 2, 3): g and u of one output sit in
+// one lane (the epilogue needs no exchange). Its B operand: two 8-byte words and two 4-byte scale words instead of
+// one 16-byte and one 8-byte shared load (the dequant, ldmatrix and mma counts are XSmall's).
+template <class B>
+struct GluCfg : B {
+  static_assert(B::NT == 4, "a warp: n8 tiles j0, j0 + 1 of gate and of up");
+  static constexpr int NTO = B::NT / 2;  // n8 tiles per matrix per warp
+  static constexpr int BNO = B::BN / 2;  // outputs per block (columns of act; of gate and of up each)
+  static constexpr int SRM = BNO / 32;   // super-rows per matrix in the tile
+  static_assert(BNO % 32 == 0, "whole super-rows of both matrices");
+  static_assert(B::kSSep, "W in 16-byte units, the scales as 4-byte words (as XSmall)");
+  // warp column wn -> its output super-row in the block and its first n8 tile there
+  GEMMA4_T4_GEMM_W4_HD static constexpr int osr_of(int wn) { return wn * NTO / 4; }
+  GEMMA4_T4_GEMM_W4_HD static constexpr int oj0_of(int wn) { return wn * NTO % 4; }
+};
+using GluSmall = GluCfg<XSmall>;  // 64 rows x 64 outputs x 64 k (128 accumulator columns), 32 KiB smem (lab version 17)
+
+// A k-tile further along K, a unit's source moves by G groups: 32 16-byte W units (512 bytes) and 16 S words per
+// group (the kernel adds kb0 times these to the k-tile-0 source of glu_w_unit / glu_s_unit; the emulator too).
+constexpr int kGluWUnitsPerGroup = 32, kGluSWordsPerGroup = 16;
+
+// Unit idx of v17's W tile (16-byte units, kept in smem as they are) -> its matrix (0 gate, 1 up), its global unit
+// in that matrix's wp (w_unit), its super-row nb there and its group gi in the tile.
+GEMMA4_T4_GEMM_W4_HD inline size_t glu_w_unit(int idx, int G, int srm, int nb0, int kb0, int KG, int* mat, int* nb,
+                                              int* gi) {
+  const int per = G * 32 * srm;  // units per matrix
+  int sr;
+  const size_t src = w_unit(idx % per, G, nb0, kb0, KG, &sr, gi);
+  *mat = idx / per;
+  *nb = nb0 + sr;
+  return src;
+}
+// The same for the S tile's 16-byte units (s_unit; the 4-byte words of unit idx / 4 follow it).
+GEMMA4_T4_GEMM_W4_HD inline size_t glu_s_unit(int idx, int G, int srm, int nb0, int kb0, int KG, int* mat, int* nb,
+                                              int* gi) {
+  const int per = G * 4 * srm;
+  int sr;
+  const size_t src = s_unit(idx % per, G, nb0, kb0, KG, &sr, gi);
+  *mat = idx / per;
+  *nb = nb0 + sr;
+  return src;
+}
 
 }  // namespace gemm_w4
 
@@ -7801,6 +7852,209 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
   gemm_w4_store(a, acc, m0 + wm * C::MT * 16, nb * 32 + 8 * j0, lane);
 }
 
+// launch_gemm_w4_glu's arguments: the MLP's gate and up (the same shape and layout) and the fp16 act.
+struct GemmW4GluArgs {
+  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
+  int ldx = 0;
+  int m = 0, n = 0, k = 0;     // n: outputs of each matrix (the MLP width); N % 32 == 0, K % 32 == 0
+  const uint32_t* wp[2] = {};  // gate, up: [N/32][K/32][32][4] u32, the GEMM layout, 16-byte aligned
+  const half* sp[2] = {};      // gate, up: [N/32][K/32][8][4] fp16 scales, 16-byte aligned
+  half* out = nullptr;         // [M, ld16] fp16 act, 4-byte aligned, ld16 % 2 == 0
+  int ld16 = 0;
+};
+
+// gemm_w4x_kernel with the tile's super-rows read from gate | up (gemm_w4::glu_w_unit, glu_s_unit), a warp's B from
+// its output super-row in both halves of the tile, and gelu_mul's expression as the epilogue (the unfused path's
+// act16 bit for bit, at the same sums: checked by lab version 17 against XSmall unsplit + gelu_mul). Lines that differ
+// from gemm_w4x_kernel are marked "v17". No split-K (the GELU needs whole sums; E2B's N of 6144 / 12288 makes 96 or
+// more tiles at M >= 33).
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_glu_kernel(const GemmW4GluArgs a) {
+  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int osr = C::osr_of(wn), j0 = C::oj0_of(wn);                       // v17: output super-row, first n8 tile
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * C::SRM;  // v17: SRM super-rows of each matrix
+  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;     // v17: no split-K
+  const int rows_left = a.m - m0 - wm * C::MT * 16;
+  const bool full = rows_left > C::MT / 2 * 16;
+
+  uint4 xa[C::kXL], wa[C::kWL];  // the next k-tile, in flight in registers
+  uint32_t sa[C::kSL];           // its scales (4-byte words: kSSep)
+  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
+  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
+  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  // v17: this thread's W units and S words at k-tile 0 (their matrix selected once), then + kb0 groups per k-tile:
+  // the shipped kernel's way, the maps per k-tile, spilled 16 bytes here with two matrices (sm_90, 128 registers)
+  const uint4* wsrc[C::kWL];
+  const uint32_t* ssrc[C::kSL];
+  int wgi[C::kWL], sgi[C::kSL];  // the unit's group in the tile; -1: none (past N, or no unit for this thread)
+#pragma unroll
+  for (int c = 0; c < C::kWL; ++c) {
+    const int idx = tid + c * C::kThreads;
+    int mat, nb;
+    const size_t src = gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &wgi[c]);
+    const bool ok = idx < C::kWLoads && nb < NB;
+    wgi[c] = ok ? wgi[c] : -1;
+    wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? src : 0);
+  }
+#pragma unroll
+  for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
+    const int idx = tid + c * C::kThreads;
+    int mat, nb;
+    const size_t src = gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &sgi[c]) * 4 + idx % 4;
+    const bool ok = idx < C::kSWords && nb < NB;
+    sgi[c] = ok ? sgi[c] : -1;
+    ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? src : 0);
+  }
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int row = m0 + xrow0 + c * kXRowStep;
+      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
+      xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const bool ok = wgi[c] >= 0 && kb0 + wgi[c] < KG;
+      wa[c] = ld_weights(wsrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluWUnitsPerGroup : 0), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const bool ok = sgi[c] >= 0 && kb0 + sgi[c] < KG;
+      sa[c] = ld_weights_u32(ssrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluSWordsPerGroup : 0), ok);
+    }
+  };
+  auto store = [&](int stage) {
+    unsigned char* base = smem + stage * C::kStage;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int row, col;
+      gemm_w4::x_unit(idx, C::BK, &row, &col);
+      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kWLoads) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
+    }
+  };
+
+  float acc[C::MT][C::NT][4];  // v17: n8 tiles j < NTO of gate, j >= NTO of up (the same outputs)
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int j = 0; j < C::NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
+
+  // k-tile kt's math from its smem stage, for the first MTA m16 tiles (MT or MT / 2; the rest stay zero)
+  auto math = [&](int kt, auto mta) {
+    constexpr int MTA = decltype(mta)::value;
+    const unsigned char* base = smem + (kt & 1) * C::kStage;
+    const half* xs = reinterpret_cast<const half*>(base);
+    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
+    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
+#pragma unroll
+    for (int q = 0; q < C::GPW; ++q) {
+      const int gi = ks + C::WK * q;
+      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
+      uint32_t wd[C::NT], s2[C::NT];
+#pragma unroll
+      for (int mat = 0; mat < 2; ++mat) {  // v17: n8 tiles j0, j0 + 1 of tile super-row osr (gate), SRM + osr (up)
+        const int t = mat * C::SRM + osr;
+        const uint2 w = *reinterpret_cast<const uint2*>(ws + gemm_w4::b_word(t, gi, C::G, lane, j0));
+        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + gemm_w4::b_scale(t, gi, C::G, lane, j0));
+        wd[2 * mat] = w.x, wd[2 * mat + 1] = w.y;
+        s2[2 * mat] = __byte_perm(sc, 0, 0x1010), s2[2 * mat + 1] = __byte_perm(sc, 0, 0x3232);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
+        uint32_t b[C::NT][2];
+#pragma unroll
+        for (int j = 0; j < C::NT; ++j) w4x_pairs(h ? wd[j] >> 8 : wd[j], s2[j], &b[j][0], &b[j][1]);
+#pragma unroll
+        for (int i = 0; i < MTA; ++i) {
+          int row, col;
+          gemm_w4::a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
+          uint32_t af[4];
+          ldsm_x4(af, xs + row * C::XS + col);
+#pragma unroll
+          for (int j = 0; j < C::NT; ++j) mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
+        }
+      }
+    }
+  };
+  auto math_any = [&](int kt) {
+    if (full)
+      math(kt, std::integral_constant<int, C::MT>());
+    else if (rows_left > 0)
+      math(kt, std::integral_constant<int, C::MT / 2>());
+  };
+
+  pdl_enter();  // X comes from the previous kernel
+  load(0);
+  store(0);
+  __syncthreads();
+  for (int kt = 0; kt < KT; ++kt) {
+    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
+    math_any(kt);
+    if (kt + 1 < KT) store((kt + 1) & 1);
+    __syncthreads();
+  }
+
+  if constexpr (C::WK > 1) {  // the k-warps' partial tiles (the stages are free after the loop)
+    gemm_w4_kwarp_sum<C>(&acc[0][0][0], reinterpret_cast<float*>(smem), ks, wmn, lane);
+    if (ks != 0) return;
+  }
+
+  // v17: the epilogue, gelu_mul_kernel's expression on g and u of each output; a row's 4 lanes write 16
+  // contiguous bytes per n8 tile as half2
+  const int nb = nb0 + osr;
+  if (nb >= NB) return;
+  const int g = lane >> 2, t = lane & 3, row0 = m0 + wm * C::MT * 16, col0 = nb * 32 + 8 * j0;
+#pragma unroll
+  for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8 of the m16 tile: accumulators 2 hr, 2 hr + 1
+      const int row = row0 + 16 * i + g + 8 * hr;
+      if (row >= a.m) continue;
+#pragma unroll
+      for (int j = 0; j < C::NTO; ++j) {
+        const float* gv = acc[i][j] + 2 * hr;
+        const float* uv = acc[i][j + C::NTO] + 2 * hr;
+        const half2 v = __halves2half2(to_half_sat(gelu_tanh(gv[0]) * uv[0]), to_half_sat(gelu_tanh(gv[1]) * uv[1]));
+        *reinterpret_cast<half2*>(a.out + size_t(row) * a.ld16 + col0 + 8 * j + 2 * t) = v;
+      }
+    }
+}
+
+// out = half(gelu_tanh(x gate^T) * (x up^T)) in one launch (GluCfg C, no split-K). cudaErrorInvalidValue for shapes or
+// alignments the kernel does not take (launch_gemm_w4_cfg's for an XCfg, with ld16 % 2, ld16 < N and out 4-byte
+// aligned for Y's).
+template <class C = gemm_w4::GluSmall>
+inline cudaError_t launch_gemm_w4_glu(const GemmW4GluArgs& a, const Launch& l) {
+  bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 4 == 0;
+  for (int mat = 0; mat < 2; ++mat)
+    aligned =
+        aligned && reinterpret_cast<uintptr_t>(a.wp[mat]) % 16 == 0 && reinterpret_cast<uintptr_t>(a.sp[mat]) % 16 == 0;
+  if (a.m < 0 || a.n % 32 != 0 || a.k % 32 != 0 || a.ldx % 8 != 0 || a.ld16 % 2 != 0 || a.ldx < a.k || a.ld16 < a.n ||
+      int64_t(a.m) * a.ldx >= (int64_t(1) << 31) || !aligned)
+    return cudaErrorInvalidValue;
+  if (a.m == 0 || a.n == 0) return cudaSuccess;
+  if (a.k == 0) return cudaErrorInvalidValue;
+  const dim3 grid(ceil_div(size_t(a.n), C::BNO), ceil_div(size_t(a.m), C::BM));
+  if (grid.y > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(gemm_w4x_glu_kernel<C>, grid, C::kThreads, l, a);
+}
+
 // One configuration C, a Cfg (gemm_w4_kernel) or an XCfg (gemm_w4x_kernel); the lab instantiates others. Returns
 // cudaErrorInvalidValue for shapes or alignments the kernel does not take (N % 32, K % 32, K == 0, ldx % 8, ldy % 2,
 // ldx < K, ldy < N, x / wp / sp not 16-byte or y not 8-byte aligned; an XCfg: M ldx >= 2^31 (32-bit X offsets);
@@ -7831,30 +8085,44 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
 }
 
 // The tile configuration for an M x N x K product: f(C()) for the shipped configuration C that serves it.
-// Measured with dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (e); each E2B shape at M 33, 64, 128, 256,
+// Measured with dev/gemm_w4.cu on the H200 (bench/RESULTS.md 2026-12-04 (e) and (f); each E2B shape at M 33..256,
 // split-K as the engine does): up to 256 rows the reworked kernel's 64 x 128 x 64 tile (XSmall, lab version 12: two
 // blocks per SM, a cheaper dequant) is fastest nearly everywhere, 11-30% ahead of the 64 x 64 x 128 tile on q_proj
-// and gate/up, 2-18% ahead of the 128 x 128 x 64 tile on o_proj and down_proj at 33..64 and 256 rows -- except
-// those (N <= 2048, K >= 2048) at 65..128 rows, where the 128 x 128 x 64 tile's 11-way split-K is 6-49% faster
-// (12 output tiles against XSmall's 24 and 6 splits); past 256 rows (prefill) the 128 x 128 x 32 tile at two blocks
-// per SM, as before. M <= 32 (not an engine shape: the GEMVs take them): the 32 x 64 x 128 tile.
+// and gate/up. On the N <= 2048 matrices with a long K (o_proj at 65..256 rows, down_proj at any) its split-K filling
+// both blocks of every SM (XSmallFill, lab version 16) beats both it and the 128 x 128 x 64 tile that served 65..128
+// rows: down_proj at 128 rows 18.8 us against 24.9 / 19.3, the double-wide one 27.9 against 41.3 / 28.0, at 256 rows
+// 37.1 / 63.4 against 41.3 / 73.8; o_proj at 33..64 rows keeps XSmall (10.2 against 11.1 us). Past 256 rows
+// (prefill) the 128 x 128 x 32 tile at two blocks per SM, as before. M <= 32 (not an engine shape: the GEMVs take
+// them): the 32 x 64 x 128 tile.
 template <class F>
 inline auto gemm_w4_by_shape(int m, int n, int k, F&& f) {
   if (m <= 32) return f(gemm_w4::CfgTiny());
   if (m <= 256) {
-    if (m > 64 && m <= 128 && n <= 2048 && k >= 2048) return f(gemm_w4::CfgDeep());
+    if (n <= 2048 && (k >= 4096 || (m > 64 && k >= 2048))) return f(gemm_w4::XSmallFill());
     return f(gemm_w4::XSmall());
   }
   return f(gemm_w4::CfgLarge());
 }
 
-// The configuration launch_gemm_w4 takes for an M x N x K product: BM x BN output tiles, BK k per tile.
+// Blocks per SM that a configuration's split-K fills: XCfg's SLOTS, 1 for a Cfg.
+template <class C, class = void>
+struct GemmW4Slots {
+  static constexpr int value = 1;
+};
+template <class C>
+struct GemmW4Slots<C, std::void_t<decltype(C::SLOTS)>> {
+  static constexpr int value = C::SLOTS;
+};
+
+// The configuration launch_gemm_w4 takes for an M x N x K product: BM x BN output tiles, BK k per tile, split-K
+// filling `slots` blocks per SM.
 struct GemmW4Tile {
-  int bm, bn, bk;
+  int bm, bn, bk, slots = 1;
 };
 inline GemmW4Tile gemm_w4_tile(int m, int n, int k) {
   return gemm_w4_by_shape(m, n, k, [](auto c) {
-    return GemmW4Tile{decltype(c)::BM, decltype(c)::BN, decltype(c)::BK};
+    using C = decltype(c);
+    return GemmW4Tile{C::BM, C::BN, C::BK, GemmW4Slots<C>::value};
   });
 }
 
@@ -7872,9 +8140,10 @@ inline int gemm_w4_splits_for(const GemmW4Tile& t, int m, int n, int k, int sms,
   if (s > fit) s = fit;
   return s > 1 ? int(s) : 1;
 }
-// The same for the tile launch_gemm_w4 takes for that shape (gemm_w4_by_shape).
+// The same for the tile launch_gemm_w4 takes for that shape (gemm_w4_by_shape), filling its slots per SM.
 inline int gemm_w4_splits(int m, int n, int k, int sms, size_t part_floats) {
-  return gemm_w4_splits_for(gemm_w4_tile(m, n, k), m, n, k, sms, part_floats);
+  const GemmW4Tile t = gemm_w4_tile(m, n, k);
+  return gemm_w4_splits_for(t, m, n, k, sms * t.slots, part_floats);
 }
 
 // One launch for any shape: the tile configuration by shape (gemm_w4_by_shape).
@@ -9920,7 +10189,7 @@ struct Workspace {
   half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
   half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
   float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
-                            // per_layer_model_projection
+                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp)
   float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes)
   float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
   float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
@@ -10445,7 +10714,8 @@ class LayerEncoder {
   }
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
-  // into act16; larger passes: cuBLAS, then the element-wise kernel into x16.
+  // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
+  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS, then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -10456,6 +10726,18 @@ class LayerEncoder {
                                           c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_),
             "gate/up_proj + GELU");
         act_ = ws_.act16;
+        return Status::ok();
+      }
+      const int n = p_.rows, I = c_.layers[l].intermediate_size;
+      if (d.gate.wp && d.up.wp && n <= p_.gemm_rows && n <= kGluMaxRows) {
+        // the w4a16 GEMM's rows: gate, up and the GELU product in one launch, the act as fp16 in proj_a's memory
+        half* act = reinterpret_cast<half*>(ws_.proj_a);
+        kernels::GemmW4GluArgs a;
+        a.x = ws_.x16, a.ldx = c_.hidden_size, a.m = n, a.n = I, a.k = c_.hidden_size;
+        a.wp[0] = d.gate.wp, a.sp[0] = d.gate.sp, a.wp[1] = d.up.wp, a.sp[1] = d.up.sp;
+        a.out = act, a.ld16 = I;
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4_glu(a, ln_), "gate/up_proj + GELU");
+        act_ = act;
         return Status::ok();
       }
       GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
@@ -10537,6 +10819,8 @@ class LayerEncoder {
                        p.what);
     return Status::ok();
   }
+
+  static constexpr int kGluMaxRows = 256;  // the fused gate/up GEMM's rows (its 64-row tile's range, gemm_w4.cuh)
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 

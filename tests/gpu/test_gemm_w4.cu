@@ -12,12 +12,14 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "../../kernels/elementwise.cuh"
 #include "../../kernels/gemm_w4.cuh"
 #include "gemma4_t4.hpp"
 #include "gemma4_t4/common.hpp"
@@ -131,6 +133,86 @@ TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at o
         gputest::check_max_rel(got, ref, kTol, what);
       }
     }
+}
+
+// launch_gemm_w4_glu (the MLP's gate and up with the GELU product, one launch): against the host (the two double
+// sums, gelu_tanh and the product in double) at odd sizes, and bit for bit against the unfused path at the same sums
+// (XSmall unsplit for gate and for up, then launch_gelu_mul); out [M + 1, ld16] poisoned, padding must stay so.
+TEST_CASE("gemm_w4 glu: gate, up and the GELU product in one launch, against the host and the unfused path",
+          "[gpu][gemm_w4]") {
+  gputest::Stream st;
+  const struct { int n, k; } shapes[] = {{32, 32}, {96, 416}, {160, 96}, {1056, 1568}, {256, 1536}};
+  unsigned seed = 1700;
+  for (const auto& sh : shapes)
+    for (const int M : {1, 17, 33, 100, 257}) {
+      const int ldx = sh.k + 8, ld16 = sh.n + 2;
+      const Problem g = random_problem(M, sh.n, sh.k, ldx, sh.n, seed += 7);
+      Problem u = random_problem(M, sh.n, sh.k, ldx, sh.n, seed += 7);
+      u.x = g.x;  // one X
+      const std::vector<double> rg = gemm_w4_ref(g.x, ldx, M, sh.n, sh.k, g.wq, g.s);
+      const std::vector<double> ru = gemm_w4_ref(g.x, ldx, M, sh.n, sh.k, u.wq, u.s);
+      std::vector<double> ref(rg.size());
+      for (size_t i = 0; i < ref.size(); ++i) {
+        const double v = rg[i];
+        const double gl = 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        ref[i] = std::max(-65504.0, std::min(65504.0, gl * ru[i]));
+      }
+      Dev<half> x(g.x.size()), sg(g.s.size()), su(u.s.size()), spg(g.s.size()), spu(u.s.size());
+      Dev<uint32_t> wqg(g.wq.size()), wqu(u.wq.size()), wpg(g.wq.size()), wpu(u.wq.size());
+      Dev<half> out(size_t(M + 1) * ld16), act(size_t(M) * sh.n);
+      Dev<float> yg(size_t(M) * sh.n), yu(size_t(M) * sh.n);
+      x.upload(g.x);
+      sg.upload(g.s);
+      su.upload(u.s);
+      wqg.upload(g.wq);
+      wqu.upload(u.wq);
+      REQUIRE_CUDA(kn::launch_repack_w4_gemm(wqg.get(), sg.get(), sh.n, sh.k, wpg.get(), spg.get(), st.s));
+      REQUIRE_CUDA(kn::launch_repack_w4_gemm(wqu.get(), su.get(), sh.n, sh.k, wpu.get(), spu.get(), st.s));
+      out.poison();
+      kn::GemmW4GluArgs a;
+      a.x = x.get(), a.ldx = ldx, a.m = M, a.n = sh.n, a.k = sh.k;
+      a.wp[0] = wpg.get(), a.sp[0] = spg.get(), a.wp[1] = wpu.get(), a.sp[1] = spu.get();
+      a.out = out.get(), a.ld16 = ld16;
+      REQUIRE_CUDA(kn::launch_gemm_w4_glu(a, st.s));
+      // the unfused path at the same sums
+      kn::GemmW4Args b;
+      b.x = x.get(), b.ldx = ldx, b.m = M, b.n = sh.n, b.k = sh.k, b.ldy = sh.n;
+      b.wp = wpg.get(), b.sp = spg.get(), b.y = yg.get();
+      REQUIRE_CUDA(kn::launch_gemm_w4_cfg<kn::gemm_w4::XSmall>(b, st.s));
+      b.wp = wpu.get(), b.sp = spu.get(), b.y = yu.get();
+      REQUIRE_CUDA(kn::launch_gemm_w4_cfg<kn::gemm_w4::XSmall>(b, st.s));
+      REQUIRE_CUDA(kn::launch_gelu_mul(yg.get(), yu.get(), size_t(M) * sh.n, act.get(), st.s));
+      st.sync();
+      const std::vector<uint16_t> o = out.download<uint16_t>(), un = act.download<uint16_t>();
+      std::vector<float> got(size_t(M) * sh.n);
+      size_t stray = 0, differ = 0;
+      for (int m = 0; m <= M; ++m)
+        for (int n = 0; n < ld16; ++n) {
+          const uint16_t v = o[size_t(m) * ld16 + n];
+          if (m < M && n < sh.n) {
+            got[size_t(m) * sh.n + n] = f16_to_f32(v);
+            differ += v != un[size_t(m) * sh.n + n];
+          } else {
+            stray += v != 0xFFFFu;
+          }
+        }
+      const std::string what = gputest::cat("gemm_w4 glu M ", M, " N ", sh.n, " K ", sh.k);
+      INFO(what << ": " << stray << " halves outside out [M, N] changed, " << differ
+                << " differ from the unfused path");
+      CHECK(stray == 0);
+      CHECK(differ == 0);
+      gputest::check_max_rel(got, ref, 2e-3, what);
+    }
+  // refused before any launch: ld16 < N, odd ld16, N or K not a multiple of 32
+  kn::GemmW4GluArgs bad;
+  bad.m = 1, bad.n = 64, bad.k = 32, bad.ldx = 32, bad.ld16 = 62;
+  CHECK(kn::launch_gemm_w4_glu(bad, st.s) == cudaErrorInvalidValue);
+  bad.ld16 = 65;
+  CHECK(kn::launch_gemm_w4_glu(bad, st.s) == cudaErrorInvalidValue);
+  bad.ld16 = 64, bad.n = 48;
+  CHECK(kn::launch_gemm_w4_glu(bad, st.s) == cudaErrorInvalidValue);
+  bad.n = 64, bad.k = 40, bad.ldx = 40;
+  CHECK(kn::launch_gemm_w4_glu(bad, st.s) == cudaErrorInvalidValue);
 }
 
 TEST_CASE("gemm_w4: the same call twice is bit-identical", "[gpu][gemm_w4]") {

@@ -14,7 +14,8 @@
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
-//   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out
+//   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -205,7 +206,8 @@ class LayerEncoder {
   }
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
-  // into act16; larger passes: cuBLAS, then the element-wise kernel into x16.
+  // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
+  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS, then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -216,6 +218,18 @@ class LayerEncoder {
                                           c_.hidden_size, ws_.act16, c_.layers[l].intermediate_size, ln_),
             "gate/up_proj + GELU");
         act_ = ws_.act16;
+        return Status::ok();
+      }
+      const int n = p_.rows, I = c_.layers[l].intermediate_size;
+      if (d.gate.wp && d.up.wp && n <= p_.gemm_rows && n <= kGluMaxRows) {
+        // the w4a16 GEMM's rows: gate, up and the GELU product in one launch, the act as fp16 in proj_a's memory
+        half* act = reinterpret_cast<half*>(ws_.proj_a);
+        kernels::GemmW4GluArgs a;
+        a.x = ws_.x16, a.ldx = c_.hidden_size, a.m = n, a.n = I, a.k = c_.hidden_size;
+        a.wp[0] = d.gate.wp, a.sp[0] = d.gate.sp, a.wp[1] = d.up.wp, a.sp[1] = d.up.sp;
+        a.out = act, a.ld16 = I;
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4_glu(a, ln_), "gate/up_proj + GELU");
+        act_ = act;
         return Status::ok();
       }
       GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
@@ -297,6 +311,8 @@ class LayerEncoder {
                        p.what);
     return Status::ok();
   }
+
+  static constexpr int kGluMaxRows = 256;  // the fused gate/up GEMM's rows (its 64-row tile's range, gemm_w4.cuh)
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 

@@ -76,7 +76,7 @@ struct Workspace {
   half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
   half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
   float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
-                            // per_layer_model_projection
+                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp)
   float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes)
   float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
   float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
