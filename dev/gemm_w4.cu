@@ -35,7 +35,7 @@
 //   16 version 12 (the shipped XSmall) with split-K filling two blocks per SM: the candidate for o_proj / down_proj
 //      at 65..128 rows, where 12 at the engine's split (24 tiles, 6 splits) lost to 3 (12 tiles, 11 splits) and 15
 //      gained on 13 that way (2026-12-04 (e)).
-//   17 the MLP's gate and up projections and the GELU product in one launch (gemm_w4x_glu_kernel, this file):
+//   17 the MLP's gate and up projections and the GELU product in one launch (kernels/gemm_w4.cuh gemm_w4x_glu_kernel):
 //      act16[m, o] = half(gelu_tanh(x . Wg[o]) * (x . Wu[o])), fp16 out (row stride ld16). Version 12's tile and
 //      math (XSmall: 64 x 128 x 64, warps 1 x 4 x 2, 2 blocks per SM on sm_80+), its 128 accumulator columns being
 //      64 outputs of gate and the same 64 of up (a warp: n8 tiles j0, j0 + 1 of both, so g and u of one (m, o) sit in
@@ -214,8 +214,8 @@ void fill_x(const std::vector<uint16_t>& x, int ldx, int M, int K, int m0, int k
   }
 }
 
-// One k-tile's X and W parts of a "smem" stage as both kernels' tile loads fill them (x_unit, w_unit; zeros past M,
-// K and N): the emulators' common part (the S part differs: 16-byte units, or v12's 4-byte words).
+// One k-tile's X and W parts of a "smem" stage as gemm_w4_kernel's tile load fills them (x_unit, w_unit; zeros past
+// M, K and N). emulate_x fills W through its tile source map (one matrix, or gate | up).
 template <class C>
 void fill_xw(const std::vector<uint16_t>& x, int ldx, int M, int N, int K, const std::vector<uint32_t>& wp, int m0,
              int nb0, int kb0, std::vector<uint16_t>* xs, std::vector<uint32_t>* ws) {
@@ -391,40 +391,76 @@ void host_w4x_pair(uint32_t word, int s, uint16_t scale, float* lo, float* hi) {
   *hi = h2f(f2h(q[1] * h2f(scale)));
 }
 
-// emulate<C> for an XCfg: the same tile-load maps, a warp's (super-row, j0) n8 tiles, w4x_pairs' dequant.
+// The emulated part of the reworked kernels' tile sources (kernels/gemm_w4.cuh W4xOneMatrix, W4xGateUp), for
+// emulate_x. EmuOneMatrix: gemm_w4x_kernel's, the block's BN / 32 super-rows of one matrix, a warp's NT n8 tiles
+// from j0_of(wn) in super-row sr_of(wn), the sums as they are.
 template <class C>
+struct EmuOneMatrix {
+  static constexpr int kSuperRows = C::BN / 32;  // output super-rows per block
+  static constexpr int kOutNT = C::NT;           // output n8 tiles per warp
+  static int sr_of(int wn) { return C::sr_of(wn); }
+  static int j0_of(int wn) { return C::j0_of(wn); }
+  // W tile unit idx (16 bytes) of the k-tile at group kb0 -> its matrix, global unit, super-row nb, group gi in the
+  // tile (w_unit)
+  static size_t w_src(int idx, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
+    int sr;
+    const size_t src = w_unit(idx, C::G, nb0, kb0, KG, &sr, gi);
+    *mat = 0;
+    *nb = nb0 + sr;
+    return src;
+  }
+  // the same for S tile word idx (4 bytes): word idx % 4 of 16-byte unit idx / 4 (s_unit)
+  static size_t s_src(int idx, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
+    int sr;
+    const size_t src = s_unit(idx / 4, C::G, nb0, kb0, KG, &sr, gi) * 4 + idx % 4;
+    *mat = 0;
+    *nb = nb0 + sr;
+    return src;
+  }
+  // accumulator n8 tile j of the warp at (sr, j0) -> the tile super-row t and n8 tile jj of its B
+  static void b_tile(int sr, int j0, int j, int* t, int* jj) {
+    *t = sr;
+    *jj = j0 + j;
+  }
+  // output n8 tile j (< kOutNT) of m16 tile i, fragment element c, from a lane's kAcc accumulators a
+  static double out(const double* a, int i, int j, int c) { return a[(i * C::NT + j) * 4 + c]; }
+};
+
+// Emulates gemm_w4x_tile<C, Src> on the CPU, Map being Src's emulated part (EmuOneMatrix, EmuGateUp): the X tile map
+// and Map's W / S maps into a "smem" stage (zeros past M, N and K; S as 4-byte words, the kSSep configurations' loads:
+// the others' 16-byte S unit u is words 4u..4u+3 of the same map, the same bytes), a warp's B n8 tiles from Map,
+// w4x_pairs' dequant, ldmatrix.x4 and m16n8k16 per the PTX ISA's fragment layouts, and Map's epilogue. wp, sp: the
+// matrices Map reads (one; gate and up). Sums in double.
+template <class C, class Map = EmuOneMatrix<C>>
 std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
-                              const std::vector<uint32_t>& wp, const std::vector<uint16_t>& sp) {
+                              const std::vector<uint32_t>* wp, const std::vector<uint16_t>* sp) {
   std::vector<double> y(size_t(M) * N, std::nan(""));
   const int NB = N / 32, KG = K / 32, KT = (KG + C::G - 1) / C::G;
   std::vector<uint16_t> xs(size_t(C::BM) * C::XS);
   std::vector<uint32_t> ws(size_t(C::kWBytes) / 4);
   std::vector<uint16_t> ss(size_t(C::kSBytes) / 2);
   for (int by = 0; by * C::BM < M; ++by)
-    for (int bx = 0; bx * C::BN < N; ++bx) {
-      const int m0 = by * C::BM, nb0 = bx * (C::BN / 32);
+    for (int bx = 0; bx * 32 * Map::kSuperRows < N; ++bx) {
+      const int m0 = by * C::BM, nb0 = bx * Map::kSuperRows;
       std::vector<double> acc(size_t(C::WM * C::WN) * 32 * C::kAcc, 0.0);
       for (int kt = 0; kt < KT; ++kt) {
         const int kb0 = kt * C::G;
-        fill_xw<C>(x, ldx, M, N, K, wp, m0, nb0, kb0, &xs, &ws);
-        if constexpr (!C::kSSep) {
-          for (int idx = 0; idx < C::kSLoads; ++idx) {
-            int sr, gi;
-            const size_t src = s_unit(idx, C::G, nb0, kb0, KG, &sr, &gi);
-            const bool ok = nb0 + sr < NB && kb0 + gi < KG;
-            for (int e = 0; e < 8; ++e) ss[size_t(idx) * 8 + e] = ok ? sp[src * 8 + e] : 0;
-          }
-        } else {  // the kernel's 4-byte scale words
-          for (int idx = 0; idx < C::kSWords; ++idx) {
-            int sr, gi;
-            const size_t src = s_unit(idx / 4, C::G, nb0, kb0, KG, &sr, &gi) * 4 + idx % 4;
-            const bool ok = nb0 + sr < NB && kb0 + gi < KG;
-            for (int e = 0; e < 2; ++e) ss[size_t(idx) * 2 + e] = ok ? sp[src * 2 + e] : 0;
-          }
+        fill_x<C>(x, ldx, M, K, m0, kb0, &xs);
+        for (int idx = 0; idx < C::kWLoads; ++idx) {
+          int mat, nb, gi;
+          const size_t src = Map::w_src(idx, nb0, kb0, KG, &mat, &nb, &gi);
+          const bool ok = nb < NB && kb0 + gi < KG;
+          for (int e = 0; e < 4; ++e) ws[size_t(idx) * 4 + e] = ok ? wp[mat][src * 4 + e] : 0;
+        }
+        for (int idx = 0; idx < C::kSWords; ++idx) {
+          int mat, nb, gi;
+          const size_t src = Map::s_src(idx, nb0, kb0, KG, &mat, &nb, &gi);
+          const bool ok = nb < NB && kb0 + gi < KG;
+          for (int e = 0; e < 2; ++e) ss[size_t(idx) * 2 + e] = ok ? sp[mat][src * 2 + e] : 0;
         }
         for (int warp = 0; warp < 8; ++warp) {
           const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
-          const int sr = C::sr_of(wn), j0 = C::j0_of(wn);
+          const int sr = Map::sr_of(wn), j0 = Map::j0_of(wn);
           for (int q = 0; q < C::GPW; ++q) {
             const int gi = ks + C::WK * q;
             if (kb0 + gi >= KG) continue;
@@ -433,88 +469,8 @@ std::vector<double> emulate_x(const std::vector<uint16_t>& x, int ldx, int M, in
                 float A[16][16];
                 emulate_a<C>(xs, wm, i, gi, h, A);
                 for (int j = 0; j < C::NT; ++j) {
-                  float B[16][8];
-                  for (int lane = 0; lane < 32; ++lane) {
-                    const int g = lane >> 2, t = lane & 3;
-                    const uint32_t word = ws[size_t(b_word(sr, gi, C::G, lane, j0 + j))];
-                    const uint16_t sc = ss[size_t(b_scale(sr, gi, C::G, lane, j0 + j))];
-                    host_w4x_pair(word, 2 * h, sc, &B[2 * t][g], &B[2 * t + 1][g]);
-                    host_w4x_pair(word, 2 * h + 1, sc, &B[2 * t + 8][g], &B[2 * t + 9][g]);
-                  }
-                  emulate_mma(A, B, &acc[size_t(wmn) * 32 * C::kAcc + (i * C::NT + j) * 4], C::kAcc);
-                }
-              }
-          }
-        }
-      }
-      for (int wmn = 0; wmn < C::WM * C::WN; ++wmn)
-        for (int lane = 0; lane < 32; ++lane)
-          for (int i = 0; i < C::MT; ++i)
-            for (int j = 0; j < C::NT; ++j)
-              for (int c = 0; c < 4; ++c) {
-                const int wm = wmn / C::WN, wn = wmn % C::WN, g = lane >> 2, t = lane & 3;
-                const int row = m0 + wm * C::MT * 16 + 16 * i + g + 8 * (c >> 1);
-                const int col = (nb0 + C::sr_of(wn)) * 32 + 8 * (C::j0_of(wn) + j) + 2 * t + (c & 1);
-                if (row < M && col < N)
-                  y[size_t(row) * N + col] = acc[(size_t(wmn) * 32 + lane) * C::kAcc + (i * C::NT + j) * 4 + c];
-              }
-    }
-  return y;
-}
-
-// ---- version 17: gate/up + GELU in one launch, host part: configuration, tile maps, emulation ----
-// The block's weight tile is a base XCfg's (v17: XSmall, 4 super-rows x G groups), filled from two matrices: tile
-// super-rows [0, SRM) are gate's super-rows nb0 .. nb0 + SRM - 1, [SRM, 2 SRM) up's same ones (SRM = BN / 64), so
-// the smem stage, the loads per thread and the math per warp are the base's. A warp's NT = 4 n8 tiles are n8 tiles
-// j0, j0 + 1 of output super-row osr in gate (accumulators j 0, 1) and in up (j 2, 3): g and u of one output sit in
-// one lane (the epilogue needs no exchange). Its B operand: two 8-byte words and two 4-byte scale words instead of
-// one 16-byte and one 8-byte shared load (the dequant, ldmatrix and mma counts are v12's).
-// The shipped change this would become: gemm_w4x_kernel with a source map for tile super-rows (one matrix as today,
-// or gate | up), a warp map (sr_of / j0_of, or osr_of / oj0_of over both halves) and an epilogue parameter (fp32
-// store / GELU product to fp16), all compile-time, and the load sources hoisted out of the k loop (as here).
-// emulate_x for version 17: the same X fill, the W / S tiles through glu_w_unit / glu_s_unit, a warp's gate and up
-// n8 tiles, and the epilogue's gelu_mul_ref on the (double) accumulators of one lane: act [M, N] in double.
-template <class C>
-std::vector<double> emulate_glu(const std::vector<uint16_t>& x, int ldx, int M, int N, int K,
-                                const std::vector<uint32_t> (&wp)[2], const std::vector<uint16_t> (&sp)[2]) {
-  std::vector<double> y(size_t(M) * N, std::nan(""));
-  const int NB = N / 32, KG = K / 32, KT = (KG + C::G - 1) / C::G;
-  std::vector<uint16_t> xs(size_t(C::BM) * C::XS);
-  std::vector<uint32_t> ws(size_t(C::kWBytes) / 4);
-  std::vector<uint16_t> ss(size_t(C::kSBytes) / 2);
-  for (int by = 0; by * C::BM < M; ++by)
-    for (int bx = 0; bx * C::BNO < N; ++bx) {
-      const int m0 = by * C::BM, nb0 = bx * C::SRM;
-      std::vector<double> acc(size_t(C::WM * C::WN) * 32 * C::kAcc, 0.0);
-      for (int kt = 0; kt < KT; ++kt) {
-        const int kb0 = kt * C::G;
-        fill_x<C>(x, ldx, M, K, m0, kb0, &xs);
-        for (int idx = 0; idx < C::kWLoads; ++idx) {  // the kernel's: k-tile 0's unit + kb0 groups
-          int mat, nb, gi;
-          const size_t src =
-              glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi) + size_t(kb0) * kGluWUnitsPerGroup;
-          const bool ok = nb < NB && kb0 + gi < KG;
-          for (int e = 0; e < 4; ++e) ws[size_t(idx) * 4 + e] = ok ? wp[mat][src * 4 + e] : 0;
-        }
-        for (int idx = 0; idx < C::kSWords; ++idx) {
-          int mat, nb, gi;
-          const size_t src = glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi) * 4 + idx % 4 +
-                             size_t(kb0) * kGluSWordsPerGroup;
-          const bool ok = nb < NB && kb0 + gi < KG;
-          for (int e = 0; e < 2; ++e) ss[size_t(idx) * 2 + e] = ok ? sp[mat][src * 2 + e] : 0;
-        }
-        for (int warp = 0; warp < 8; ++warp) {
-          const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
-          const int osr = C::osr_of(wn), j0 = C::oj0_of(wn);
-          for (int q = 0; q < C::GPW; ++q) {
-            const int gi = ks + C::WK * q;
-            if (kb0 + gi >= KG) continue;
-            for (int h = 0; h < 2; ++h)
-              for (int i = 0; i < C::MT; ++i) {
-                float A[16][16];
-                emulate_a<C>(xs, wm, i, gi, h, A);
-                for (int j = 0; j < C::NT; ++j) {  // j / NTO: the matrix; j % NTO: the n8 tile after j0
-                  const int t = j / C::NTO * C::SRM + osr, jj = j0 + j % C::NTO;
+                  int t, jj;
+                  Map::b_tile(sr, j0, j, &t, &jj);
                   float B[16][8];
                   for (int lane = 0; lane < 32; ++lane) {
                     const int g = lane >> 2, tq = lane & 3;
@@ -532,19 +488,51 @@ std::vector<double> emulate_glu(const std::vector<uint16_t>& x, int ldx, int M, 
       for (int wmn = 0; wmn < C::WM * C::WN; ++wmn)
         for (int lane = 0; lane < 32; ++lane)
           for (int i = 0; i < C::MT; ++i)
-            for (int j = 0; j < C::NTO; ++j)
+            for (int j = 0; j < Map::kOutNT; ++j)
               for (int c = 0; c < 4; ++c) {
                 const int wm = wmn / C::WN, wn = wmn % C::WN, g = lane >> 2, t = lane & 3;
                 const int row = m0 + wm * C::MT * 16 + 16 * i + g + 8 * (c >> 1);
-                const int col = (nb0 + C::osr_of(wn)) * 32 + 8 * (C::oj0_of(wn) + j) + 2 * t + (c & 1);
-                const double* a = &acc[(size_t(wmn) * 32 + lane) * C::kAcc];
+                const int col = (nb0 + Map::sr_of(wn)) * 32 + 8 * (Map::j0_of(wn) + j) + 2 * t + (c & 1);
                 if (row < M && col < N)
-                  y[size_t(row) * N + col] =
-                      gelu_mul_ref(a[(i * C::NT + j) * 4 + c], a[(i * C::NT + j + C::NTO) * 4 + c]);
+                  y[size_t(row) * N + col] = Map::out(&acc[(size_t(wmn) * 32 + lane) * C::kAcc], i, j, c);
               }
     }
   return y;
 }
+
+// ---- version 17: gate/up + GELU in one launch, host part: configuration, tile maps, emulation ----
+// The block's weight tile is a base XCfg's (v17: XSmall, 4 super-rows x G groups), filled from two matrices: tile
+// super-rows [0, SRM) are gate's super-rows nb0 .. nb0 + SRM - 1, [SRM, 2 SRM) up's same ones (SRM = BN / 64), so
+// the smem stage, the loads per thread and the math per warp are the base's. A warp's NT = 4 n8 tiles are n8 tiles
+// j0, j0 + 1 of output super-row osr in gate (accumulators j 0, 1) and in up (j 2, 3): g and u of one output sit in
+// one lane (the epilogue needs no exchange). Its B operand: two 8-byte words and two 4-byte scale words instead of
+// one 16-byte and one 8-byte shared load (the dequant, ldmatrix and mma counts are v12's).
+// Shipped as kernels/gemm_w4.cuh's gemm_w4x_glu_kernel: gemm_w4x_kernel's block program (gemm_w4x_tile) with the
+// tile source W4xGateUp (the gate | up source map, the warp map osr_of / oj0_of over both halves, the GELU product
+// to fp16 as the epilogue, no split-K), the load sources formed once and moved by kb0 per k-tile.
+// EmuGateUp: W4xGateUp's emulated part for emulate_x, the sources formed as the kernel forms them (k-tile 0's + kb0
+// groups), and the epilogue's gelu_mul_ref on the (double) accumulators of one lane: act [M, N] in double.
+template <class C>
+struct EmuGateUp {
+  static constexpr int kSuperRows = C::SRM, kOutNT = C::NTO;
+  static int sr_of(int wn) { return C::osr_of(wn); }
+  static int j0_of(int wn) { return C::oj0_of(wn); }
+  static size_t w_src(int idx, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
+    return glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, mat, nb, gi) + size_t(kb0) * kGluWUnitsPerGroup;
+  }
+  static size_t s_src(int idx, int nb0, int kb0, int KG, int* mat, int* nb, int* gi) {
+    return glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, mat, nb, gi) * 4 + idx % 4 + size_t(kb0) * kGluSWordsPerGroup;
+  }
+  // accumulator n8 tile j: j / NTO the matrix (tile super-rows [0, SRM) gate, [SRM, 2 SRM) up), j % NTO after j0
+  static void b_tile(int osr, int j0, int j, int* t, int* jj) {
+    *t = j / C::NTO * C::SRM + osr;
+    *jj = j0 + j % C::NTO;
+  }
+  // output n8 tile j < NTO: gelu_mul_ref of gate's (n8 tile j) and up's (j + NTO) sums of one output
+  static double out(const double* a, int i, int j, int c) {
+    return gelu_mul_ref(a[(i * C::NT + j) * 4 + c], a[(i * C::NT + j + C::NTO) * 4 + c]);
+  }
+};
 
 void random_problem(std::mt19937* rng, int M, int N, int K, int ldx, std::vector<uint16_t>* x,
                     std::vector<uint32_t>* wq, std::vector<uint16_t>* s) {
@@ -593,13 +581,13 @@ bool self_check_one(const char* name, int M, int N, int K, std::mt19937* rng) {
   const std::vector<double> ref = gemm_w4_ref(x, ldx, M, N, K, wq, s);
   std::vector<double> got;
   if constexpr (IsX<C>::value)
-    got = emulate_x<C>(x, ldx, M, N, K, wp, sp);
+    got = emulate_x<C>(x, ldx, M, N, K, &wp, &sp);
   else
     got = emulate<C>(x, ldx, M, N, K, wp, sp);
   return compare_emulated(name, M, N, K, ref, got);
 }
 
-// Version 17's maps: emulate_glu against gemm_w4_glu_ref (gate and up drawn independently, one X).
+// Version 17's maps: emulate_x with EmuGateUp against gemm_w4_glu_ref (gate and up drawn independently, one X).
 template <class C>
 bool self_check_glu(const char* name, int M, int N, int K, std::mt19937* rng) {
   const int ldx = K + 8;
@@ -609,7 +597,7 @@ bool self_check_glu(const char* name, int M, int N, int K, std::mt19937* rng) {
   random_problem(rng, M, N, K, ldx, &x_unused, &wq[1], &s[1]);
   for (int mat = 0; mat < 2; ++mat) repack_host(wq[mat], s[mat], N, K, &wp[mat], &sp[mat]);
   const std::vector<double> ref = gemm_w4_glu_ref(x, ldx, M, N, K, wq[0], s[0], wq[1], s[1]);
-  return compare_emulated(name, M, N, K, ref, emulate_glu<C>(x, ldx, M, N, K, wp, sp));
+  return compare_emulated(name, M, N, K, ref, emulate_x<C, EmuGateUp<C>>(x, ldx, M, N, K, wp, sp));
 }
 
 // The repack against the checkpoint nibbles directly (every nibble of a few sizes), then every configuration's

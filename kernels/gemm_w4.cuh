@@ -239,7 +239,7 @@ using GluSmall = GluCfg<XSmall>;  // 64 rows x 64 outputs x 64 k (128 accumulato
 // group (the kernel adds kb0 times these to the k-tile-0 source of glu_w_unit / glu_s_unit; the emulator too).
 constexpr int kGluWUnitsPerGroup = 32, kGluSWordsPerGroup = 16;
 
-// Unit idx of v17's W tile (16-byte units, kept in smem as they are) -> its matrix (0 gate, 1 up), its global unit
+// Unit idx of GluCfg's W tile (16-byte units, kept in smem as they are) -> its matrix (0 gate, 1 up), its global unit
 // in that matrix's wp (w_unit), its super-row nb there and its group gi in the tile.
 GEMMA4_T4_GEMM_W4_HD inline size_t glu_w_unit(int idx, int G, int srm, int nb0, int kb0, int KG, int* mat, int* nb,
                                               int* gi) {
@@ -527,34 +527,53 @@ template <class C>
 constexpr int kXMinBlocks = C::MINB;
 #endif
 
-template <class C>
-__global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(const GemmW4Args a) {
-  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
-  const int sr = C::sr_of(wn), j0 = C::j0_of(wn);
-  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * (C::BN / 32);
-  const int NB = a.n / 32, KG = a.k / 32, KT_all = (KG + C::G - 1) / C::G;
-  const int z = int(blockIdx.z), kt_begin = int(int64_t(KT_all) * z / gridDim.z);
-  const int KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
-  // m16 tiles of this warp with a row below M: MT, or MT / 2 (the half instantiation of the math)
-  const int rows_left = a.m - m0 - wm * C::MT * 16;
-  const bool full = rows_left > C::MT / 2 * 16;
+// ---- the reworked kernels' block program (gemm_w4x_kernel, gemm_w4x_glu_kernel) ----
+// Both kernels run gemm_w4x_tile<C, Src>: one prologue, X tile load, smem stage [X tile | W tile | S tile], pipeline
+// (tile kt + 1's global loads in registers during tile kt's math, one barrier per k-tile), A side of the math
+// (ldmatrix.x4 + mma per m16 tile, with the half-MT instantiation) and k-warp sum. What differs between them is a
+// compile-time tile source Src (W4xOneMatrix, W4xGateUp), all of it inlined: each kernel compiles to the PTX its
+// own copy of the loop did (compared per function, sm_75 and sm_90). Src provides:
+//   Args                          the kernel's arguments: x, ldx, m, n, k as GemmW4Args, the weights, the output
+//   kSplitK                       the block's k-tiles are split blockIdx.z of gridDim.z, else all of them
+//   kSuperRows                    output super-rows per block (the block's first: blockIdx.x kSuperRows)
+//   sr_of(wn), j0_of(wn)          warp column wn -> its output super-row in the block, its first n8 tile there
+//   Src(a, tid, nb0, NB, KG)      a thread's load state, set up once before the k loop
+//   load(kb0, w)                  this thread's W and S units of the k-tile whose first group is kb0, into w (zeros
+//                                 past N and K). One call for both loops: with a call per unit, nvcc if-converts
+//                                 the bounds tests of W4xOneMatrix's maps differently (other code, same loads)
+//   b_operand(...)                a warp's NT B words and scale pairs of group gi from a stage's W / S parts
+//   store(a, acc, row0, nb, j0, lane)  the epilogue: a warp's accumulators to its rows from row0, output super-row
+//                                 nb from n8 tile j0 (the caller has dropped super-rows past N)
 
-  uint4 xa[C::kXL], wa[C::kWL];          // the next k-tile, in flight in registers
-  uint32_t sa[C::kSL > 0 ? C::kSL : 1];  // its scales, when they travel apart (kSSep)
-  // this thread's X units (x_unit): rows xrow0 + c kXRowStep, column xcol of the tile (one register, not kXL)
-  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
-  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
-  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
-  auto load = [&](int kt) {
-    const int kb0 = kt * C::G;
-#pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int row = m0 + xrow0 + c * kXRowStep;
-      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
-      xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
-    }
+// A warp's MT x NT accumulator tiles.
+template <class C>
+using W4xAcc = float[C::MT][C::NT][4];
+
+// A thread's share of one k-tile's weight tile in flight: kWL 16-byte units of W (!kSSep: of W | S, one register set
+// for both as Cfg's) and, when the scales travel apart (kSSep), kSL 4-byte words of S (4 registers fewer than a unit).
+template <class C>
+struct W4xWeights {
+  uint4 w[C::kWL];
+  uint32_t s[C::kSL > 0 ? C::kSL : 1];
+};
+
+// gemm_w4x_kernel's tile source: the block's BN / 32 super-rows of one matrix (the maps w_unit / s_unit evaluated per
+// k-tile, as lab version 12 was measured), a warp's NT n8 tiles from j0 in one super-row, split-K (launch_gemm_w4_cfg
+// sums the partial tiles), fp32 Y.
+template <class C>
+struct W4xOneMatrix {
+  using Args = GemmW4Args;
+  static constexpr bool kSplitK = true;
+  static constexpr int kSuperRows = C::BN / 32;
+  __device__ static constexpr int sr_of(int wn) { return C::sr_of(wn); }
+  __device__ static constexpr int j0_of(int wn) { return C::j0_of(wn); }
+
+  const Args& a;
+  const int tid, nb0, NB, KG;
+  __device__ __forceinline__ W4xOneMatrix(const Args& args, int t, int nb_first, int nb_all, int kg)
+      : a(args), tid(t), nb0(nb_first), NB(nb_all), KG(kg) {}
+
+  __device__ __forceinline__ void load(int kb0, W4xWeights<C>& r) const {
 #pragma unroll
     for (int c = 0; c < C::kWL; ++c) {
       const int idx = tid + c * C::kThreads;
@@ -564,16 +583,176 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
                               : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
       const bool ok = idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads) && nb0 + s_r < NB && kb0 + gi < KG;
       const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
-      wa[c] = ld_weights(base + (ok ? src : 0), ok);
+      r.w[c] = ld_weights(base + (ok ? src : 0), ok);
     }
 #pragma unroll
-    for (int c = 0; c < C::kSL; ++c) {  // kSSep: word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
+    for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
       const int idx = tid + c * C::kThreads;
       int s_r, gi;
       const size_t src = gemm_w4::s_unit(idx / 4, C::G, nb0, kb0, KG, &s_r, &gi) * 4 + idx % 4;
       const bool ok = idx < C::kSWords && nb0 + s_r < NB && kb0 + gi < KG;
-      sa[c] = ld_weights_u32(reinterpret_cast<const uint32_t*>(a.sp) + (ok ? src : 0), ok);
+      r.s[c] = ld_weights_u32(reinterpret_cast<const uint32_t*>(a.sp) + (ok ? src : 0), ok);
     }
+  }
+
+  // NT 4: the whole super-row sr, one 16-byte word load and one 8-byte scale load; NT 2: n8 tiles j0, j0 + 1 (j0
+  // even: 8- and 4-byte aligned)
+  __device__ static __forceinline__ void b_operand(const uint32_t* ws, const uint16_t* ss, int sr, int j0, int gi,
+                                                   int lane, uint32_t (&wd)[C::NT], uint32_t (&s2)[C::NT]) {
+    if constexpr (C::NT == 4) {
+      const uint4 w = *reinterpret_cast<const uint4*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, 0));
+      const uint2 sc = *reinterpret_cast<const uint2*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, 0));
+      wd[0] = w.x, wd[1] = w.y, wd[2] = w.z, wd[3] = w.w;
+      s2[0] = __byte_perm(sc.x, 0, 0x1010), s2[1] = __byte_perm(sc.x, 0, 0x3232);
+      s2[2] = __byte_perm(sc.y, 0, 0x1010), s2[3] = __byte_perm(sc.y, 0, 0x3232);
+    } else {
+      const uint2 w = *reinterpret_cast<const uint2*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, j0));
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, j0));
+      wd[0] = w.x, wd[1] = w.y;
+      s2[0] = __byte_perm(sc, 0, 0x1010), s2[1] = __byte_perm(sc, 0, 0x3232);
+    }
+  }
+
+  __device__ static __forceinline__ void store(const Args& a, const W4xAcc<C>& acc, int row0, int nb, int j0,
+                                               int lane) {
+    gemm_w4_store(a, acc, row0, nb * 32 + 8 * j0, lane);
+  }
+};
+
+// launch_gemm_w4_glu's arguments: the MLP's gate and up (the same shape and layout) and the fp16 act.
+struct GemmW4GluArgs {
+  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
+  int ldx = 0;
+  int m = 0, n = 0, k = 0;     // n: outputs of each matrix (the MLP width); N % 32 == 0, K % 32 == 0
+  const uint32_t* wp[2] = {};  // gate, up: [N/32][K/32][32][4] u32, the GEMM layout, 16-byte aligned
+  const half* sp[2] = {};      // gate, up: [N/32][K/32][8][4] fp16 scales, 16-byte aligned
+  half* out = nullptr;         // [M, ld16] fp16 act, 4-byte aligned, ld16 % 2 == 0
+  int ld16 = 0;
+};
+
+// gemm_w4x_glu_kernel's tile source (GluCfg C): tile super-rows [0, SRM) from gate, [SRM, 2 SRM) from up
+// (gemm_w4::glu_w_unit, glu_s_unit), a warp's B from its output super-row in both halves (accumulators j < NTO: gate,
+// j >= NTO: up, the same outputs), no split-K (the GELU needs whole sums; E2B's N of 6144 / 12288 makes 96 or more
+// tiles at M >= 33), and gelu_mul's expression as the epilogue: the unfused path's act16 bit for bit at the same sums
+// (checked by lab version 17 against XSmall unsplit + gelu_mul).
+template <class C>
+struct W4xGateUp {
+  using Args = GemmW4GluArgs;
+  static constexpr bool kSplitK = false;
+  static constexpr int kSuperRows = C::SRM;
+  __device__ static constexpr int sr_of(int wn) { return C::osr_of(wn); }
+  __device__ static constexpr int j0_of(int wn) { return C::oj0_of(wn); }
+
+  // A thread's W units and S words at k-tile 0 (their matrix selected once), advanced by kb0 groups per k-tile: the
+  // maps per k-tile (W4xOneMatrix's way) spill 16 bytes here with two matrices (sm_90, 128 registers).
+  const uint4* wsrc[C::kWL];
+  const uint32_t* ssrc[C::kSL];
+  int wgi[C::kWL], sgi[C::kSL];  // the unit's group in the tile; -1: none (past N, or no unit for this thread)
+  const int KG;
+  __device__ __forceinline__ W4xGateUp(const Args& a, int tid, int nb0, int NB, int kg) : KG(kg) {
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int idx = tid + c * C::kThreads;
+      int mat, nb;
+      const size_t src = gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &wgi[c]);
+      const bool ok = idx < C::kWLoads && nb < NB;
+      wgi[c] = ok ? wgi[c] : -1;
+      wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? src : 0);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
+      const int idx = tid + c * C::kThreads;
+      int mat, nb;
+      const size_t src = gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &sgi[c]) * 4 + idx % 4;
+      const bool ok = idx < C::kSWords && nb < NB;
+      sgi[c] = ok ? sgi[c] : -1;
+      ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? src : 0);
+    }
+  }
+
+  __device__ __forceinline__ void load(int kb0, W4xWeights<C>& r) const {
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const bool ok = wgi[c] >= 0 && kb0 + wgi[c] < KG;
+      r.w[c] = ld_weights(wsrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluWUnitsPerGroup : 0), ok);
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const bool ok = sgi[c] >= 0 && kb0 + sgi[c] < KG;
+      r.s[c] = ld_weights_u32(ssrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluSWordsPerGroup : 0), ok);
+    }
+  }
+
+  // n8 tiles j0, j0 + 1 of tile super-row osr (gate) and SRM + osr (up): two 8-byte word and two 4-byte scale loads
+  __device__ static __forceinline__ void b_operand(const uint32_t* ws, const uint16_t* ss, int osr, int j0, int gi,
+                                                   int lane, uint32_t (&wd)[C::NT], uint32_t (&s2)[C::NT]) {
+#pragma unroll
+    for (int mat = 0; mat < 2; ++mat) {
+      const int t = mat * C::SRM + osr;
+      const uint2 w = *reinterpret_cast<const uint2*>(ws + gemm_w4::b_word(t, gi, C::G, lane, j0));
+      const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + gemm_w4::b_scale(t, gi, C::G, lane, j0));
+      wd[2 * mat] = w.x, wd[2 * mat + 1] = w.y;
+      s2[2 * mat] = __byte_perm(sc, 0, 0x1010), s2[2 * mat + 1] = __byte_perm(sc, 0, 0x3232);
+    }
+  }
+
+  // gelu_mul_kernel's expression on g and u of each output; a row's 4 lanes write 16 contiguous bytes per n8 tile
+  // as half2
+  __device__ static __forceinline__ void store(const Args& a, const W4xAcc<C>& acc, int row0, int nb, int j0,
+                                               int lane) {
+    const int g = lane >> 2, t = lane & 3, col0 = nb * 32 + 8 * j0;
+#pragma unroll
+    for (int i = 0; i < C::MT; ++i)
+#pragma unroll
+      for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8 of the m16 tile: accumulators 2 hr, 2 hr + 1
+        const int row = row0 + 16 * i + g + 8 * hr;
+        if (row >= a.m) continue;
+#pragma unroll
+        for (int j = 0; j < C::NTO; ++j) {
+          const float* gv = acc[i][j] + 2 * hr;
+          const float* uv = acc[i][j + C::NTO] + 2 * hr;
+          const half2 v = __halves2half2(to_half_sat(gelu_tanh(gv[0]) * uv[0]), to_half_sat(gelu_tanh(gv[1]) * uv[1]));
+          *reinterpret_cast<half2*>(a.out + size_t(row) * a.ld16 + col0 + 8 * j + 2 * t) = v;
+        }
+      }
+  }
+};
+
+// The block program of the reworked kernels (C: an XCfg or GluCfg, Src: its tile source; see above). smem: the
+// kernel's C::kSmem bytes (declared in the kernel: the __shared__ symbol keeps the kernel's name).
+template <class C, class Src>
+__device__ __forceinline__ void gemm_w4x_tile(const typename Src::Args& a, unsigned char* smem) {
+  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
+  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
+  const int sr = Src::sr_of(wn), j0 = Src::j0_of(wn);
+  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * Src::kSuperRows;
+  const int NB = a.n / 32, KG = a.k / 32, KT_all = (KG + C::G - 1) / C::G;
+  int kt_begin = 0, KT = KT_all;  // this block's k-tiles [kt_begin, KT)
+  if constexpr (Src::kSplitK) {   // split z of gridDim.z
+    const int z = int(blockIdx.z);
+    kt_begin = int(int64_t(KT_all) * z / gridDim.z);
+    KT = int(int64_t(KT_all) * (z + 1) / gridDim.z);
+  }
+  // m16 tiles of this warp with a row below M: MT, or MT / 2 (the half instantiation of the math)
+  const int rows_left = a.m - m0 - wm * C::MT * 16;
+  const bool full = rows_left > C::MT / 2 * 16;
+
+  uint4 xa[C::kXL];  // the next k-tile, in flight in registers
+  W4xWeights<C> wa;  // its weights and scales
+  // this thread's X units (x_unit): rows xrow0 + c kXRowStep, column xcol of the tile (one register, not kXL)
+  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
+  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
+  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  const Src src(a, tid, nb0, NB, KG);
+  auto load = [&](int kt) {
+    const int kb0 = kt * C::G;
+#pragma unroll
+    for (int c = 0; c < C::kXL; ++c) {
+      const int row = m0 + xrow0 + c * kXRowStep;
+      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
+      xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
+    }
+    src.load(kb0, wa);
   };
   auto store = [&](int stage) {
     unsigned char* base = smem + stage * C::kStage;
@@ -585,18 +764,18 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
       if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
     }
 #pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {
+    for (int c = 0; c < C::kWL; ++c) {  // !kSSep: the S part follows the W part, unit idx of W | S
       const int idx = tid + c * C::kThreads;
-      if (idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads)) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
+      if (idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads)) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa.w[c];
     }
 #pragma unroll
     for (int c = 0; c < C::kSL; ++c) {
       const int idx = tid + c * C::kThreads;
-      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
+      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = wa.s[c];
     }
   };
 
-  float acc[C::MT][C::NT][4];
+  W4xAcc<C> acc;
 #pragma unroll
   for (int i = 0; i < C::MT; ++i)
 #pragma unroll
@@ -616,18 +795,7 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
       const int gi = ks + C::WK * q;
       if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
       uint32_t wd[C::NT], s2[C::NT];
-      if constexpr (C::NT == 4) {
-        const uint4 w = *reinterpret_cast<const uint4*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, 0));
-        const uint2 sc = *reinterpret_cast<const uint2*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, 0));
-        wd[0] = w.x, wd[1] = w.y, wd[2] = w.z, wd[3] = w.w;
-        s2[0] = __byte_perm(sc.x, 0, 0x1010), s2[1] = __byte_perm(sc.x, 0, 0x3232);
-        s2[2] = __byte_perm(sc.y, 0, 0x1010), s2[3] = __byte_perm(sc.y, 0, 0x3232);
-      } else {  // n8 tiles j0, j0 + 1 (j0 even: 8- and 4-byte aligned)
-        const uint2 w = *reinterpret_cast<const uint2*>(ws + gemm_w4::b_word(sr, gi, C::G, lane, j0));
-        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + gemm_w4::b_scale(sr, gi, C::G, lane, j0));
-        wd[0] = w.x, wd[1] = w.y;
-        s2[0] = __byte_perm(sc, 0, 0x1010), s2[1] = __byte_perm(sc, 0, 0x3232);
-      }
+      Src::b_operand(ws, ss, sr, j0, gi, lane, wd, s2);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
         uint32_t b[C::NT][2];
@@ -670,191 +838,21 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
 
   const int nb = nb0 + sr;
   if (nb >= NB) return;
-  gemm_w4_store(a, acc, m0 + wm * C::MT * 16, nb * 32 + 8 * j0, lane);
+  Src::store(a, acc, m0 + wm * C::MT * 16, nb, j0, lane);
 }
 
-// launch_gemm_w4_glu's arguments: the MLP's gate and up (the same shape and layout) and the fp16 act.
-struct GemmW4GluArgs {
-  const half* x = nullptr;  // [M, ldx] fp16, 16-byte aligned, ldx % 8 == 0
-  int ldx = 0;
-  int m = 0, n = 0, k = 0;     // n: outputs of each matrix (the MLP width); N % 32 == 0, K % 32 == 0
-  const uint32_t* wp[2] = {};  // gate, up: [N/32][K/32][32][4] u32, the GEMM layout, 16-byte aligned
-  const half* sp[2] = {};      // gate, up: [N/32][K/32][8][4] fp16 scales, 16-byte aligned
-  half* out = nullptr;         // [M, ld16] fp16 act, 4-byte aligned, ld16 % 2 == 0
-  int ld16 = 0;
-};
+// Y = X W^T (or split z's partial tile) for an XCfg C: W4xOneMatrix.
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(const GemmW4Args a) {
+  __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
+  gemm_w4x_tile<C, W4xOneMatrix<C>>(a, smem);
+}
 
-// gemm_w4x_kernel with the tile's super-rows read from gate | up (gemm_w4::glu_w_unit, glu_s_unit), a warp's B from
-// its output super-row in both halves of the tile, and gelu_mul's expression as the epilogue (the unfused path's
-// act16 bit for bit, at the same sums: checked by lab version 17 against XSmall unsplit + gelu_mul). Lines that differ
-// from gemm_w4x_kernel are marked "v17". No split-K (the GELU needs whole sums; E2B's N of 6144 / 12288 makes 96 or
-// more tiles at M >= 33).
+// act = half(gelu_tanh(X gate^T) * (X up^T)) for a GluCfg C: W4xGateUp.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_glu_kernel(const GemmW4GluArgs a) {
   __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
-  const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
-  const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
-  const int osr = C::osr_of(wn), j0 = C::oj0_of(wn);                       // v17: output super-row, first n8 tile
-  const int m0 = int(blockIdx.y) * C::BM, nb0 = int(blockIdx.x) * C::SRM;  // v17: SRM super-rows of each matrix
-  const int NB = a.n / 32, KG = a.k / 32, KT = (KG + C::G - 1) / C::G;     // v17: no split-K
-  const int rows_left = a.m - m0 - wm * C::MT * 16;
-  const bool full = rows_left > C::MT / 2 * 16;
-
-  uint4 xa[C::kXL], wa[C::kWL];  // the next k-tile, in flight in registers
-  uint32_t sa[C::kSL];           // its scales (4-byte words: kSSep)
-  static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
-  constexpr int kXRowStep = C::kThreads / (C::BK / 8);
-  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
-  // v17: this thread's W units and S words at k-tile 0 (their matrix selected once), then + kb0 groups per k-tile:
-  // the shipped kernel's way, the maps per k-tile, spilled 16 bytes here with two matrices (sm_90, 128 registers)
-  const uint4* wsrc[C::kWL];
-  const uint32_t* ssrc[C::kSL];
-  int wgi[C::kWL], sgi[C::kSL];  // the unit's group in the tile; -1: none (past N, or no unit for this thread)
-#pragma unroll
-  for (int c = 0; c < C::kWL; ++c) {
-    const int idx = tid + c * C::kThreads;
-    int mat, nb;
-    const size_t src = gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &wgi[c]);
-    const bool ok = idx < C::kWLoads && nb < NB;
-    wgi[c] = ok ? wgi[c] : -1;
-    wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? src : 0);
-  }
-#pragma unroll
-  for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
-    const int idx = tid + c * C::kThreads;
-    int mat, nb;
-    const size_t src = gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &sgi[c]) * 4 + idx % 4;
-    const bool ok = idx < C::kSWords && nb < NB;
-    sgi[c] = ok ? sgi[c] : -1;
-    ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? src : 0);
-  }
-  auto load = [&](int kt) {
-    const int kb0 = kt * C::G;
-#pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int row = m0 + xrow0 + c * kXRowStep;
-      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
-      xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
-    }
-#pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {
-      const bool ok = wgi[c] >= 0 && kb0 + wgi[c] < KG;
-      wa[c] = ld_weights(wsrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluWUnitsPerGroup : 0), ok);
-    }
-#pragma unroll
-    for (int c = 0; c < C::kSL; ++c) {
-      const bool ok = sgi[c] >= 0 && kb0 + sgi[c] < KG;
-      sa[c] = ld_weights_u32(ssrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluSWordsPerGroup : 0), ok);
-    }
-  };
-  auto store = [&](int stage) {
-    unsigned char* base = smem + stage * C::kStage;
-#pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      int row, col;
-      gemm_w4::x_unit(idx, C::BK, &row, &col);
-      if (idx < C::kXLoads) *reinterpret_cast<uint4*>(base + (row * C::XS + col) * 2) = xa[c];
-    }
-#pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      if (idx < C::kWLoads) reinterpret_cast<uint4*>(base + C::kXBytes)[idx] = wa[c];
-    }
-#pragma unroll
-    for (int c = 0; c < C::kSL; ++c) {
-      const int idx = tid + c * C::kThreads;
-      if (idx < C::kSWords) reinterpret_cast<uint32_t*>(base + C::kXBytes + C::kWBytes)[idx] = sa[c];
-    }
-  };
-
-  float acc[C::MT][C::NT][4];  // v17: n8 tiles j < NTO of gate, j >= NTO of up (the same outputs)
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-    for (int j = 0; j < C::NT; ++j)
-#pragma unroll
-      for (int c = 0; c < 4; ++c) acc[i][j][c] = 0.f;
-
-  // k-tile kt's math from its smem stage, for the first MTA m16 tiles (MT or MT / 2; the rest stay zero)
-  auto math = [&](int kt, auto mta) {
-    constexpr int MTA = decltype(mta)::value;
-    const unsigned char* base = smem + (kt & 1) * C::kStage;
-    const half* xs = reinterpret_cast<const half*>(base);
-    const uint32_t* ws = reinterpret_cast<const uint32_t*>(base + C::kXBytes);
-    const uint16_t* ss = reinterpret_cast<const uint16_t*>(base + C::kXBytes + C::kWBytes);
-#pragma unroll
-    for (int q = 0; q < C::GPW; ++q) {
-      const int gi = ks + C::WK * q;
-      if (kt * C::G + gi >= KG) break;  // warp-uniform: past K (zeros anyway)
-      uint32_t wd[C::NT], s2[C::NT];
-#pragma unroll
-      for (int mat = 0; mat < 2; ++mat) {  // v17: n8 tiles j0, j0 + 1 of tile super-row osr (gate), SRM + osr (up)
-        const int t = mat * C::SRM + osr;
-        const uint2 w = *reinterpret_cast<const uint2*>(ws + gemm_w4::b_word(t, gi, C::G, lane, j0));
-        const uint32_t sc = *reinterpret_cast<const uint32_t*>(ss + gemm_w4::b_scale(t, gi, C::G, lane, j0));
-        wd[2 * mat] = w.x, wd[2 * mat + 1] = w.y;
-        s2[2 * mat] = __byte_perm(sc, 0, 0x1010), s2[2 * mat + 1] = __byte_perm(sc, 0, 0x3232);
-      }
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {  // k 0..15, 16..31 of the group
-        uint32_t b[C::NT][2];
-#pragma unroll
-        for (int j = 0; j < C::NT; ++j) w4x_pairs(h ? wd[j] >> 8 : wd[j], s2[j], &b[j][0], &b[j][1]);
-#pragma unroll
-        for (int i = 0; i < MTA; ++i) {
-          int row, col;
-          gemm_w4::a_addr(lane, wm * C::MT * 16, i, gi, h, &row, &col);
-          uint32_t af[4];
-          ldsm_x4(af, xs + row * C::XS + col);
-#pragma unroll
-          for (int j = 0; j < C::NT; ++j) mma_16x8x16(acc[i][j], af, b[j][0], b[j][1]);
-        }
-      }
-    }
-  };
-  auto math_any = [&](int kt) {
-    if (full)
-      math(kt, std::integral_constant<int, C::MT>());
-    else if (rows_left > 0)
-      math(kt, std::integral_constant<int, C::MT / 2>());
-  };
-
-  pdl_enter();  // X comes from the previous kernel
-  load(0);
-  store(0);
-  __syncthreads();
-  for (int kt = 0; kt < KT; ++kt) {
-    if (kt + 1 < KT) load(kt + 1);  // in flight during this tile's math
-    math_any(kt);
-    if (kt + 1 < KT) store((kt + 1) & 1);
-    __syncthreads();
-  }
-
-  if constexpr (C::WK > 1) {  // the k-warps' partial tiles (the stages are free after the loop)
-    gemm_w4_kwarp_sum<C>(&acc[0][0][0], reinterpret_cast<float*>(smem), ks, wmn, lane);
-    if (ks != 0) return;
-  }
-
-  // v17: the epilogue, gelu_mul_kernel's expression on g and u of each output; a row's 4 lanes write 16
-  // contiguous bytes per n8 tile as half2
-  const int nb = nb0 + osr;
-  if (nb >= NB) return;
-  const int g = lane >> 2, t = lane & 3, row0 = m0 + wm * C::MT * 16, col0 = nb * 32 + 8 * j0;
-#pragma unroll
-  for (int i = 0; i < C::MT; ++i)
-#pragma unroll
-    for (int hr = 0; hr < 2; ++hr) {  // rows g, g + 8 of the m16 tile: accumulators 2 hr, 2 hr + 1
-      const int row = row0 + 16 * i + g + 8 * hr;
-      if (row >= a.m) continue;
-#pragma unroll
-      for (int j = 0; j < C::NTO; ++j) {
-        const float* gv = acc[i][j] + 2 * hr;
-        const float* uv = acc[i][j + C::NTO] + 2 * hr;
-        const half2 v = __halves2half2(to_half_sat(gelu_tanh(gv[0]) * uv[0]), to_half_sat(gelu_tanh(gv[1]) * uv[1]));
-        *reinterpret_cast<half2*>(a.out + size_t(row) * a.ld16 + col0 + 8 * j + 2 * t) = v;
-      }
-    }
+  gemm_w4x_tile<C, W4xGateUp<C>>(a, smem);
 }
 
 // out = half(gelu_tanh(x gate^T) * (x up^T)) in one launch (GluCfg C, no split-K). cudaErrorInvalidValue for shapes or
