@@ -8649,9 +8649,9 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
 // row tiles alone fill a wave of two blocks per SM; else as many parts as still fit that wave, then more past it
 // only while a warp's share stays above 6 k-tiles (at most kGemvMaxSplit parts; each warp keeps a k-tile).
 // Measured (dev/gemv_decode.cu version 4, H200, one row, us per call for 1 / 2 / 3 / 4 parts): w4a16 down_proj
-// 6144 -> 1536 6.0 / 4.6 / 7.0 / 6.6 (this rule: 2), w4a16 12288 -> 1536 + norm 12.3 (3) / 11.5 (2) / 12.2 (3),
-// fp16 6144 -> 1536 11.8 / 9.1 / 8.3 / 7.2 (4). A function of the shape and the GPU only, never of the row count,
-// so batched decode still equals one-row decode bit for bit.
+// 6144 -> 1536 6.0 / 4.6 / 7.0 / 6.6 (this rule: 2), fp16 11.8 / 9.1 / 8.3 / 7.2 (4); w4a16 12288 -> 1536 with its
+// residual norm, 2 / 3 parts: 11.5 / 12.2 (2). A function of the shape and the GPU only, never of the row count, so
+// batched decode still equals one-row decode bit for bit.
 inline int gemv_store_splits(int out, int in, int wl, int sms) {
   const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);
   if (out <= 0 || in <= 0 || in % cols != 0 || sms <= 0) return 1;
