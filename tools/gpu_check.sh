@@ -5,7 +5,8 @@
 #
 #   tools/gpu_check.sh STEP...      steps, in order:
 #     build     configure + build both presets (in parallel)
-#     suite     ctest -L gpu in both builds
+#     suite     ctest -L gpu in both builds (SUITE_SPEC, a Catch2 test spec: only those cases of the GPU test binary,
+#               both builds at once, no fault tests -- a short call's check of the kernels a change touched)
 #     ab        quick_bench on full-size synthetic E2B w4a16 (tools/make_synthetic): this tree's decode variants
 #               (AB_DECODE: quick_bench argument sets separated by '|', default the per-kernel and the persistent
 #               path) and each earlier tree of AB_TREES (default tmp_base; each a directory holding `git archive REV
@@ -27,7 +28,8 @@
 #     steps     per-kernel GPU time of decode steps at the GPU's own clocks, caches left warm (ncu, one kernel at a
 #               time: no PDL overlap), c=1 (STEPS_C1=0: not) and a 128-row bucket (PROFILE_MATMULS), summed
 #               per kernel name
-# Environment: PRESETS (the builds of build and suite, default "gpu-native gpu-turing"), SWEEP (bench arguments),
+# Environment: PRESETS (the builds of build and suite, default "gpu-native gpu-turing"), SUITE_SPEC (suite), AB_EXTRA
+# (ab), SWEEP (bench arguments),
 # FORMATS (the bench step's checkpoints, default "w4a16 bf16"), BENCH_BUILDS (its builds, default "native turing"), JOBS
 # (build parallelism, default nproc), DEADLINE (see past_deadline), BUILD_TARGETS (instead of the presets' targets, e.g. "gemma4_t4_gpu_tests
 # bench" for a short call).
@@ -36,7 +38,7 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 JOBS=${JOBS:-$(nproc)}
 DEPS="$PWD/.deps/usr"
 MODELS=/tmp/models
@@ -74,6 +76,20 @@ step_build() {
 
 step_suite() {  # both builds at once (one GPU; the suite times nothing), then the fault tests one build at a time
   local t0=$SECONDS
+  if [ -n "${SUITE_SPEC:-}" ]; then
+    for p in $PRESETS; do
+      ( timeout "${SUITE_S:-400}" "build-$p/gemma4_t4_gpu_tests" "$SUITE_SPEC" > "$OUT/suite-$p.log" 2>&1
+        echo $? > "$OUT/suite-$p.rc" ) &
+    done
+    wait
+    for p in $PRESETS; do
+      local rc
+      rc=$(cat "$OUT/suite-$p.rc")
+      note "suite $p '$SUITE_SPEC' rc=$rc ($((SECONDS - t0)) s): $(tail -2 "$OUT/suite-$p.log" | tr '\n' ' ')"
+      [ "$rc" -eq 0 ] || { fail=1; grep -B2 -A12 -E "FAILED|REQUIRE|CHECK\(" "$OUT/suite-$p.log" | head -60; }
+    done
+    return
+  fi
   for p in $PRESETS; do
     # ctest runs the suite as CMakeLists.txt registers it (the fault tests in a process of their own); -V keeps
     # every test's output (the WARN lines with the measured errors)
@@ -114,10 +130,14 @@ step_ab() {
       "/tmp/qb_$t" $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
     done
   done
-  note "== this tree, sampled (Gemma defaults)"
-  build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
-  note "== Turing-only build"
-  build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
+  if [ "${AB_EXTRA:-1}" = 1 ]; then  # AB_EXTRA=0: no sampled and no Turing-only run
+    note "== this tree, sampled (Gemma defaults)"
+    build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
+    if [ -x build-gpu-turing/quick_bench ]; then
+      note "== Turing-only build"
+      build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
+    fi
+  fi
   local T="--prompt 4096 --tokens 4 --batch 1 --ttft 5"
   for fmt in ${AB_TTFT-w4a16}; do
     synth "$fmt" || continue
