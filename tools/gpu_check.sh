@@ -76,29 +76,17 @@ step_build() {
 
 step_suite() {  # both builds at once (one GPU; the suite times nothing), then the fault tests one build at a time
   local t0=$SECONDS
-  if [ -n "${SUITE_SPEC:-}" ]; then
-    for p in $PRESETS; do
-      ( timeout "${SUITE_S:-400}" "build-$p/gemma4_t4_gpu_tests" "$SUITE_SPEC" > "$OUT/suite-$p.log" 2>&1
-        echo $? > "$OUT/suite-$p.rc" ) &
-    done
-    wait
-    for p in $PRESETS; do
-      local rc
-      rc=$(cat "$OUT/suite-$p.rc")
-      note "suite $p '$SUITE_SPEC' rc=$rc ($((SECONDS - t0)) s): $(tail -2 "$OUT/suite-$p.log" | tr '\n' ' ')"
-      [ "$rc" -eq 0 ] || { fail=1; grep -B2 -A12 -E "FAILED|REQUIRE|CHECK\(" "$OUT/suite-$p.log" | head -60; }
-    done
-    return
-  fi
   for p in $PRESETS; do
     # ctest runs the suite as CMakeLists.txt registers it (the fault tests in a process of their own); -V keeps
-    # every test's output (the WARN lines with the measured errors)
-    ( timeout "${SUITE_S:-400}" ctest --test-dir "build-$p" -L gpu -E faults -V > "$OUT/suite-$p.log" 2>&1
+    # every test's output (the WARN lines with the measured errors). SUITE_SPEC: those cases of the test binary only
+    local run=(ctest --test-dir "build-$p" -L gpu -E faults -V)
+    [ -z "${SUITE_SPEC:-}" ] || run=("build-$p/gemma4_t4_gpu_tests" "$SUITE_SPEC")
+    ( timeout "${SUITE_S:-400}" "${run[@]}" > "$OUT/suite-$p.log" 2>&1
       echo $? > "$OUT/suite-$p.rc" ) &
   done
   wait
   # gpu.faults compares device-wide free memory before and after failed loads: alone on the GPU
-  for p in $PRESETS; do
+  [ -n "${SUITE_SPEC:-}" ] || for p in $PRESETS; do
     timeout "${SUITE_S:-400}" ctest --test-dir "build-$p" -R faults -V >> "$OUT/suite-$p.log" 2>&1
     local rf=$?
     [ "$rf" -eq 0 ] || echo "$rf" > "$OUT/suite-$p.rc"
@@ -106,7 +94,8 @@ step_suite() {  # both builds at once (one GPU; the suite times nothing), then t
   for p in $PRESETS; do
     local rc
     rc=$(cat "$OUT/suite-$p.rc")
-    note "suite $p rc=$rc ($((SECONDS - t0)) s): $(grep -E 'All tests passed|test cases' "$OUT/suite-$p.log" | tr '\n' ' ')"
+    note "suite $p ${SUITE_SPEC:+'$SUITE_SPEC' }rc=$rc ($((SECONDS - t0)) s):" \
+      "$(grep -E 'All tests passed|test cases' "$OUT/suite-$p.log" | tr '\n' ' ')"
     [ "$rc" -eq 0 ] || { fail=1; grep -B2 -A12 -E "FAILED|REQUIRE|CHECK\(" "$OUT/suite-$p.log" | head -60; }
     grep -E "persistent|max rel err" "$OUT/suite-$p.log" | head -24
   done
