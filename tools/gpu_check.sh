@@ -7,7 +7,7 @@
 #     build     configure + build both presets (in parallel)
 #     suite     ctest -L gpu in both builds (SUITE_SPEC, a Catch2 test spec: only those cases of the GPU test binary,
 #               both builds at once, no fault tests -- a short call's check of the kernels a change touched)
-#     ab        quick_bench on full-size synthetic E2B w4a16 (tools/make_synthetic): this tree's decode variants
+#     ab        quick_bench on full-size synthetic E2B (AB_FORMATS, default w4a16; tools/make_synthetic): this tree's decode variants
 #               (AB_DECODE: quick_bench argument sets separated by '|', default the per-kernel and the persistent
 #               path) and each earlier tree of AB_TREES (default tmp_base; each a directory holding `git archive REV
 #               include kernels src bench | tar -x -C DIR`) -- same lease, same checkpoint (AB_RUNS rounds, default
@@ -102,32 +102,43 @@ step_suite() {  # both builds at once (one GPU; the suite times nothing), then t
 }
 
 step_ab() {
-  synth w4a16 || { note "make_synthetic failed"; return 1; }
-  local Q="--model $MODELS/e2b-w4a16 --prompt 512 --tokens 64 --batch ${AB_BATCH:-1,8,16}"
+  local fmt
+  for fmt in ${AB_FORMATS:-w4a16}; do
+    synth "$fmt" || { note "make_synthetic failed"; return 1; }
+    ab_decode "$fmt"
+  done
+  ab_ttft
+}
+
+ab_decode() {  # ab_decode FORMAT: the decode A/B on that checkpoint
+  local Q="--model $MODELS/e2b-$1 --prompt 512 --tokens 64 --batch ${AB_BATCH:-1,8,16}"
   local abv
   IFS='|' read -r -a abv <<< "${AB_DECODE:---decode kernels|--decode persistent}"
   for run in $(seq "${AB_RUNS:-2}"); do
     for d in "${abv[@]}"; do
-      note "== this tree, $d (run $run)"
+      note "== $1, this tree, $d (run $run)"
       # shellcheck disable=SC2086
       build-gpu-native/quick_bench $Q $d 2>&1 | tee -a "$OUT/ab.log" | tail -4 | tee -a "$OUT/summary.txt"
     done
     for t in ${AB_TREES:-tmp_base}; do
       [ -x "/tmp/qb_$t" ] || continue
-      note "== $t (run $run)"
+      note "== $1, $t (run $run)"
       # shellcheck disable=SC2086
       "/tmp/qb_$t" $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
     done
   done
   if [ "${AB_EXTRA:-1}" = 1 ]; then  # AB_EXTRA=0: no sampled and no Turing-only run
-    note "== this tree, sampled (Gemma defaults)"
+    note "== $1, this tree, sampled (Gemma defaults)"
     build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
     if [ -x build-gpu-turing/quick_bench ]; then
-      note "== Turing-only build"
+      note "== $1, Turing-only build"
       build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
     fi
   fi
-  local T="--prompt 4096 --tokens 4 --batch 1 --ttft 5"
+}
+
+ab_ttft() {
+  local T="--prompt 4096 --tokens 4 --batch 1 --ttft 5" fmt t
   for fmt in ${AB_TTFT-w4a16}; do
     synth "$fmt" || continue
     note "== TTFT 4096, $fmt, this tree"
