@@ -1,7 +1,7 @@
 // Kernel lab: the decode GEMV (kernels/gemv.cuh), a batch of 1..16 rows against weights read once per step.
 //
 //   lab_gemv_decode [VERSIONS] [--rows 1,8,16] [--weights fp16,w4a16] [--reps 50] [--samples 7] [--pdl]
-//                   [--validate-only]
+//                   [--splits 2] [--kw 1] [--validate-only]
 //
 // VERSIONS: a comma list (default 1,2,3); every case is timed under each listed version that implements it.
 //   1  the shipped kernels, through kernels/gemv.cuh's launcher (launch_gemv_args: what launch_gemv and
@@ -17,6 +17,12 @@
 //      of k-tiles), whatever gemv_store_splits would pick: the parts into a buffer of their own, summed in part
 //      order by launch_residual_norm ("+ norm") or, for the plain Store cases, checked as that sum. Version 1
 //      takes the engine's choice (gemv_store_splits for this GPU) in the "+ norm" cases, as layers.hpp does.
+//   5  --kw K warps per 16-row tile (1, 2, 4 or 8; default 1) instead of gemv_split's choice from `in` (8 for the
+//      1536-wide E2B inputs): the shipped gemv_kernel, its block partition recomputed for K. With K = 1 a block
+//      owns 8 row tiles and each warp streams its tile's whole k range, no shared-memory sum at the end: the LM
+//      head's 16,384 one-tile blocks (62 waves of 2 per SM on an H200) become 2,048 blocks of 8 tiles. Store and
+//      gate/up cases (the "+ norm" cases: their GEMV as version 1's, unsplit). Different sums from version 1
+//      where K differs (the partials are added in another order); checked against the host reference.
 // Versions 2 and 3 were first measured end to end, as patches on d670ef6 (bench/RESULTS.md 2026-12-03 (c),
 // dev/README.md); both lost and were reverted. They live here so that they can be re-run as the code moves.
 //
@@ -323,18 +329,42 @@ cudaError_t launch_gemv_norm_tail(GemvArgs a, NormTail t, const kn::Launch& l) {
                   : kn::launch_kernel(gemv_norm_tail_kernel<2, kn::kGemvF16>, blocks, threads, l, a, t);
 }
 
+// ---- version 5: the shipped kernel with kw warps per row tile ----
+
+// gemv_plan's checks and partition, then the partition again for kw (a power of two <= 8; fewer where the k-tiles run
+// out, as gemv_split would), and the shipped kernel for it.
+cudaError_t launch_gemv_kw(GemvArgs& a, GemvEpilogue e, int kw, const kn::Launch& l) {
+  unsigned blocks = 0;
+  if (const cudaError_t err = kn::gemv_plan(a, e == GemvEpilogue::GeluMul ? 2 : 1, e, true, &blocks);
+      err != cudaSuccess || blocks == 0)
+    return err;
+  const bool w4 = a.mat[0].wq != nullptr;
+  const int ktiles = (a.in / (w4 ? 32 : 8) + 3) / 4;
+  while (kw > 1 && kw > ktiles) kw /= 2;
+  a.kw = kw;
+  const int rows_per_block = 16 * (kn::kGemvWarps / kw);
+  blocks = kn::ceil_div(size_t(a.mat[0].out), rows_per_block);
+  for (int i = 1; i <= kn::kGemvMaxMats; ++i) a.first_block[i] = int(blocks);  // one output (count 1)
+  if (e == GemvEpilogue::GeluMul)
+    return w4 ? kn::launch_gemv_w<kn::kGemvW4, GemvEpilogue::GeluMul>(a, blocks, l)
+              : kn::launch_gemv_w<kn::kGemvF16, GemvEpilogue::GeluMul>(a, blocks, l);
+  return w4 ? kn::launch_gemv_w<kn::kGemvW4, GemvEpilogue::Store>(a, blocks, l)
+            : kn::launch_gemv_w<kn::kGemvF16, GemvEpilogue::Store>(a, blocks, l);
+}
+
 // ---- problems: one operation at one shape, on the device ----
 
 enum class Op { Store, GeluMul, StoreNorm };
 constexpr int kRows = kn::kGemvMaxRows;  // every buffer holds 16 rows; a launch uses the first n
 constexpr float kEps = 1e-6f, kScalar = 0.75f;
-constexpr int kVersions = 4;
+constexpr int kVersions = 5;
 int g_sms = 1;     // the device's SMs (version 1's k-split choice)
 int g_splits = 2;  // version 4's parts (--splits)
+int g_kw = 1;      // version 5's warps per row tile (--kw)
 
 bool implements(int version, Op op) {
   return version == 1 || (version == 2 && op != Op::StoreNorm) || (version == 3 && op == Op::StoreNorm) ||
-         (version == 4 && op != Op::GeluMul);
+         (version == 4 && op != Op::GeluMul) || (version == 5 && op != Op::StoreNorm);
 }
 
 // Bytes of one matrix: fp16 weights, or w4a16 words + scales.
@@ -452,6 +482,7 @@ cudaError_t run(int version, const Problem& p, int n, int copy, const kn::Launch
     t.eps = kEps, t.scalar = kScalar, t.counter = p.counter.get();
     return launch_gemv_norm_tail(a, t, l);
   }
+  if (version == 5) return launch_gemv_kw(a, e, g_kw, l);
   // the k-split: version 4's --splits (at most one k-tile per warp), version 1's the engine's in the "+ norm" cases
   const int wl = p.w4 ? kn::kGemvW4 : kn::kGemvF16;
   const int ktiles = (p.in / (p.w4 ? 32 : 8) + 3) / 4, kw = kn::gemv_split(ktiles);
@@ -729,12 +760,13 @@ const char* kAbout[] = {
     "wide in-flight tiles: 6 (gate/up: 3) k-tiles of weight loads per warp where the share passes 4 (2)",
     "residual norm in the GEMV's last block (arrival counter; + norm cases only)",
     "k-split over --splits blocks per row tile (parts summed by the residual norm; not gate/up)",
+    "--kw warps per row tile (default 1) instead of gemv_split's choice: the shipped kernel, repartitioned",
 };
 
 int usage(const char* argv0) {
   std::printf(
       "usage: %s [VERSIONS] [--rows 1,8,16] [--weights fp16,w4a16] [--reps 50] [--samples 7] [--pdl] "
-      "[--splits 2] [--validate-only]\n  VERSIONS: comma list of 1..%d (default 1,2,3,4)\n",
+      "[--splits 2] [--kw 1] [--validate-only]\n  VERSIONS: comma list of 1..%d (default 1,2,3,4)\n",
       argv0, kVersions);
   for (int v = 1; v <= kVersions; ++v) std::printf("  %d  %s\n", v, kAbout[v]);
   return 2;
@@ -754,6 +786,11 @@ int main(int argc, char** argv) {
     if (arg == "--splits" && i + 1 < argc && lab::parse_ints(argv[++i], &sp) && sp.size() == 1 && sp[0] >= 1 &&
         sp[0] <= kn::kGemvMaxSplit) {
       g_splits = sp[0];
+      continue;
+    }
+    if (arg == "--kw" && i + 1 < argc && lab::parse_ints(argv[++i], &sp) && sp.size() == 1 &&
+        (sp[0] == 1 || sp[0] == 2 || sp[0] == 4 || sp[0] == 8)) {
+      g_kw = sp[0];
       continue;
     }
     if (arg == "--rows" && i + 1 < argc && lab::parse_ints(argv[++i], &rows)) continue;
