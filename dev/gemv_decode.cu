@@ -331,20 +331,18 @@ cudaError_t launch_gemv_norm_tail(GemvArgs a, NormTail t, const kn::Launch& l) {
 
 // ---- version 5: the shipped kernel with kw warps per row tile ----
 
-// gemv_plan's checks and partition, then the partition again for kw (a power of two <= 8; fewer where the k-tiles run
-// out, as gemv_split would), and the shipped kernel for it.
+// gemv_plan's checks, then the partition (gemv_partition) again for kw (a power of two <= 8; fewer where the k-tiles
+// run out, as gemv_split would), and the shipped kernel for it.
 cudaError_t launch_gemv_kw(GemvArgs& a, GemvEpilogue e, int kw, const kn::Launch& l) {
   unsigned blocks = 0;
   if (const cudaError_t err = kn::gemv_plan(a, e == GemvEpilogue::GeluMul ? 2 : 1, e, true, &blocks);
       err != cudaSuccess || blocks == 0)
     return err;
   const bool w4 = a.mat[0].wq != nullptr;
-  const int ktiles = (a.in / (w4 ? 32 : 8) + 3) / 4;
+  const int ktiles = kn::gemv_ktiles(a.in, w4 ? kn::kGemvW4 : kn::kGemvF16);
   while (kw > 1 && kw > ktiles) kw /= 2;
   a.kw = kw;
-  const int rows_per_block = 16 * (kn::kGemvWarps / kw);
-  blocks = kn::ceil_div(size_t(a.mat[0].out), rows_per_block);
-  for (int i = 1; i <= kn::kGemvMaxMats; ++i) a.first_block[i] = int(blocks);  // one output (count 1)
+  blocks = kn::gemv_partition(a);
   if (e == GemvEpilogue::GeluMul)
     return w4 ? kn::launch_gemv_w<kn::kGemvW4, GemvEpilogue::GeluMul>(a, blocks, l)
               : kn::launch_gemv_w<kn::kGemvF16, GemvEpilogue::GeluMul>(a, blocks, l);
@@ -485,7 +483,7 @@ cudaError_t run(int version, const Problem& p, int n, int copy, const kn::Launch
   if (version == 5) return launch_gemv_kw(a, e, g_kw, l);
   // the k-split: version 4's --splits (at most one k-tile per warp), version 1's the engine's in the "+ norm" cases
   const int wl = p.w4 ? kn::kGemvW4 : kn::kGemvF16;
-  const int ktiles = (p.in / (p.w4 ? 32 : 8) + 3) / 4, kw = kn::gemv_split(ktiles);
+  const int ktiles = kn::gemv_ktiles(p.in, wl), kw = kn::gemv_split(ktiles);
   int parts = version == 4 ? std::max(1, std::min(g_splits, ktiles / kw)) : 1;
   if (version == 1 && p.op == Op::StoreNorm) parts = kn::gemv_store_splits(p.out, p.in, wl, g_sms);
   if (parts > 1) {

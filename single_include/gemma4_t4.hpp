@@ -8597,6 +8597,22 @@ inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launc
 
 inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// Columns per 16-byte unit of a weight row in layout wl, and k-tiles (4 units each) of a row of `in` columns.
+inline int gemv_unit_cols(int wl) { return wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8); }
+inline int gemv_ktiles(int in, int wl) { return (in / gemv_unit_cols(wl) + 3) / 4; }
+
+// Weight rows one block covers with kw warps per 16-row tile.
+inline int gemv_block_rows(int kw) { return 16 * (kGemvWarps / kw); }
+
+// The block partition of a launch for its kw, count and ksplit: first_block, and the block count.
+inline unsigned gemv_partition(GemvArgs& a) {
+  const int rows_per_block = gemv_block_rows(a.kw);
+  a.first_block[0] = 0;
+  for (int i = 0; i < kGemvMaxMats; ++i)
+    a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
+  return unsigned(a.first_block[a.count]) * unsigned(a.ksplit);
+}
+
 // Checks the shapes and fills kw and the block partition of a launch (or of the persistent decode kernel's
 // items): *blocks = the block count (0: nothing to do). mats: a.count outputs (Store, Head) or the gate [, up]
 // of a GELU epilogue (`nmats` matrices to check). x_given: a.x must be a 16-byte aligned buffer (not for x
@@ -8613,8 +8629,7 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   }
   if (total_out == 0) return cudaSuccess;
   const int wl = a.mat[0].w16 ? kGemvF16 : (a.mat[0].wq ? kGemvW4 : kGemvW8);
-  const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);  // columns per 16-byte unit
-  if (a.in <= 0 || a.in % cols != 0 || (x_given && !gemv_aligned(a.x))) return cudaErrorInvalidValue;
+  if (a.in <= 0 || a.in % gemv_unit_cols(wl) != 0 || (x_given && !gemv_aligned(a.x))) return cudaErrorInvalidValue;
   if (wl == kGemvW8 && e != GemvEpilogue::Store) return cudaErrorInvalidValue;
   const bool stores = e == GemvEpilogue::Store || e == GemvEpilogue::Head;
   for (int i = 0; i < nmats; ++i) {
@@ -8632,16 +8647,12 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   if (e == GemvEpilogue::GeluMul && a.mat[1].out != a.mat[0].out) return cudaErrorInvalidValue;
   if (e == GemvEpilogue::GeluPle && !a.ple) return cudaErrorInvalidValue;
 
-  const int ktiles = (a.in / cols + 3) / 4;
+  const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;
-  const int rows_per_block = 16 * (kGemvWarps / a.kw);
-  a.first_block[0] = 0;
-  for (int i = 0; i < kGemvMaxMats; ++i)
-    a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
-  *blocks = unsigned(a.first_block[a.count]) * unsigned(a.ksplit);
+  *blocks = gemv_partition(a);
   return cudaSuccess;
 }
 
@@ -8653,10 +8664,9 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
 // residual norm, 2 / 3 parts: 11.5 / 12.2 (2). A function of the shape and the GPU only, never of the row count, so
 // batched decode still equals one-row decode bit for bit.
 inline int gemv_store_splits(int out, int in, int wl, int sms) {
-  const int cols = wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8);
-  if (out <= 0 || in <= 0 || in % cols != 0 || sms <= 0) return 1;
-  const int ktiles = (in / cols + 3) / 4, kw = gemv_split(ktiles);
-  const long long tiles = (out + 16 * (kGemvWarps / kw) - 1) / (16 * (kGemvWarps / kw));
+  if (out <= 0 || in <= 0 || in % gemv_unit_cols(wl) != 0 || sms <= 0) return 1;
+  const int ktiles = gemv_ktiles(in, wl), kw = gemv_split(ktiles);
+  const long long tiles = ceil_div(size_t(out), size_t(gemv_block_rows(kw)));
   if (tiles >= 2LL * sms) return 1;
   int s = 1;
   while (s < kGemvMaxSplit && kw * (s + 1) <= ktiles && tiles * (s + 1) <= 2LL * sms) ++s;
