@@ -907,6 +907,15 @@ struct Stats {
   int launches = 0, failures = 0;
   size_t bit_checked = 0, bit_diff = 0;  // version 17: outputs compared with v12 unsplit + gelu_mul, and differing
 };
+
+// A failed launch of version v on a problem: printed and counted (a launch and a failure of st). True when it failed.
+bool launch_failed(cudaError_t e, int v, const char* name, int M, int N, int K, Stats* st) {
+  if (e == cudaSuccess) return false;
+  std::printf("  FAIL version %d, %s M %d N %d K %d: launch returned %s\n", v, name, M, N, K, cudaGetErrorString(e));
+  ++st->launches, ++st->failures;
+  return true;
+}
+
 constexpr double kTol = 1e-3;  // max |got - ref| / max |ref|: fp32 sums of up to 12288 fp16 products (and, for
                                // 17 / 18, the fp16 act's rounding: <= 2^-11 of |ref|)
 
@@ -983,12 +992,7 @@ void validate(Problem& p, const std::vector<int>& versions, std::vector<Stats>* 
     p.y.poison();
     const cudaError_t e = run(v, p, 0, blas, l);
     Stats& st = (*stats)[size_t(v)];
-    if (e != cudaSuccess) {
-      std::printf("  FAIL version %d, %s M %d N %d K %d: launch returned %s\n", v, p.name, p.M, p.N, p.K,
-                  cudaGetErrorString(e));
-      ++st.launches, ++st.failures;
-      continue;
-    }
+    if (launch_failed(e, v, p.name, p.M, p.N, p.K, &st)) continue;
     LAB_CHECK(cudaDeviceSynchronize());
     check(p, v, ref, &st);
   }
@@ -1006,12 +1010,7 @@ void validate_glu(GluProblem& p, const std::vector<int>& versions, std::vector<S
     p.out.poison(), p.yg.poison(), p.yu.poison(), p.act.poison();
     const cudaError_t e = run_glu(v, p, 0, l);
     Stats& st = (*stats)[size_t(v)];
-    if (e != cudaSuccess) {
-      std::printf("  FAIL version %d, %s M %d N %d K %d: launch returned %s\n", v, p.name, p.M, p.N, p.K,
-                  cudaGetErrorString(e));
-      ++st.launches, ++st.failures;
-      continue;
-    }
+    if (launch_failed(e, v, p.name, p.M, p.N, p.K, &st)) continue;
     LAB_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> out = as_bits(p.out.download());
     check_out(
