@@ -4,7 +4,7 @@
 //
 //   lab_flash_attention [VERSIONS] [--rows 512,2048] [--reps 20] [--samples 5] [--validate-only]
 //
-// VERSIONS: a comma list (default 1,2); every case is timed under each listed version that implements it.
+// VERSIONS: a comma list (default 1,2,3); every case is timed under each listed version that implements it.
 //   1  the shipped kernel, through its launcher (launch_flash_attention, the table from flash_attention_tiles):
 //      a block takes 32 MMA rows (4 positions x 8 heads on E2B, where 8 query heads share each KV head); its
 //      D / 64 warps split the head dimension, so each warp's partial scores go through shared memory to be
@@ -15,6 +15,10 @@
 //      no cross-warp sum; the block shares one K tile in shared memory, each warp loads its own V slice.
 //      Per position a block reads half the K/V bytes of version 1 from L2. Head dims 128 and 256 (E2B's
 //      sliding layers); D = 512 would need q of 16 rows x 512 (128 registers) beside o (64): not here.
+//   3  version 1's structure (64-channel warps, partial scores summed in shared memory) with 48 MMA rows per
+//      block (6 positions x 8 heads) and 16-key tiles: registers hold q and o of 48 rows (48 + 96) and one
+//      tile's K and V slices in flight (32). Two thirds of version 1's K/V bytes per position from L2, at a
+//      third more barriers per (row, key). Head dims 256 and 512, so it also covers E2B's full layers.
 //
 // The question (written 2026-12-05 without a device, not yet run): is version 1 bound by the K/V bytes its
 // blocks pull from L2? Every block re-reads the whole key range of its 4 positions: at 2048-row passes that is
@@ -23,8 +27,9 @@
 // traffic, near what an H100-class L2 delivers; an ncu profile of the shipped kernel has not been taken.
 // Each timed line prints the modelled L2 -> SM bytes (the key tiles each block loads, K and V) as GB/s beside
 // TFLOP/s, and a 4,096-token E2B prefill in 2048-row passes is summed from the cases (28 sliding layers, 7
-// full). If version 2 halves the sliding layers' time, the traffic is the limit; if it does not, the per-tile
-// chain (barriers, the softmax between two mma phases) is.
+// full). If versions 2 and 3 gain in proportion to the bytes they save (1/2, 1/3), the traffic is the limit; if
+// they do not, the per-tile chain (barriers, the softmax between two mma phases) is -- and version 3, with a third
+// more barriers per (row, key), then loses.
 //
 // Validation comes first: every listed version at odd sizes (head dims, groups 1/2/3/8, two KV heads, windows,
 // several sequences in one pass, rings that wrap inside a key tile) and at E2B's shapes, against a host
@@ -44,11 +49,12 @@ using kn::AttnArgs;
 
 namespace {
 
-constexpr int kVersions = 2;
+constexpr int kVersions = 3;
 const char* const kAbout[kVersions + 1] = {
     "",
     "shipped: 32 MMA rows per block, warps split the head dim (launch_flash_attention)",
     "64 MMA rows per block, warps split rows x keys (scores) and channels (P.V); D 128, 256",
+    "version 1's warps (64-channel slices) with 48 MMA rows per block and 16-key tiles; D 256, 512",
 };
 
 // ---- version 2: 64 MMA rows per block, warps split rows and keys for the scores, channels for P.V ----
@@ -352,6 +358,289 @@ cudaError_t launch_flash_rows_d(const AttnArgs& a, const int2* tiles, int num_ti
   return cudaGetLastError();
 }
 
+// ---- version 3: version 1's warps (each a 64-channel slice of the head dim), 48 MMA rows, 16-key tiles ----
+
+constexpr int kV3Rows = 48;  // MMA rows per block: 6 positions x 8 heads on E2B (three m16 tiles)
+constexpr int kV3Keys = 16;  // keys per tile
+
+template <int D>
+__host__ __device__ constexpr int v3_threads() {
+  return D / 64 * 32;
+}
+
+// Shared memory: per warp a K/V buffer [16][64 + 8] fp16 (2,304 B) and its partial scores [48][16] fp32 (3 KiB,
+// version 1's chunk swizzle), P [48][24] fp16, alpha and l [48] fp32. D 512: 45,696 B; D 256: 24,192 B.
+template <int D>
+struct V3Smem {
+  static constexpr int W = D / 64, KV_LD = 64 + 8, P_LD = kV3Keys + 8;
+  static constexpr int BUF_BYTES = kV3Keys * KV_LD * 2, PART_BYTES = kV3Rows * 16 * 4;
+  static constexpr int BUF_OFF = 0, PART_OFF = W * BUF_BYTES, P_OFF = PART_OFF + W * PART_BYTES;
+  static constexpr int A_OFF = P_OFF + kV3Rows * P_LD * 2, L_OFF = A_OFF + kV3Rows * 4;
+  static constexpr int BYTES = L_OFF + kV3Rows * 4;
+};
+
+// Grid (num_tiles, kv_heads), v3_threads<D>() threads; tiles of <= 48 / G positions.
+template <int D, int G>
+__global__ void __launch_bounds__(v3_threads<D>()) flash_slim_kernel(AttnArgs a, const int2* __restrict__ tiles) {
+  using S = V3Smem<D>;
+  constexpr int W = S::W, GT = 32 * W, BM = kV3Rows, BN = kV3Keys, MT = BM / 16, NS = 8;
+  constexpr int TPR = (GT / BM >= 4) ? 4 : 2;  // softmax threads per row (power of two; GT / BM is 2.67 or 5.33)
+  constexpr int SMT = BM * TPR;                // softmax threads: 192 (D 512) or 96 (D 256)
+  constexpr int CPT = BN / 4 / TPR;            // 4-key chunks per softmax thread: 1 or 2
+  constexpr int RPL = BN / 4;                  // K/V rows per lane per tile (4 rows x 128 B per warp load)
+  static_assert(D == 256 || D == 512, "version 3: head dim 256 or 512");
+  static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group folded as 1, 2, 4 or 8 heads");
+  static_assert(SMT <= GT && CPT >= 1 && S::BYTES <= 48 * 1024, "tiling");
+
+  __shared__ __align__(16) unsigned char smem[S::BYTES];
+  const int2 tile = tiles[gridDim.x - 1 - blockIdx.x];
+  const int first = tile.x, count = min(tile.y, BM / G);
+  if (count <= 0) return;
+  const int kvh = blockIdx.y, group = a.heads / a.kv_heads;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int col0 = warp * 64;
+
+  half(*const kv)[S::KV_LD] = reinterpret_cast<half(*)[S::KV_LD]>(smem + S::BUF_OFF + warp * S::BUF_BYTES);
+  float* const part = reinterpret_cast<float*>(smem + S::PART_OFF + warp * S::PART_BYTES);
+  half(*const p_s)[S::P_LD] = reinterpret_cast<half(*)[S::P_LD]>(smem + S::P_OFF);
+  float* const alpha_s = reinterpret_cast<float*>(smem + S::A_OFF);
+  float* const l_s = reinterpret_cast<float*>(smem + S::L_OFF);
+
+  const int idx = a.seq[first] * a.layers + a.layer;
+  const int cap = a.capacity[idx];
+  const size_t rs = size_t(a.kv_heads) * D;
+  const half* __restrict__ Kl = a.kbase[idx] + size_t(kvh) * D + col0 + (lane & 7) * 8;
+  const half* __restrict__ Vl = a.vbase[idx] + size_t(kvh) * D + col0 + (lane & 7) * 8;
+  const int kbeg = a.window > 0 ? max(0, a.pos[first] - a.window + 1) : 0;
+  const int kend = a.pos[first + count - 1];
+
+  uint32_t qa[MT][NS][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int m = mt * 16 + hi * 8 + g, i = m / G, h = m % G;
+      const bool valid = i < count && h < group;
+      const uint32_t* qr = valid ? reinterpret_cast<const uint32_t*>(
+                                       a.q + (size_t(first + i) * a.heads + kvh * group + h) * D + col0 + 2 * t)
+                                 : nullptr;
+#pragma unroll
+      for (int ks = 0; ks < NS; ++ks) qa[mt][ks][hi] = valid ? qr[ks * 4] : 0u;
+    }
+
+  const bool smax = tid < SMT;  // a softmax thread
+  const int srow = smax ? tid / TPR : 0, spart = tid % TPR;
+  const int spos = (smax && srow / G < count && srow % G < group) ? a.pos[first + srow / G] : -1;
+  const int slo = a.window > 0 ? max(0, spos - a.window + 1) : 0;
+  float m_run = -INFINITY, l_run = 0.f;
+
+  auto load_tile = [&](uint4(&r)[RPL], const half* __restrict__ base, int k0, int s0) {
+    if (k0 + BN - 1 <= kend && s0 + BN <= cap) {
+      const half* p = base + size_t(s0 + (lane >> 3)) * rs;
+#pragma unroll
+      for (int i = 0; i < RPL; ++i, p += 4 * rs) r[i] = __ldg(reinterpret_cast<const uint4*>(p));
+    } else {
+#pragma unroll
+      for (int i = 0; i < RPL; ++i) {
+        const int rr = (lane >> 3) + 4 * i;
+        r[i] = make_uint4(0u, 0u, 0u, 0u);
+        if (k0 + rr <= kend) {
+          int sl = s0 + rr;
+          if (sl >= cap) sl %= cap;
+          r[i] = __ldg(reinterpret_cast<const uint4*>(base + size_t(sl) * rs));
+        }
+      }
+    }
+  };
+  auto store_tile = [&](const uint4(&r)[RPL]) {
+#pragma unroll
+    for (int i = 0; i < RPL; ++i) *reinterpret_cast<uint4*>(&kv[(lane >> 3) + 4 * i][(lane & 7) * 8]) = r[i];
+  };
+
+  float o[MT][NS][4];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NS; ++nt)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) o[mt][nt][c] = 0.f;
+
+  const int sstep = BN % cap;
+  int k0 = kbeg, s0 = k0 % cap;
+  uint4 kr[RPL], vr[RPL];
+  if (k0 <= kend) {
+    load_tile(kr, Kl, k0, s0);
+    load_tile(vr, Vl, k0, s0);
+  }
+  for (; k0 <= kend; k0 += BN) {
+    const bool more = k0 + BN <= kend;
+    int s1 = s0 + sstep;
+    if (s1 >= cap) s1 -= cap;
+
+    __syncwarp();
+    store_tile(kr);
+    __syncwarp();
+    if (more) load_tile(kr, Kl, k0 + BN, s1);
+
+    // ---- partial scores over this warp's 64 channels: 48 rows x 16 keys ----
+    {
+      float s[MT][2][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int c = 0; c < 4; ++c) s[mt][nt][c] = 0.f;
+#pragma unroll
+      for (int k2 = 0; k2 < NS / 2; ++k2) {
+        uint32_t b[4];
+        kn::ldsm_x4(b, &kv[(lane >> 4) * 8 + (lane & 7)][k2 * 16 + ((lane >> 3) & 1) * 8]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          kn::mma_16x8x8(s[mt][0], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[0]);
+          kn::mma_16x8x8(s[mt][1], qa[mt][2 * k2][0], qa[mt][2 * k2][1], b[2]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          kn::mma_16x8x8(s[mt][0], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[1]);
+          kn::mma_16x8x8(s[mt][1], qa[mt][2 * k2 + 1][0], qa[mt][2 * k2 + 1][1], b[3]);
+        }
+      }
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt) {
+          float* dst = part + (((2 * nt + (t >> 1)) ^ kn::flash_swizzle(g)) << 2) + (t & 1) * 2;
+          *reinterpret_cast<float2*>(dst + (mt * 16 + g) * 16) = make_float2(s[mt][nt][0], s[mt][nt][1]);
+          *reinterpret_cast<float2*>(dst + (mt * 16 + g + 8) * 16) = make_float2(s[mt][nt][2], s[mt][nt][3]);
+        }
+    }
+    __syncthreads();
+
+    // ---- online softmax: TPR threads per row of the first SMT threads ----
+    if (smax) {
+      float sv[CPT][4];
+#pragma unroll
+      for (int i = 0; i < CPT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sv[i][e] = 0.f;
+#pragma unroll
+      for (int w = 0; w < W; ++w) {
+        const float* src = reinterpret_cast<const float*>(smem + S::PART_OFF + w * S::PART_BYTES) + srow * 16;
+#pragma unroll
+        for (int i = 0; i < CPT; ++i) {
+          const int c = spart + TPR * i;
+          const float4 v = *reinterpret_cast<const float4*>(src + ((c ^ kn::flash_swizzle(srow)) << 2));
+          sv[i][0] += v.x;
+          sv[i][1] += v.y;
+          sv[i][2] += v.z;
+          sv[i][3] += v.w;
+        }
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int j = k0 + 4 * (spart + TPR * i) + e;
+          if (j < slo || j > spos) sv[i][e] = -INFINITY;
+          mx = fmaxf(mx, sv[i][e]);
+        }
+        // the SMT softmax threads are whole warps (192 or 96 threads), so the full mask is exact
+#pragma unroll
+      for (int off = 1; off < TPR; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      const float m_new = fmaxf(m_run, mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;
+      const float alpha = __expf(m_run - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int i = 0; i < CPT; ++i) {
+        half ph[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          ph[e] = __float2half_rn(__expf(sv[i][e] - m_use));
+          sum += __half2float(ph[e]);
+        }
+        *reinterpret_cast<uint2*>(&p_s[srow][4 * (spart + TPR * i)]) =
+            make_uint2(kn::flash_pack_half2(ph[0], ph[1]), kn::flash_pack_half2(ph[2], ph[3]));
+      }
+#pragma unroll
+      for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+      l_run = l_run * alpha + sum;
+      m_run = m_new;
+      if (spart == 0) alpha_s[srow] = alpha;
+    }
+    __syncthreads();
+
+    store_tile(vr);
+    __syncwarp();
+    if (more) load_tile(vr, Vl, k0 + BN, s1);
+
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const float a_lo = alpha_s[mt * 16 + g], a_hi = alpha_s[mt * 16 + g + 8];
+#pragma unroll
+      for (int nt = 0; nt < NS; ++nt) {
+        o[mt][nt][0] *= a_lo;
+        o[mt][nt][1] *= a_lo;
+        o[mt][nt][2] *= a_hi;
+        o[mt][nt][3] *= a_hi;
+      }
+    }
+    {
+      uint32_t pa[MT][4];
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+        kn::ldsm_x4(pa[mt], &p_s[mt * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)][(lane >> 4) * 8]);
+#pragma unroll
+      for (int n2 = 0; n2 < NS / 2; ++n2) {
+        uint32_t b[4];
+        kn::ldsm_x4_trans(b, &kv[((lane >> 3) & 1) * 8 + (lane & 7)][(2 * n2 + (lane >> 4)) * 8]);
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          kn::mma_16x8x8(o[mt][2 * n2], pa[mt][0], pa[mt][1], b[0]);
+          kn::mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][0], pa[mt][1], b[2]);
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          kn::mma_16x8x8(o[mt][2 * n2], pa[mt][2], pa[mt][3], b[1]);
+          kn::mma_16x8x8(o[mt][2 * n2 + 1], pa[mt][2], pa[mt][3], b[3]);
+        }
+      }
+    }
+    s0 = s1;
+  }
+
+  if (smax && spart == 0) l_s[srow] = l_run;
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int m = mt * 16 + hi * 8 + g, i = m / G, h = m % G;
+      if (i >= count || h >= group) continue;
+      const float l = l_s[m];
+      const float sc = l > 0.f ? 1.f / l : 0.f;
+      half* orow = a.out + (size_t(first + i) * a.heads + kvh * group + h) * D + col0 + 2 * t;
+#pragma unroll
+      for (int nt = 0; nt < NS; ++nt)
+        *reinterpret_cast<half2*>(orow + nt * 8) =
+            __halves2half2(kn::to_half_sat(o[mt][nt][2 * hi] * sc), kn::to_half_sat(o[mt][nt][2 * hi + 1] * sc));
+    }
+}
+
+template <int D>
+cudaError_t launch_flash_slim_d(const AttnArgs& a, const int2* tiles, int num_tiles, int group, cudaStream_t s) {
+  const dim3 grid(unsigned(num_tiles), unsigned(a.kv_heads));
+  switch (kn::gqa_group_pad(group)) {
+    case 1: flash_slim_kernel<D, 1><<<grid, v3_threads<D>(), 0, s>>>(a, tiles); break;
+    case 2: flash_slim_kernel<D, 2><<<grid, v3_threads<D>(), 0, s>>>(a, tiles); break;
+    case 4: flash_slim_kernel<D, 4><<<grid, v3_threads<D>(), 0, s>>>(a, tiles); break;
+    default: flash_slim_kernel<D, 8><<<grid, v3_threads<D>(), 0, s>>>(a, tiles); break;
+  }
+  return cudaGetLastError();
+}
+
 // ---- the problems: one prefill pass (runs of rows of several sequences) over ring caches ----
 
 struct Run {
@@ -402,12 +691,15 @@ struct Problem {
 };
 
 int positions_per_tile(int version, int group) {
-  return (version == 2 ? kV2Rows : kn::kFlashRows) / kn::gqa_group_pad(group);
+  return (version == 2 ? kV2Rows : version == 3 ? kV3Rows : kn::kFlashRows) / kn::gqa_group_pad(group);
 }
+
+int keys_per_tile(int version) { return version == 3 ? kV3Keys : version == 2 ? kV2Keys : kn::kFlashKeys; }
 
 bool implements(int version, int D, int group) {
   if (version == 1) return kn::flash_attention_supported(D, group);
-  return (D == 128 || D == 256) && group >= 1 && group <= 8;
+  if (version == 2) return (D == 128 || D == 256) && group >= 1 && group <= 8;
+  return (D == 256 || D == 512) && group >= 1 && group <= 8;
 }
 
 std::unique_ptr<Problem> make_problem(const Spec& spec, uint64_t seed) {
@@ -489,7 +781,8 @@ std::unique_ptr<Problem> make_problem(const Spec& spec, uint64_t seed) {
         ++c;
       tiles.push_back(make_int2(r, c));
       const int lo = spec.window > 0 ? std::max(0, p->pos[size_t(r)] - spec.window + 1) : 0;
-      const int keys = p->pos[size_t(r + c - 1)] - lo + 1, tile_keys = (keys + 31) / 32 * 32;
+      const int keys = p->pos[size_t(r + c - 1)] - lo + 1, bn = keys_per_tile(v);
+      const int tile_keys = (keys + bn - 1) / bn * bn;
       p->l2_bytes[v] += double(tile_keys) * kv * D * 2 * 2;
       r += c;
     }
@@ -546,8 +839,13 @@ std::vector<double> flash_ref(const Problem& p) {
 cudaError_t run(int version, const Problem& p, cudaStream_t stream) {
   const AttnArgs a = p.args();
   if (version == 1) return kn::launch_flash_attention(a, p.dtiles[1].get(), p.ntiles[1], p.spec.D, kn::Launch(stream));
-  return p.spec.D == 128 ? launch_flash_rows_d<128>(a, p.dtiles[2].get(), p.ntiles[2], p.spec.group, stream)
-                         : launch_flash_rows_d<256>(a, p.dtiles[2].get(), p.ntiles[2], p.spec.group, stream);
+  const int2* tiles = p.dtiles[version].get();
+  const int n = p.ntiles[version], group = p.spec.group;
+  if (version == 2)
+    return p.spec.D == 128 ? launch_flash_rows_d<128>(a, tiles, n, group, stream)
+                           : launch_flash_rows_d<256>(a, tiles, n, group, stream);
+  return p.spec.D == 256 ? launch_flash_slim_d<256>(a, tiles, n, group, stream)
+                         : launch_flash_slim_d<512>(a, tiles, n, group, stream);
 }
 
 struct VersionStats {
@@ -589,7 +887,7 @@ int usage(const char* argv0) {
 int main(int argc, char** argv) {
   std::vector<int> rows = {512, 2048};
   lab::CommonArgs common;
-  common.versions = {1, 2};
+  common.versions = {1, 2, 3};
   common.reps = 20;
   common.samples = 5;
   for (int i = 1; i < argc; ++i) {
