@@ -21,6 +21,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "lab_host.hpp"  // parallel_for
@@ -76,6 +77,18 @@ class DevBuf {
   size_t n_ = 0;
 };
 
+// kernel<<<grid, block, 0, stream>>>(args...), or on dev/emu.hpp's CPU emulator when a lab program is built with it.
+template <typename... P, typename... A>
+inline void launch(void (*k)(P...), dim3 grid, dim3 block, cudaStream_t stream, A&&... args) {
+#ifdef GEMMA4_T4_EMU
+  (void)stream;
+  emu::launch(k, grid, block, std::forward<A>(args)...);
+#else
+  k<<<grid, block, 0, stream> > >(std::forward<A>(args)...);
+#endif
+  LAB_CHECK(cudaGetLastError());
+}
+
 // ---- random fills (on the device: full-size weights would take seconds to draw on the host) ----
 
 // splitmix64 of (index, stream): independent uniform bits per element.
@@ -102,17 +115,12 @@ __global__ void bits_kernel(uint32_t* p, size_t n, uint64_t stream) {
 
 // p[i] uniform in [lo, hi) (fp16 values rounded to nearest), or random bits for uint32_t.
 inline void fill_uniform(half* p, size_t n, float lo, float hi, uint64_t stream) {
-  uniform_kernel<half><<<512, 256>>>(p, n, lo, hi, stream);
-  LAB_CHECK(cudaGetLastError());
+  launch(uniform_kernel<half>, 512, 256, nullptr, p, n, lo, hi, stream);
 }
 inline void fill_uniform(float* p, size_t n, float lo, float hi, uint64_t stream) {
-  uniform_kernel<float><<<512, 256>>>(p, n, lo, hi, stream);
-  LAB_CHECK(cudaGetLastError());
+  launch(uniform_kernel<float>, 512, 256, nullptr, p, n, lo, hi, stream);
 }
-inline void fill_bits(uint32_t* p, size_t n, uint64_t stream) {
-  bits_kernel<<<512, 256>>>(p, n, stream);
-  LAB_CHECK(cudaGetLastError());
-}
+inline void fill_bits(uint32_t* p, size_t n, uint64_t stream) { launch(bits_kernel, 512, 256, nullptr, p, n, stream); }
 
 // ---- validation ----
 
@@ -204,7 +212,7 @@ inline double stream_read_gbs(cudaStream_t stream) {
   int sms = 0;
   LAB_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const double us =
-      median_us([&](int) { read_bandwidth_kernel<<<sms * 8, 512, 0, stream>>>(buf.get(), bytes / 16, sink.get()); }, 5,
+      median_us([&](int) { launch(read_bandwidth_kernel, sms * 8, 512, stream, buf.get(), bytes / 16, sink.get()); }, 5,
                 5, stream);
   return double(bytes) / us / 1e3;
 }

@@ -114,6 +114,10 @@ __global__ void pdl_probe_kernel() {}
 // Whether `device` runs this build's kernels as sm_90+ code, i.e. whether Launch::pdl may be set. The
 // caller (the CUDA backend, at load) keeps the answer; nothing is cached here.
 inline bool pdl_supported(int device) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp: no PDL on the CPU emulator
+  (void)device;
+  return false;
+#else
   int major = 0, current = 0;
   cudaFuncAttributes fa{};
   const bool ok = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
@@ -122,6 +126,7 @@ inline bool pdl_supported(int device) {
   cudaSetDevice(current);
   (void)cudaGetLastError();
   return ok;
+#endif
 }
 
 // How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).
@@ -135,6 +140,10 @@ struct Launch {
 // Every kernel launch of kernels/ (no dynamic shared memory).
 template <typename... P, typename... A>
 inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp: the kernel runs on the CPU emulator, now
+  (void)launch;
+  return emu::launch(k, grid, block, std::forward<A>(args)...);
+#else
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -148,6 +157,7 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const L
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;
+#endif
 }
 
 }  // namespace kernels

@@ -5770,6 +5770,10 @@ __global__ void pdl_probe_kernel() {}
 // Whether `device` runs this build's kernels as sm_90+ code, i.e. whether Launch::pdl may be set. The
 // caller (the CUDA backend, at load) keeps the answer; nothing is cached here.
 inline bool pdl_supported(int device) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp: no PDL on the CPU emulator
+  (void)device;
+  return false;
+#else
   int major = 0, current = 0;
   cudaFuncAttributes fa{};
   const bool ok = cudaGetDevice(&current) == cudaSuccess && cudaSetDevice(device) == cudaSuccess &&
@@ -5778,6 +5782,7 @@ inline bool pdl_supported(int device) {
   cudaSetDevice(current);
   (void)cudaGetLastError();
   return ok;
+#endif
 }
 
 // How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).
@@ -5791,6 +5796,10 @@ struct Launch {
 // Every kernel launch of kernels/ (no dynamic shared memory).
 template <typename... P, typename... A>
 inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp: the kernel runs on the CPU emulator, now
+  (void)launch;
+  return emu::launch(k, grid, block, std::forward<A>(args)...);
+#else
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr[0].val.programmaticStreamSerializationAllowed = 1;
@@ -5804,6 +5813,7 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const L
   const cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;
+#endif
 }
 
 }  // namespace kernels
@@ -5833,32 +5843,46 @@ namespace kernels {
 // c += A (16x8 fp16) B (8x8 fp16) with fp32 accumulators on the tensor cores: the one mma shape sm_75 has.
 // Plain asm (no volatile): it has no side effects, so the compiler may schedule it freely.
 __device__ __forceinline__ void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp: the CPU emulator of the kernel lab
+  emu::mma_16x8x8(c, a0, a1, b);
+#else
   asm("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(b));
+#endif
 }
 
+#ifndef GEMMA4_T4_EMU
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
+#endif
 
 // Four 8x8 fp16 matrices from shared memory into fragment layout with one instruction (sm_75): the
 // alternative, 32-bit shared loads per fragment register, costs 4x the instructions and bank conflicts.
 // Lanes 8i..8i+7 give the row addresses of matrix i; register i of every lane receives (row g, cols 2t, 2t+1)
 // of matrix i -- an A or B fragment of a [row][k] block.
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* row_addr) {
+#ifdef GEMMA4_T4_EMU
+  emu::ldmatrix_x4(r, row_addr, false);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(row_addr))
                : "memory");
+#endif
 }
 
 // The same, transposed in flight: (rows 2t, 2t+1; col g), the B fragments of a row-major [k][n] block.
 __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* row_addr) {
+#ifdef GEMMA4_T4_EMU
+  emu::ldmatrix_x4(r, row_addr, true);
+#else
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(row_addr))
                : "memory");
+#endif
 }
 
 // ---- global loads ----
@@ -5883,6 +5907,9 @@ enum class Ld16 { kWeights, kX, kCoherent };
 
 template <Ld16 kPath>
 __device__ __forceinline__ uint4 ld16(const uint4* p, bool ok) {
+#ifdef GEMMA4_T4_EMU
+  return ok ? *p : make_uint4(0u, 0u, 0u, 0u);
+#else
   uint4 v;
   if constexpr (kPath == Ld16::kWeights)
     asm(GEMMA4_T4_PRED_LD16("ld.global.nc.L1::no_allocate.v4.u32")
@@ -5895,6 +5922,7 @@ __device__ __forceinline__ uint4 ld16(const uint4* p, bool ok) {
                  : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
                  : "l"(p), "r"(int(ok)));
   return v;
+#endif
 }
 #undef GEMMA4_T4_PRED_LD16
 
@@ -5911,6 +5939,9 @@ __device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) { return ld16<Ld
 
 // A 2-byte scale, zero-extended (zero when !ok).
 __device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {
+#ifdef GEMMA4_T4_EMU
+  return ok ? *p : 0u;
+#else
   uint32_t v;
   asm("{\n"
       "  .reg .pred p;\n"
@@ -5921,12 +5952,18 @@ __device__ __forceinline__ uint32_t ld_u16(const unsigned short* p, bool ok) {
       : "=r"(v)
       : "l"(p), "r"(int(ok)));
   return v;
+#endif
 }
 
 // Pulls a constant's 128-byte line into L2 ahead of its use: fire and forget, no register holds it. Any arch.
+#ifdef GEMMA4_T4_EMU
+__device__ __forceinline__ void prefetch_l2_line(const void*) {}
+__device__ __forceinline__ void prefetch_l1_line(const void*) {}
+#else
 __device__ __forceinline__ void prefetch_l2_line(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 // The same into L1 (and L2): for small constants a block reads soon (a norm's weights).
 __device__ __forceinline__ void prefetch_l1_line(const void* p) { asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p)); }
+#endif
 
 // ---- register views ----
 
@@ -7664,13 +7701,20 @@ static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int
 // d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
 // dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
+  return (a & b) | c;
+#else
   uint32_t d;
   asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
   return d;
+#endif
 }
 
 // A 4-byte weight-path load (ld_weights' path: not allocated in L1), zero when !ok: v12's scales.
 __device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
+  return ok ? *p : 0u;
+#else
   uint32_t v;
   asm("{\n"
       "  .reg .pred p;\n"
@@ -7681,6 +7725,7 @@ __device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
       : "=r"(v)
       : "l"(p), "r"(int(ok)));
   return v;
+#endif
 }
 
 // B pairs 2h and 2h + 1 of a GEMM-layout word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit-identical): w is the

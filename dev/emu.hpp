@@ -1,0 +1,561 @@
+// gemma4_t4 kernel lab: a SIMT emulator, so that a kernel's index maps, fragment layouts, masks and barriers can
+// be checked on a machine without a GPU (dev/README.md, "Running kernels on the CPU").
+//
+// Compile a kernel's translation unit with a host compiler, this header first:
+//   g++ -std=c++17 -O2 -fno-strict-aliasing -Wno-unknown-pragmas -x c++ -include dev/emu.hpp
+//       -I/usr/local/cuda/include -Iinclude -I. FILE -o prog -lpthread
+// -fno-strict-aliasing is required: device code reads registers and shared memory through reinterpret_casts
+// (float4 over float, uint32 over half2), which nvcc allows and an optimising host compiler need not.
+// -Wno-unknown-pragmas: device code's "#pragma unroll", which a host compiler does not know.
+// kernels/common.cuh and kernels/mma.cuh take the emulated path of their inline PTX under GEMMA4_T4_EMU (which
+// this header defines); launch_kernel() runs the kernel here, and emu::launch() does for a lab's own kernels.
+//
+// What it is: every CUDA thread of a block is a fiber (ucontext) on one host thread; blocks run one after another.
+// A fiber runs until it reaches a block barrier or a warp collective (shuffle, vote, __syncwarp, mma.sync,
+// ldmatrix), then the next fiber runs. A collective completes when every lane of its mask has arrived, a block
+// barrier when every live thread of the block has (exited threads count as arrived, as on sm_70+). If no fiber can
+// run and some have not finished, the launch stops with "deadlock" and says where each thread waits: a barrier in
+// divergent code, or a shuffle whose mask names a lane that never comes.
+//   mma.sync m16n8k8 (fp16 in, fp32 accumulate): the A, B and C fragments of the 32 lanes are gathered by the
+//     PTX ISA's layouts (kernels/mma.cuh's header) and D = C + A B is summed in double, then rounded to float: the
+//     hardware's adds round differently, so sums agree to ~1e-6 relative, not bit for bit.
+//   ldmatrix (x4, .trans): each lane's row address, the four 8 x 8 matrices read as the ISA lays them out.
+//   Memory: device pointers are host pointers; `__shared__` variables are statics (shared by a block's fibers,
+//     reused by the next block); atomics are plain read-modify-writes (one host thread). No races are modelled:
+//     the order fibers run in is one legal schedule, not all of them; use compute-sanitizer's racecheck on a GPU.
+//   Not emulated: PDL (pdl_enter is a no-op), cudaMalloc and the runtime's other calls, launches with `<<<>>>`
+//     (use emu::launch), dynamic shared memory, clusters, cp.async.
+// Speed: a few million fiber switches a second. A collective switches every lane, so keep problems small (a
+// few blocks of a few key tiles).
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#define GEMMA4_T4_EMU 1
+
+// kernels/mma.cuh moves register bits between uint32_t and half2 with memcpy (the CUDA idiom); not a bug here
+#pragma GCC diagnostic ignored "-Wclass-memaccess"
+
+// ---- the CUDA keywords as host C++ ----
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __forceinline__
+#undef __noinline__
+#undef __launch_bounds__
+#undef __align__
+#undef __restrict__
+#define __global__
+#define __device__
+#define __host__
+#define __shared__ static
+#define __forceinline__ inline
+#define __noinline__
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+#define __restrict__ __restrict
+
+namespace emu {
+
+// What a waiting fiber waits for.
+enum class Wait { None, Block, Warp, Done };
+
+struct Fiber {
+  ucontext_t ctx;
+  std::unique_ptr<char[]> stack;
+  uint3 tid{};
+  int linear = 0;
+  Wait wait = Wait::None;
+  const char* where = "";  // the collective's name, for the deadlock report
+};
+
+struct Collective {                    // one warp's current collective
+  unsigned mask = 0, arrived = 0;      // lanes
+  const char* what = nullptr;          // its kind (every lane must be at the same one)
+  unsigned gen = 0;                    // completed collectives
+  unsigned char slot[2][32][40] = {};  // inputs, double-buffered by gen
+};
+
+struct State {
+  dim3 grid, block, bidx;
+  std::vector<Fiber> fibers;
+  std::vector<Collective> warps;
+  int live = 0, at_barrier = 0, barrier_count = 0, barrier_result = 0;
+  int cur = -1;
+  ucontext_t sched;
+  void (*body)(void*) = nullptr;
+  void* body_arg = nullptr;
+  size_t stack_bytes = 256 * 1024;
+};
+
+inline State& st() {
+  static State s;
+  return s;
+}
+inline Fiber& me() { return st().fibers[size_t(st().cur)]; }
+inline int lane() { return me().linear & 31; }
+
+[[noreturn]] inline void fail(const std::string& what) {
+  std::fprintf(stderr, "emu: %s\n", what.c_str());
+  std::exit(3);
+}
+
+inline void yield() { swapcontext(&me().ctx, &st().sched); }
+
+// Block barrier; returns the count of threads whose pred was nonzero (__syncthreads_count).
+inline int block_barrier(int pred = 0) {
+  State& s = st();
+  me().wait = Wait::Block;
+  me().where = "__syncthreads";
+  s.barrier_count += pred != 0;
+  ++s.at_barrier;
+  yield();
+  return s.barrier_result;
+}
+
+// Warp collective: stores this lane's `in` bytes, waits for every lane of `mask`, returns the slot array of the
+// completed collective (valid until this lane's next collective).
+inline const unsigned char (*warp_collective(const char* what, unsigned mask, const void* in, size_t bytes))[40] {
+  State& s = st();
+  Fiber& f = me();
+  const int w = f.linear >> 5, l = f.linear & 31;
+  Collective& c = s.warps[size_t(w)];
+  if (!(mask >> l & 1u)) fail(std::string(what) + ": lane " + std::to_string(l) + " not in its own mask");
+  if (c.arrived == 0) {
+    c.mask = mask;
+    c.what = what;
+  } else if (c.mask != mask || std::strcmp(c.what, what) != 0) {
+    fail(std::string("warp ") + std::to_string(w) + ": lane " + std::to_string(l) + " at " + what +
+         " while other lanes are at " + c.what);
+  }
+  const unsigned buf = c.gen & 1u;
+  std::memcpy(c.slot[buf][l], in, bytes);
+  c.arrived |= 1u << l;
+  f.wait = Wait::Warp;
+  f.where = what;
+  yield();
+  return c.slot[buf];
+}
+
+// The scheduler's check after a fiber yields: completes a block barrier or a collective that is now whole.
+inline void settle() {
+  State& s = st();
+  if (s.at_barrier > 0 && s.at_barrier == s.live) {
+    s.barrier_result = s.barrier_count;
+    s.barrier_count = 0;
+    s.at_barrier = 0;
+    for (Fiber& f : s.fibers)
+      if (f.wait == Wait::Block) f.wait = Wait::None;
+  }
+  for (size_t w = 0; w < s.warps.size(); ++w) {
+    Collective& c = s.warps[w];
+    if (c.arrived == 0 || c.arrived != c.mask) continue;
+    for (int l = 0; l < 32; ++l)
+      if (c.arrived >> l & 1u) s.fibers[w * 32 + size_t(l)].wait = Wait::None;
+    c.arrived = 0;
+    ++c.gen;
+  }
+}
+
+inline void trampoline() {
+  State& s = st();
+  s.body(s.body_arg);
+  me().wait = Wait::Done;
+  --s.live;
+  // a barrier may now be complete without this thread
+  swapcontext(&me().ctx, &s.sched);
+}
+
+// Runs body(arg) as every thread of every block of grid x block.
+inline void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* arg) {
+  State& s = st();
+  const int nt = int(block.x * block.y * block.z);
+  if (nt <= 0 || nt > 1024 || nt % 32 != 0) fail("block of " + std::to_string(nt) + " threads (1..1024, whole warps)");
+  s.grid = grid;
+  s.block = block;
+  s.body = body;
+  s.body_arg = arg;
+  if (s.fibers.size() != size_t(nt)) {
+    s.fibers.clear();
+    s.fibers.resize(size_t(nt));
+    for (Fiber& f : s.fibers) f.stack.reset(new char[s.stack_bytes]);
+  }
+  s.warps.assign(size_t(nt / 32), Collective());
+  for (unsigned bz = 0; bz < grid.z; ++bz)
+    for (unsigned by = 0; by < grid.y; ++by)
+      for (unsigned bx = 0; bx < grid.x; ++bx) {
+        s.bidx = dim3(bx, by, bz);
+        s.live = nt;
+        s.at_barrier = s.barrier_count = 0;
+        for (Collective& c : s.warps) c.arrived = 0;
+        for (int i = 0; i < nt; ++i) {
+          Fiber& f = s.fibers[size_t(i)];
+          f.linear = i;
+          f.tid = make_uint3(unsigned(i) % block.x, unsigned(i) / block.x % block.y, unsigned(i) / (block.x * block.y));
+          f.wait = Wait::None;
+          getcontext(&f.ctx);
+          f.ctx.uc_stack.ss_sp = f.stack.get();
+          f.ctx.uc_stack.ss_size = s.stack_bytes;
+          f.ctx.uc_link = nullptr;
+          makecontext(&f.ctx, trampoline, 0);
+        }
+        while (s.live > 0) {
+          bool ran = false;
+          for (int i = 0; i < nt; ++i) {
+            if (s.fibers[size_t(i)].wait != Wait::None) continue;
+            s.cur = i;
+            swapcontext(&s.sched, &s.fibers[size_t(i)].ctx);
+            s.cur = -1;
+            settle();
+            ran = true;
+          }
+          if (!ran && s.live > 0) {
+            std::string where;
+            for (int i = 0; i < nt; ++i)
+              if (s.fibers[size_t(i)].wait != Wait::Done)
+                where += " t" + std::to_string(i) + ":" + s.fibers[size_t(i)].where;
+            fail("deadlock in block (" + std::to_string(bx) + "," + std::to_string(by) + "," + std::to_string(bz) +
+                 "):" + where.substr(0, 2000));
+          }
+        }
+      }
+}
+
+template <typename F, typename Tuple>
+struct Call {
+  F f;
+  Tuple args;
+  static void run(void* p) {
+    auto* c = static_cast<Call*>(p);
+    std::apply(c->f, c->args);
+  }
+};
+
+// kernel<<<grid, block>>>(args...), emulated; the arguments are converted to the kernel's parameter types once.
+template <typename... P, typename... A>
+inline cudaError_t launch(void (*k)(P...), dim3 grid, dim3 block, A&&... args) {
+  Call<void (*)(P...), std::tuple<std::decay_t<P>...>> c{k, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
+  run_grid(grid, block, &decltype(c)::run, &c);
+  return cudaSuccess;
+}
+
+// ---- the thread's coordinates ----
+struct Coords {
+  static uint3 thread() { return me().tid; }
+  static uint3 block() { return make_uint3(st().bidx.x, st().bidx.y, st().bidx.z); }
+  static dim3 block_dim() { return st().block; }
+  static dim3 grid_dim() { return st().grid; }
+};
+
+// ---- tensor cores and shared-memory matrix loads (kernels/mma.cuh's layouts) ----
+
+inline float h2f(uint32_t u, int hi) {
+  const unsigned short b = static_cast<unsigned short>(hi ? u >> 16 : u & 0xFFFFu);
+  __half_raw r;
+  r.x = b;
+  return __half2float(half(r));
+}
+
+// c += A (16x8) B (8x8): lane 4 g + t holds a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], b = B[2t..2t+1][g],
+// c0, c1 = C[g][2t..2t+1], c2, c3 = C[g+8][2t..].
+inline void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
+  const uint32_t in[3] = {a0, a1, b};
+  const auto slots = warp_collective("mma.sync.m16n8k8", 0xffffffffu, in, sizeof in);
+  double A[16][8], B[8][8];
+  for (int l = 0; l < 32; ++l) {
+    uint32_t v[3];
+    std::memcpy(v, slots[l], sizeof v);
+    const int g = l >> 2, t = l & 3;
+    for (int j = 0; j < 2; ++j) {
+      A[g][2 * t + j] = h2f(v[0], j);
+      A[g + 8][2 * t + j] = h2f(v[1], j);
+      B[2 * t + j][g] = h2f(v[2], j);
+    }
+  }
+  const int g = lane() >> 2, t = lane() & 3;
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+    double s = 0;
+    for (int k = 0; k < 8; ++k) s += A[row][k] * B[k][col];
+    c[i] = float(double(c[i]) + s);
+  }
+}
+
+// ldmatrix.x4 (.trans): lanes 8 i .. 8 i + 7 give the row addresses of matrix i.
+inline void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
+  const auto slots =
+      warp_collective(trans ? "ldmatrix.x4.trans" : "ldmatrix.x4", 0xffffffffu, &row_addr, sizeof row_addr);
+  const unsigned short* rows[32];
+  for (int l = 0; l < 32; ++l) {
+    const void* p;
+    std::memcpy(&p, slots[l], sizeof p);
+    if (reinterpret_cast<uintptr_t>(p) % 16) fail("ldmatrix: a row address that is not 16-byte aligned");
+    rows[l] = static_cast<const unsigned short*>(p);
+  }
+  const int g = lane() >> 2, t = lane() & 3;
+  for (int i = 0; i < 4; ++i) {
+    unsigned short lo, hi;
+    if (!trans) {
+      lo = rows[8 * i + g][2 * t];
+      hi = rows[8 * i + g][2 * t + 1];
+    } else {
+      lo = rows[8 * i + 2 * t][g];
+      hi = rows[8 * i + 2 * t + 1][g];
+    }
+    r[i] = uint32_t(lo) | uint32_t(hi) << 16;
+  }
+}
+
+// ---- warp collectives ----
+
+template <typename T>
+inline T shfl_impl(const char* what, unsigned mask, T v, int src_of_lane(int, int), int arg, int width) {
+  static_assert(sizeof(T) <= 8 && std::is_trivially_copyable<T>::value, "shuffled type");
+  const auto slots = warp_collective(what, mask, &v, sizeof v);
+  const int l = lane(), base = l & ~(width - 1);
+  int src = src_of_lane(l - base, arg);
+  if (src < 0 || src >= width) src = l - base;  // out of the segment: own value
+  T out;
+  std::memcpy(&out, slots[base + src], sizeof out);
+  return out;
+}
+
+}  // namespace emu
+
+#define threadIdx (::emu::Coords::thread())
+#define blockIdx (::emu::Coords::block())
+#define blockDim (::emu::Coords::block_dim())
+#define gridDim (::emu::Coords::grid_dim())
+
+// ---- intrinsics ----
+// The integer min / max device code has as built-ins (floats: fminf / fmaxf, as in device code).
+#define GEMMA4_T4_EMU_MINMAX(T)                    \
+  inline T min(T a, T b) { return b < a ? b : a; } \
+  inline T max(T a, T b) { return a < b ? b : a; }
+GEMMA4_T4_EMU_MINMAX(int)
+GEMMA4_T4_EMU_MINMAX(unsigned)
+GEMMA4_T4_EMU_MINMAX(long)
+GEMMA4_T4_EMU_MINMAX(unsigned long)
+GEMMA4_T4_EMU_MINMAX(long long)
+GEMMA4_T4_EMU_MINMAX(unsigned long long)
+#undef GEMMA4_T4_EMU_MINMAX
+
+inline void __syncthreads() { emu::block_barrier(); }
+inline int __syncthreads_count(int pred) { return emu::block_barrier(pred); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  const int z = 0;
+  emu::warp_collective("__syncwarp", mask, &z, sizeof z);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int m, int width = 32) {
+  return emu::shfl_impl<T>(
+      "__shfl_xor_sync", mask, v, [](int l, int a) { return l ^ a; }, m, width);
+}
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  return emu::shfl_impl<T>(
+      "__shfl_sync", mask, v, [](int, int a) { return a; }, src % width, width);
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  return emu::shfl_impl<T>(
+      "__shfl_up_sync", mask, v, [](int l, int a) { return l - a; }, int(d), width);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  return emu::shfl_impl<T>(
+      "__shfl_down_sync", mask, v, [](int l, int a) { return l + a; }, int(d), width);
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  const int p = pred != 0;
+  const auto slots = emu::warp_collective("__ballot_sync", mask, &p, sizeof p);
+  unsigned b = 0;
+  for (int l = 0; l < 32; ++l) {
+    int v;
+    std::memcpy(&v, slots[l], sizeof v);
+    if (mask >> l & 1u && v) b |= 1u << l;
+  }
+  return b;
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == mask; }
+
+template <typename T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+template <typename T>
+inline T __ldcg(const T* p) {
+  return *p;
+}
+inline void __threadfence() {}
+inline void __threadfence_block() {}
+inline void __nanosleep(unsigned) { emu::yield(); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline float __frcp_rn(float a) { return 1.f / a; }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline unsigned __float_as_uint(float f) {
+  unsigned u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+inline int __float_as_int(float f) { return int(__float_as_uint(f)); }
+inline float __int_as_float(int i) { return __uint_as_float(unsigned(i)); }
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  const uint64_t v = uint64_t(y) << 32 | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= unsigned(v >> (8 * ((s >> (4 * i)) & 7)) & 0xFFu) << (8 * i);
+  return r;
+}
+template <typename T>
+inline T atomicAdd(T* p, T v) {
+  const T old = *p;
+  *p = old + v;
+  return old;
+}
+template <typename T>
+inline T atomicExch(T* p, T v) {
+  const T old = *p;
+  *p = v;
+  return old;
+}
+template <typename T>
+inline T atomicCAS(T* p, T cmp, T v) {
+  const T old = *p;
+  if (old == cmp) *p = v;
+  return old;
+}
+template <typename T>
+inline T atomicMax(T* p, T v) {
+  const T old = *p;
+  if (v > old) *p = v;
+  return old;
+}
+inline unsigned atomicInc(unsigned* p, unsigned lim) {
+  const unsigned old = *p;
+  *p = old >= lim ? 0 : old + 1;
+  return old;
+}
+
+// ---- the runtime calls the lab programs make, on host memory ----
+// Defined here (one translation unit per program includes this header), so an emulated program links without
+// libcudart: memory is malloc'd, copies are memcpy, streams and events are tokens and time is never measured
+// (every elapsed time is 0: the emulator validates, it does not time).
+#ifndef GEMMA4_T4_EMU_NO_RUNTIME
+namespace emu {
+constexpr int kSms = 4;  // what the emulated device reports
+inline cudaError_t& last_error() {
+  static cudaError_t e = cudaSuccess;
+  return e;
+}
+}  // namespace emu
+
+extern "C" {
+cudaError_t cudaMalloc(void** p, size_t n) {
+  *p = std::aligned_alloc(256, (n + 255) / 256 * 256 + 256);
+  return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFree(void* p) {
+  std::free(p);
+  return cudaSuccess;
+}
+cudaError_t cudaMemset(void* p, int v, size_t n) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void* d, const void* s, size_t n, enum cudaMemcpyKind) {
+  std::memmove(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, enum cudaMemcpyKind, cudaStream_t) {
+  std::memmove(d, s, n);
+  return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
+  std::memset(p, v, n);
+  return cudaSuccess;
+}
+cudaError_t cudaGetLastError(void) {
+  const cudaError_t e = emu::last_error();
+  emu::last_error() = cudaSuccess;
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) { return emu::last_error(); }
+const char* cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated runtime error"; }
+const char* cudaGetErrorName(cudaError_t e) { return e == cudaSuccess ? "cudaSuccess" : "cudaErrorUnknown"; }
+cudaError_t cudaStreamCreate(cudaStream_t* s) {
+  *s = reinterpret_cast<cudaStream_t>(uintptr_t(1));
+  return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaEventCreate(cudaEvent_t* e) {
+  *e = reinterpret_cast<cudaEvent_t>(uintptr_t(1));
+  return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
+  *ms = 0.f;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+  *d = 0;
+  return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaDeviceGetAttribute(int* v, enum cudaDeviceAttr a, int) {
+  switch (a) {
+    case cudaDevAttrMultiProcessorCount: *v = emu::kSms; break;
+    case cudaDevAttrComputeCapabilityMajor: *v = 7; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = 5; break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 65536; break;
+    case cudaDevAttrMaxSharedMemoryPerBlock: *v = 49152; break;
+    default: *v = 0;
+  }
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int) {
+  std::memset(p, 0, sizeof *p);
+  std::snprintf(p->name, sizeof p->name, "CPU emulator (dev/emu.hpp)");
+  p->major = 7;
+  p->minor = 5;
+  p->multiProcessorCount = emu::kSms;
+  p->sharedMemPerBlock = 49152;
+  p->warpSize = 32;
+  return cudaSuccess;
+}
+}  // extern "C"
+#endif  // GEMMA4_T4_EMU_NO_RUNTIME
