@@ -38,6 +38,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -246,11 +247,27 @@ struct Call {
   }
 };
 
+// A stream capture's recording (cudaStreamBeginCapture .. cudaStreamEndCapture): the launches (and async copies)
+// made meanwhile, replayed in order by cudaGraphLaunch.
+struct Graph {
+  std::vector<std::function<void()>> ops;
+};
+inline Graph*& capturing() {
+  static Graph* g = nullptr;
+  return g;
+}
+
 // kernel<<<grid, block>>>(args...), emulated; the arguments are converted to the kernel's parameter types once.
+// While a stream capture is open the launch is recorded instead (with its arguments) and runs at cudaGraphLaunch.
 template <typename... P, typename... A>
 inline cudaError_t launch(void (*k)(P...), dim3 grid, dim3 block, A&&... args) {
-  Call<void (*)(P...), std::tuple<std::decay_t<P>...>> c{k, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)};
-  run_grid(grid, block, &decltype(c)::run, &c);
+  using C = Call<void (*)(P...), std::tuple<std::decay_t<P>...>>;
+  auto c = std::make_shared<C>(C{k, std::tuple<std::decay_t<P>...>(std::forward<A>(args)...)});
+  if (Graph* g = capturing()) {
+    g->ops.push_back([c, grid, block] { run_grid(grid, block, &C::run, c.get()); });
+    return cudaSuccess;
+  }
+  run_grid(grid, block, &C::run, c.get());
   return cudaSuccess;
 }
 
@@ -461,6 +478,12 @@ inline T atomicMax(T* p, T v) {
   if (v > old) *p = v;
   return old;
 }
+template <typename T>
+inline T atomicMin(T* p, T v) {
+  const T old = *p;
+  if (v < old) *p = v;
+  return old;
+}
 inline unsigned atomicInc(unsigned* p, unsigned lim) {
   const unsigned old = *p;
   *p = old >= lim ? 0 : old + 1;
@@ -498,13 +521,52 @@ cudaError_t cudaMemcpy(void* d, const void* s, size_t n, enum cudaMemcpyKind) {
   return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, enum cudaMemcpyKind, cudaStream_t) {
-  std::memmove(d, s, n);
+  if (emu::Graph* g = emu::capturing())
+    g->ops.push_back([d, s, n] { std::memmove(d, s, n); });
+  else
+    std::memmove(d, s, n);
   return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
-  std::memset(p, v, n);
+  if (emu::Graph* g = emu::capturing())
+    g->ops.push_back([p, v, n] { std::memset(p, v, n); });
+  else
+    std::memset(p, v, n);
   return cudaSuccess;
 }
+cudaError_t cudaStreamBeginCapture(cudaStream_t, enum cudaStreamCaptureMode) {
+  if (emu::capturing()) return cudaErrorIllegalState;
+  emu::capturing() = new emu::Graph;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t, cudaGraph_t* graph) {
+  *graph = reinterpret_cast<cudaGraph_t>(emu::capturing());
+  emu::capturing() = nullptr;
+  return *graph ? cudaSuccess : cudaErrorIllegalState;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t* exec, cudaGraph_t graph, unsigned long long) {
+  *exec = reinterpret_cast<cudaGraphExec_t>(new emu::Graph(*reinterpret_cast<emu::Graph*>(graph)));
+  return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t) {
+  for (const auto& op : reinterpret_cast<emu::Graph*>(exec)->ops) op();
+  return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+  delete reinterpret_cast<emu::Graph*>(exec);
+  return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
+  delete reinterpret_cast<emu::Graph*>(graph);
+  return cudaSuccess;
+}
+// Kernels have no compiled attributes here: zeros (a test of register counts or shared memory learns nothing).
+cudaError_t cudaFuncGetAttributes(struct cudaFuncAttributes* a, const void*) {
+  std::memset(a, 0, sizeof *a);
+  a->maxThreadsPerBlock = 1024;
+  return cudaSuccess;
+}
+cudaError_t cudaFuncSetAttribute(const void*, enum cudaFuncAttribute, int) { return cudaSuccess; }
 cudaError_t cudaGetLastError(void) {
   const cudaError_t e = emu::last_error();
   emu::last_error() = cudaSuccess;
@@ -529,6 +591,18 @@ cudaError_t cudaEventRecord(cudaEvent_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t, cudaEvent_t) {
   *ms = 0.f;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int* n) {
+  *n = 1;
+  return cudaSuccess;
+}
+cudaError_t cudaRuntimeGetVersion(int* v) {
+  *v = CUDART_VERSION;
+  return cudaSuccess;
+}
+cudaError_t cudaDriverGetVersion(int* v) {
+  *v = 0;
   return cudaSuccess;
 }
 cudaError_t cudaGetDevice(int* d) {

@@ -46,6 +46,7 @@
 #include "gemma4_t4/cpu_backend.hpp"
 #include "harness.hpp"
 
+#ifndef GEMMA4_T4_EMU  // dynamic shared memory: dev/emu.hpp does not run it (the gemv_block test below)
 namespace gputest_kernels {
 
 // (A kernel template may not live in an anonymous namespace: nvcc's host stubs could not name it.)
@@ -68,6 +69,7 @@ __global__ void gemv_items_kernel(const gemma4_t4::kernels::GemvArgs a) {
 }
 
 }  // namespace gputest_kernels
+#endif  // GEMMA4_T4_EMU
 
 namespace {
 
@@ -1032,6 +1034,7 @@ TEST_CASE("gemv gelu_ple: half(gelu_tanh(x Wg^T) * ple[:, layer]) in one launch,
         }
 }
 
+#ifndef GEMMA4_T4_EMU  // dynamic shared memory: dev/emu.hpp does not run it
 template <int NT, int WL, kn::GemvEpilogue E>
 void launch_gemv_items(kn::GemvArgs a, int nmats, bool shared, unsigned grid, cudaStream_t s) {
   unsigned blocks = 0;
@@ -1152,6 +1155,7 @@ TEST_CASE("gemv_block: x from shared memory or through L2, several items per blo
           }
         }
 }
+#endif  // GEMMA4_T4_EMU
 
 TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[gpu]") {
   std::mt19937 rng(303);
