@@ -10,7 +10,8 @@
 // kernels/common.cuh and kernels/mma.cuh take the emulated path of their inline PTX under GEMMA4_T4_EMU (which
 // this header defines); launch_kernel() runs the kernel here, and emu::launch() does for a lab's own kernels.
 //
-// What it is: every CUDA thread of a block is a fiber (ucontext) on one host thread; blocks run one after another.
+// What it is: every CUDA thread of a block is a fiber on one host thread (x86-64: a 20-instruction stack switch;
+// elsewhere ucontext, whose every switch is a system call); blocks run one after another.
 // A fiber runs until it reaches a block barrier or a warp collective (shuffle, vote, __syncwarp, mma.sync,
 // ldmatrix), then the next fiber runs. A collective completes when every lane of its mask has arrived, a block
 // barrier when every live thread of the block has (exited threads count as arrived, as on sm_70+). If no fiber can
@@ -73,11 +74,38 @@
 
 namespace emu {
 
+// ---- fibers: a stack switch that saves only what the ABI says a callee keeps ----
+#if defined(__x86_64__) && !defined(GEMMA4_T4_EMU_UCONTEXT)
+#define GEMMA4_T4_EMU_FAST_SWITCH 1
+}  // namespace emu
+// Saves rbp, rbx, r12-r15, the x87 control word and MXCSR on the current stack, stores rsp to *save, loads rsp
+// from `load` and restores the same from there.
+extern "C" void gemma4_t4_emu_switch(void** save, void* load);
+__asm__(
+    ".text\n"
+    ".globl gemma4_t4_emu_switch\n"
+    ".type gemma4_t4_emu_switch,@function\n"
+    "gemma4_t4_emu_switch:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  subq $16, %rsp\n  stmxcsr 8(%rsp)\n  fnstcw (%rsp)\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  ldmxcsr 8(%rsp)\n  fldcw (%rsp)\n  addq $16, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size gemma4_t4_emu_switch, .-gemma4_t4_emu_switch\n");
+namespace emu {
+#endif
+
 // What a waiting fiber waits for.
 enum class Wait { None, Block, Warp, Done };
 
 struct Fiber {
+#ifdef GEMMA4_T4_EMU_FAST_SWITCH
+  void* sp = nullptr;
+#else
   ucontext_t ctx;
+#endif
   std::unique_ptr<char[]> stack;
   uint3 tid{};
   int linear = 0;
@@ -98,7 +126,11 @@ struct State {
   std::vector<Collective> warps;
   int live = 0, at_barrier = 0, barrier_count = 0, barrier_result = 0;
   int cur = -1;
+#ifdef GEMMA4_T4_EMU_FAST_SWITCH
+  void* sched_sp = nullptr;
+#else
   ucontext_t sched;
+#endif
   void (*body)(void*) = nullptr;
   void* body_arg = nullptr;
   size_t stack_bytes = 256 * 1024;
@@ -116,7 +148,13 @@ inline int lane() { return me().linear & 31; }
   std::exit(3);
 }
 
-inline void yield() { swapcontext(&me().ctx, &st().sched); }
+inline void yield() {
+#ifdef GEMMA4_T4_EMU_FAST_SWITCH
+  gemma4_t4_emu_switch(&me().sp, st().sched_sp);
+#else
+  swapcontext(&me().ctx, &st().sched);
+#endif
+}
 
 // Block barrier; returns the count of threads whose pred was nonzero (__syncthreads_count).
 inline int block_barrier(int pred = 0) {
@@ -178,8 +216,42 @@ inline void trampoline() {
   s.body(s.body_arg);
   me().wait = Wait::Done;
   --s.live;
-  // a barrier may now be complete without this thread
-  swapcontext(&me().ctx, &s.sched);
+  yield();  // never resumed (a barrier may now be complete without this thread)
+  fail("a finished thread was resumed");
+}
+
+// A fresh fiber's context: trampoline() runs when the scheduler first switches to it.
+inline void start_fiber(Fiber& f, size_t bytes) {
+#ifdef GEMMA4_T4_EMU_FAST_SWITCH
+  // The frame gemma4_t4_emu_switch pops, top down: a return address slot for trampoline (never used), the
+  // address it "returns" to (trampoline), rbp rbx r12-r15 (zero), then MXCSR and the x87 control word. The
+  // return-address slot is 16-byte aligned, so trampoline starts with rsp = 8 mod 16, as after a call.
+  auto top = (reinterpret_cast<uintptr_t>(f.stack.get()) + bytes) & ~uintptr_t(15);
+  uint64_t* q = reinterpret_cast<uint64_t*>(top);
+  q[-1] = 0;
+  q[-2] = reinterpret_cast<uint64_t>(&trampoline);
+  for (int i = 3; i <= 8; ++i) q[-i] = 0;
+  uint32_t mxcsr;
+  uint16_t cw;
+  __asm__ volatile("stmxcsr %0\n fnstcw %1" : "=m"(mxcsr), "=m"(cw));
+  q[-9] = mxcsr;  // at sp + 8
+  q[-10] = cw;    // at sp
+  f.sp = &q[-10];
+#else
+  getcontext(&f.ctx);
+  f.ctx.uc_stack.ss_sp = f.stack.get();
+  f.ctx.uc_stack.ss_size = bytes;
+  f.ctx.uc_link = nullptr;
+  makecontext(&f.ctx, trampoline, 0);
+#endif
+}
+
+inline void resume(Fiber& f) {
+#ifdef GEMMA4_T4_EMU_FAST_SWITCH
+  gemma4_t4_emu_switch(&st().sched_sp, f.sp);
+#else
+  swapcontext(&st().sched, &f.ctx);
+#endif
 }
 
 // Runs body(arg) as every thread of every block of grid x block.
@@ -209,18 +281,14 @@ inline void run_grid(dim3 grid, dim3 block, void (*body)(void*), void* arg) {
           f.linear = i;
           f.tid = make_uint3(unsigned(i) % block.x, unsigned(i) / block.x % block.y, unsigned(i) / (block.x * block.y));
           f.wait = Wait::None;
-          getcontext(&f.ctx);
-          f.ctx.uc_stack.ss_sp = f.stack.get();
-          f.ctx.uc_stack.ss_size = s.stack_bytes;
-          f.ctx.uc_link = nullptr;
-          makecontext(&f.ctx, trampoline, 0);
+          start_fiber(f, s.stack_bytes);
         }
         while (s.live > 0) {
           bool ran = false;
           for (int i = 0; i < nt; ++i) {
             if (s.fibers[size_t(i)].wait != Wait::None) continue;
             s.cur = i;
-            swapcontext(&s.sched, &s.fibers[size_t(i)].ctx);
+            resume(s.fibers[size_t(i)]);
             s.cur = -1;
             settle();
             ran = true;
