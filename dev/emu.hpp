@@ -1,7 +1,8 @@
 // gemma4_t4 kernel lab: a SIMT emulator, so that a kernel's index maps, fragment layouts, masks and barriers can
 // be checked on a machine without a GPU (dev/README.md, "Running kernels on the CPU").
 //
-// Compile a kernel's translation unit with a host compiler, this header first:
+// Compile a kernel's translation unit with a host compiler, this header first (with -DGEMMA4_T4_EMU_MAIN in exactly
+// one unit of the program: it holds the runtime's definitions, below):
 //   g++ -std=c++17 -O2 -fno-strict-aliasing -Wno-unknown-pragmas -x c++ -include dev/emu.hpp
 //       -I/usr/local/cuda/include -Iinclude -I. FILE -o prog -lpthread
 // -fno-strict-aliasing is required: device code reads registers and shared memory through reinterpret_casts
@@ -81,6 +82,7 @@ namespace emu {
 // Saves rbp, rbx, r12-r15, the x87 control word and MXCSR on the current stack, stores rsp to *save, loads rsp
 // from `load` and restores the same from there.
 extern "C" void gemma4_t4_emu_switch(void** save, void* load);
+#ifdef GEMMA4_T4_EMU_MAIN
 __asm__(
     ".text\n"
     ".globl gemma4_t4_emu_switch\n"
@@ -94,6 +96,7 @@ __asm__(
     "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
     "  ret\n"
     ".size gemma4_t4_emu_switch, .-gemma4_t4_emu_switch\n");
+#endif
 namespace emu {
 #endif
 
@@ -118,6 +121,10 @@ struct Collective {                    // one warp's current collective
   const char* what = nullptr;          // its kind (every lane must be at the same one)
   unsigned gen = 0;                    // completed collectives
   unsigned char slot[2][32][40] = {};  // inputs, double-buffered by gen
+  // Results computed once for all lanes by the first lane to resume (mma.sync): valid while out_gen[b] is the
+  // generation that filled slot b.
+  double out[2][32][4] = {};
+  unsigned out_gen[2] = {~0u, ~0u};
 };
 
 struct State {
@@ -339,6 +346,13 @@ inline cudaError_t launch(void (*k)(P...), dim3 grid, dim3 block, A&&... args) {
   return cudaSuccess;
 }
 
+// A block's dynamic shared memory (GEMMA4_T4_DYNAMIC_SMEM): one buffer, shared by the block's fibers, large
+// enough for any launch an sm_90 GPU takes.
+inline unsigned char* dynamic_smem() {
+  alignas(16) static unsigned char buf[232448];
+  return buf;
+}
+
 // ---- the thread's coordinates ----
 struct Coords {
   static uint3 thread() { return me().tid; }
@@ -358,27 +372,38 @@ inline float h2f(uint32_t u, int hi) {
 
 // c += A (16x8) B (8x8): lane 4 g + t holds a0 = A[g][2t..2t+1], a1 = A[g+8][2t..], b = B[2t..2t+1][g],
 // c0, c1 = C[g][2t..2t+1], c2, c3 = C[g+8][2t..].
+// The first lane to resume computes A B for the whole warp; each lane adds its own C.
 inline void mma_16x8x8(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b) {
   const uint32_t in[3] = {a0, a1, b};
+  Collective& col = st().warps[size_t(me().linear >> 5)];
+  const unsigned gen = col.gen;  // the generation this collective completes
+  const unsigned buf = gen & 1u;
   const auto slots = warp_collective("mma.sync.m16n8k8", 0xffffffffu, in, sizeof in);
-  double A[16][8], B[8][8];
-  for (int l = 0; l < 32; ++l) {
-    uint32_t v[3];
-    std::memcpy(v, slots[l], sizeof v);
-    const int g = l >> 2, t = l & 3;
-    for (int j = 0; j < 2; ++j) {
-      A[g][2 * t + j] = h2f(v[0], j);
-      A[g + 8][2 * t + j] = h2f(v[1], j);
-      B[2 * t + j][g] = h2f(v[2], j);
+  if (col.out_gen[buf] != gen) {
+    double A[16][8], B[8][8];
+    for (int l = 0; l < 32; ++l) {
+      uint32_t v[3];
+      std::memcpy(v, slots[l], sizeof v);
+      const int g = l >> 2, t = l & 3;
+      for (int j = 0; j < 2; ++j) {
+        A[g][2 * t + j] = h2f(v[0], j);
+        A[g + 8][2 * t + j] = h2f(v[1], j);
+        B[2 * t + j][g] = h2f(v[2], j);
+      }
     }
+    for (int l = 0; l < 32; ++l) {
+      const int g = l >> 2, t = l & 3;
+      for (int i = 0; i < 4; ++i) {
+        const int row = g + (i >= 2 ? 8 : 0), cc = 2 * t + (i & 1);
+        double s = 0;
+        for (int k = 0; k < 8; ++k) s += A[row][k] * B[k][cc];
+        col.out[buf][l][i] = s;
+      }
+    }
+    col.out_gen[buf] = gen;
   }
-  const int g = lane() >> 2, t = lane() & 3;
-  for (int i = 0; i < 4; ++i) {
-    const int row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
-    double s = 0;
-    for (int k = 0; k < 8; ++k) s += A[row][k] * B[k][col];
-    c[i] = float(double(c[i]) + s);
-  }
+  const double* ab = col.out[buf][lane()];
+  for (int i = 0; i < 4; ++i) c[i] = float(double(c[i]) + ab[i]);
 }
 
 // ldmatrix.x4 (.trans): lanes 8 i .. 8 i + 7 give the row addresses of matrix i.
@@ -558,11 +583,12 @@ inline unsigned atomicInc(unsigned* p, unsigned lim) {
   return old;
 }
 
-// ---- the runtime calls the lab programs make, on host memory ----
-// Defined here (one translation unit per program includes this header), so an emulated program links without
-// libcudart: memory is malloc'd, copies are memcpy, streams and events are tokens and time is never measured
-// (every elapsed time is 0: the emulator validates, it does not time).
-#ifndef GEMMA4_T4_EMU_NO_RUNTIME
+// ---- the runtime calls the programs make, on host memory ----
+// Defined in the ONE translation unit of a program that defines GEMMA4_T4_EMU_MAIN before including this header
+// (every other unit includes it without), so an emulated program links without libcudart or libcublas: memory
+// is malloc'd, copies are memcpy, streams and events are tokens, time is never measured (every elapsed time is 0:
+// the emulator validates, it does not time), and cublasGemmEx is a loop in double.
+#ifdef GEMMA4_T4_EMU_MAIN
 namespace emu {
 constexpr int kSms = 4;  // what the emulated device reports
 inline cudaError_t& last_error() {
@@ -626,6 +652,26 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t graph) {
   delete reinterpret_cast<emu::Graph*>(graph);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) { return cudaStreamCreate(s); }
+cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t, unsigned) { return cudaSuccess; }
+cudaError_t cudaStreamQuery(cudaStream_t) { return cudaSuccess; }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
+cudaError_t cudaEventQuery(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaMallocHost(void** p, size_t n) { return cudaMalloc(p, n); }
+cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {  // what the emulated device claims to have
+  *total = size_t(16) << 30;
+  *free = size_t(15) << 30;
+  return cudaSuccess;
+}
+// Blocks run one after another here, so a grid whose blocks wait for each other (a persistent kernel) cannot run.
+cudaError_t cudaLaunchCooperativeKernel(const void*, dim3, dim3, void**, size_t, cudaStream_t) {
+  return cudaErrorCooperativeLaunchTooLarge;
+}
+cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void*, int, size_t) {
+  *n = 1;
   return cudaSuccess;
 }
 // Kernels have no compiled attributes here: zeros (a test of register counts or shared memory learns nothing).
@@ -700,4 +746,57 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp* p, int) {
   return cudaSuccess;
 }
 }  // extern "C"
-#endif  // GEMMA4_T4_EMU_NO_RUNTIME
+
+// ---- cuBLAS: the handle calls and cublasGemmEx (fp16 A and B, fp32 or fp16 C, fp32 compute) ----
+#if __has_include(<cublas_v2.h>)
+#include <cublas_v2.h>
+namespace emu {
+inline float gemm_in(const void* p, cudaDataType t, size_t i) {
+  if (t == CUDA_R_32F) return static_cast<const float*>(p)[i];
+  return __half2float(static_cast<const half*>(p)[i]);
+}
+}  // namespace emu
+extern "C" {
+cublasStatus_t cublasCreate_v2(cublasHandle_t* h) {
+  *h = reinterpret_cast<cublasHandle_t>(uintptr_t(1));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream_v2(cublasHandle_t, cudaStream_t) { return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t, void*, size_t) { return CUBLAS_STATUS_SUCCESS; }
+// Column-major C [m, n] = alpha op(A) op(B) + beta C, sums in double (cuBLAS's own order and rounding differ).
+cublasStatus_t cublasGemmEx(cublasHandle_t, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                            const void* alpha, const void* A, cudaDataType at, int lda, const void* B, cudaDataType bt,
+                            int ldb, const void* beta, void* C, cudaDataType ct, int ldc, cublasComputeType_t,
+                            cublasGemmAlgo_t) {
+  if ((at != CUDA_R_16F && at != CUDA_R_32F) || (bt != CUDA_R_16F && bt != CUDA_R_32F) ||
+      (ct != CUDA_R_16F && ct != CUDA_R_32F))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  auto run = [=] {
+    for (int j = 0; j < n; ++j)
+      for (int i = 0; i < m; ++i) {
+        double acc = 0;
+        for (int l = 0; l < k; ++l) {
+          const size_t ai = ta == CUBLAS_OP_N ? size_t(i) + size_t(l) * lda : size_t(l) + size_t(i) * lda;
+          const size_t bi = tb == CUBLAS_OP_N ? size_t(l) + size_t(j) * ldb : size_t(j) + size_t(l) * ldb;
+          acc += double(emu::gemm_in(A, at, ai)) * emu::gemm_in(B, bt, bi);
+        }
+        const size_t ci = size_t(i) + size_t(j) * ldc;
+        const double old = be != 0.f ? double(emu::gemm_in(C, ct, ci)) * be : 0.0;
+        const float v = float(al * acc + old);
+        if (ct == CUDA_R_32F)
+          static_cast<float*>(C)[ci] = v;
+        else
+          static_cast<half*>(C)[ci] = __float2half_rn(v);
+      }
+  };
+  if (emu::Graph* g = emu::capturing())
+    g->ops.push_back(run);
+  else
+    run();
+  return CUBLAS_STATUS_SUCCESS;
+}
+}  // extern "C"
+#endif  // cublas_v2.h
+#endif  // GEMMA4_T4_EMU_MAIN

@@ -32,6 +32,14 @@ namespace kernels {
 
 constexpr float kHalfMax = 65504.f;
 
+// A kernel's dynamic shared memory (the launch's size), 16-byte aligned, named `name`. On dev/emu.hpp's CPU
+// emulator: one buffer that a block's threads share.
+#ifdef GEMMA4_T4_EMU
+#define GEMMA4_T4_DYNAMIC_SMEM(name) unsigned char* const name = ::emu::dynamic_smem()
+#else
+#define GEMMA4_T4_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 // fp32 -> fp16 with saturation: Gemma activations can pass the fp16 range; inf would poison a whole row.
 // NaN stays NaN (a real fault must stay visible downstream).
 __device__ __forceinline__ half to_half_sat(float v) {
@@ -137,11 +145,14 @@ struct Launch {
   Launch(cudaStream_t s, bool p = false) : stream(s), pdl(p) {}  // NOLINT(google-explicit-constructor)
 };
 
-// Every kernel launch of kernels/ (no dynamic shared memory).
+// A kernel launch with `smem` bytes of dynamic shared memory (the kernel's GEMMA4_T4_DYNAMIC_SMEM; above 48 KiB the
+// caller raises cudaFuncAttributeMaxDynamicSharedMemorySize first).
 template <typename... P, typename... A>
-inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
+inline cudaError_t launch_kernel_smem(void (*k)(P...), dim3 grid, dim3 block, size_t smem, const Launch& launch,
+                                      A&&... args) {
 #ifdef GEMMA4_T4_EMU  // dev/emu.hpp: the kernel runs on the CPU emulator, now
   (void)launch;
+  (void)smem;
   return emu::launch(k, grid, block, std::forward<A>(args)...);
 #else
   cudaLaunchAttribute attr[1];
@@ -150,7 +161,7 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const L
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = launch.stream;
   cfg.attrs = attr;
   cfg.numAttrs = launch.pdl ? 1 : 0;
@@ -158,6 +169,12 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const L
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;
 #endif
+}
+
+// Every kernel launch of kernels/ (no dynamic shared memory).
+template <typename... P, typename... A>
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
+  return launch_kernel_smem(k, grid, block, 0, launch, std::forward<A>(args)...);
 }
 
 }  // namespace kernels

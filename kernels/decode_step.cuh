@@ -400,7 +400,7 @@ __device__ __forceinline__ void step_gemv_item(const StepInstr& ins, int item, f
 // wants; 2: at most 128 per thread, two co-resident blocks where shared memory allows).
 template <int NT, int WL, int G, int MB = 1>
 static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(const StepParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  GEMMA4_T4_DYNAMIC_SMEM(smem);
   // Two instruction slots: instruction i + 1 is loaded into registers while i runs, stored into the other slot.
   constexpr int n16 = int(sizeof(StepInstr) / 16);
   static_assert(sizeof(StepInstr) % 16 == 0 && n16 <= kStepThreads, "an instruction is one 16-byte load per thread");

@@ -17,11 +17,11 @@ mkdir -p "$out"
 cuda_inc=${CUDA_INCLUDE:-/usr/local/cuda/include}
 deps_inc=()
 [ -d .deps/usr/include ] && deps_inc=(-I.deps/usr/include)
-flags=(-std=c++17 -O1 -fno-strict-aliasing -Wall -Wextra -Wno-unknown-pragmas -I"$cuda_inc" -Iinclude -I. "${deps_inc[@]}")
+flags=(-std=c++17 -O1 -fno-strict-aliasing -Wno-unknown-pragmas -I"$cuda_inc" -Iinclude -I. "${deps_inc[@]}")
 
 case "$what" in
   tests)
-    g++ "${flags[@]}" -c tests/gpu/main.cpp -o "$out/main.o"
+    g++ "${flags[@]}" -x c++ -include dev/emu.hpp -DGEMMA4_T4_EMU_MAIN -c tests/gpu/main.cpp -o "$out/main.o"
     g++ "${flags[@]}" -x c++ -include dev/emu.hpp -c tests/gpu/test_kernels.cu -o "$out/test_kernels.o"
     g++ "$out/main.o" "$out/test_kernels.o" -o "$out/test_kernels_emu" -lpthread
     if [ $# -eq 0 ]; then
@@ -32,7 +32,7 @@ case "$what" in
     exit $rc
     ;;
   lab)
-    g++ "${flags[@]}" -x c++ -include dev/emu.hpp dev/flash_attention.cu -o "$out/lab_flash_attention_emu" -lpthread
+    g++ "${flags[@]}" -x c++ -include dev/emu.hpp -DGEMMA4_T4_EMU_MAIN dev/flash_attention.cu -o "$out/lab_flash_attention_emu" -lpthread
     exec "$out/lab_flash_attention_emu" "${1:-1,2,3}"
     ;;
   *)

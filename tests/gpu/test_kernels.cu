@@ -46,7 +46,6 @@
 #include "gemma4_t4/cpu_backend.hpp"
 #include "harness.hpp"
 
-#ifndef GEMMA4_T4_EMU  // dynamic shared memory: dev/emu.hpp does not run it (the gemv_block test below)
 namespace gputest_kernels {
 
 // (A kernel template may not live in an anonymous namespace: nvcc's host stubs could not name it.)
@@ -55,7 +54,7 @@ namespace gputest_kernels {
 // standalone kernels (GemvX::Global) bit for bit: the same sums in the same order.
 template <int NT, int WL, gemma4_t4::kernels::GemvEpilogue E, gemma4_t4::kernels::GemvX XS>
 __global__ void gemv_items_kernel(const gemma4_t4::kernels::GemvArgs a) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  GEMMA4_T4_DYNAMIC_SMEM(smem);
   float* red = reinterpret_cast<float*>(smem);
   half* xs = reinterpret_cast<half*>(smem + sizeof(float) * gemma4_t4::kernels::gemv_red_floats<NT>());
   if (XS == gemma4_t4::kernels::GemvX::Shared) {
@@ -69,7 +68,6 @@ __global__ void gemv_items_kernel(const gemma4_t4::kernels::GemvArgs a) {
 }
 
 }  // namespace gputest_kernels
-#endif  // GEMMA4_T4_EMU
 
 namespace {
 
@@ -1034,7 +1032,6 @@ TEST_CASE("gemv gelu_ple: half(gelu_tanh(x Wg^T) * ple[:, layer]) in one launch,
         }
 }
 
-#ifndef GEMMA4_T4_EMU  // dynamic shared memory: dev/emu.hpp does not run it
 template <int NT, int WL, kn::GemvEpilogue E>
 void launch_gemv_items(kn::GemvArgs a, int nmats, bool shared, unsigned grid, cudaStream_t s) {
   unsigned blocks = 0;
@@ -1045,8 +1042,7 @@ void launch_gemv_items(kn::GemvArgs a, int nmats, bool shared, unsigned grid, cu
   auto k = shared ? gputest_kernels::gemv_items_kernel<NT, WL, E, kn::GemvX::Shared>
                   : gputest_kernels::gemv_items_kernel<NT, WL, E, kn::GemvX::Coherent>;
   REQUIRE_CUDA(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-  k<<<std::min(grid, blocks), kn::kGemvWarps * 32, smem, s>>>(a);
-  REQUIRE_CUDA(cudaGetLastError());
+  REQUIRE_CUDA(kn::launch_kernel_smem(k, std::min(grid, blocks), kn::kGemvWarps * 32, smem, kn::Launch(s), a));
 }
 
 template <int WL, kn::GemvEpilogue E>
@@ -1155,7 +1151,6 @@ TEST_CASE("gemv_block: x from shared memory or through L2, several items per blo
           }
         }
 }
-#endif  // GEMMA4_T4_EMU
 
 TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[gpu]") {
   std::mt19937 rng(303);
