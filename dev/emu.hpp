@@ -452,7 +452,22 @@ inline T shfl_impl(const char* what, unsigned mask, T v, int src_of_lane(int, in
 #define blockDim (::emu::Coords::block_dim())
 #define gridDim (::emu::Coords::grid_dim())
 
+// The runtime's C++ overloads that cuda_runtime.h declares only for nvcc (a kernel function instead of a void*).
+template <typename T>
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, T* f) {
+  return ::cudaFuncGetAttributes(a, reinterpret_cast<const void*>(f));
+}
+template <typename T>
+inline cudaError_t cudaFuncSetAttribute(T* f, cudaFuncAttribute attr, int value) {
+  return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(f), attr, value);
+}
+
 // ---- intrinsics ----
+// fp16 ones cuda_fp16.h has only for device code: one rounding, as the hardware's fused multiply-add.
+inline half2 __hfma2(half2 a, half2 b, half2 c) {
+  const float2 x = __half22float2(a), y = __half22float2(b), z = __half22float2(c);
+  return __halves2half2(__double2half(double(x.x) * y.x + z.x), __double2half(double(x.y) * y.y + z.y));
+}
 // The integer min / max device code has as built-ins (floats: fminf / fmaxf, as in device code).
 #define GEMMA4_T4_EMU_MINMAX(T)                    \
   inline T min(T a, T b) { return b < a ? b : a; } \

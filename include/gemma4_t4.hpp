@@ -763,7 +763,7 @@ size_t live_cuda_allocations();
 #ifdef GEMMA4_T4_IMPLEMENTATION
 #ifndef GEMMA4_T4_IMPLEMENTATION_DONE
 #define GEMMA4_T4_IMPLEMENTATION_DONE
-#if !defined(__CUDACC__) && !defined(GEMMA4_T4_NO_CUDA)
+#if !defined(__CUDACC__) && !defined(GEMMA4_T4_NO_CUDA) && !defined(GEMMA4_T4_EMU)  // GEMMA4_T4_EMU: dev/emu.hpp
 #define GEMMA4_T4_NO_CUDA
 #endif
 #include "gemma4_t4/common.hpp"

@@ -127,9 +127,13 @@ struct StepParams {
 
 // A counter polled through L2 (no ordering per poll: the waiter acquires once, after the wait).
 __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp (which never runs this kernel: its blocks wait for each other)
+  return *reinterpret_cast<const volatile unsigned*>(p);
+#else
   unsigned v;
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+#endif
 }
 
 // Acquire / release at GPU scope (PTX ISA 6.0, sm_70+: on the T4): a release add by thread 0 after bar.sync
@@ -137,6 +141,11 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
 // happens-before it; bar.sync orders the block's threads); an acquire by thread 0 before bar.sync makes it
 // visible to the whole block. fence.acq_rel is the lighter fence for exactly this pattern; __threadfence()
 // (fence.sc, sequential consistency) orders more than a counter hand-off needs.
+#ifdef GEMMA4_T4_EMU
+__device__ __forceinline__ void fence_acq_rel_gpu() {}
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) { *p += n; }
+__device__ __forceinline__ unsigned long long global_ns() { return 0; }
+#else
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
@@ -147,6 +156,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
+#endif
 
 constexpr unsigned long long kStepWaitNs = 2000000000ull;  // a wait this long is a fault, not a slow step
 

@@ -53,7 +53,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(GEMMA4_T4_EMU)  // GEMMA4_T4_EMU: dev/emu.hpp
 #include "common.cuh"
 #include "mma.cuh"
 #define GEMMA4_T4_GEMM_W4_HD __host__ __device__
@@ -263,7 +263,7 @@ GEMMA4_T4_GEMM_W4_HD inline size_t glu_s_unit(int idx, int G, int srm, int nb0, 
 
 }  // namespace gemm_w4
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(GEMMA4_T4_EMU)  // GEMMA4_T4_EMU: dev/emu.hpp
 
 // ---- the kernel ----
 
@@ -1002,7 +1002,7 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
                        wq, s, N, K, wp, sp);
 }
 
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || GEMMA4_T4_EMU
 
 }  // namespace kernels
 }  // namespace gemma4_t4

@@ -1040,7 +1040,7 @@ std::string utc_timestamp();
 #ifdef GEMMA4_T4_IMPLEMENTATION
 #ifndef GEMMA4_T4_IMPLEMENTATION_DONE
 #define GEMMA4_T4_IMPLEMENTATION_DONE
-#if !defined(__CUDACC__) && !defined(GEMMA4_T4_NO_CUDA)
+#if !defined(__CUDACC__) && !defined(GEMMA4_T4_NO_CUDA) && !defined(GEMMA4_T4_EMU)  // GEMMA4_T4_EMU: dev/emu.hpp
 #define GEMMA4_T4_NO_CUDA
 #endif
 // ---- begin include/gemma4_t4/common.hpp ----
@@ -5688,6 +5688,14 @@ namespace kernels {
 
 constexpr float kHalfMax = 65504.f;
 
+// A kernel's dynamic shared memory (the launch's size), 16-byte aligned, named `name`. On dev/emu.hpp's CPU
+// emulator: one buffer that a block's threads share.
+#ifdef GEMMA4_T4_EMU
+#define GEMMA4_T4_DYNAMIC_SMEM(name) unsigned char* const name = ::emu::dynamic_smem()
+#else
+#define GEMMA4_T4_DYNAMIC_SMEM(name) extern __shared__ __align__(16) unsigned char name[]
+#endif
+
 // fp32 -> fp16 with saturation: Gemma activations can pass the fp16 range; inf would poison a whole row.
 // NaN stays NaN (a real fault must stay visible downstream).
 __device__ __forceinline__ half to_half_sat(float v) {
@@ -5793,11 +5801,14 @@ struct Launch {
   Launch(cudaStream_t s, bool p = false) : stream(s), pdl(p) {}  // NOLINT(google-explicit-constructor)
 };
 
-// Every kernel launch of kernels/ (no dynamic shared memory).
+// A kernel launch with `smem` bytes of dynamic shared memory (the kernel's GEMMA4_T4_DYNAMIC_SMEM; above 48 KiB the
+// caller raises cudaFuncAttributeMaxDynamicSharedMemorySize first).
 template <typename... P, typename... A>
-inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
+inline cudaError_t launch_kernel_smem(void (*k)(P...), dim3 grid, dim3 block, size_t smem, const Launch& launch,
+                                      A&&... args) {
 #ifdef GEMMA4_T4_EMU  // dev/emu.hpp: the kernel runs on the CPU emulator, now
   (void)launch;
+  (void)smem;
   return emu::launch(k, grid, block, std::forward<A>(args)...);
 #else
   cudaLaunchAttribute attr[1];
@@ -5806,7 +5817,7 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const L
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = grid;
   cfg.blockDim = block;
-  cfg.dynamicSmemBytes = 0;
+  cfg.dynamicSmemBytes = smem;
   cfg.stream = launch.stream;
   cfg.attrs = attr;
   cfg.numAttrs = launch.pdl ? 1 : 0;
@@ -5814,6 +5825,12 @@ inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const L
   const cudaError_t last = cudaGetLastError();  // clears what the launch may have recorded
   return e != cudaSuccess ? e : last;
 #endif
+}
+
+// Every kernel launch of kernels/ (no dynamic shared memory).
+template <typename... P, typename... A>
+inline cudaError_t launch_kernel(void (*k)(P...), dim3 grid, dim3 block, const Launch& launch, A&&... args) {
+  return launch_kernel_smem(k, grid, block, 0, launch, std::forward<A>(args)...);
 }
 
 }  // namespace kernels
@@ -7269,7 +7286,7 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 #include <cstdint>
 #include <type_traits>
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(GEMMA4_T4_EMU)  // GEMMA4_T4_EMU: dev/emu.hpp
 // (kernels/common.cuh: already inlined above)
 // (kernels/mma.cuh: already inlined above)
 #define GEMMA4_T4_GEMM_W4_HD __host__ __device__
@@ -7479,7 +7496,7 @@ GEMMA4_T4_GEMM_W4_HD inline size_t glu_s_unit(int idx, int G, int srm, int nb0, 
 
 }  // namespace gemm_w4
 
-#ifdef __CUDACC__
+#if defined(__CUDACC__) || defined(GEMMA4_T4_EMU)  // GEMMA4_T4_EMU: dev/emu.hpp
 
 // ---- the kernel ----
 
@@ -8218,7 +8235,7 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
                        wq, s, N, K, wp, sp);
 }
 
-#endif  // __CUDACC__
+#endif  // __CUDACC__ || GEMMA4_T4_EMU
 
 }  // namespace kernels
 }  // namespace gemma4_t4
@@ -11092,9 +11109,13 @@ struct StepParams {
 
 // A counter polled through L2 (no ordering per poll: the waiter acquires once, after the wait).
 __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp (which never runs this kernel: its blocks wait for each other)
+  return *reinterpret_cast<const volatile unsigned*>(p);
+#else
   unsigned v;
   asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
+#endif
 }
 
 // Acquire / release at GPU scope (PTX ISA 6.0, sm_70+: on the T4): a release add by thread 0 after bar.sync
@@ -11102,6 +11123,11 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
 // happens-before it; bar.sync orders the block's threads); an acquire by thread 0 before bar.sync makes it
 // visible to the whole block. fence.acq_rel is the lighter fence for exactly this pattern; __threadfence()
 // (fence.sc, sequential consistency) orders more than a counter hand-off needs.
+#ifdef GEMMA4_T4_EMU
+__device__ __forceinline__ void fence_acq_rel_gpu() {}
+__device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) { *p += n; }
+__device__ __forceinline__ unsigned long long global_ns() { return 0; }
+#else
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
@@ -11112,6 +11138,7 @@ __device__ __forceinline__ unsigned long long global_ns() {
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
   return t;
 }
+#endif
 
 constexpr unsigned long long kStepWaitNs = 2000000000ull;  // a wait this long is a fault, not a slow step
 
@@ -11365,7 +11392,7 @@ __device__ __forceinline__ void step_gemv_item(const StepInstr& ins, int item, f
 // wants; 2: at most 128 per thread, two co-resident blocks where shared memory allows).
 template <int NT, int WL, int G, int MB = 1>
 static __global__ void __launch_bounds__(kStepThreads, MB) decode_step_kernel(const StepParams p) {
-  extern __shared__ __align__(16) unsigned char smem[];
+  GEMMA4_T4_DYNAMIC_SMEM(smem);
   // Two instruction slots: instruction i + 1 is loaded into registers while i runs, stored into the other slot.
   constexpr int n16 = int(sizeof(StepInstr) / 16);
   static_assert(sizeof(StepInstr) % 16 == 0 && n16 <= kStepThreads, "an instruction is one 16-byte load per thread");

@@ -3,6 +3,7 @@
 # (tests/gpu/test_kernels.cu) with Catch2 filters, and / or the flash-attention lab's validation.
 #
 #   tools/emu_check.sh tests "[attention_heads]" "gelu_mul*"    # the kernel tests, these filters (default: all)
+#   tools/emu_check.sh suite "[parity]" "[batch]"               # the whole GPU suite: the CUDA backend too
 #   tools/emu_check.sh lab 1,2,3                                # lab_flash_attention's validation, versions
 #
 # Builds into ${EMU_BUILD:-build-emu} with g++ (nothing from CUDA is linked: dev/emu.hpp defines the runtime
@@ -31,12 +32,33 @@ case "$what" in
     for f in "$@"; do "$out/test_kernels_emu" "$f" -d yes || rc=1; done
     exit $rc
     ;;
+  suite)
+    # the whole GPU suite: src/impl.cu (the CUDA backend), every tests/gpu source, make_synthetic for the cases
+    # that build checkpoints
+    g++ -std=c++17 -O2 "${deps_inc[@]}" tools/make_synthetic.cpp -o "$out/make_synthetic" -lpthread
+    defs=(-DGEMMA4_T4_FIXTURES="\"$PWD/tests/fixtures\"" -DGEMMA4_T4_MAKE_SYNTHETIC="\"$PWD/$out/make_synthetic\"")
+    objs=()
+    for f in src/impl.cu tests/gpu/*.cpp tests/gpu/*.cu; do
+      o="$out/$(basename "$f").o"
+      main=()
+      [ "$(basename "$f")" = main.cpp ] && main=(-DGEMMA4_T4_EMU_MAIN)
+      g++ "${flags[@]}" -Itests "${defs[@]}" -x c++ -include dev/emu.hpp "${main[@]}" -c "$f" -o "$o"
+      objs+=("$o")
+    done
+    g++ "${objs[@]}" -o "$out/gpu_tests_emu" -lpthread
+    if [ $# -eq 0 ]; then
+      exec "$out/gpu_tests_emu" -d yes
+    fi
+    rc=0
+    for f in "$@"; do "$out/gpu_tests_emu" "$f" -d yes || rc=1; done
+    exit $rc
+    ;;
   lab)
     g++ "${flags[@]}" -x c++ -include dev/emu.hpp -DGEMMA4_T4_EMU_MAIN dev/flash_attention.cu -o "$out/lab_flash_attention_emu" -lpthread
     exec "$out/lab_flash_attention_emu" "${1:-1,2,3}"
     ;;
   *)
-    echo "usage: $0 tests [CATCH_FILTER...] | lab [VERSIONS]" >&2
+    echo "usage: $0 tests [CATCH_FILTER...] | suite [CATCH_FILTER...] | lab [VERSIONS]" >&2
     exit 2
     ;;
 esac
