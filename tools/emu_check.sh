@@ -13,8 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-tests}
 shift || true
-out=${EMU_BUILD:-build-emu}
-mkdir -p "$out"
+mkdir -p "${EMU_BUILD:-build-emu}"
+out=$(cd "${EMU_BUILD:-build-emu}" && pwd)
 cuda_inc=${CUDA_INCLUDE:-/usr/local/cuda/include}
 deps_inc=()
 [ -d .deps/usr/include ] && deps_inc=(-I.deps/usr/include)
@@ -36,7 +36,7 @@ case "$what" in
     # the whole GPU suite: src/impl.cu (the CUDA backend), every tests/gpu source, make_synthetic for the cases
     # that build checkpoints
     g++ -std=c++17 -O2 "${deps_inc[@]}" tools/make_synthetic.cpp -o "$out/make_synthetic" -lpthread
-    defs=(-DGEMMA4_T4_FIXTURES="\"$PWD/tests/fixtures\"" -DGEMMA4_T4_MAKE_SYNTHETIC="\"$PWD/$out/make_synthetic\"")
+    defs=(-DGEMMA4_T4_FIXTURES="\"$PWD/tests/fixtures\"" -DGEMMA4_T4_MAKE_SYNTHETIC="\"$out/make_synthetic\"")
     objs=()
     for f in src/impl.cu tests/gpu/*.cpp tests/gpu/*.cu; do
       o="$out/$(basename "$f").o"
