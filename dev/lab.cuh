@@ -84,7 +84,10 @@ inline void launch(void (*k)(P...), dim3 grid, dim3 block, cudaStream_t stream, 
   (void)stream;
   emu::launch(k, grid, block, std::forward<A>(args)...);
 #else
-  k<<<grid, block, 0, stream> > >(std::forward<A>(args)...);
+  // (clang-format takes the launch chevrons in a .cuh for three template closers)
+  // clang-format off
+  k<<<grid, block, 0, stream>>>(std::forward<A>(args)...);
+  // clang-format on
 #endif
   LAB_CHECK(cudaGetLastError());
 }
