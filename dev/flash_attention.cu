@@ -57,68 +57,6 @@ const char* const kAbout[kVersions + 1] = {
     "version 1's warps (64-channel slices) with 48 MMA rows per block and 16-key tiles; D 256, 512",
 };
 
-// ---- the online softmax of versions 2 and 3 (version 1's, kernels/flash_attention.cuh, over W partial arrays) ----
-
-// One key tile of row srow: TPR threads per row (consecutive lanes), CPT chunks of 4 keys each (chunk c = spart +
-// TPR i: keys 4 c .. 4 c + 3 of the tile at k0). The row's scores are the sum over W arrays `wstride` floats apart
-// of version 1's swizzled [rows][16] layout (a 16-key half every `half_off` floats). Writes P (fp16) to p_s[srow],
-// the rescale factor to alpha_s[srow] (spart 0), and updates the row's running max and sum.
-template <int W, int CPT, int TPR, int P_LD>
-__device__ __forceinline__ void lab_softmax(const float* part, int wstride, int half_off, int srow, int spart, int k0,
-                                            int slo, int spos, float& m_run, float& l_run, half (*p_s)[P_LD],
-                                            float* alpha_s) {
-  float sv[CPT][4];
-#pragma unroll
-  for (int i = 0; i < CPT; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sv[i][e] = 0.f;
-#pragma unroll
-  for (int w = 0; w < W; ++w) {
-    const float* src = part + w * wstride + srow * 16;
-#pragma unroll
-    for (int i = 0; i < CPT; ++i) {
-      const int c = spart + TPR * i;
-      const float4 v =
-          *reinterpret_cast<const float4*>(src + (c >> 2) * half_off + (((c & 3) ^ kn::flash_swizzle(srow)) << 2));
-      sv[i][0] += v.x;
-      sv[i][1] += v.y;
-      sv[i][2] += v.z;
-      sv[i][3] += v.w;
-    }
-  }
-  float mx = -INFINITY;
-#pragma unroll
-  for (int i = 0; i < CPT; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int j = k0 + 4 * (spart + TPR * i) + e;
-      if (j < slo || j > spos) sv[i][e] = -INFINITY;
-      mx = fmaxf(mx, sv[i][e]);
-    }
-#pragma unroll
-  for (int off = 1; off < TPR; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  const float m_new = fmaxf(m_run, mx);
-  const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exp(-inf) = 0, no NaN
-  const float alpha = __expf(m_run - m_use);
-  float sum = 0.f;
-#pragma unroll
-  for (int i = 0; i < CPT; ++i) {
-    half ph[4];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      ph[e] = __float2half_rn(__expf(sv[i][e] - m_use));
-      sum += __half2float(ph[e]);
-    }
-    *reinterpret_cast<uint2*>(&p_s[srow][4 * (spart + TPR * i)]) =
-        make_uint2(kn::flash_pack_half2(ph[0], ph[1]), kn::flash_pack_half2(ph[2], ph[3]));
-  }
-#pragma unroll
-  for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-  l_run = l_run * alpha + sum;
-  m_run = m_new;
-  if (spart == 0) alpha_s[srow] = alpha;
-}
-
 // ---- version 2: 64 MMA rows per block, warps split rows and keys for the scores, channels for P.V ----
 
 constexpr int kV2Rows = 64;      // MMA rows per block: (position, head) pairs, four m16 tiles
@@ -299,7 +237,8 @@ __global__ void __launch_bounds__(kV2Threads) flash_rows_kernel(AttnArgs a, cons
     __syncthreads();  // scores visible; every warp is done reading the K tile
 
     // ---- online softmax over complete scores (one array): TPR threads per row, CPT chunks of 4 keys ----
-    lab_softmax<1, CPT, TPR, S::P_LD>(sp, 0, S::PART_OFF, srow, spart, k0, slo, spos, m_run, l_run, p_s, alpha_s);
+    kn::flash_softmax_tile<1, CPT, TPR, S::P_LD>(sp, 0, S::PART_OFF, srow, spart, k0, slo, spos, m_run, l_run, p_s,
+                                                 alpha_s);
     if (more) store_k(kr);  // the next tile's K: the tile buffer is free since the barrier
     if (more2) load_k(kr, k0 + 2 * BN, next_slot(s1));
     __syncthreads();  // P, alpha and the next K tile visible
@@ -537,8 +476,9 @@ __global__ void __launch_bounds__(v3_threads<D>()) flash_slim_kernel(AttnArgs a,
     // ---- online softmax: TPR threads per row of the first SMT threads (whole warps: 192 or 96 threads, so
     // the shuffles' full mask is exact), the W warps' partial scores summed ----
     if (smax)
-      lab_softmax<W, CPT, TPR, S::P_LD>(reinterpret_cast<const float*>(smem + S::PART_OFF), S::PART_BYTES / 4, 0, srow,
-                                        spart, k0, slo, spos, m_run, l_run, p_s, alpha_s);
+      kn::flash_softmax_tile<W, CPT, TPR, S::P_LD>(reinterpret_cast<const float*>(smem + S::PART_OFF),
+                                                   S::PART_BYTES / 4, 0, srow, spart, k0, slo, spos, m_run, l_run, p_s,
+                                                   alpha_s);
     __syncthreads();
 
     store_tile(vr);

@@ -83,6 +83,68 @@ __device__ __forceinline__ uint32_t flash_pack_half2(half lo, half hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// The online softmax of one key tile for row srow: TPR threads per row (consecutive lanes), CPT chunks of 4 keys each
+// (chunk c = spart + TPR i: keys 4 c .. 4 c + 3 of the tile at k0). The row's scores are the sum over W arrays
+// `wstride` floats apart of [rows][16] partial scores per 16-key half (`half_off` floats between the halves, chunks
+// swizzled by flash_swizzle). Writes P (fp16) to p_s[srow] and the rescale factor to alpha_s[srow] (spart 0), and
+// updates the row's running max and sum: l accumulates the ROUNDED p, so the weights P.V uses sum exactly to l.
+// Keys outside [slo, spos] get p = 0; a row with no key yet (m = -inf) takes exp against 0, never NaN.
+template <int W, int CPT, int TPR, int P_LD>
+__device__ __forceinline__ void flash_softmax_tile(const float* part, int wstride, int half_off, int srow, int spart,
+                                                   int k0, int slo, int spos, float& m_run, float& l_run,
+                                                   half (*p_s)[P_LD], float* alpha_s) {
+  float sv[CPT][4];
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sv[i][e] = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) {
+    const float* src = part + w * wstride + srow * 16;
+#pragma unroll
+    for (int i = 0; i < CPT; ++i) {
+      const int c = spart + TPR * i;  // chunk c: half c / 4, chunk c % 4 of it
+      const float4 v =
+          *reinterpret_cast<const float4*>(src + (c >> 2) * half_off + (((c & 3) ^ flash_swizzle(srow)) << 2));
+      sv[i][0] += v.x;
+      sv[i][1] += v.y;
+      sv[i][2] += v.z;
+      sv[i][3] += v.w;
+    }
+  }
+  float mx = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < CPT; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int j = k0 + 4 * (spart + TPR * i) + e;
+      if (j < slo || j > spos) sv[i][e] = -INFINITY;
+      mx = fmaxf(mx, sv[i][e]);
+    }
+#pragma unroll
+  for (int off = 1; off < TPR; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  const float m_new = fmaxf(m_run, mx);
+  const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exp(-inf) = 0, no NaN
+  const float alpha = __expf(m_run - m_use);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < CPT; ++i) {
+    half ph[4];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      ph[e] = __float2half_rn(__expf(sv[i][e] - m_use));
+      sum += __half2float(ph[e]);
+    }
+    *reinterpret_cast<uint2*>(&p_s[srow][4 * (spart + TPR * i)]) =
+        make_uint2(flash_pack_half2(ph[0], ph[1]), flash_pack_half2(ph[2], ph[3]));
+  }
+#pragma unroll
+  for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
+  l_run = l_run * alpha + sum;
+  m_run = m_new;
+  if (spart == 0) alpha_s[srow] = alpha;
+}
+
 // ---- kernel ----
 
 // D: head dim (64, 128, 256, 512); G: query heads folded per KV head (1, 2, 4, 8; the real group is
@@ -254,59 +316,9 @@ static __global__ void __launch_bounds__(flash_threads<D>())
     }
     __syncthreads();
 
-    // ---- online softmax: TPR threads per row, CPT chunks of 4 keys each ----
-    {
-      float sv[CPT][4];
-#pragma unroll
-      for (int i = 0; i < CPT; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sv[i][e] = 0.f;
-#pragma unroll
-      for (int w = 0; w < W; ++w) {
-        const float* src = reinterpret_cast<const float*>(smem + w * BUF_BYTES) + srow * 16;
-#pragma unroll
-        for (int i = 0; i < CPT; ++i) {
-          const int c = spart + TPR * i;  // chunk c: half c / 4, chunk c % 4 of it
-          const float4 v =
-              *reinterpret_cast<const float4*>(src + (c >> 2) * PART_OFF + (((c & 3) ^ flash_swizzle(srow)) << 2));
-          sv[i][0] += v.x;
-          sv[i][1] += v.y;
-          sv[i][2] += v.z;
-          sv[i][3] += v.w;
-        }
-      }
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < CPT; ++i)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = k0 + 4 * (spart + TPR * i) + e;
-          if (j < slo || j > spos) sv[i][e] = -INFINITY;
-          mx = fmaxf(mx, sv[i][e]);
-        }
-#pragma unroll
-      for (int off = 1; off < TPR; off <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      const float m_new = fmaxf(m_run, mx);
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no key yet: exp(-inf) = 0, no NaN
-      const float alpha = __expf(m_run - m_use);
-      float sum = 0.f;
-#pragma unroll
-      for (int i = 0; i < CPT; ++i) {
-        half ph[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          ph[e] = __float2half_rn(__expf(sv[i][e] - m_use));
-          sum += __half2float(ph[e]);
-        }
-        *reinterpret_cast<uint2*>(&p_s[srow][4 * (spart + TPR * i)]) =
-            make_uint2(flash_pack_half2(ph[0], ph[1]), flash_pack_half2(ph[2], ph[3]));
-      }
-#pragma unroll
-      for (int off = 1; off < TPR; off <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, off);
-      l_run = l_run * alpha + sum;
-      m_run = m_new;
-      if (spart == 0) alpha_s[srow] = alpha;
-    }
+    // ---- online softmax: TPR threads per row, CPT chunks of 4 keys each, the W warps' partials summed ----
+    flash_softmax_tile<W, CPT, TPR, P_LD>(reinterpret_cast<const float*>(smem), BUF_BYTES / 4, PART_OFF, srow, spart,
+                                          k0, slo, spos, m_run, l_run, p_s, alpha_s);
     __syncthreads();
 
     store_tile(vr);  // V slice (every thread has read the partial scores)
