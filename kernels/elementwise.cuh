@@ -4,7 +4,8 @@
 //   to_half:      out[i] = half(x[i]) (saturating)
 //   widen:        out[i] = float(x[i]), x the raw bits of bf16 / fp16 / fp32 values (rows gathered on the host
 //                 from a checkpoint tensor, converted here: exact)
-//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: [rows, I] fp32
+//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: rows of I fp32, any
+//                 row stride (a joint gate/up GEMM's [rows, 2 I] output: g = y, u = y + I); a: [rows, I] fp16
 //   ple_combine:  ple[r, l, :] = (rmsnorm(proj[r, l, :] * pscale) * w + tok[r, l, :] * tscale) * mix
 //                 proj, tok, ple: [rows, L, D] fp32 (tok: the rows of embed_tokens_per_layer)
 //   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
@@ -14,6 +15,8 @@
 // from the GEMV epilogues in gemv.cuh (GemvEpilogue::GeluMul, GeluPle) without the fp32 round trip.
 // sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
 #pragma once
+
+#include <climits>
 
 #include "common.cuh"
 
@@ -65,16 +68,29 @@ inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* o
   return launch_kernel(widen_kernel, ceil_div(n, 256), 256, launch, x, type, n, out);
 }
 
-static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
+// Grid (column blocks, rows): row blockIdx.y, columns of 256.
+static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
   pdl_enter();
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const size_t in = size_t(blockIdx.y) * ld + c;
+  out[size_t(blockIdx.y) * cols + c] = to_half_sat(gelu_tanh(g[in]) * u[in]);
 }
 
+// rows rows of cols products; g and u rows ld floats apart (ld >= cols), out packed [rows, cols].
+inline cudaError_t launch_gelu_mul_rows(const float* g, const float* u, size_t ld, int rows, int cols, half* out,
+                                        const Launch& launch) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (ld < size_t(cols) || rows > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(gelu_mul_kernel, dim3(unsigned(ceil_div(size_t(cols), 256)), unsigned(rows)), 256, launch, g, u,
+                       ld, cols, out);
+}
+
+// n products of packed g and u: one row of n.
 inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, const Launch& launch) {
-  if (n == 0) return cudaSuccess;
-  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, launch, g, u, n, out);
+  if (n > size_t(INT_MAX)) return cudaErrorInvalidValue;
+  return launch_gelu_mul_rows(g, u, n, 1, int(n), out, launch);
 }
 
 // Grid (rows, L); block 32..256 threads over D.

@@ -1702,6 +1702,48 @@ TEST_CASE("gelu_mul: half(gelu_tanh(g) * u)", "[gpu]") {
   }
 }
 
+TEST_CASE("gelu_mul_rows: a joint gate/up GEMM's [rows, 2 I] output", "[gpu]") {
+  std::mt19937 rng(509);
+  Stream st;
+  for (int rows : {1, 33, 300})
+    for (int I : {1, 255, 6144}) {
+      const size_t ld = 2 * size_t(I) + (I % 2);  // the joint layout (+1 column where I is odd: ld > 2 I taken too)
+      const std::vector<float> y = rand_f32(rng, size_t(rows) * ld, -6.f, 6.f);
+      Dev<float> dy(y.size());
+      Dev<half> dout(size_t(rows) * I + 64);  // 64 halves past the rows: must stay poisoned
+      dy.upload(y);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_gelu_mul_rows(dy.get(), dy.get() + I, ld, rows, I, dout.get(), st.s));
+      st.sync();
+      const std::vector<uint16_t> got = dout.download<uint16_t>();
+      std::vector<double> ref(size_t(rows) * I);
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < I; ++i) {
+          const float g = y[r * ld + i], u = y[r * ld + I + i];
+          ref[size_t(r) * I + i] = double(gemma4_t4::detail::gelu_tanh_ref(g)) * u;
+        }
+      const std::vector<uint16_t> head(got.begin(), got.begin() + ref.size());
+      check_rel_l2(widen(head), ref, kTolF16, cat("gelu_mul_rows rows ", rows, " I ", I));
+      for (size_t i = ref.size(); i < got.size(); ++i) REQUIRE(got[i] == 0xFFFFu);  // past the rows: still poisoned
+      // the same products as the packed kernel over the two halves copied apart
+      std::vector<float> g(ref.size()), u(ref.size());
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < I; ++i) {
+          g[size_t(r) * I + i] = y[r * ld + i];
+          u[size_t(r) * I + i] = y[r * ld + I + i];
+        }
+      Dev<float> dg(g.size()), du(u.size());
+      Dev<half> dpacked(g.size());
+      dg.upload(g);
+      du.upload(u);
+      REQUIRE_CUDA(kn::launch_gelu_mul(dg.get(), du.get(), g.size(), dpacked.get(), st.s));
+      st.sync();
+      REQUIRE(dpacked.download<uint16_t>() == head);
+    }
+  REQUIRE(kn::launch_gelu_mul_rows(nullptr, nullptr, 7, 2, 8, nullptr, st.s) == cudaErrorInvalidValue);  // ld < cols
+  REQUIRE_CUDA(kn::launch_gelu_mul_rows(nullptr, nullptr, 8, 0, 8, nullptr, st.s));                      // no rows
+}
+
 TEST_CASE("ple_combine: (rmsnorm(proj * pscale) * w + tok * tscale) * mix", "[gpu]") {
   std::mt19937 rng(504);
   Stream st;

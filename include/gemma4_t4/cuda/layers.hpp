@@ -15,7 +15,9 @@
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
-//                                                     passes of 33..256 rows: ONE int4 GEMM with it
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it; cuBLAS
+//                                                     passes: ONE GEMM over [Wg; Wu] (fp16: one allocation;
+//                                                     w4a16: both dequantised), then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -207,7 +209,8 @@ class LayerEncoder {
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
   // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
-  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS, then the element-wise kernel into x16.
+  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS (gate and up in one GEMM where joint_gate_up gives them as
+  // one matrix), then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -230,6 +233,15 @@ class LayerEncoder {
         a.out = act, a.ld16 = I;
         GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4_glu(a, ln_), "gate/up_proj + GELU");
         act_ = act;
+        return Status::ok();
+      }
+      const half* W = nullptr;
+      GEMMA4_T4_TRY(joint_gate_up(d, &W));
+      if (W) {  // [n, 2 I]: gate's outputs, then up's, in every row
+        GEMMA4_T4_TRY(gemm16(W, 2 * I, c_.hidden_size, ws_.x16, n, ws_.proj_a, "gate/up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
+                           "gelu");
+        act_ = ws_.x16;
         return Status::ok();
       }
       GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
@@ -309,6 +321,24 @@ class LayerEncoder {
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
                                                      p.scalar, next, w_next, ws_.x16, ln_, p.parts, p.part_ld),
                        p.what);
+    return Status::ok();
+  }
+
+  // gate and up as one [2 I, H] fp16 matrix for a cuBLAS pass (more than 32 rows, outside the int4 GEMM): the fp16
+  // weights' joint allocation, or both w4a16 matrices dequantised into deq16 one after the other. *W stays null
+  // where the pass takes the two matmuls one by one.
+  Status joint_gate_up(const DevLayer& d, const half** W) const {
+    *W = nullptr;
+    if (d.gate_up_joint) {
+      *W = d.gate.w16;
+      return Status::ok();
+    }
+    const DevLinear &g = d.gate, &u = d.up;
+    if (!g.wq || !u.wq || g.out != u.out || g.in != u.in || (g.wp && p_.rows <= p_.gemm_rows)) return Status::ok();
+    const size_t n = size_t(g.out) * g.in;
+    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(g.wq, g.s16, g.out, g.in, ws_.deq16, ln_), "gate_proj");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(u.wq, u.s16, u.out, u.in, ws_.deq16 + n, ln_), "up_proj");
+    *W = ws_.deq16;
     return Status::ok();
   }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -47,6 +48,9 @@ inline kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
 
 struct DevLayer {
   DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
+  // fp16 gate and up in one allocation, up's rows right after gate's ([2 I, H]): a pass of more than 32 rows
+  // computes both in one cuBLAS GEMM (cuda/layers.hpp gate()). The GEMVs take the two halves as two matrices.
+  bool gate_up_joint = false;
   float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32
   float *q_norm = nullptr, *k_norm = nullptr;                                             // [d] fp32
   float* post_ple = nullptr;                                                              // [H] fp32
@@ -97,11 +101,16 @@ class DeviceWeights {
     for (int l = 0; l < L; ++l) {
       const LayerW& lw = w.layers[l];
       DevLayer& d = layers[l];
+      d.gate_up_joint = joinable(lw.gate, lw.up);
+      if (d.gate_up_joint) GEMMA4_T4_TRY(linear_pair(lw.gate, lw.up, &d.gate, &d.up));
       for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
                       std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
                       std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
                       std::make_pair(&lw.ple_proj, &d.ple_proj)})
-        GEMMA4_T4_TRY(linear(*pr.first, pr.second));
+        if (!d.gate_up_joint || (pr.second != &d.gate && pr.second != &d.up))
+          GEMMA4_T4_TRY(linear(*pr.first, pr.second));
+      if (lw.gate.quantized() && joinable_shape(lw.gate, lw.up) && (!d.gate.wp || opt.w4_matmul == W4Matmul::Auto))
+        max_deq = std::max(max_deq, 2 * size_t(lw.gate.out) * lw.gate.in);  // a large pass dequantises both at once
       GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
       GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
       GEMMA4_T4_TRY(vec_f32(lw.pre_feedforward_layernorm, &d.pre_ff));
@@ -224,6 +233,28 @@ class DeviceWeights {
     }
     max_in = std::max(max_in, w.in);
     max_out = std::max(max_out, w.out);
+    return Status::ok();
+  }
+
+  static bool joinable_shape(const LinearW& a, const LinearW& b) {
+    return a.out && a.out == b.out && a.in == b.in && a.quantized() == b.quantized();
+  }
+  static bool joinable(const LinearW& a, const LinearW& b) { return joinable_shape(a, b) && !a.quantized(); }
+
+  // Two fp16 linears of one shape in one allocation: b's rows right after a's (DevLayer::gate_up_joint).
+  Status linear_pair(const LinearW& a, const LinearW& b, DevLinear* da, DevLinear* db) {
+    const size_t n = size_t(a.out) * a.in;
+    half* w = nullptr;
+    GEMMA4_T4_TRY(mem_.alloc(2 * n, "weights: '" + a.name + "' + '" + b.name + "'", &w));
+    for (auto [lw, d, at] : {std::make_tuple(&a, da, w), std::make_tuple(&b, db, w + n)}) {
+      d->out = lw->out;
+      d->in = lw->in;
+      d->w16 = at;
+      GEMMA4_T4_TRY(upload_f16(*lw->dense, 0, n, at));
+      release_pages(*lw->dense);
+    }
+    max_in = std::max(max_in, a.in);
+    max_out = std::max(max_out, a.out);
     return Status::ok();
   }
 
