@@ -5595,7 +5595,9 @@ class CpuBackend : public BackendModel {
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
-//                                                     passes of 33..256 rows: ONE int4 GEMM with it
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it; cuBLAS
+//                                                     passes: ONE GEMM over [Wg; Wu] (fp16: one allocation;
+//                                                     w4a16: both dequantised), then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -6558,7 +6560,8 @@ inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launc
 //   to_half:      out[i] = half(x[i]) (saturating)
 //   widen:        out[i] = float(x[i]), x the raw bits of bf16 / fp16 / fp32 values (rows gathered on the host
 //                 from a checkpoint tensor, converted here: exact)
-//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: [rows, I] fp32
+//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: rows of I fp32, any
+//                 row stride (a joint gate/up GEMM's [rows, 2 I] output: g = y, u = y + I); a: [rows, I] fp16
 //   ple_combine:  ple[r, l, :] = (rmsnorm(proj[r, l, :] * pscale) * w + tok[r, l, :] * tscale) * mix
 //                 proj, tok, ple: [rows, L, D] fp32 (tok: the rows of embed_tokens_per_layer)
 //   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
@@ -6567,6 +6570,8 @@ inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launc
 // gelu_mul and ple_gate serve passes of more than 32 rows (after the GEMMs); decode passes get the same math
 // from the GEMV epilogues in gemv.cuh (GemvEpilogue::GeluMul, GeluPle) without the fp32 round trip.
 // sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
+
+#include <climits>
 
 // (kernels/common.cuh: already inlined above)
 
@@ -6618,16 +6623,29 @@ inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* o
   return launch_kernel(widen_kernel, ceil_div(n, 256), 256, launch, x, type, n, out);
 }
 
-static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
+// Grid (column blocks, rows): row blockIdx.y, columns of 256.
+static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
   pdl_enter();
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
+  const int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= cols) return;
+  const size_t in = size_t(blockIdx.y) * ld + c;
+  out[size_t(blockIdx.y) * cols + c] = to_half_sat(gelu_tanh(g[in]) * u[in]);
 }
 
+// rows rows of cols products; g and u rows ld floats apart (ld >= cols), out packed [rows, cols].
+inline cudaError_t launch_gelu_mul_rows(const float* g, const float* u, size_t ld, int rows, int cols, half* out,
+                                        const Launch& launch) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (ld < size_t(cols) || rows > 65535) return cudaErrorInvalidValue;
+  return launch_kernel(gelu_mul_kernel, dim3(unsigned(ceil_div(size_t(cols), 256)), unsigned(rows)), 256, launch, g, u,
+                       ld, cols, out);
+}
+
+// n products of packed g and u: one row of n.
 inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, const Launch& launch) {
-  if (n == 0) return cudaSuccess;
-  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, launch, g, u, n, out);
+  if (n > size_t(INT_MAX)) return cudaErrorInvalidValue;
+  return launch_gelu_mul_rows(g, u, n, 1, int(n), out, launch);
 }
 
 // Grid (rows, L); block 32..256 threads over D.
@@ -9878,6 +9896,7 @@ class DeviceMemory {
 #include <unistd.h>
 
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -9913,6 +9932,9 @@ inline kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
 
 struct DevLayer {
   DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
+  // fp16 gate and up in one allocation, up's rows right after gate's ([2 I, H]): a pass of more than 32 rows
+  // computes both in one cuBLAS GEMM (cuda/layers.hpp gate()). The GEMVs take the two halves as two matrices.
+  bool gate_up_joint = false;
   float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32
   float *q_norm = nullptr, *k_norm = nullptr;                                             // [d] fp32
   float* post_ple = nullptr;                                                              // [H] fp32
@@ -9963,11 +9985,16 @@ class DeviceWeights {
     for (int l = 0; l < L; ++l) {
       const LayerW& lw = w.layers[l];
       DevLayer& d = layers[l];
+      d.gate_up_joint = joinable(lw.gate, lw.up);
+      if (d.gate_up_joint) GEMMA4_T4_TRY(linear_pair(lw.gate, lw.up, &d.gate, &d.up));
       for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
                       std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
                       std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
                       std::make_pair(&lw.ple_proj, &d.ple_proj)})
-        GEMMA4_T4_TRY(linear(*pr.first, pr.second));
+        if (!d.gate_up_joint || (pr.second != &d.gate && pr.second != &d.up))
+          GEMMA4_T4_TRY(linear(*pr.first, pr.second));
+      if (lw.gate.quantized() && joinable_shape(lw.gate, lw.up) && (!d.gate.wp || opt.w4_matmul == W4Matmul::Auto))
+        max_deq = std::max(max_deq, 2 * size_t(lw.gate.out) * lw.gate.in);  // a large pass dequantises both at once
       GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
       GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
       GEMMA4_T4_TRY(vec_f32(lw.pre_feedforward_layernorm, &d.pre_ff));
@@ -10093,6 +10120,28 @@ class DeviceWeights {
     return Status::ok();
   }
 
+  static bool joinable_shape(const LinearW& a, const LinearW& b) {
+    return a.out && a.out == b.out && a.in == b.in && a.quantized() == b.quantized();
+  }
+  static bool joinable(const LinearW& a, const LinearW& b) { return joinable_shape(a, b) && !a.quantized(); }
+
+  // Two fp16 linears of one shape in one allocation: b's rows right after a's (DevLayer::gate_up_joint).
+  Status linear_pair(const LinearW& a, const LinearW& b, DevLinear* da, DevLinear* db) {
+    const size_t n = size_t(a.out) * a.in;
+    half* w = nullptr;
+    GEMMA4_T4_TRY(mem_.alloc(2 * n, "weights: '" + a.name + "' + '" + b.name + "'", &w));
+    for (auto [lw, d, at] : {std::make_tuple(&a, da, w), std::make_tuple(&b, db, w + n)}) {
+      d->out = lw->out;
+      d->in = lw->in;
+      d->w16 = at;
+      GEMMA4_T4_TRY(upload_f16(*lw->dense, 0, n, at));
+      release_pages(*lw->dense);
+    }
+    max_in = std::max(max_in, a.in);
+    max_out = std::max(max_out, a.out);
+    return Status::ok();
+  }
+
   // LoadOptions::lm_head: a quantized copy of the fp16 head, built on the GPU (kernels/gemv.cuh).
   Status quantize_head(cudaStream_t stream) {
     const int V = cfg_->vocab_size, H = cfg_->hidden_size;
@@ -10188,7 +10237,8 @@ struct Workspace {
   half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
   float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
                             // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp)
-  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes)
+  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes, separate gate / up). Right after
+                            // proj_a: the two are [R, 2 wide], the joint gate/up GEMM's output (layers.hpp gate())
   float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
   float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
   float* tok = nullptr;     // [R, L, D] fp32 the tokens' rows of the per-layer table (widened)
@@ -10196,7 +10246,7 @@ struct Workspace {
   float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
-  half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
+  half* deq16 = nullptr;              // [max w4a16 matrix, or gate + up] fp16: what a large pass dequantises for cuBLAS
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
   float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
@@ -10229,8 +10279,9 @@ struct Workspace {
     GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections A", &proj_a));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections B", &proj_b));
+    const size_t ab = (size_t(R) * wide + 63) / 64 * 64;  // proj_b 256-byte aligned
+    GEMMA4_T4_TRY(m.alloc(2 * ab, "workspace: projections A and B", &proj_a));
+    proj_b = proj_a + ab;
     GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: projections C", &proj_c));
     if (D > 0) {
       GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple));
@@ -10713,7 +10764,8 @@ class LayerEncoder {
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
   // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
-  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS, then the element-wise kernel into x16.
+  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS (gate and up in one GEMM where joint_gate_up gives them as
+  // one matrix), then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -10736,6 +10788,15 @@ class LayerEncoder {
         a.out = act, a.ld16 = I;
         GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4_glu(a, ln_), "gate/up_proj + GELU");
         act_ = act;
+        return Status::ok();
+      }
+      const half* W = nullptr;
+      GEMMA4_T4_TRY(joint_gate_up(d, &W));
+      if (W) {  // [n, 2 I]: gate's outputs, then up's, in every row
+        GEMMA4_T4_TRY(gemm16(W, 2 * I, c_.hidden_size, ws_.x16, n, ws_.proj_a, "gate/up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
+                           "gelu");
+        act_ = ws_.x16;
         return Status::ok();
       }
       GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
@@ -10815,6 +10876,24 @@ class LayerEncoder {
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
                                                      p.scalar, next, w_next, ws_.x16, ln_, p.parts, p.part_ld),
                        p.what);
+    return Status::ok();
+  }
+
+  // gate and up as one [2 I, H] fp16 matrix for a cuBLAS pass (more than 32 rows, outside the int4 GEMM): the fp16
+  // weights' joint allocation, or both w4a16 matrices dequantised into deq16 one after the other. *W stays null
+  // where the pass takes the two matmuls one by one.
+  Status joint_gate_up(const DevLayer& d, const half** W) const {
+    *W = nullptr;
+    if (d.gate_up_joint) {
+      *W = d.gate.w16;
+      return Status::ok();
+    }
+    const DevLinear &g = d.gate, &u = d.up;
+    if (!g.wq || !u.wq || g.out != u.out || g.in != u.in || (g.wp && p_.rows <= p_.gemm_rows)) return Status::ok();
+    const size_t n = size_t(g.out) * g.in;
+    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(g.wq, g.s16, g.out, g.in, ws_.deq16, ln_), "gate_proj");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(u.wq, u.s16, u.out, u.in, ws_.deq16 + n, ln_), "up_proj");
+    *W = ws_.deq16;
     return Status::ok();
   }
 
