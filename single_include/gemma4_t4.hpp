@@ -5588,16 +5588,16 @@ class CpuBackend : public BackendModel {
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
 //                                                     later layers get it from the previous layer's last
 //                                                     residual_norm (NextNorm::Norm, bit-identical)
-//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c)
+//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c); larger
+//                                                     passes: ONE matmul over [Wq; Wk; Wv] (one allocation)
 //   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
-//                                                     passes of 33..256 rows: ONE int4 GEMM with it; cuBLAS
-//                                                     passes: ONE GEMM over [Wg; Wu] (fp16: one allocation;
-//                                                     w4a16: both dequantised), then gelu_mul
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
+//                                                     passes: ONE matmul over [Wg; Wu], then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -9896,7 +9896,6 @@ class DeviceMemory {
 #include <unistd.h>
 
 #include <string>
-#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -9932,9 +9931,10 @@ inline kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
 
 struct DevLayer {
   DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
-  // fp16 gate and up in one allocation, up's rows right after gate's ([2 I, H]): a pass of more than 32 rows
-  // computes both in one cuBLAS GEMM (cuda/layers.hpp gate()). The GEMVs take the two halves as two matrices.
-  bool gate_up_joint = false;
+  // Matrices stored in one allocation, each one's rows right after the previous one's (same `in`, same layout): views
+  // gate_up = [gate; up] and qkv = [q; k; v] ([q; k] with k_eq_v). A pass of more than 32 rows multiplies each as one
+  // matrix (cuda/layers.hpp); the GEMVs and the fused int4 gate/up GEMM take the parts. out == 0: stored apart.
+  DevLinear gate_up, qkv;
   float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32
   float *q_norm = nullptr, *k_norm = nullptr;                                             // [d] fp32
   float* post_ple = nullptr;                                                              // [H] fp32
@@ -9985,16 +9985,15 @@ class DeviceWeights {
     for (int l = 0; l < L; ++l) {
       const LayerW& lw = w.layers[l];
       DevLayer& d = layers[l];
-      d.gate_up_joint = joinable(lw.gate, lw.up);
-      if (d.gate_up_joint) GEMMA4_T4_TRY(linear_pair(lw.gate, lw.up, &d.gate, &d.up));
-      for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
-                      std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
-                      std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
-                      std::make_pair(&lw.ple_proj, &d.ple_proj)})
-        if (!d.gate_up_joint || (pr.second != &d.gate && pr.second != &d.up))
-          GEMMA4_T4_TRY(linear(*pr.first, pr.second));
-      if (lw.gate.quantized() && joinable_shape(lw.gate, lw.up) && (!d.gate.wp || opt.w4_matmul == W4Matmul::Auto))
-        max_deq = std::max(max_deq, 2 * size_t(lw.gate.out) * lw.gate.in);  // a large pass dequantises both at once
+      const LinearW* gu[] = {&lw.gate, &lw.up};
+      const LinearW* qkv[] = {&lw.q, &lw.k, &lw.v};
+      DevLinear* dgu[] = {&d.gate, &d.up};
+      DevLinear* dqkv[] = {&d.q, &d.k, &d.v};
+      GEMMA4_T4_TRY(linear_group(gu, dgu, 2, &d.gate_up));
+      GEMMA4_T4_TRY(linear_group(qkv, dqkv, 3, &d.qkv));
+      for (auto pr : {std::make_pair(&lw.o, &d.o), std::make_pair(&lw.down, &d.down),
+                      std::make_pair(&lw.ple_gate, &d.ple_gate), std::make_pair(&lw.ple_proj, &d.ple_proj)})
+        GEMMA4_T4_TRY(linear(*pr.first, pr.second));
       GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
       GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
       GEMMA4_T4_TRY(vec_f32(lw.pre_feedforward_layernorm, &d.pre_ff));
@@ -10028,6 +10027,7 @@ class DeviceWeights {
   DevLinear ple_model_proj;     // [L * D, H]
   std::vector<DevLayer> layers;
   int max_in = 0, max_out = 0;  // over every linear
+  int max_joint = 0;            // the widest DevLayer::gate_up / qkv (its outputs: one pass's rows at once)
   size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
                                 // of passes of more than 32 rows)
   bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore or Auto)
@@ -10092,53 +10092,99 @@ class DeviceWeights {
     d->out = w.out;
     d->in = w.in;
     if (!w.out) return Status::ok();
-    const std::string what = "weights: '" + w.name + "'";
+    GEMMA4_T4_TRY(alloc_linear(w, w.out, "weights: '" + w.name + "'", d));
+    return fill_linear(w, d);
+  }
+
+  // The present linears of ws (out > 0), when there are at least two of one `in` and one layout (w4a16: one group
+  // size, every out a multiple of 32, the GEMM layout's row block), in one allocation, each one's rows after the
+  // previous one's: *joint the whole, ds[i] the parts. Else each in its own, and joint->out = 0.
+  Status linear_group(const LinearW* const* ws, DevLinear* const* ds, int count, DevLinear* joint) {
+    *joint = DevLinear();
+    const LinearW* first = nullptr;
+    int present = 0, out = 0;
+    bool ok = true;
+    for (int i = 0; i < count; ++i) {
+      const LinearW& w = *ws[i];
+      if (!w.out) continue;
+      if (!first) first = &w;
+      ok = ok && w.in == first->in && w.quantized() == first->quantized() &&
+           (!w.quantized() || (w.group == first->group && w.out % 32 == 0));
+      ++present;
+      out += w.out;
+    }
+    if (!ok || present < 2) {
+      for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(linear(*ws[i], ds[i]));
+      return Status::ok();
+    }
+    std::string what = "weights: '" + first->name + "'";
+    for (int i = 0; i < count; ++i)
+      if (ws[i]->out && ws[i] != first) what += " + '" + ws[i]->name + "'";
+    GEMMA4_T4_TRY(alloc_linear(*first, out, what, joint));
+    max_joint = std::max(max_joint, out);
+    for (int i = 0, r0 = 0; i < count; ++i) {
+      if (!ws[i]->out) {
+        GEMMA4_T4_TRY(linear(*ws[i], ds[i]));  // absent: out 0
+        continue;
+      }
+      *ds[i] = rows_of(*joint, r0, ws[i]->out);
+      GEMMA4_T4_TRY(fill_linear(*ws[i], ds[i]));
+      r0 += ws[i]->out;
+    }
+    if (joint->wq && (!joint->wp || opt_->w4_matmul == W4Matmul::Auto))  // a large pass dequantises the whole
+      max_deq = std::max(max_deq, size_t(out) * joint->in);
+    return Status::ok();
+  }
+
+  // The buffers of `out` rows of a linear with w's `in` and layout (w4a16: and the GEMM layout where W4Matmul asks
+  // for it and out % 32 == 0).
+  Status alloc_linear(const LinearW& w, int out, const std::string& what, DevLinear* d) {
+    d->out = out;
+    d->in = w.in;
+    if (!w.quantized()) return mem_.alloc(size_t(out) * w.in, what, &d->w16);
+    GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 8), what, &d->wq));
+    GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 32), what, &d->s16));
+    if (opt_->w4_matmul != W4Matmul::Dequant && out % 32 == 0) {
+      GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+    }
+    return Status::ok();
+  }
+
+  // Rows [r0, r0 + out) of d's buffers (r0 and out multiples of 32 where d has the GEMM layout: its row blocks).
+  static DevLinear rows_of(const DevLinear& d, int r0, int out) {
+    DevLinear v;
+    v.out = out;
+    v.in = d.in;
+    const size_t r = size_t(r0);
+    if (d.w16) v.w16 = d.w16 + r * d.in;
+    if (d.wq) v.wq = d.wq + r * (d.in / 8);
+    if (d.s16) v.s16 = d.s16 + r * (d.in / 32);
+    if (d.wp) v.wp = d.wp + r * (d.in / 8);   // [out / 32][in / 32][32][4] u32: in / 8 words per row
+    if (d.sp) v.sp = d.sp + r * (d.in / 32);  // [out / 32][in / 32][8][4] fp16: in / 32 per row
+    return v;
+  }
+
+  // w's weights into d's buffers (alloc_linear's, or a part of a group's).
+  Status fill_linear(const LinearW& w, DevLinear* d) {
     if (w.quantized()) {
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what, &d->wq));
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what, &d->s16));
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      const bool gemm = opt_->w4_matmul != W4Matmul::Dequant && w.out % 32 == 0;
-      if (gemm) {
-        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
-        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+      if (d->wp) {
         GEMMA4_T4_CUDA_TRY(kernels::launch_repack_w4_gemm(d->wq, d->s16, w.out, w.in, d->wp, d->sp, stream_),
                            "repack of '" + w.name + "' into the GEMM layout");
         GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
         gemm_layout = true;
       }
-      if (!gemm || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
+      if (!d->wp || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
         max_deq = std::max(max_deq, size_t(w.out) * w.in);
     } else {
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
       release_pages(*w.dense);
     }
     max_in = std::max(max_in, w.in);
     max_out = std::max(max_out, w.out);
-    return Status::ok();
-  }
-
-  static bool joinable_shape(const LinearW& a, const LinearW& b) {
-    return a.out && a.out == b.out && a.in == b.in && a.quantized() == b.quantized();
-  }
-  static bool joinable(const LinearW& a, const LinearW& b) { return joinable_shape(a, b) && !a.quantized(); }
-
-  // Two fp16 linears of one shape in one allocation: b's rows right after a's (DevLayer::gate_up_joint).
-  Status linear_pair(const LinearW& a, const LinearW& b, DevLinear* da, DevLinear* db) {
-    const size_t n = size_t(a.out) * a.in;
-    half* w = nullptr;
-    GEMMA4_T4_TRY(mem_.alloc(2 * n, "weights: '" + a.name + "' + '" + b.name + "'", &w));
-    for (auto [lw, d, at] : {std::make_tuple(&a, da, w), std::make_tuple(&b, db, w + n)}) {
-      d->out = lw->out;
-      d->in = lw->in;
-      d->w16 = at;
-      GEMMA4_T4_TRY(upload_f16(*lw->dense, 0, n, at));
-      release_pages(*lw->dense);
-    }
-    max_in = std::max(max_in, a.in);
-    max_out = std::max(max_out, a.out);
     return Status::ok();
   }
 
@@ -10235,10 +10281,11 @@ struct Workspace {
   float* h = nullptr;       // [R, H] fp32 residual stream
   half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
   half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
-  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
-                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp)
-  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes, separate gate / up). Right after
-                            // proj_a: the two are [R, 2 wide], the joint gate/up GEMM's output (layers.hpp gate())
+  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; per_layer_input_gate (large passes);
+                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp);
+                            // with proj_b: the joint matmuls' [R, max_joint] (DevLayer::qkv, gate_up; large passes)
+  float* proj_b = nullptr;  // [R, wide] fp32: k_proj (decode); up_proj (large passes of separate gate / up); in
+                            // proj_a's allocation, after it
   float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
   float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
   float* tok = nullptr;     // [R, L, D] fp32 the tokens' rows of the per-layer table (widened)
@@ -10246,7 +10293,7 @@ struct Workspace {
   float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
-  half* deq16 = nullptr;              // [max w4a16 matrix, or gate + up] fp16: what a large pass dequantises for cuBLAS
+  half* deq16 = nullptr;              // [largest w4a16 matrix or joint matmul] fp16: what large passes dequantise
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
   float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
@@ -10279,7 +10326,8 @@ struct Workspace {
     GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16));
-    const size_t ab = (size_t(R) * wide + 63) / 64 * 64;  // proj_b 256-byte aligned
+    // proj_a and proj_b: one allocation, proj_b 256-byte aligned; together they hold a joint matmul's [R, max_joint]
+    const size_t ab = (size_t(R) * std::max(wide, (w.max_joint + 1) / 2) + 63) / 64 * 64;
     GEMMA4_T4_TRY(m.alloc(2 * ab, "workspace: projections A and B", &proj_a));
     proj_b = proj_a + ab;
     GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: projections C", &proj_c));
@@ -10686,7 +10734,13 @@ class LayerEncoder {
   Status qkv(int l) {
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
+    const int qw = c_.num_heads * lc.head_dim, kvw = lc.num_kv_heads * lc.head_dim;
+    qkv_ = Qkv{ws_.proj_a, ws_.proj_b, lc.k_eq_v ? ws_.proj_b : ws_.proj_c, qw, kvw};
     if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    if (p_.rows > kernels::kGemvMaxRows && d.qkv.out) {  // one matmul: [n, q | k | v] in proj_a and proj_b's memory
+      qkv_ = Qkv{ws_.proj_a, ws_.proj_a + qw, ws_.proj_a + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out};
+      return mm(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj");
+    }
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
@@ -10698,8 +10752,8 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     const int hd = lc.head_dim, kvh = lc.num_kv_heads;
     kernels::HeadNormTarget hn[3];
-    hn[0].in = ws_.proj_a;
-    hn[0].ld_in = c_.num_heads * hd;
+    hn[0].in = qkv_.q;
+    hn[0].ld_in = qkv_.ld_q;
     hn[0].heads = c_.num_heads;
     hn[0].w = d.q_norm;
     hn[0].inv_freq = d.inv_freq;
@@ -10710,15 +10764,15 @@ class LayerEncoder {
       kt.seq = ws_.dev.seq;
       kt.layer = l;
       kt.layers = c_.num_layers;
-      hn[1].in = ws_.proj_b;
-      hn[1].ld_in = kvh * hd;
+      hn[1].in = qkv_.k;
+      hn[1].ld_in = qkv_.ld_kv;
       hn[1].heads = kvh;
       hn[1].w = d.k_norm;
       hn[1].inv_freq = d.inv_freq;
       hn[1].kv = kt;
       hn[1].kv.base = ws_.dev.k;
-      hn[2].in = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
-      hn[2].ld_in = kvh * hd;
+      hn[2].in = qkv_.v;
+      hn[2].ld_in = qkv_.ld_kv;
       hn[2].heads = kvh;  // no weight, no RoPE
       hn[2].kv = kt;
       hn[2].kv.base = ws_.dev.v;
@@ -10764,8 +10818,8 @@ class LayerEncoder {
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
   // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
-  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS (gate and up in one GEMM where joint_gate_up gives them as
-  // one matrix), then the element-wise kernel into x16.
+  // (kernels::launch_gemm_w4_glu); other passes: one matmul over gate and up where they are stored as one
+  // (DevLayer::gate_up), then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -10790,10 +10844,8 @@ class LayerEncoder {
         act_ = act;
         return Status::ok();
       }
-      const half* W = nullptr;
-      GEMMA4_T4_TRY(joint_gate_up(d, &W));
-      if (W) {  // [n, 2 I]: gate's outputs, then up's, in every row
-        GEMMA4_T4_TRY(gemm16(W, 2 * I, c_.hidden_size, ws_.x16, n, ws_.proj_a, "gate/up_proj"));
+      if (d.gate_up.out) {  // one matmul: [n, 2 I], gate's outputs then up's in every row (proj_a and proj_b's memory)
+        GEMMA4_T4_TRY(mm(d.gate_up, ws_.x16, ws_.proj_a, "gate/up_proj"));
         GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
                            "gelu");
         act_ = ws_.x16;
@@ -10837,6 +10889,12 @@ class LayerEncoder {
   }
 
  private:
+  // Where qkv() left q, k and v ([rows, ld] fp32 each; v is k's with k_eq_v) for heads().
+  struct Qkv {
+    const float *q = nullptr, *k = nullptr, *v = nullptr;
+    int ld_q = 0, ld_kv = 0;
+  };
+
   struct Pending {
     const float* y = nullptr;  // [rows, H] fp32 projection output
     const float* w = nullptr;  // [H] its norm's weight
@@ -10876,24 +10934,6 @@ class LayerEncoder {
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
                                                      p.scalar, next, w_next, ws_.x16, ln_, p.parts, p.part_ld),
                        p.what);
-    return Status::ok();
-  }
-
-  // gate and up as one [2 I, H] fp16 matrix for a cuBLAS pass (more than 32 rows, outside the int4 GEMM): the fp16
-  // weights' joint allocation, or both w4a16 matrices dequantised into deq16 one after the other. *W stays null
-  // where the pass takes the two matmuls one by one.
-  Status joint_gate_up(const DevLayer& d, const half** W) const {
-    *W = nullptr;
-    if (d.gate_up_joint) {
-      *W = d.gate.w16;
-      return Status::ok();
-    }
-    const DevLinear &g = d.gate, &u = d.up;
-    if (!g.wq || !u.wq || g.out != u.out || g.in != u.in || (g.wp && p_.rows <= p_.gemm_rows)) return Status::ok();
-    const size_t n = size_t(g.out) * g.in;
-    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(g.wq, g.s16, g.out, g.in, ws_.deq16, ln_), "gate_proj");
-    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(u.wq, u.s16, u.out, u.in, ws_.deq16 + n, ln_), "up_proj");
-    *W = ws_.deq16;
     return Status::ok();
   }
 
@@ -10961,6 +11001,7 @@ class LayerEncoder {
   const LayerPass& p_;
   const kernels::Launch ln_;
   Pending pending_;
+  Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
 };
 

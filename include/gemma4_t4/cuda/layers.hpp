@@ -8,16 +8,16 @@
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
 //                                                     later layers get it from the previous layer's last
 //                                                     residual_norm (NextNorm::Norm, bit-identical)
-//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c)
+//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c); larger
+//                                                     passes: ONE matmul over [Wq; Wk; Wv] (one allocation)
 //   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
-//                                                     passes of 33..256 rows: ONE int4 GEMM with it; cuBLAS
-//                                                     passes: ONE GEMM over [Wg; Wu] (fp16: one allocation;
-//                                                     w4a16: both dequantised), then gelu_mul
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
+//                                                     passes: ONE matmul over [Wg; Wu], then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -131,7 +131,13 @@ class LayerEncoder {
   Status qkv(int l) {
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
+    const int qw = c_.num_heads * lc.head_dim, kvw = lc.num_kv_heads * lc.head_dim;
+    qkv_ = Qkv{ws_.proj_a, ws_.proj_b, lc.k_eq_v ? ws_.proj_b : ws_.proj_c, qw, kvw};
     if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    if (p_.rows > kernels::kGemvMaxRows && d.qkv.out) {  // one matmul: [n, q | k | v] in proj_a and proj_b's memory
+      qkv_ = Qkv{ws_.proj_a, ws_.proj_a + qw, ws_.proj_a + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out};
+      return mm(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj");
+    }
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
@@ -143,8 +149,8 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     const int hd = lc.head_dim, kvh = lc.num_kv_heads;
     kernels::HeadNormTarget hn[3];
-    hn[0].in = ws_.proj_a;
-    hn[0].ld_in = c_.num_heads * hd;
+    hn[0].in = qkv_.q;
+    hn[0].ld_in = qkv_.ld_q;
     hn[0].heads = c_.num_heads;
     hn[0].w = d.q_norm;
     hn[0].inv_freq = d.inv_freq;
@@ -155,15 +161,15 @@ class LayerEncoder {
       kt.seq = ws_.dev.seq;
       kt.layer = l;
       kt.layers = c_.num_layers;
-      hn[1].in = ws_.proj_b;
-      hn[1].ld_in = kvh * hd;
+      hn[1].in = qkv_.k;
+      hn[1].ld_in = qkv_.ld_kv;
       hn[1].heads = kvh;
       hn[1].w = d.k_norm;
       hn[1].inv_freq = d.inv_freq;
       hn[1].kv = kt;
       hn[1].kv.base = ws_.dev.k;
-      hn[2].in = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
-      hn[2].ld_in = kvh * hd;
+      hn[2].in = qkv_.v;
+      hn[2].ld_in = qkv_.ld_kv;
       hn[2].heads = kvh;  // no weight, no RoPE
       hn[2].kv = kt;
       hn[2].kv.base = ws_.dev.v;
@@ -209,8 +215,8 @@ class LayerEncoder {
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
   // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
-  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS (gate and up in one GEMM where joint_gate_up gives them as
-  // one matrix), then the element-wise kernel into x16.
+  // (kernels::launch_gemm_w4_glu); other passes: one matmul over gate and up where they are stored as one
+  // (DevLayer::gate_up), then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -235,10 +241,8 @@ class LayerEncoder {
         act_ = act;
         return Status::ok();
       }
-      const half* W = nullptr;
-      GEMMA4_T4_TRY(joint_gate_up(d, &W));
-      if (W) {  // [n, 2 I]: gate's outputs, then up's, in every row
-        GEMMA4_T4_TRY(gemm16(W, 2 * I, c_.hidden_size, ws_.x16, n, ws_.proj_a, "gate/up_proj"));
+      if (d.gate_up.out) {  // one matmul: [n, 2 I], gate's outputs then up's in every row (proj_a and proj_b's memory)
+        GEMMA4_T4_TRY(mm(d.gate_up, ws_.x16, ws_.proj_a, "gate/up_proj"));
         GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
                            "gelu");
         act_ = ws_.x16;
@@ -282,6 +286,12 @@ class LayerEncoder {
   }
 
  private:
+  // Where qkv() left q, k and v ([rows, ld] fp32 each; v is k's with k_eq_v) for heads().
+  struct Qkv {
+    const float *q = nullptr, *k = nullptr, *v = nullptr;
+    int ld_q = 0, ld_kv = 0;
+  };
+
   struct Pending {
     const float* y = nullptr;  // [rows, H] fp32 projection output
     const float* w = nullptr;  // [H] its norm's weight
@@ -321,24 +331,6 @@ class LayerEncoder {
     GEMMA4_T4_CUDA_TRY(kernels::launch_residual_norm(ws_.h, p.y, p.w, p_.rows, c_.hidden_size, c_.rms_norm_eps,
                                                      p.scalar, next, w_next, ws_.x16, ln_, p.parts, p.part_ld),
                        p.what);
-    return Status::ok();
-  }
-
-  // gate and up as one [2 I, H] fp16 matrix for a cuBLAS pass (more than 32 rows, outside the int4 GEMM): the fp16
-  // weights' joint allocation, or both w4a16 matrices dequantised into deq16 one after the other. *W stays null
-  // where the pass takes the two matmuls one by one.
-  Status joint_gate_up(const DevLayer& d, const half** W) const {
-    *W = nullptr;
-    if (d.gate_up_joint) {
-      *W = d.gate.w16;
-      return Status::ok();
-    }
-    const DevLinear &g = d.gate, &u = d.up;
-    if (!g.wq || !u.wq || g.out != u.out || g.in != u.in || (g.wp && p_.rows <= p_.gemm_rows)) return Status::ok();
-    const size_t n = size_t(g.out) * g.in;
-    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(g.wq, g.s16, g.out, g.in, ws_.deq16, ln_), "gate_proj");
-    GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(u.wq, u.s16, u.out, u.in, ws_.deq16 + n, ln_), "up_proj");
-    *W = ws_.deq16;
     return Status::ok();
   }
 
@@ -406,6 +398,7 @@ class LayerEncoder {
   const LayerPass& p_;
   const kernels::Launch ln_;
   Pending pending_;
+  Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
 };
 

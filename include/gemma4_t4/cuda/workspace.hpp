@@ -75,10 +75,11 @@ struct Workspace {
   float* h = nullptr;       // [R, H] fp32 residual stream
   half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
   half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
-  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
-                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp)
-  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes, separate gate / up). Right after
-                            // proj_a: the two are [R, 2 wide], the joint gate/up GEMM's output (layers.hpp gate())
+  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; per_layer_input_gate (large passes);
+                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp);
+                            // with proj_b: the joint matmuls' [R, max_joint] (DevLayer::qkv, gate_up; large passes)
+  float* proj_b = nullptr;  // [R, wide] fp32: k_proj (decode); up_proj (large passes of separate gate / up); in
+                            // proj_a's allocation, after it
   float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
   float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
   float* tok = nullptr;     // [R, L, D] fp32 the tokens' rows of the per-layer table (widened)
@@ -86,7 +87,7 @@ struct Workspace {
   float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
-  half* deq16 = nullptr;              // [max w4a16 matrix, or gate + up] fp16: what a large pass dequantises for cuBLAS
+  half* deq16 = nullptr;              // [largest w4a16 matrix or joint matmul] fp16: what large passes dequantise
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
   float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
@@ -119,7 +120,8 @@ struct Workspace {
     GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16));
-    const size_t ab = (size_t(R) * wide + 63) / 64 * 64;  // proj_b 256-byte aligned
+    // proj_a and proj_b: one allocation, proj_b 256-byte aligned; together they hold a joint matmul's [R, max_joint]
+    const size_t ab = (size_t(R) * std::max(wide, (w.max_joint + 1) / 2) + 63) / 64 * 64;
     GEMMA4_T4_TRY(m.alloc(2 * ab, "workspace: projections A and B", &proj_a));
     proj_b = proj_a + ab;
     GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: projections C", &proj_c));
