@@ -72,8 +72,8 @@ inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* o
 static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
   pdl_enter();
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  const size_t c = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (c >= size_t(cols)) return;
   const size_t in = size_t(blockIdx.y) * ld + c;
   out[size_t(blockIdx.y) * cols + c] = to_half_sat(gelu_tanh(g[in]) * u[in]);
 }
