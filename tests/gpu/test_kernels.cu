@@ -1725,18 +1725,19 @@ TEST_CASE("gelu_mul_rows: a joint gate/up GEMM's [rows, 2 I] output", "[gpu]") {
       const std::vector<uint16_t> head(got.begin(), got.begin() + ref.size());
       check_rel_l2(widen(head), ref, kTolF16, cat("gelu_mul_rows rows ", rows, " I ", I));
       for (size_t i = ref.size(); i < got.size(); ++i) REQUIRE(got[i] == 0xFFFFu);  // past the rows: still poisoned
-      // the same products as the packed kernel over the two halves copied apart
-      std::vector<float> g(ref.size()), u(ref.size());
+      // bit for bit the products of the one-element-per-thread kernel over the two halves copied apart, one float
+      // past 16-byte alignment (the 4-wide kernel takes aligned rows only)
+      std::vector<float> g(ref.size() + 1, 0.f), u(ref.size() + 1, 0.f);
       for (int r = 0; r < rows; ++r)
         for (int i = 0; i < I; ++i) {
-          g[size_t(r) * I + i] = y[r * ld + i];
-          u[size_t(r) * I + i] = y[r * ld + I + i];
+          g[1 + size_t(r) * I + i] = y[r * ld + i];
+          u[1 + size_t(r) * I + i] = y[r * ld + I + i];
         }
       Dev<float> dg(g.size()), du(u.size());
-      Dev<half> dpacked(g.size());
+      Dev<half> dpacked(ref.size());
       dg.upload(g);
       du.upload(u);
-      REQUIRE_CUDA(kn::launch_gelu_mul(dg.get(), du.get(), g.size(), dpacked.get(), st.s));
+      REQUIRE_CUDA(kn::launch_gelu_mul(dg.get() + 1, du.get() + 1, ref.size(), dpacked.get(), st.s));
       st.sync();
       REQUIRE(dpacked.download<uint16_t>() == head);
     }
@@ -2361,7 +2362,8 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back({"embed_kernel", reinterpret_cast<const void*>(&kn::embed_kernel), 256});
   ks.push_back({"to_half_kernel", reinterpret_cast<const void*>(&kn::to_half_kernel), 256});
   ks.push_back({"widen_kernel", reinterpret_cast<const void*>(&kn::widen_kernel), 256});
-  ks.push_back({"gelu_mul_kernel", reinterpret_cast<const void*>(&kn::gelu_mul_kernel), 256});
+  ks.push_back({"gelu_mul_kernel<1>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<1>), 256});
+  ks.push_back({"gelu_mul_kernel<4>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<4>), 256});
   ks.push_back({"ple_combine_kernel", reinterpret_cast<const void*>(&kn::ple_combine_kernel), 256});
   ks.push_back({"ple_gate_kernel", reinterpret_cast<const void*>(&kn::ple_gate_kernel), 256});
   ks.push_back({"softcap_kernel", reinterpret_cast<const void*>(&kn::softcap_kernel), 256});
