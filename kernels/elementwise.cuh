@@ -150,15 +150,29 @@ inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, i
   return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, ple, rows, L, D, layer, out);
 }
 
+// V = 4: each thread caps 4 consecutive floats (one 16-byte load and store; n and x aligned for it), else one.
+template <int V>
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
   pdl_enter();
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+  const size_t i = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  if constexpr (V == 4) {
+    float4 v = *reinterpret_cast<const float4*>(x + i);
+    v.x = tanhf(v.x / cap) * cap;
+    v.y = tanhf(v.y / cap) * cap;
+    v.z = tanhf(v.z / cap) * cap;
+    v.w = tanhf(v.w / cap) * cap;
+    *reinterpret_cast<float4*>(x + i) = v;
+  } else {
+    x[i] = tanhf(x[i] / cap) * cap;
+  }
 }
 
 inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& launch) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, launch, x, n, cap);
+  if (n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0)
+    return launch_kernel(softcap_kernel<4>, ceil_div(n / 4, 256), 256, launch, x, n, cap);
+  return launch_kernel(softcap_kernel<1>, ceil_div(n, 256), 256, launch, x, n, cap);
 }
 
 // One block (256 threads) per row.

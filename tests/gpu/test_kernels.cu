@@ -1805,18 +1805,28 @@ TEST_CASE("ple_gate: half(gelu_tanh(g) * ple[:, layer])", "[gpu]") {
 TEST_CASE("softcap: x = tanh(x / cap) * cap in place; cap <= 0 leaves x alone", "[gpu]") {
   std::mt19937 rng(506);
   Stream st;
-  for (size_t n : {size_t(1), size_t(257), size_t(10007)})
+  for (size_t n : {size_t(1), size_t(257), size_t(10007), size_t(4096), size_t(2) * 262144})
     for (float cap : {30.f, 0.f, -1.f}) {
       const std::vector<float> x = rand_f32(rng, n, -200.f, 200.f);  // [n] fp32
       Dev<float> dx(n);
       dx.upload(x);
-      REQUIRE_CUDA(kn::launch_softcap(dx.get(), n, cap, st.s));
+      REQUIRE_CUDA(kn::launch_softcap(dx.get(), n, cap, st.s));  // n % 4 == 0: 4 per thread
       st.sync();
       const std::vector<float> got = dx.download<float>();
       if (cap > 0.f) {
         std::vector<double> ref(n);
         for (size_t i = 0; i < n; ++i) ref[i] = std::tanh(double(x[i]) / cap) * cap;
         check_max_rel(got, ref, kTolF32, cat("softcap n ", n, " cap ", cap));
+        // bit for bit the one-per-thread kernel's values: the same row one float past 16-byte alignment
+        std::vector<float> x1(n + 1, 0.f);
+        std::copy(x.begin(), x.end(), x1.begin() + 1);
+        Dev<float> dx1(n + 1);
+        dx1.upload(x1);
+        REQUIRE_CUDA(kn::launch_softcap(dx1.get() + 1, n, cap, st.s));
+        st.sync();
+        const std::vector<float> got1 = dx1.download<float>();
+        INFO("softcap n " << n << ": 4-wide and 1-wide kernels");
+        REQUIRE(std::memcmp(got1.data() + 1, got.data(), n * sizeof(float)) == 0);
       } else {
         INFO("softcap n " << n << " cap " << cap << " must be a no-op");
         REQUIRE(std::memcmp(got.data(), x.data(), n * sizeof(float)) == 0);
@@ -2366,7 +2376,8 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back({"gelu_mul_kernel<4>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<4>), 256});
   ks.push_back({"ple_combine_kernel", reinterpret_cast<const void*>(&kn::ple_combine_kernel), 256});
   ks.push_back({"ple_gate_kernel", reinterpret_cast<const void*>(&kn::ple_gate_kernel), 256});
-  ks.push_back({"softcap_kernel", reinterpret_cast<const void*>(&kn::softcap_kernel), 256});
+  ks.push_back({"softcap_kernel<1>", reinterpret_cast<const void*>(&kn::softcap_kernel<1>), 256});
+  ks.push_back({"softcap_kernel<4>", reinterpret_cast<const void*>(&kn::softcap_kernel<4>), 256});
   ks.push_back({"argmax_rows_kernel", reinterpret_cast<const void*>(&kn::argmax_rows_kernel), 256});
   ks.push_back({"sample_kernel", reinterpret_cast<const void*>(&kn::sample_kernel), kn::kSampleThreads});
 
