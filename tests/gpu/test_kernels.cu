@@ -1741,8 +1741,52 @@ TEST_CASE("gelu_mul_rows: a joint gate/up GEMM's [rows, 2 I] output", "[gpu]") {
       st.sync();
       REQUIRE(dpacked.download<uint16_t>() == head);
     }
-  REQUIRE(kn::launch_gelu_mul_rows(nullptr, nullptr, 7, 2, 8, nullptr, st.s) == cudaErrorInvalidValue);  // ld < cols
-  REQUIRE_CUDA(kn::launch_gelu_mul_rows(nullptr, nullptr, 8, 0, 8, nullptr, st.s));                      // no rows
+  const float* none = nullptr;
+  REQUIRE(kn::launch_gelu_mul_rows(none, none, 7, 2, 8, nullptr, st.s) == cudaErrorInvalidValue);  // ld < cols
+  REQUIRE_CUDA(kn::launch_gelu_mul_rows(none, none, 8, 0, 8, nullptr, st.s));                      // no rows
+}
+
+TEST_CASE("gelu_mul_rows fp16: a joint gate/up GEMM's fp16 output, values past fp16 clamped", "[gpu]") {
+  std::mt19937 rng(510);
+  Stream st;
+  const uint16_t kInf = 0x7C00u, kNegInf = 0xFC00u;
+  for (int rows : {1, 33, 300})
+    for (int I : {1, 255, 6144}) {
+      const size_t ld = 2 * size_t(I) + (I % 2);
+      std::vector<uint16_t> y = rand_f16(rng, size_t(rows) * ld, -6.f, 6.f);
+      // a few infinities where a GEMM's fp16 output would overflow (gate and up, both signs)
+      for (int k = 0; k < 4 && rows * I > 8; ++k) {
+        const size_t r = size_t(k) % size_t(rows), i = size_t(k * 7) % size_t(I);
+        y[r * ld + (k < 2 ? 0 : size_t(I)) + i] = (k & 1) ? kNegInf : kInf;
+      }
+      Dev<half> dy(y.size());
+      Dev<half> dout(size_t(rows) * I + 64);
+      dy.upload(y);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_gelu_mul_rows(dy.get(), dy.get() + I, ld, rows, I, dout.get(), st.s));
+      st.sync();
+      const std::vector<uint16_t> got = dout.download<uint16_t>();
+      std::vector<double> ref(size_t(rows) * I);
+      auto in = [](uint16_t h) { return std::min(std::max(f16_to_f32(h), -65504.f), 65504.f); };
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < I; ++i) {
+          const double v = double(gemma4_t4::detail::gelu_tanh_ref(in(y[r * ld + i]))) * in(y[r * ld + I + i]);
+          ref[size_t(r) * I + i] = std::min(std::max(v, -65504.0), 65504.0);  // the act saturates to fp16
+        }
+      const std::vector<uint16_t> head(got.begin(), got.begin() + ref.size());
+      for (uint16_t h : head) REQUIRE(std::isfinite(f16_to_f32(h)));
+      check_rel_l2(widen(head), ref, kTolF16, cat("gelu_mul_rows fp16 rows ", rows, " I ", I));
+      for (size_t i = ref.size(); i < got.size(); ++i) REQUIRE(got[i] == 0xFFFFu);
+      // the fp32 kernel on the same (clamped) values computes the same products bit for bit
+      std::vector<float> y32(y.size());
+      for (size_t i = 0; i < y.size(); ++i) y32[i] = in(y[i]);
+      Dev<float> dy32(y32.size());
+      Dev<half> d32(ref.size());
+      dy32.upload(y32);
+      REQUIRE_CUDA(kn::launch_gelu_mul_rows(dy32.get(), dy32.get() + I, ld, rows, I, d32.get(), st.s));
+      st.sync();
+      REQUIRE(d32.download<uint16_t>() == head);
+    }
 }
 
 TEST_CASE("ple_combine: (rmsnorm(proj * pscale) * w + tok * tscale) * mix", "[gpu]") {

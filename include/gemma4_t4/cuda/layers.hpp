@@ -29,6 +29,8 @@
 
 #include <cublas_v2.h>
 
+#include <type_traits>
+
 #include "../../../kernels/attention.cuh"
 #include "../../../kernels/elementwise.cuh"
 #include "../../../kernels/flash_attention.cuh"
@@ -241,7 +243,17 @@ class LayerEncoder {
         act_ = act;
         return Status::ok();
       }
-      if (d.gate_up.out) {  // one matmul: [n, 2 I], gate's outputs then up's in every row (proj_a and proj_b's memory)
+      if (d.gate_up.out && n > kernels::kGemvMaxRows && !(d.gate_up.wp && n <= p_.gemm_rows)) {
+        // one cuBLAS GEMM over gate and up ([n, 2 I], gate's outputs then up's in every row) with fp16 outputs: half
+        // the bytes of fp32 to write, and to read again for the GELU product (prefill's gelu_mul was 10% of a
+        // 4096-token TTFT, bench/RESULTS.md 2026-12-03 (d)); values past fp16 are clamped there
+        half* gu = reinterpret_cast<half*>(ws_.proj_a);
+        GEMMA4_T4_TRY(mm_cublas(d.gate_up, ws_.x16, gu, "gate/up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(gu, gu + I, size_t(2) * I, n, I, ws_.x16, ln_), "gelu");
+        act_ = ws_.x16;
+        return Status::ok();
+      }
+      if (d.gate_up.out) {  // one matmul: [n, 2 I] fp32 (the int4 GEMM's rows, or the GEMV's)
         GEMMA4_T4_TRY(mm(d.gate_up, ws_.x16, ws_.proj_a, "gate/up_proj"));
         GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
                            "gelu");
@@ -356,23 +368,32 @@ class LayerEncoder {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
       return Status::ok();
     }
+    return mm_cublas(w, x, y, what);
+  }
+
+  // y = x W^T through cuBLAS (w4a16 dequantised to fp16 first), y fp32 or fp16.
+  template <typename T>
+  Status mm_cublas(const DevLinear& w, const half* x, T* y, const char* what) const {
     const half* W = w.w16;
     if (!W) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, ws_.deq16, ln_), what);
       W = ws_.deq16;
     }
-    return gemm16(W, w.out, w.in, x, n, y, what);
+    return gemm16(W, w.out, w.in, x, p_.rows, y, what);
   }
 
-  // y [n, out] fp32 = x [n, in] W^T, W [out, in] fp16 (rows of x and y packed): one cuBLAS GEMM, fp32 compute.
-  Status gemm16(const half* W, int out, int in, const half* x, int n, float* y, const char* what) const {
+  // y [n, out] = x [n, in] W^T, W [out, in] fp16 (rows of x and y packed): one cuBLAS GEMM, fp32 compute; y fp32,
+  // or fp16 (rounded once from the fp32 sums; past the fp16 range: +-inf).
+  template <typename T>
+  Status gemm16(const half* W, int out, int in, const half* x, int n, T* y, const char* what) const {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 outputs");
     const float alpha = 1.f, beta = 0.f;
-    const cublasStatus_t st =
-        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16F, in, x, CUDA_R_16F, in, &beta,
-                     y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const cudaDataType yt = std::is_same<T, half>::value ? CUDA_R_16F : CUDA_R_32F;
+    const cublasStatus_t st = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16F, in, x,
+                                           CUDA_R_16F, in, &beta, y, yt, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS)
       return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
-    sanitizer_mark_initialized(y, size_t(n) * out * sizeof(float), ln_.stream);
+    sanitizer_mark_initialized(y, size_t(n) * out * sizeof(T), ln_.stream);
     return Status::ok();
   }
 
