@@ -2416,8 +2416,10 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back({"embed_kernel", reinterpret_cast<const void*>(&kn::embed_kernel), 256});
   ks.push_back({"to_half_kernel", reinterpret_cast<const void*>(&kn::to_half_kernel), 256});
   ks.push_back({"widen_kernel", reinterpret_cast<const void*>(&kn::widen_kernel), 256});
-  ks.push_back({"gelu_mul_kernel<1>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<1>), 256});
-  ks.push_back({"gelu_mul_kernel<4>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<4>), 256});
+  ks.push_back({"gelu_mul_kernel<1, float>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<1, float>), 256});
+  ks.push_back({"gelu_mul_kernel<4, float>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<4, float>), 256});
+  ks.push_back({"gelu_mul_kernel<1, half>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<1, half>), 256});
+  ks.push_back({"gelu_mul_kernel<4, half>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<4, half>), 256});
   ks.push_back({"ple_combine_kernel", reinterpret_cast<const void*>(&kn::ple_combine_kernel), 256});
   ks.push_back({"ple_gate_kernel", reinterpret_cast<const void*>(&kn::ple_gate_kernel), 256});
   ks.push_back({"softcap_kernel<1>", reinterpret_cast<const void*>(&kn::softcap_kernel<1>), 256});
