@@ -4,7 +4,10 @@
 //   to_half:      out[i] = half(x[i]) (saturating)
 //   widen:        out[i] = float(x[i]), x the raw bits of bf16 / fp16 / fp32 values (rows gathered on the host
 //                 from a checkpoint tensor, converted here: exact)
-//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: [rows, I] fp32
+//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: rows of I fp32 or fp16,
+//                 any row stride (a joint gate/up GEMM's [rows, 2 I] output: g = y, u = y + I); a: [rows, I]
+//                 fp16. fp16 inputs past the fp16 range (+-inf: a GEMM rounds, it does not saturate) are taken
+//                 as +-65504, so the product stays finite; NaN stays NaN
 //   ple_combine:  ple[r, l, :] = (rmsnorm(proj[r, l, :] * pscale) * w + tok[r, l, :] * tscale) * mix
 //                 proj, tok, ple: [rows, L, D] fp32 (tok: the rows of embed_tokens_per_layer)
 //   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
@@ -14,6 +17,10 @@
 // from the GEMV epilogues in gemv.cuh (GemvEpilogue::GeluMul, GeluPle) without the fp32 round trip.
 // sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
 #pragma once
+
+#include <climits>
+#include <cstring>
+#include <type_traits>
 
 #include "common.cuh"
 
@@ -65,16 +72,65 @@ inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* o
   return launch_kernel(widen_kernel, ceil_div(n, 256), 256, launch, x, type, n, out);
 }
 
-static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
-                                       half* __restrict__ out) {
-  pdl_enter();
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
+// Grid (column blocks, rows): row blockIdx.y. V = 4: each thread takes 4 consecutive columns (16-byte loads of g
+// and u, one 8-byte store; cols, ld and the pointers aligned for it), else one. The same expression per element
+// either way.
+// A GEMM output as the GELU product's input: fp32 as it is; fp16 clamped to its finite range (NaN kept).
+__device__ __forceinline__ float gelu_in(float v) { return v; }
+__device__ __forceinline__ float gelu_in(half h) {
+  const float v = __half2float(h);
+  return v != v ? v : fminf(fmaxf(v, -kHalfMax), kHalfMax);
+}
+__device__ __forceinline__ float4 gelu_in4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 gelu_in4(const half* p) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  half h[4];
+  memcpy(h, &w, 8);
+  return make_float4(gelu_in(h[0]), gelu_in(h[1]), gelu_in(h[2]), gelu_in(h[3]));
 }
 
+// Grid (ceil(cols / (256 V)), rows); V = 4: 16-byte (fp32) or 8-byte (fp16) loads of g and u, one 8-byte store.
+template <int V, typename T>
+static __global__ void gelu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, size_t ld, int cols,
+                                       half* __restrict__ out) {
+  pdl_enter();
+  const size_t c = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c >= size_t(cols)) return;
+  const size_t in = size_t(blockIdx.y) * ld + c, o = size_t(blockIdx.y) * cols + c;
+  if constexpr (V == 4) {
+    const float4 gv = gelu_in4(g + in), uv = gelu_in4(u + in);
+    const half2 lo = __halves2half2(to_half_sat(gelu_tanh(gv.x) * uv.x), to_half_sat(gelu_tanh(gv.y) * uv.y));
+    const half2 hi = __halves2half2(to_half_sat(gelu_tanh(gv.z) * uv.z), to_half_sat(gelu_tanh(gv.w) * uv.w));
+    *reinterpret_cast<uint2*>(out + o) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  } else {
+    out[o] = to_half_sat(gelu_tanh(gelu_in(g[in])) * gelu_in(u[in]));
+  }
+}
+
+// rows rows of cols products; g and u rows ld elements apart (ld >= cols), out packed [rows, cols]. T: float
+// (the GEMMs' fp32 outputs) or half (a cuBLAS GEMM's fp16 output).
+template <typename T>
+inline cudaError_t launch_gelu_mul_rows(const T* g, const T* u, size_t ld, int rows, int cols, half* out,
+                                        const Launch& launch) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 inputs");
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (ld < size_t(cols) || rows > 65535) return cudaErrorInvalidValue;
+  const auto aligned = [](const void* p, unsigned bytes) {
+    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+  };
+  constexpr unsigned kIn4 = 4 * sizeof(T);  // bytes of four inputs
+  if (cols % 4 == 0 && ld % 4 == 0 && aligned(g, kIn4) && aligned(u, kIn4) && aligned(out, 8))
+    return launch_kernel(gelu_mul_kernel<4, T>, dim3(ceil_div(size_t(cols) / 4, 256), unsigned(rows)), 256, launch, g,
+                         u, ld, cols, out);
+  return launch_kernel(gelu_mul_kernel<1, T>, dim3(ceil_div(size_t(cols), 256), unsigned(rows)), 256, launch, g, u, ld,
+                       cols, out);
+}
+
+// n products of packed g and u: one row of n.
 inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, const Launch& launch) {
-  if (n == 0) return cudaSuccess;
-  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, launch, g, u, n, out);
+  if (n > size_t(INT_MAX)) return cudaErrorInvalidValue;
+  return launch_gelu_mul_rows(g, u, n, 1, int(n), out, launch);
 }
 
 // Grid (rows, L); block 32..256 threads over D.
@@ -117,15 +173,29 @@ inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, i
   return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, ple, rows, L, D, layer, out);
 }
 
+// V = 4: each thread caps 4 consecutive floats (one 16-byte load and store; n and x aligned for it), else one.
+template <int V>
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
   pdl_enter();
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+  const size_t i = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  if constexpr (V == 4) {
+    float4 v = *reinterpret_cast<const float4*>(x + i);
+    v.x = tanhf(v.x / cap) * cap;
+    v.y = tanhf(v.y / cap) * cap;
+    v.z = tanhf(v.z / cap) * cap;
+    v.w = tanhf(v.w / cap) * cap;
+    *reinterpret_cast<float4*>(x + i) = v;
+  } else {
+    x[i] = tanhf(x[i] / cap) * cap;
+  }
 }
 
 inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& launch) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, launch, x, n, cap);
+  if (n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0)
+    return launch_kernel(softcap_kernel<4>, ceil_div(n / 4, 256), 256, launch, x, n, cap);
+  return launch_kernel(softcap_kernel<1>, ceil_div(n, 256), 256, launch, x, n, cap);
 }
 
 // One block (256 threads) per row.

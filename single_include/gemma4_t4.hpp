@@ -5588,14 +5588,16 @@ class CpuBackend : public BackendModel {
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
 //                                                     later layers get it from the previous layer's last
 //                                                     residual_norm (NextNorm::Norm, bit-identical)
-//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c)
+//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c); larger
+//                                                     passes: ONE matmul over [Wq; Wk; Wv] (one allocation)
 //   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
-//                                                     passes of 33..256 rows: ONE int4 GEMM with it
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
+//                                                     passes: ONE matmul over [Wg; Wu], then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -6612,7 +6614,8 @@ inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launc
 //   to_half:      out[i] = half(x[i]) (saturating)
 //   widen:        out[i] = float(x[i]), x the raw bits of bf16 / fp16 / fp32 values (rows gathered on the host
 //                 from a checkpoint tensor, converted here: exact)
-//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: [rows, I] fp32
+//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: rows of I fp32, any
+//                 row stride (a joint gate/up GEMM's [rows, 2 I] output: g = y, u = y + I); a: [rows, I] fp16
 //   ple_combine:  ple[r, l, :] = (rmsnorm(proj[r, l, :] * pscale) * w + tok[r, l, :] * tscale) * mix
 //                 proj, tok, ple: [rows, L, D] fp32 (tok: the rows of embed_tokens_per_layer)
 //   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
@@ -6621,6 +6624,8 @@ inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launc
 // gelu_mul and ple_gate serve passes of more than 32 rows (after the GEMMs); decode passes get the same math
 // from the GEMV epilogues in gemv.cuh (GemvEpilogue::GeluMul, GeluPle) without the fp32 round trip.
 // sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
+
+#include <climits>
 
 // (kernels/common.cuh: already inlined above)
 
@@ -6672,16 +6677,46 @@ inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* o
   return launch_kernel(widen_kernel, ceil_div(n, 256), 256, launch, x, type, n, out);
 }
 
-static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
+// Grid (column blocks, rows): row blockIdx.y. V = 4: each thread takes 4 consecutive columns (16-byte loads of g
+// and u, one 8-byte store; cols, ld and the pointers aligned for it), else one. The same expression per element
+// either way.
+template <int V>
+static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
   pdl_enter();
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = to_half_sat(gelu_tanh(g[i]) * u[i]);
+  const size_t c = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (c >= size_t(cols)) return;
+  const size_t in = size_t(blockIdx.y) * ld + c, o = size_t(blockIdx.y) * cols + c;
+  if constexpr (V == 4) {
+    const float4 gv = *reinterpret_cast<const float4*>(g + in), uv = *reinterpret_cast<const float4*>(u + in);
+    const half2 lo = __halves2half2(to_half_sat(gelu_tanh(gv.x) * uv.x), to_half_sat(gelu_tanh(gv.y) * uv.y));
+    const half2 hi = __halves2half2(to_half_sat(gelu_tanh(gv.z) * uv.z), to_half_sat(gelu_tanh(gv.w) * uv.w));
+    *reinterpret_cast<uint2*>(out + o) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  } else {
+    out[o] = to_half_sat(gelu_tanh(g[in]) * u[in]);
+  }
 }
 
+// rows rows of cols products; g and u rows ld floats apart (ld >= cols), out packed [rows, cols].
+inline cudaError_t launch_gelu_mul_rows(const float* g, const float* u, size_t ld, int rows, int cols, half* out,
+                                        const Launch& launch) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  if (ld < size_t(cols) || rows > 65535) return cudaErrorInvalidValue;
+  const auto aligned = [](const void* p, unsigned bytes) {
+    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+  };
+  if (cols % 4 == 0 && ld % 4 == 0 && aligned(g, 16) && aligned(u, 16) && aligned(out, 8))
+    return launch_kernel(gelu_mul_kernel<4>, dim3(ceil_div(size_t(cols) / 4, 256), unsigned(rows)), 256, launch, g, u,
+                         ld, cols, out);
+  return launch_kernel(gelu_mul_kernel<1>, dim3(ceil_div(size_t(cols), 256), unsigned(rows)), 256, launch, g, u, ld,
+                       cols, out);
+}
+
+// n products of packed g and u: one row of n.
 inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, half* out, const Launch& launch) {
-  if (n == 0) return cudaSuccess;
-  return launch_kernel(gelu_mul_kernel, ceil_div(n, 256), 256, launch, g, u, n, out);
+  if (n > size_t(INT_MAX)) return cudaErrorInvalidValue;
+  return launch_gelu_mul_rows(g, u, n, 1, int(n), out, launch);
 }
 
 // Grid (rows, L); block 32..256 threads over D.
@@ -6724,15 +6759,29 @@ inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, i
   return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, ple, rows, L, D, layer, out);
 }
 
+// V = 4: each thread caps 4 consecutive floats (one 16-byte load and store; n and x aligned for it), else one.
+template <int V>
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
   pdl_enter();
-  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+  const size_t i = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
+  if (i >= n) return;
+  if constexpr (V == 4) {
+    float4 v = *reinterpret_cast<const float4*>(x + i);
+    v.x = tanhf(v.x / cap) * cap;
+    v.y = tanhf(v.y / cap) * cap;
+    v.z = tanhf(v.z / cap) * cap;
+    v.w = tanhf(v.w / cap) * cap;
+    *reinterpret_cast<float4*>(x + i) = v;
+  } else {
+    x[i] = tanhf(x[i] / cap) * cap;
+  }
 }
 
 inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& launch) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  return launch_kernel(softcap_kernel, ceil_div(n, 256), 256, launch, x, n, cap);
+  if (n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0)
+    return launch_kernel(softcap_kernel<4>, ceil_div(n / 4, 256), 256, launch, x, n, cap);
+  return launch_kernel(softcap_kernel<1>, ceil_div(n, 256), 256, launch, x, n, cap);
 }
 
 // One block (256 threads) per row.
@@ -9997,6 +10046,10 @@ inline kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
 
 struct DevLayer {
   DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
+  // Matrices stored in one allocation, each one's rows right after the previous one's (same `in`, same layout): views
+  // gate_up = [gate; up] and qkv = [q; k; v] ([q; k] with k_eq_v). A pass of more than 32 rows multiplies each as one
+  // matrix (cuda/layers.hpp); the GEMVs and the fused int4 gate/up GEMM take the parts. out == 0: stored apart.
+  DevLinear gate_up, qkv;
   float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32
   float *q_norm = nullptr, *k_norm = nullptr;                                             // [d] fp32
   float* post_ple = nullptr;                                                              // [H] fp32
@@ -10047,10 +10100,14 @@ class DeviceWeights {
     for (int l = 0; l < L; ++l) {
       const LayerW& lw = w.layers[l];
       DevLayer& d = layers[l];
-      for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
-                      std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
-                      std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
-                      std::make_pair(&lw.ple_proj, &d.ple_proj)})
+      const LinearW* gu[] = {&lw.gate, &lw.up};
+      const LinearW* qkv[] = {&lw.q, &lw.k, &lw.v};
+      DevLinear* dgu[] = {&d.gate, &d.up};
+      DevLinear* dqkv[] = {&d.q, &d.k, &d.v};
+      GEMMA4_T4_TRY(linear_group(gu, dgu, 2, &d.gate_up));
+      GEMMA4_T4_TRY(linear_group(qkv, dqkv, 3, &d.qkv));
+      for (auto pr : {std::make_pair(&lw.o, &d.o), std::make_pair(&lw.down, &d.down),
+                      std::make_pair(&lw.ple_gate, &d.ple_gate), std::make_pair(&lw.ple_proj, &d.ple_proj)})
         GEMMA4_T4_TRY(linear(*pr.first, pr.second));
       GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
       GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
@@ -10085,6 +10142,7 @@ class DeviceWeights {
   DevLinear ple_model_proj;     // [L * D, H]
   std::vector<DevLayer> layers;
   int max_in = 0, max_out = 0;  // over every linear
+  int max_joint = 0;            // the widest DevLayer::gate_up / qkv (its outputs: one pass's rows at once)
   size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
                                 // of passes of more than 32 rows)
   bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore or Auto)
@@ -10149,26 +10207,94 @@ class DeviceWeights {
     d->out = w.out;
     d->in = w.in;
     if (!w.out) return Status::ok();
-    const std::string what = "weights: '" + w.name + "'";
+    GEMMA4_T4_TRY(alloc_linear(w, w.out, "weights: '" + w.name + "'", d));
+    return fill_linear(w, d);
+  }
+
+  // The present linears of ws (out > 0), when there are at least two of one `in` and one layout (w4a16: one group
+  // size, every out a multiple of 32, the GEMM layout's row block), in one allocation, each one's rows after the
+  // previous one's: *joint the whole, ds[i] the parts. Else each in its own, and joint->out = 0.
+  Status linear_group(const LinearW* const* ws, DevLinear* const* ds, int count, DevLinear* joint) {
+    *joint = DevLinear();
+    const LinearW* first = nullptr;
+    int present = 0, out = 0;
+    bool ok = true;
+    for (int i = 0; i < count; ++i) {
+      const LinearW& w = *ws[i];
+      if (!w.out) continue;
+      if (!first) first = &w;
+      ok = ok && w.in == first->in && w.quantized() == first->quantized() &&
+           (!w.quantized() || (w.group == first->group && w.out % 32 == 0));
+      ++present;
+      out += w.out;
+    }
+    if (!ok || present < 2) {
+      for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(linear(*ws[i], ds[i]));
+      return Status::ok();
+    }
+    std::string what = "weights: '" + first->name + "'";
+    for (int i = 0; i < count; ++i)
+      if (ws[i]->out && ws[i] != first) what += " + '" + ws[i]->name + "'";
+    GEMMA4_T4_TRY(alloc_linear(*first, out, what, joint));
+    max_joint = std::max(max_joint, out);
+    for (int i = 0, r0 = 0; i < count; ++i) {
+      if (!ws[i]->out) {
+        GEMMA4_T4_TRY(linear(*ws[i], ds[i]));  // absent: out 0
+        continue;
+      }
+      *ds[i] = rows_of(*joint, r0, ws[i]->out);
+      GEMMA4_T4_TRY(fill_linear(*ws[i], ds[i]));
+      r0 += ws[i]->out;
+    }
+    if (joint->wq && (!joint->wp || opt_->w4_matmul == W4Matmul::Auto))  // a large pass dequantises the whole
+      max_deq = std::max(max_deq, size_t(out) * joint->in);
+    return Status::ok();
+  }
+
+  // The buffers of `out` rows of a linear with w's `in` and layout (w4a16: and the GEMM layout where W4Matmul asks
+  // for it and out % 32 == 0).
+  Status alloc_linear(const LinearW& w, int out, const std::string& what, DevLinear* d) {
+    d->out = out;
+    d->in = w.in;
+    if (!w.quantized()) return mem_.alloc(size_t(out) * w.in, what, &d->w16);
+    GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 8), what, &d->wq));
+    GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 32), what, &d->s16));
+    if (opt_->w4_matmul != W4Matmul::Dequant && out % 32 == 0) {
+      GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+    }
+    return Status::ok();
+  }
+
+  // Rows [r0, r0 + out) of d's buffers (r0 and out multiples of 32 where d has the GEMM layout: its row blocks).
+  static DevLinear rows_of(const DevLinear& d, int r0, int out) {
+    DevLinear v;
+    v.out = out;
+    v.in = d.in;
+    const size_t r = size_t(r0);
+    if (d.w16) v.w16 = d.w16 + r * d.in;
+    if (d.wq) v.wq = d.wq + r * (d.in / 8);
+    if (d.s16) v.s16 = d.s16 + r * (d.in / 32);
+    if (d.wp) v.wp = d.wp + r * (d.in / 8);   // [out / 32][in / 32][32][4] u32: in / 8 words per row
+    if (d.sp) v.sp = d.sp + r * (d.in / 32);  // [out / 32][in / 32][8][4] fp16: in / 32 per row
+    return v;
+  }
+
+  // w's weights into d's buffers (alloc_linear's, or a part of a group's).
+  Status fill_linear(const LinearW& w, DevLinear* d) {
     if (w.quantized()) {
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what, &d->wq));
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what, &d->s16));
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      const bool gemm = opt_->w4_matmul != W4Matmul::Dequant && w.out % 32 == 0;
-      if (gemm) {
-        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
-        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+      if (d->wp) {
         GEMMA4_T4_CUDA_TRY(kernels::launch_repack_w4_gemm(d->wq, d->s16, w.out, w.in, d->wp, d->sp, stream_),
                            "repack of '" + w.name + "' into the GEMM layout");
         GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
         gemm_layout = true;
       }
-      if (!gemm || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
+      if (!d->wp || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
         max_deq = std::max(max_deq, size_t(w.out) * w.in);
     } else {
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
       release_pages(*w.dense);
     }
@@ -10270,9 +10396,11 @@ struct Workspace {
   float* h = nullptr;       // [R, H] fp32 residual stream
   half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
   half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
-  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
-                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp)
-  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes)
+  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; per_layer_input_gate (large passes);
+                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp);
+                            // with proj_b: the joint matmuls' [R, max_joint] (DevLayer::qkv, gate_up; large passes)
+  float* proj_b = nullptr;  // [R, wide] fp32: k_proj (decode); up_proj (large passes of separate gate / up); in
+                            // proj_a's allocation, after it
   float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
   float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
   float* tok = nullptr;     // [R, L, D] fp32 the tokens' rows of the per-layer table (widened)
@@ -10280,7 +10408,7 @@ struct Workspace {
   float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
-  half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
+  half* deq16 = nullptr;              // [largest w4a16 matrix or joint matmul] fp16: what large passes dequantise
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
   float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
@@ -10313,8 +10441,10 @@ struct Workspace {
     GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections A", &proj_a));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections B", &proj_b));
+    // proj_a and proj_b: one allocation, proj_b 256-byte aligned; together they hold a joint matmul's [R, max_joint]
+    const size_t ab = (size_t(R) * std::max(wide, (w.max_joint + 1) / 2) + 63) / 64 * 64;
+    GEMMA4_T4_TRY(m.alloc(2 * ab, "workspace: projections A and B", &proj_a));
+    proj_b = proj_a + ab;
     GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: projections C", &proj_c));
     if (D > 0) {
       GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple));
@@ -10719,7 +10849,13 @@ class LayerEncoder {
   Status qkv(int l) {
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
+    const int qw = c_.num_heads * lc.head_dim, kvw = lc.num_kv_heads * lc.head_dim;
+    qkv_ = Qkv{ws_.proj_a, ws_.proj_b, lc.k_eq_v ? ws_.proj_b : ws_.proj_c, qw, kvw};
     if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    if (p_.rows > kernels::kGemvMaxRows && d.qkv.out) {  // one matmul: [n, q | k | v] in proj_a and proj_b's memory
+      qkv_ = Qkv{ws_.proj_a, ws_.proj_a + qw, ws_.proj_a + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out};
+      return mm(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj");
+    }
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
@@ -10731,8 +10867,8 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     const int hd = lc.head_dim, kvh = lc.num_kv_heads;
     kernels::HeadNormTarget hn[3];
-    hn[0].in = ws_.proj_a;
-    hn[0].ld_in = c_.num_heads * hd;
+    hn[0].in = qkv_.q;
+    hn[0].ld_in = qkv_.ld_q;
     hn[0].heads = c_.num_heads;
     hn[0].w = d.q_norm;
     hn[0].inv_freq = d.inv_freq;
@@ -10743,15 +10879,15 @@ class LayerEncoder {
       kt.seq = ws_.dev.seq;
       kt.layer = l;
       kt.layers = c_.num_layers;
-      hn[1].in = ws_.proj_b;
-      hn[1].ld_in = kvh * hd;
+      hn[1].in = qkv_.k;
+      hn[1].ld_in = qkv_.ld_kv;
       hn[1].heads = kvh;
       hn[1].w = d.k_norm;
       hn[1].inv_freq = d.inv_freq;
       hn[1].kv = kt;
       hn[1].kv.base = ws_.dev.k;
-      hn[2].in = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
-      hn[2].ld_in = kvh * hd;
+      hn[2].in = qkv_.v;
+      hn[2].ld_in = qkv_.ld_kv;
       hn[2].heads = kvh;  // no weight, no RoPE
       hn[2].kv = kt;
       hn[2].kv.base = ws_.dev.v;
@@ -10797,7 +10933,8 @@ class LayerEncoder {
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
   // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
-  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS, then the element-wise kernel into x16.
+  // (kernels::launch_gemm_w4_glu); other passes: one matmul over gate and up where they are stored as one
+  // (DevLayer::gate_up), then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -10820,6 +10957,13 @@ class LayerEncoder {
         a.out = act, a.ld16 = I;
         GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4_glu(a, ln_), "gate/up_proj + GELU");
         act_ = act;
+        return Status::ok();
+      }
+      if (d.gate_up.out) {  // one matmul: [n, 2 I], gate's outputs then up's in every row (proj_a and proj_b's memory)
+        GEMMA4_T4_TRY(mm(d.gate_up, ws_.x16, ws_.proj_a, "gate/up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
+                           "gelu");
+        act_ = ws_.x16;
         return Status::ok();
       }
       GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
@@ -10860,6 +11004,12 @@ class LayerEncoder {
   }
 
  private:
+  // Where qkv() left q, k and v ([rows, ld] fp32 each; v is k's with k_eq_v) for heads().
+  struct Qkv {
+    const float *q = nullptr, *k = nullptr, *v = nullptr;
+    int ld_q = 0, ld_kv = 0;
+  };
+
   struct Pending {
     const float* y = nullptr;  // [rows, H] fp32 projection output
     const float* w = nullptr;  // [H] its norm's weight
@@ -10966,6 +11116,7 @@ class LayerEncoder {
   const LayerPass& p_;
   const kernels::Launch ln_;
   Pending pending_;
+  Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
 };
 

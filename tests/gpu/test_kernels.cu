@@ -1701,6 +1701,93 @@ TEST_CASE("gelu_mul: half(gelu_tanh(g) * u)", "[gpu]") {
   }
 }
 
+TEST_CASE("gelu_mul_rows: a joint gate/up GEMM's [rows, 2 I] output", "[gpu]") {
+  std::mt19937 rng(509);
+  Stream st;
+  for (int rows : {1, 33, 300})
+    for (int I : {1, 255, 6144}) {
+      const size_t ld = 2 * size_t(I) + (I % 2);  // the joint layout (+1 column where I is odd: ld > 2 I taken too)
+      const std::vector<float> y = rand_f32(rng, size_t(rows) * ld, -6.f, 6.f);
+      Dev<float> dy(y.size());
+      Dev<half> dout(size_t(rows) * I + 64);  // 64 halves past the rows: must stay poisoned
+      dy.upload(y);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_gelu_mul_rows(dy.get(), dy.get() + I, ld, rows, I, dout.get(), st.s));
+      st.sync();
+      const std::vector<uint16_t> got = dout.download<uint16_t>();
+      std::vector<double> ref(size_t(rows) * I);
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < I; ++i) {
+          const float g = y[r * ld + i], u = y[r * ld + I + i];
+          ref[size_t(r) * I + i] = double(gemma4_t4::detail::gelu_tanh_ref(g)) * u;
+        }
+      const std::vector<uint16_t> head(got.begin(), got.begin() + ref.size());
+      check_rel_l2(widen(head), ref, kTolF16, cat("gelu_mul_rows rows ", rows, " I ", I));
+      for (size_t i = ref.size(); i < got.size(); ++i) REQUIRE(got[i] == 0xFFFFu);  // past the rows: still poisoned
+      // bit for bit the products of the one-element-per-thread kernel over the two halves copied apart, one float
+      // past 16-byte alignment (the 4-wide kernel takes aligned rows only)
+      std::vector<float> g(ref.size() + 1, 0.f), u(ref.size() + 1, 0.f);
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < I; ++i) {
+          g[1 + size_t(r) * I + i] = y[r * ld + i];
+          u[1 + size_t(r) * I + i] = y[r * ld + I + i];
+        }
+      Dev<float> dg(g.size()), du(u.size());
+      Dev<half> dpacked(ref.size());
+      dg.upload(g);
+      du.upload(u);
+      REQUIRE_CUDA(kn::launch_gelu_mul(dg.get() + 1, du.get() + 1, ref.size(), dpacked.get(), st.s));
+      st.sync();
+      REQUIRE(dpacked.download<uint16_t>() == head);
+    }
+  const float* none = nullptr;
+  REQUIRE(kn::launch_gelu_mul_rows(none, none, 7, 2, 8, nullptr, st.s) == cudaErrorInvalidValue);  // ld < cols
+  REQUIRE_CUDA(kn::launch_gelu_mul_rows(none, none, 8, 0, 8, nullptr, st.s));                      // no rows
+}
+
+TEST_CASE("gelu_mul_rows fp16: a joint gate/up GEMM's fp16 output, values past fp16 clamped", "[gpu]") {
+  std::mt19937 rng(510);
+  Stream st;
+  const uint16_t kInf = 0x7C00u, kNegInf = 0xFC00u;
+  for (int rows : {1, 33, 300})
+    for (int I : {1, 255, 6144}) {
+      const size_t ld = 2 * size_t(I) + (I % 2);
+      std::vector<uint16_t> y = rand_f16(rng, size_t(rows) * ld, -6.f, 6.f);
+      // a few infinities where a GEMM's fp16 output would overflow (gate and up, both signs)
+      for (int k = 0; k < 4 && rows * I > 8; ++k) {
+        const size_t r = size_t(k) % size_t(rows), i = size_t(k * 7) % size_t(I);
+        y[r * ld + (k < 2 ? 0 : size_t(I)) + i] = (k & 1) ? kNegInf : kInf;
+      }
+      Dev<half> dy(y.size());
+      Dev<half> dout(size_t(rows) * I + 64);
+      dy.upload(y);
+      dout.poison();
+      REQUIRE_CUDA(kn::launch_gelu_mul_rows(dy.get(), dy.get() + I, ld, rows, I, dout.get(), st.s));
+      st.sync();
+      const std::vector<uint16_t> got = dout.download<uint16_t>();
+      std::vector<double> ref(size_t(rows) * I);
+      auto in = [](uint16_t h) { return std::min(std::max(f16_to_f32(h), -65504.f), 65504.f); };
+      for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < I; ++i) {
+          const double v = double(gemma4_t4::detail::gelu_tanh_ref(in(y[r * ld + i]))) * in(y[r * ld + I + i]);
+          ref[size_t(r) * I + i] = std::min(std::max(v, -65504.0), 65504.0);  // the act saturates to fp16
+        }
+      const std::vector<uint16_t> head(got.begin(), got.begin() + ref.size());
+      for (uint16_t h : head) REQUIRE(std::isfinite(f16_to_f32(h)));
+      check_rel_l2(widen(head), ref, kTolF16, cat("gelu_mul_rows fp16 rows ", rows, " I ", I));
+      for (size_t i = ref.size(); i < got.size(); ++i) REQUIRE(got[i] == 0xFFFFu);
+      // the fp32 kernel on the same (clamped) values computes the same products bit for bit
+      std::vector<float> y32(y.size());
+      for (size_t i = 0; i < y.size(); ++i) y32[i] = in(y[i]);
+      Dev<float> dy32(y32.size());
+      Dev<half> d32(ref.size());
+      dy32.upload(y32);
+      REQUIRE_CUDA(kn::launch_gelu_mul_rows(dy32.get(), dy32.get() + I, ld, rows, I, d32.get(), st.s));
+      st.sync();
+      REQUIRE(d32.download<uint16_t>() == head);
+    }
+}
+
 TEST_CASE("ple_combine: (rmsnorm(proj * pscale) * w + tok * tscale) * mix", "[gpu]") {
   std::mt19937 rng(504);
   Stream st;
@@ -1761,18 +1848,28 @@ TEST_CASE("ple_gate: half(gelu_tanh(g) * ple[:, layer])", "[gpu]") {
 TEST_CASE("softcap: x = tanh(x / cap) * cap in place; cap <= 0 leaves x alone", "[gpu]") {
   std::mt19937 rng(506);
   Stream st;
-  for (size_t n : {size_t(1), size_t(257), size_t(10007)})
+  for (size_t n : {size_t(1), size_t(257), size_t(10007), size_t(4096), size_t(2) * 262144})
     for (float cap : {30.f, 0.f, -1.f}) {
       const std::vector<float> x = rand_f32(rng, n, -200.f, 200.f);  // [n] fp32
       Dev<float> dx(n);
       dx.upload(x);
-      REQUIRE_CUDA(kn::launch_softcap(dx.get(), n, cap, st.s));
+      REQUIRE_CUDA(kn::launch_softcap(dx.get(), n, cap, st.s));  // n % 4 == 0: 4 per thread
       st.sync();
       const std::vector<float> got = dx.download<float>();
       if (cap > 0.f) {
         std::vector<double> ref(n);
         for (size_t i = 0; i < n; ++i) ref[i] = std::tanh(double(x[i]) / cap) * cap;
         check_max_rel(got, ref, kTolF32, cat("softcap n ", n, " cap ", cap));
+        // bit for bit the one-per-thread kernel's values: the same row one float past 16-byte alignment
+        std::vector<float> x1(n + 1, 0.f);
+        std::copy(x.begin(), x.end(), x1.begin() + 1);
+        Dev<float> dx1(n + 1);
+        dx1.upload(x1);
+        REQUIRE_CUDA(kn::launch_softcap(dx1.get() + 1, n, cap, st.s));
+        st.sync();
+        const std::vector<float> got1 = dx1.download<float>();
+        INFO("softcap n " << n << ": 4-wide and 1-wide kernels");
+        REQUIRE(std::memcmp(got1.data() + 1, got.data(), n * sizeof(float)) == 0);
       } else {
         INFO("softcap n " << n << " cap " << cap << " must be a no-op");
         REQUIRE(std::memcmp(got.data(), x.data(), n * sizeof(float)) == 0);
@@ -2318,10 +2415,14 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back({"embed_kernel", reinterpret_cast<const void*>(&kn::embed_kernel), 256});
   ks.push_back({"to_half_kernel", reinterpret_cast<const void*>(&kn::to_half_kernel), 256});
   ks.push_back({"widen_kernel", reinterpret_cast<const void*>(&kn::widen_kernel), 256});
-  ks.push_back({"gelu_mul_kernel", reinterpret_cast<const void*>(&kn::gelu_mul_kernel), 256});
+  ks.push_back({"gelu_mul_kernel<1, float>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<1, float>), 256});
+  ks.push_back({"gelu_mul_kernel<4, float>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<4, float>), 256});
+  ks.push_back({"gelu_mul_kernel<1, half>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<1, half>), 256});
+  ks.push_back({"gelu_mul_kernel<4, half>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<4, half>), 256});
   ks.push_back({"ple_combine_kernel", reinterpret_cast<const void*>(&kn::ple_combine_kernel), 256});
   ks.push_back({"ple_gate_kernel", reinterpret_cast<const void*>(&kn::ple_gate_kernel), 256});
-  ks.push_back({"softcap_kernel", reinterpret_cast<const void*>(&kn::softcap_kernel), 256});
+  ks.push_back({"softcap_kernel<1>", reinterpret_cast<const void*>(&kn::softcap_kernel<1>), 256});
+  ks.push_back({"softcap_kernel<4>", reinterpret_cast<const void*>(&kn::softcap_kernel<4>), 256});
   ks.push_back({"argmax_rows_kernel", reinterpret_cast<const void*>(&kn::argmax_rows_kernel), 256});
   ks.push_back({"sample_kernel", reinterpret_cast<const void*>(&kn::sample_kernel), kn::kSampleThreads});
 

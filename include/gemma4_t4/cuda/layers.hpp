@@ -8,14 +8,16 @@
 //   x16 = rmsnorm(h)                                  [rows, H] fp16 -- a launch of its own only in layer 0;
 //                                                     later layers get it from the previous layer's last
 //                                                     residual_norm (NextNorm::Norm, bit-identical)
-//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c)
+//   q/k/v = x16 W^T                                   decode: ONE multi-matrix GEMV (fp32 proj_a/b/c); larger
+//                                                     passes: ONE matmul over [Wq; Wk; Wv] (one allocation)
 //   q -> norm + RoPE -> q16; k, v -> norm (+ RoPE) -> the session caches at their positions: ONE launch
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
-//                                                     passes of 33..256 rows: ONE int4 GEMM with it
+//                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
+//                                                     passes: ONE matmul over [Wg; Wu], then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
 //   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
@@ -26,6 +28,8 @@
 #pragma once
 
 #include <cublas_v2.h>
+
+#include <type_traits>
 
 #include "../../../kernels/attention.cuh"
 #include "../../../kernels/elementwise.cuh"
@@ -129,7 +133,13 @@ class LayerEncoder {
   Status qkv(int l) {
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
+    const int qw = c_.num_heads * lc.head_dim, kvw = lc.num_kv_heads * lc.head_dim;
+    qkv_ = Qkv{ws_.proj_a, ws_.proj_b, lc.k_eq_v ? ws_.proj_b : ws_.proj_c, qw, kvw};
     if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    if (p_.rows > kernels::kGemvMaxRows && d.qkv.out) {  // one matmul: [n, q | k | v] in proj_a and proj_b's memory
+      qkv_ = Qkv{ws_.proj_a, ws_.proj_a + qw, ws_.proj_a + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out};
+      return mm(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj");
+    }
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
@@ -141,8 +151,8 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     const int hd = lc.head_dim, kvh = lc.num_kv_heads;
     kernels::HeadNormTarget hn[3];
-    hn[0].in = ws_.proj_a;
-    hn[0].ld_in = c_.num_heads * hd;
+    hn[0].in = qkv_.q;
+    hn[0].ld_in = qkv_.ld_q;
     hn[0].heads = c_.num_heads;
     hn[0].w = d.q_norm;
     hn[0].inv_freq = d.inv_freq;
@@ -153,15 +163,15 @@ class LayerEncoder {
       kt.seq = ws_.dev.seq;
       kt.layer = l;
       kt.layers = c_.num_layers;
-      hn[1].in = ws_.proj_b;
-      hn[1].ld_in = kvh * hd;
+      hn[1].in = qkv_.k;
+      hn[1].ld_in = qkv_.ld_kv;
       hn[1].heads = kvh;
       hn[1].w = d.k_norm;
       hn[1].inv_freq = d.inv_freq;
       hn[1].kv = kt;
       hn[1].kv.base = ws_.dev.k;
-      hn[2].in = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
-      hn[2].ld_in = kvh * hd;
+      hn[2].in = qkv_.v;
+      hn[2].ld_in = qkv_.ld_kv;
       hn[2].heads = kvh;  // no weight, no RoPE
       hn[2].kv = kt;
       hn[2].kv.base = ws_.dev.v;
@@ -207,7 +217,8 @@ class LayerEncoder {
 
   // Mlp: act = gelu(gate x) * up x; Ple: act = gelu(ple_gate x) * ple[l]. Decode: one GEMV with the epilogue,
   // into act16; w4a16 passes of the GEMM's 33..256 rows (Mlp): one int4 GEMM launch with the GELU epilogue
-  // (kernels::launch_gemm_w4_glu); larger passes: cuBLAS, then the element-wise kernel into x16.
+  // (kernels::launch_gemm_w4_glu); other passes: one matmul over gate and up where they are stored as one
+  // (DevLayer::gate_up), then the element-wise kernel into x16.
   Status gate(int l, Branch b) {
     const DevLayer& d = w_.layers[l];
     const bool decode = p_.rows <= kernels::kGemvMaxRows;
@@ -230,6 +241,23 @@ class LayerEncoder {
         a.out = act, a.ld16 = I;
         GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4_glu(a, ln_), "gate/up_proj + GELU");
         act_ = act;
+        return Status::ok();
+      }
+      if (d.gate_up.out && n > kernels::kGemvMaxRows && !(d.gate_up.wp && n <= p_.gemm_rows)) {
+        // one cuBLAS GEMM over gate and up ([n, 2 I], gate's outputs then up's in every row) with fp16 outputs: half
+        // the bytes of fp32 to write, and to read again for the GELU product (prefill's gelu_mul was 10% of a
+        // 4096-token TTFT, bench/RESULTS.md 2026-12-03 (d)); values past fp16 are clamped there
+        half* gu = reinterpret_cast<half*>(ws_.proj_a);
+        GEMMA4_T4_TRY(mm_cublas(d.gate_up, ws_.x16, gu, "gate/up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(gu, gu + I, size_t(2) * I, n, I, ws_.x16, ln_), "gelu");
+        act_ = ws_.x16;
+        return Status::ok();
+      }
+      if (d.gate_up.out) {  // one matmul: [n, 2 I] fp32 (the int4 GEMM's rows, or the GEMV's)
+        GEMMA4_T4_TRY(mm(d.gate_up, ws_.x16, ws_.proj_a, "gate/up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
+                           "gelu");
+        act_ = ws_.x16;
         return Status::ok();
       }
       GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
@@ -270,6 +298,12 @@ class LayerEncoder {
   }
 
  private:
+  // Where qkv() left q, k and v ([rows, ld] fp32 each; v is k's with k_eq_v) for heads().
+  struct Qkv {
+    const float *q = nullptr, *k = nullptr, *v = nullptr;
+    int ld_q = 0, ld_kv = 0;
+  };
+
   struct Pending {
     const float* y = nullptr;  // [rows, H] fp32 projection output
     const float* w = nullptr;  // [H] its norm's weight
@@ -334,23 +368,32 @@ class LayerEncoder {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
       return Status::ok();
     }
+    return mm_cublas(w, x, y, what);
+  }
+
+  // y = x W^T through cuBLAS (w4a16 dequantised to fp16 first), y fp32 or fp16.
+  template <typename T>
+  Status mm_cublas(const DevLinear& w, const half* x, T* y, const char* what) const {
     const half* W = w.w16;
     if (!W) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, ws_.deq16, ln_), what);
       W = ws_.deq16;
     }
-    return gemm16(W, w.out, w.in, x, n, y, what);
+    return gemm16(W, w.out, w.in, x, p_.rows, y, what);
   }
 
-  // y [n, out] fp32 = x [n, in] W^T, W [out, in] fp16 (rows of x and y packed): one cuBLAS GEMM, fp32 compute.
-  Status gemm16(const half* W, int out, int in, const half* x, int n, float* y, const char* what) const {
+  // y [n, out] = x [n, in] W^T, W [out, in] fp16 (rows of x and y packed): one cuBLAS GEMM, fp32 compute; y fp32,
+  // or fp16 (rounded once from the fp32 sums; past the fp16 range: +-inf).
+  template <typename T>
+  Status gemm16(const half* W, int out, int in, const half* x, int n, T* y, const char* what) const {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 outputs");
     const float alpha = 1.f, beta = 0.f;
-    const cublasStatus_t st =
-        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16F, in, x, CUDA_R_16F, in, &beta,
-                     y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const cudaDataType yt = std::is_same<T, half>::value ? CUDA_R_16F : CUDA_R_32F;
+    const cublasStatus_t st = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16F, in, x,
+                                           CUDA_R_16F, in, &beta, y, yt, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS)
       return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
-    sanitizer_mark_initialized(y, size_t(n) * out * sizeof(float), ln_.stream);
+    sanitizer_mark_initialized(y, size_t(n) * out * sizeof(T), ln_.stream);
     return Status::ok();
   }
 
@@ -376,6 +419,7 @@ class LayerEncoder {
   const LayerPass& p_;
   const kernels::Launch ln_;
   Pending pending_;
+  Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
 };
 

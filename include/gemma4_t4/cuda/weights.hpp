@@ -47,6 +47,10 @@ inline kernels::GemvMat gemv_mat(const DevLinear& w, float* y) {
 
 struct DevLayer {
   DevLinear q, k, v, o, gate, up, down, ple_gate, ple_proj;  // as LayerW: absent ones have out == 0
+  // Matrices stored in one allocation, each one's rows right after the previous one's (same `in`, same layout): views
+  // gate_up = [gate; up] and qkv = [q; k; v] ([q; k] with k_eq_v). A pass of more than 32 rows multiplies each as one
+  // matrix (cuda/layers.hpp); the GEMVs and the fused int4 gate/up GEMM take the parts. out == 0: stored apart.
+  DevLinear gate_up, qkv;
   float *in_norm = nullptr, *post_attn = nullptr, *pre_ff = nullptr, *post_ff = nullptr;  // [H] fp32
   float *q_norm = nullptr, *k_norm = nullptr;                                             // [d] fp32
   float* post_ple = nullptr;                                                              // [H] fp32
@@ -97,10 +101,14 @@ class DeviceWeights {
     for (int l = 0; l < L; ++l) {
       const LayerW& lw = w.layers[l];
       DevLayer& d = layers[l];
-      for (auto pr : {std::make_pair(&lw.q, &d.q), std::make_pair(&lw.k, &d.k), std::make_pair(&lw.v, &d.v),
-                      std::make_pair(&lw.o, &d.o), std::make_pair(&lw.gate, &d.gate), std::make_pair(&lw.up, &d.up),
-                      std::make_pair(&lw.down, &d.down), std::make_pair(&lw.ple_gate, &d.ple_gate),
-                      std::make_pair(&lw.ple_proj, &d.ple_proj)})
+      const LinearW* gu[] = {&lw.gate, &lw.up};
+      const LinearW* qkv[] = {&lw.q, &lw.k, &lw.v};
+      DevLinear* dgu[] = {&d.gate, &d.up};
+      DevLinear* dqkv[] = {&d.q, &d.k, &d.v};
+      GEMMA4_T4_TRY(linear_group(gu, dgu, 2, &d.gate_up));
+      GEMMA4_T4_TRY(linear_group(qkv, dqkv, 3, &d.qkv));
+      for (auto pr : {std::make_pair(&lw.o, &d.o), std::make_pair(&lw.down, &d.down),
+                      std::make_pair(&lw.ple_gate, &d.ple_gate), std::make_pair(&lw.ple_proj, &d.ple_proj)})
         GEMMA4_T4_TRY(linear(*pr.first, pr.second));
       GEMMA4_T4_TRY(vec_f32(lw.input_layernorm, &d.in_norm));
       GEMMA4_T4_TRY(vec_f32(lw.post_attention_layernorm, &d.post_attn));
@@ -135,6 +143,7 @@ class DeviceWeights {
   DevLinear ple_model_proj;     // [L * D, H]
   std::vector<DevLayer> layers;
   int max_in = 0, max_out = 0;  // over every linear
+  int max_joint = 0;            // the widest DevLayer::gate_up / qkv (its outputs: one pass's rows at once)
   size_t max_deq = 0;           // largest w4a16 matrix without a GEMM-layout copy, in weights (the dequantised copy
                                 // of passes of more than 32 rows)
   bool gemm_layout = false;     // some linear has the GEMM-layout copy (W4Matmul::TensorCore or Auto)
@@ -199,26 +208,94 @@ class DeviceWeights {
     d->out = w.out;
     d->in = w.in;
     if (!w.out) return Status::ok();
-    const std::string what = "weights: '" + w.name + "'";
+    GEMMA4_T4_TRY(alloc_linear(w, w.out, "weights: '" + w.name + "'", d));
+    return fill_linear(w, d);
+  }
+
+  // The present linears of ws (out > 0), when there are at least two of one `in` and one layout (w4a16: one group
+  // size, every out a multiple of 32, the GEMM layout's row block), in one allocation, each one's rows after the
+  // previous one's: *joint the whole, ds[i] the parts. Else each in its own, and joint->out = 0.
+  Status linear_group(const LinearW* const* ws, DevLinear* const* ds, int count, DevLinear* joint) {
+    *joint = DevLinear();
+    const LinearW* first = nullptr;
+    int present = 0, out = 0;
+    bool ok = true;
+    for (int i = 0; i < count; ++i) {
+      const LinearW& w = *ws[i];
+      if (!w.out) continue;
+      if (!first) first = &w;
+      ok = ok && w.in == first->in && w.quantized() == first->quantized() &&
+           (!w.quantized() || (w.group == first->group && w.out % 32 == 0));
+      ++present;
+      out += w.out;
+    }
+    if (!ok || present < 2) {
+      for (int i = 0; i < count; ++i) GEMMA4_T4_TRY(linear(*ws[i], ds[i]));
+      return Status::ok();
+    }
+    std::string what = "weights: '" + first->name + "'";
+    for (int i = 0; i < count; ++i)
+      if (ws[i]->out && ws[i] != first) what += " + '" + ws[i]->name + "'";
+    GEMMA4_T4_TRY(alloc_linear(*first, out, what, joint));
+    max_joint = std::max(max_joint, out);
+    for (int i = 0, r0 = 0; i < count; ++i) {
+      if (!ws[i]->out) {
+        GEMMA4_T4_TRY(linear(*ws[i], ds[i]));  // absent: out 0
+        continue;
+      }
+      *ds[i] = rows_of(*joint, r0, ws[i]->out);
+      GEMMA4_T4_TRY(fill_linear(*ws[i], ds[i]));
+      r0 += ws[i]->out;
+    }
+    if (joint->wq && (!joint->wp || opt_->w4_matmul == W4Matmul::Auto))  // a large pass dequantises the whole
+      max_deq = std::max(max_deq, size_t(out) * joint->in);
+    return Status::ok();
+  }
+
+  // The buffers of `out` rows of a linear with w's `in` and layout (w4a16: and the GEMM layout where W4Matmul asks
+  // for it and out % 32 == 0).
+  Status alloc_linear(const LinearW& w, int out, const std::string& what, DevLinear* d) {
+    d->out = out;
+    d->in = w.in;
+    if (!w.quantized()) return mem_.alloc(size_t(out) * w.in, what, &d->w16);
+    GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 8), what, &d->wq));
+    GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 32), what, &d->s16));
+    if (opt_->w4_matmul != W4Matmul::Dequant && out % 32 == 0) {
+      GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
+      GEMMA4_T4_TRY(mem_.alloc(size_t(out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+    }
+    return Status::ok();
+  }
+
+  // Rows [r0, r0 + out) of d's buffers (r0 and out multiples of 32 where d has the GEMM layout: its row blocks).
+  static DevLinear rows_of(const DevLinear& d, int r0, int out) {
+    DevLinear v;
+    v.out = out;
+    v.in = d.in;
+    const size_t r = size_t(r0);
+    if (d.w16) v.w16 = d.w16 + r * d.in;
+    if (d.wq) v.wq = d.wq + r * (d.in / 8);
+    if (d.s16) v.s16 = d.s16 + r * (d.in / 32);
+    if (d.wp) v.wp = d.wp + r * (d.in / 8);   // [out / 32][in / 32][32][4] u32: in / 8 words per row
+    if (d.sp) v.sp = d.sp + r * (d.in / 32);  // [out / 32][in / 32][8][4] fp16: in / 32 per row
+    return v;
+  }
+
+  // w's weights into d's buffers (alloc_linear's, or a part of a group's).
+  Status fill_linear(const LinearW& w, DevLinear* d) {
     if (w.quantized()) {
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what, &d->wq));
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what, &d->s16));
       GEMMA4_T4_TRY(upload_raw(*w.packed, d->wq));
       GEMMA4_T4_TRY(upload_f16(*w.scale, 0, size_t(w.scale->numel()), d->s16));
       release_pages(*w.packed);
-      const bool gemm = opt_->w4_matmul != W4Matmul::Dequant && w.out % 32 == 0;
-      if (gemm) {
-        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 8), what + " (GEMM layout)", &d->wp));
-        GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * (w.in / 32), what + " (GEMM layout scales)", &d->sp));
+      if (d->wp) {
         GEMMA4_T4_CUDA_TRY(kernels::launch_repack_w4_gemm(d->wq, d->s16, w.out, w.in, d->wp, d->sp, stream_),
                            "repack of '" + w.name + "' into the GEMM layout");
         GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
         gemm_layout = true;
       }
-      if (!gemm || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
+      if (!d->wp || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
         max_deq = std::max(max_deq, size_t(w.out) * w.in);
     } else {
-      GEMMA4_T4_TRY(mem_.alloc(size_t(w.out) * w.in, what, &d->w16));
       GEMMA4_T4_TRY(upload_f16(*w.dense, 0, size_t(w.out) * w.in, d->w16));
       release_pages(*w.dense);
     }

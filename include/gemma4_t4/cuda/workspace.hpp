@@ -75,9 +75,11 @@ struct Workspace {
   float* h = nullptr;       // [R, H] fp32 residual stream
   half* x16 = nullptr;      // [R, wide] fp16 matmul input: a norm's output, attention output, GELU products
   half* q16 = nullptr;      // [R, heads * d] fp16 normalised, roped queries
-  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; gate_proj and per_layer_input_gate (large passes);
-                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp)
-  float* proj_b = nullptr;  // [R, wide] fp32: k_proj; up_proj (large passes)
+  float* proj_a = nullptr;  // [R, wide] fp32: q_proj; o_proj; per_layer_input_gate (large passes);
+                            // per_layer_model_projection; as fp16 [R, I], the fused gate/up GEMM's act (layers.hpp);
+                            // with proj_b: the joint matmuls' [R, max_joint] (DevLayer::qkv, gate_up; large passes)
+  float* proj_b = nullptr;  // [R, wide] fp32: k_proj (decode); up_proj (large passes of separate gate / up); in
+                            // proj_a's allocation, after it
   float* proj_c = nullptr;  // [R, max(kv width, H)] fp32: v_proj; down_proj; per_layer_projection
   float* ple = nullptr;     // [R, L, D] fp32 per-layer inputs
   float* tok = nullptr;     // [R, L, D] fp32 the tokens' rows of the per-layer table (widened)
@@ -85,7 +87,7 @@ struct Workspace {
   float* part_o = nullptr;            // [kSplitBudget, heads, max d] fp32
   float* part_ml = nullptr;           // [kSplitBudget, heads, 2] fp32 (max, sum)
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
-  half* deq16 = nullptr;              // [max w4a16 matrix] fp16: the matrix a large pass dequantises for cuBLAS
+  half* deq16 = nullptr;              // [largest w4a16 matrix or joint matmul] fp16: what large passes dequantise
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
   float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
@@ -118,8 +120,10 @@ struct Workspace {
     GEMMA4_T4_TRY(m.alloc(size_t(R) * H, "workspace: residual", &h));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: x16", &x16));
     GEMMA4_T4_TRY(m.alloc(size_t(R) * qw, "workspace: q16", &q16));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections A", &proj_a));
-    GEMMA4_T4_TRY(m.alloc(size_t(R) * wide, "workspace: projections B", &proj_b));
+    // proj_a and proj_b: one allocation, proj_b 256-byte aligned; together they hold a joint matmul's [R, max_joint]
+    const size_t ab = (size_t(R) * std::max(wide, (w.max_joint + 1) / 2) + 63) / 64 * 64;
+    GEMMA4_T4_TRY(m.alloc(2 * ab, "workspace: projections A and B", &proj_a));
+    proj_b = proj_a + ab;
     GEMMA4_T4_TRY(m.alloc(size_t(R) * std::max(kvw, H), "workspace: projections C", &proj_c));
     if (D > 0) {
       GEMMA4_T4_TRY(m.alloc(size_t(R) * L * D, "workspace: per-layer inputs", &ple));
