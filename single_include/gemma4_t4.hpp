@@ -5608,6 +5608,8 @@ class CpuBackend : public BackendModel {
 
 #include <cublas_v2.h>
 
+#include <type_traits>
+
 // ---- begin kernels/attention.cuh ----
 // gemma4_t4 kernels: decode attention over a session's KV cache (any rows, prompt chunks included), split over
 // the keys (flash-decoding) with the splits merged in the same launch.
@@ -6614,8 +6616,10 @@ inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launc
 //   to_half:      out[i] = half(x[i]) (saturating)
 //   widen:        out[i] = float(x[i]), x the raw bits of bf16 / fp16 / fp32 values (rows gathered on the host
 //                 from a checkpoint tensor, converted here: exact)
-//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: rows of I fp32, any
-//                 row stride (a joint gate/up GEMM's [rows, 2 I] output: g = y, u = y + I); a: [rows, I] fp16
+//   gelu_mul:     a[r, i] = half(gelu_tanh(g[r, i]) * u[r, i])                  g, u: rows of I fp32 or fp16,
+//                 any row stride (a joint gate/up GEMM's [rows, 2 I] output: g = y, u = y + I); a: [rows, I]
+//                 fp16. fp16 inputs past the fp16 range (+-inf: a GEMM rounds, it does not saturate) are taken
+//                 as +-65504, so the product stays finite; NaN stays NaN
 //   ple_combine:  ple[r, l, :] = (rmsnorm(proj[r, l, :] * pscale) * w + tok[r, l, :] * tscale) * mix
 //                 proj, tok, ple: [rows, L, D] fp32 (tok: the rows of embed_tokens_per_layer)
 //   ple_gate:     a[r, k] = half(gelu_tanh(g[r, k]) * ple[r, layer, k])          g: [rows, D] fp32
@@ -6626,6 +6630,8 @@ inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launc
 // sm_75 safe; static shared memory only in the reductions (<= 2 KiB).
 
 #include <climits>
+#include <cstring>
+#include <type_traits>
 
 // (kernels/common.cuh: already inlined above)
 
@@ -6680,36 +6686,55 @@ inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* o
 // Grid (column blocks, rows): row blockIdx.y. V = 4: each thread takes 4 consecutive columns (16-byte loads of g
 // and u, one 8-byte store; cols, ld and the pointers aligned for it), else one. The same expression per element
 // either way.
-template <int V>
-static __global__ void gelu_mul_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t ld, int cols,
+// A GEMM output as the GELU product's input: fp32 as it is; fp16 clamped to its finite range (NaN kept).
+__device__ __forceinline__ float gelu_in(float v) { return v; }
+__device__ __forceinline__ float gelu_in(half h) {
+  const float v = __half2float(h);
+  return v != v ? v : fminf(fmaxf(v, -kHalfMax), kHalfMax);
+}
+__device__ __forceinline__ float4 gelu_in4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ float4 gelu_in4(const half* p) {
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  half h[4];
+  memcpy(h, &w, 8);
+  return make_float4(gelu_in(h[0]), gelu_in(h[1]), gelu_in(h[2]), gelu_in(h[3]));
+}
+
+// Grid (ceil(cols / (256 V)), rows); V = 4: 16-byte (fp32) or 8-byte (fp16) loads of g and u, one 8-byte store.
+template <int V, typename T>
+static __global__ void gelu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
   pdl_enter();
   const size_t c = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= size_t(cols)) return;
   const size_t in = size_t(blockIdx.y) * ld + c, o = size_t(blockIdx.y) * cols + c;
   if constexpr (V == 4) {
-    const float4 gv = *reinterpret_cast<const float4*>(g + in), uv = *reinterpret_cast<const float4*>(u + in);
+    const float4 gv = gelu_in4(g + in), uv = gelu_in4(u + in);
     const half2 lo = __halves2half2(to_half_sat(gelu_tanh(gv.x) * uv.x), to_half_sat(gelu_tanh(gv.y) * uv.y));
     const half2 hi = __halves2half2(to_half_sat(gelu_tanh(gv.z) * uv.z), to_half_sat(gelu_tanh(gv.w) * uv.w));
     *reinterpret_cast<uint2*>(out + o) =
         make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
   } else {
-    out[o] = to_half_sat(gelu_tanh(g[in]) * u[in]);
+    out[o] = to_half_sat(gelu_tanh(gelu_in(g[in])) * gelu_in(u[in]));
   }
 }
 
-// rows rows of cols products; g and u rows ld floats apart (ld >= cols), out packed [rows, cols].
-inline cudaError_t launch_gelu_mul_rows(const float* g, const float* u, size_t ld, int rows, int cols, half* out,
+// rows rows of cols products; g and u rows ld elements apart (ld >= cols), out packed [rows, cols]. T: float
+// (the GEMMs' fp32 outputs) or half (a cuBLAS GEMM's fp16 output).
+template <typename T>
+inline cudaError_t launch_gelu_mul_rows(const T* g, const T* u, size_t ld, int rows, int cols, half* out,
                                         const Launch& launch) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 inputs");
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (ld < size_t(cols) || rows > 65535) return cudaErrorInvalidValue;
   const auto aligned = [](const void* p, unsigned bytes) {
     return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
   };
-  if (cols % 4 == 0 && ld % 4 == 0 && aligned(g, 16) && aligned(u, 16) && aligned(out, 8))
-    return launch_kernel(gelu_mul_kernel<4>, dim3(ceil_div(size_t(cols) / 4, 256), unsigned(rows)), 256, launch, g, u,
-                         ld, cols, out);
-  return launch_kernel(gelu_mul_kernel<1>, dim3(ceil_div(size_t(cols), 256), unsigned(rows)), 256, launch, g, u, ld,
+  constexpr unsigned kIn4 = 4 * sizeof(T);  // bytes of four inputs
+  if (cols % 4 == 0 && ld % 4 == 0 && aligned(g, kIn4) && aligned(u, kIn4) && aligned(out, 8))
+    return launch_kernel(gelu_mul_kernel<4, T>, dim3(ceil_div(size_t(cols) / 4, 256), unsigned(rows)), 256, launch, g,
+                         u, ld, cols, out);
+  return launch_kernel(gelu_mul_kernel<1, T>, dim3(ceil_div(size_t(cols), 256), unsigned(rows)), 256, launch, g, u, ld,
                        cols, out);
 }
 
@@ -10959,7 +10984,17 @@ class LayerEncoder {
         act_ = act;
         return Status::ok();
       }
-      if (d.gate_up.out) {  // one matmul: [n, 2 I], gate's outputs then up's in every row (proj_a and proj_b's memory)
+      if (d.gate_up.out && n > kernels::kGemvMaxRows && !(d.gate_up.wp && n <= p_.gemm_rows)) {
+        // one cuBLAS GEMM over gate and up ([n, 2 I], gate's outputs then up's in every row) with fp16 outputs: half
+        // the bytes of fp32 to write, and to read again for the GELU product (prefill's gelu_mul was 10% of a
+        // 4096-token TTFT, bench/RESULTS.md 2026-12-03 (d)); values past fp16 are clamped there
+        half* gu = reinterpret_cast<half*>(ws_.proj_a);
+        GEMMA4_T4_TRY(mm_cublas(d.gate_up, ws_.x16, gu, "gate/up_proj"));
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(gu, gu + I, size_t(2) * I, n, I, ws_.x16, ln_), "gelu");
+        act_ = ws_.x16;
+        return Status::ok();
+      }
+      if (d.gate_up.out) {  // one matmul: [n, 2 I] fp32 (the int4 GEMM's rows, or the GEMV's)
         GEMMA4_T4_TRY(mm(d.gate_up, ws_.x16, ws_.proj_a, "gate/up_proj"));
         GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
                            "gelu");
@@ -11074,23 +11109,32 @@ class LayerEncoder {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
       return Status::ok();
     }
+    return mm_cublas(w, x, y, what);
+  }
+
+  // y = x W^T through cuBLAS (w4a16 dequantised to fp16 first), y fp32 or fp16.
+  template <typename T>
+  Status mm_cublas(const DevLinear& w, const half* x, T* y, const char* what) const {
     const half* W = w.w16;
     if (!W) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_dequant_w4(w.wq, w.s16, w.out, w.in, ws_.deq16, ln_), what);
       W = ws_.deq16;
     }
-    return gemm16(W, w.out, w.in, x, n, y, what);
+    return gemm16(W, w.out, w.in, x, p_.rows, y, what);
   }
 
-  // y [n, out] fp32 = x [n, in] W^T, W [out, in] fp16 (rows of x and y packed): one cuBLAS GEMM, fp32 compute.
-  Status gemm16(const half* W, int out, int in, const half* x, int n, float* y, const char* what) const {
+  // y [n, out] = x [n, in] W^T, W [out, in] fp16 (rows of x and y packed): one cuBLAS GEMM, fp32 compute; y fp32,
+  // or fp16 (rounded once from the fp32 sums; past the fp16 range: +-inf).
+  template <typename T>
+  Status gemm16(const half* W, int out, int in, const half* x, int n, T* y, const char* what) const {
+    static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 outputs");
     const float alpha = 1.f, beta = 0.f;
-    const cublasStatus_t st =
-        cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16F, in, x, CUDA_R_16F, in, &beta,
-                     y, CUDA_R_32F, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    const cudaDataType yt = std::is_same<T, half>::value ? CUDA_R_16F : CUDA_R_32F;
+    const cublasStatus_t st = cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, out, n, in, &alpha, W, CUDA_R_16F, in, x,
+                                           CUDA_R_16F, in, &beta, y, yt, out, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (st != CUBLAS_STATUS_SUCCESS)
       return err(Code::BackendError, what, ": cublasGemmEx failed (status ", int(st), ")");
-    sanitizer_mark_initialized(y, size_t(n) * out * sizeof(float), ln_.stream);
+    sanitizer_mark_initialized(y, size_t(n) * out * sizeof(T), ln_.stream);
     return Status::ok();
   }
 
