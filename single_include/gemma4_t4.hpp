@@ -6683,9 +6683,6 @@ inline cudaError_t launch_widen(const void* x, RawFloat type, size_t n, float* o
   return launch_kernel(widen_kernel, ceil_div(n, 256), 256, launch, x, type, n, out);
 }
 
-// Grid (column blocks, rows): row blockIdx.y. V = 4: each thread takes 4 consecutive columns (16-byte loads of g
-// and u, one 8-byte store; cols, ld and the pointers aligned for it), else one. The same expression per element
-// either way.
 // A GEMM output as the GELU product's input: fp32 as it is; fp16 clamped to its finite range (NaN kept).
 __device__ __forceinline__ float gelu_in(float v) { return v; }
 __device__ __forceinline__ float gelu_in(half h) {
@@ -6700,7 +6697,9 @@ __device__ __forceinline__ float4 gelu_in4(const half* p) {
   return make_float4(gelu_in(h[0]), gelu_in(h[1]), gelu_in(h[2]), gelu_in(h[3]));
 }
 
-// Grid (ceil(cols / (256 V)), rows); V = 4: 16-byte (fp32) or 8-byte (fp16) loads of g and u, one 8-byte store.
+// Grid (column blocks, rows): row blockIdx.y. V = 4: each thread takes 4 consecutive columns (16-byte (fp32) or
+// 8-byte (fp16) loads of g and u, one 8-byte store; cols, ld and the pointers aligned for it), else one. The same
+// expression per element either way.
 template <int V, typename T>
 static __global__ void gelu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
