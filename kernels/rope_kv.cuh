@@ -15,11 +15,11 @@
 // The arithmetic of one channel pair (head_pair_*) is shared with attention.cuh's heads mode (AttnHeads), which
 // normalises a decode row's heads inside the attention launch, and is written out operation by operation with
 // explicit rounding (__fmul_rn, __fmaf_rn, ...: neither nvcc nor ptxas contracts those into other fmas): with the
-// same source alone, nvcc contracted `vb * c + va * s` differently in the two kernels (fma over va * s here, over
-// vb * c there). The operations are the ones nvcc had compiled this kernel's expressions to (its PTX before this
-// change): sum of squares fma(va, va, vb * vb); r = rsqrt(ss / d + eps); x * (r * w); rotation va c - vb s with
-// both products rounded, fma(vb, c, va s). Its sum of squares must also be added in block_sum's order
-// (common.cuh block_sums) to give the same floats.
+// same source alone, nvcc contracted `vb * c + va * s` differently in the two kernels (here va * s rounded and
+// vb * c fused into the fma, there the other way round). The operations are the ones nvcc had compiled this kernel's
+// expressions to (its PTX before this change): sum of squares fma(va, va, vb * vb); r = rsqrt(ss / d + eps); x * (r *
+// w); rotation va c - vb s with both products rounded, fma(vb, c, va s). Its sum of squares must also be added in
+// block_sum's order (common.cuh block_sums) to give the same floats.
 #pragma once
 
 #include "common.cuh"
