@@ -5594,7 +5594,7 @@ class CpuBackend : public BackendModel {
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
-//                                                     decode passes of <= 32 rows: the norms, RoPE and the
+//                                                     decode passes of <= 2 rows: the norms, RoPE and the
 //                                                     cache write fold into the attention launch (heads
 //                                                     mode, kernels/attention.cuh): ONE launch for both
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
@@ -5607,8 +5607,8 @@ class CpuBackend : public BackendModel {
 // The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
 // leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
 // with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
-// layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 33+ rows,
-// whose padding rows share one cache slot, and head dims or groups attention does not take).
+// layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
+// and head dims or groups attention does not take).
 
 #include <cublas_v2.h>
 
@@ -11381,12 +11381,15 @@ class LayerEncoder {
 
   // Whether layer l's head norms + RoPE + KV write fold into its attention launch (kernels::launch_attention_heads,
   // bit-identical to heads() then attend()): decode passes (one row per session, each row's own key the only new
-  // one: late_keys) of <= 32 rows -- a larger decode pass may be a bucket whose padding rows share one cache slot,
-  // and the heads mode needs one writer per slot -- on the split kernel, for head dims and groups it takes; a
-  // layer with a cache of its own writes the cache it reads.
+  // one: late_keys) of <= kHeadsFoldRows rows, on the split kernel, for head dims and groups it takes; a layer with
+  // a cache of its own writes the cache it reads. Measured (H200, E2B w4a16, bench/RESULTS.md 2026-12-05): folded at
+  // every decode pass up to 32 rows, +2.9% at one session but -2.6% at 8 and -5.3% at 16, where each attention
+  // block's own q/k norms and RoPE cost more than the launch they save; past 32 rows a pass may be a bucket whose
+  // padding rows share one cache slot, and the heads mode needs one writer per slot.
+  static constexpr int kHeadsFoldRows = 2;
   bool heads_fold(int l) const {
     const LayerConfig& lc = c_.layers[l];
-    return p_.decode_only && p_.rows <= kernels::kGemvMaxRows && !flash(l) &&
+    return p_.decode_only && p_.rows <= kHeadsFoldRows && !flash(l) &&
            kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
            (lc.kv_shared || lc.kv_source == l);
   }
