@@ -772,6 +772,44 @@ TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..32 rows, strided y, batch
       }
 }
 
+// A launch of more than kGemvManyBlocks blocks at gemv_split's warps per row tile (the LM head's shape) takes at most
+// 2: the same x W^T, batch-independent. Out just past the threshold at 4 warps (32 rows per block), both layouts.
+TEST_CASE("gemv: launches of many row tiles take 2 warps per row tile, same results", "[gpu]") {
+  std::mt19937 rng(307);
+  Stream st;
+  for (bool w4 : {false, true}) {
+    const int in = w4 ? 416 : 104;  // 4 k-tiles: gemv_split gives 4 warps
+    REQUIRE(kn::gemv_split((in / (w4 ? 32 : 8) + 3) / 4) == 4);
+    const int out = kn::kGemvManyBlocks * 32 + 17;
+    const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
+    const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);
+    Dev<half> dx(x.size());
+    Dev<float> dy(size_t(kn::kGemvMaxRows) * out);
+    dx.upload(x);
+    const std::vector<double> ref_all = gemv_ref(W->dense, widen(x), kn::kGemvMaxRows, out, in);
+    std::vector<float> got32;
+    for (int n : {32, 9, 1}) {
+      dy.poison();
+      const kn::GemvMat m = W->mat(dy.get(), out);
+      kn::GemvArgs a;
+      a.x = dx.get(), a.n = n, a.in = in, a.mat[0] = m, a.count = 1;
+      unsigned blocks = 0;
+      REQUIRE_CUDA(kn::gemv_plan(a, 1, kn::GemvEpilogue::Store, true, &blocks));
+      REQUIRE(a.kw == 2);
+      REQUIRE(blocks == unsigned((out + 63) / 64));
+      REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, out, in, dy.get(), out, st.s));
+      st.sync();
+      const std::string what = cat("gemv ", w4 ? "w4a16" : "fp16", " n ", n, " out ", out, " in ", in);
+      const std::vector<float> got = gemv_written(dy.download<float>(), out, n, out, what);
+      check_max_rel(got, head_rows(ref_all, n, out), kTolF32Half, what);
+      if (n == kn::kGemvMaxRows)
+        got32 = got;
+      else
+        require_same_bits(got, got32, what + " vs the same rows of n = 32");
+    }
+  }
+}
+
 // The residual projections' k-split (layers.hpp project): ksplit blocks per row tile write ksplit parts, and
 // launch_residual_norm adds them in part order. Each part stays batch-independent, the parts' sum is the GEMV, and
 // the residual norm over the parts equals the residual norm of their sum (taken in part order) bit for bit.
