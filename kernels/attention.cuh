@@ -38,6 +38,24 @@
 // Shared memory (static): warps x 8 x 36 fp32 partial scores + 32 x G fp32 p + G x 64 fp32 merge weights:
 // 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
 //
+// Heads mode (launch_attention_heads; decode passes, one row per sequence): the launch also does the layer's
+// head_norm_rope (rope_kv.cuh), one launch instead of two. Its input is the q/k/v GEMV's fp32 output: each block
+// normalises and ropes its own query heads into shared memory (q never goes through global memory), and every
+// block of the split holding the row's own key (the last used split: one block per head slice, never an empty
+// one) normalises and ropes k and normalises v of its KV head into shared memory and takes the own key from there;
+// the head-slice-0 block alone also writes them to the caches at the row's slot -- one writer per (row, KV head),
+// and no block reads that slot from global memory, so no block waits for another. Same arithmetic as
+// head_norm_rope_kernel (the head_pair_* functions, and block_sums adds the sums of squares in block_sum's order:
+// the attention block has head_norm_rope_kernel's D / 2 threads), so the caches and out equal the two launches'
+// bit for bit. Per block:
+//   before pdl_enter: the row's metadata, the cache tables, the first tile's past keys and values (as above), the
+//     norms' weights, inv_freq and the sincos of the row's position;
+//   pdl_enter; the q heads' (+ own k, v) fp32 loads, per-warp sums of squares -> shared       | barrier
+//   every warp completes the sums (block_sums), scales, rotates, rounds to fp16 -> shared, and the writer
+//     stores the own K/V to the caches                                                          | barrier
+//   q fragments and the own key's K fragments / V rows from shared memory, then the tile loop above.
+// Shared memory on top: G x D fp16 q + 2 x D fp16 own K/V + warps x (G + 2) fp32: 10.3 KiB at D = 512, G = 8.
+//
 // sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
 // (plain 16-byte loads issued a phase ahead of use), no bf16. Fragment layouts (PTX ISA, "Matrix Fragments
 // for mma.m16n8k8"; g = lane / 4, t = lane % 4; the low half of an .f16x2 register holds the lower index):
@@ -48,6 +66,7 @@
 
 #include "common.cuh"
 #include "mma.cuh"
+#include "rope_kv.cuh"
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -76,6 +95,19 @@ struct AttnArgs {
   // keys were all just written; the persistent kernel). 1: a decode pass (one row per sequence, its own key
   // written by the layer's head_norm_rope). 0: a layer that reads an earlier layer's cache (KV-shared).
   int late_keys = -1;
+};
+
+// Heads mode (see the header): what head_norm_rope_kernel would take for the layer's q, k and v targets.
+// Caches written: a.kbase / a.vbase at table index seq * layers + a.layer, slot pos % capacity (a layer
+// that owns its cache reads it: a.layer is the layer itself).
+struct AttnHeads {
+  const float* q = nullptr;         // [rows, heads * D] fp32 q_proj output
+  const float* q_w = nullptr;       // [D] q_norm weight, or nullptr
+  const float* inv_freq = nullptr;  // [D / 2] RoPE table of q and k, or nullptr: no RoPE
+  const float* k = nullptr;         // [rows, kv_heads * D] fp32 k_proj output; nullptr: KV-shared (q only)
+  const float* v = nullptr;         // [rows, kv_heads * D] fp32 v_proj output (k_proj's on k_eq_v layers)
+  const float* k_w = nullptr;       // [D] k_norm weight, or nullptr (v: none)
+  float eps = 0.f;
 };
 
 constexpr int kAttnTile = 32;            // keys per block step, and the split granule
@@ -209,6 +241,26 @@ __device__ __forceinline__ void attn_load_v_late(uint4 (&vf)[VI], const half* __
   }
 }
 
+// Heads mode: the row's own key (ks: [D] fp16 in shared memory, + this lane's first channel) as key `key` of the
+// tile's K fragments, and its value (vs: + this lane's 8 channels) as key `key` of the V rows.
+template <int KCH>
+__device__ __forceinline__ void attn_own_k(uint4 (&kf)[2][2][KCH], const half* ks, int key, int g) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi)
+      if (16 * mt + 8 * hi + g == key)
+#pragma unroll
+        for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = *reinterpret_cast<const uint4*>(ks + 32 * i);
+}
+
+template <int VI, int KP>
+__device__ __forceinline__ void attn_own_v(uint4 (&vf)[VI], const half* vs, int key, int kq) {
+#pragma unroll
+  for (int i = 0; i < VI; ++i)
+    if (kq + KP * i == key) vf[i] = *reinterpret_cast<const uint4*>(vs);
+}
+
 // ---- kernels ----
 
 // Shared memory of one attention block (NW warps).
@@ -221,6 +273,76 @@ struct AttnSmem {
   int last_s;
 };
 
+// And in heads mode.
+template <int D, int G, int NW>
+struct AttnHeadsSmem {
+  __align__(16) half q[G][D];  // the block's query heads, normalised + roped, fp16 (rows past its heads unused)
+  __align__(16) half k[D];     // the row's own key and value as written to the caches (own-key blocks only)
+  __align__(16) half v[D];
+  float part[NW][G + 2];  // block_sums' partials: q heads 0 .. G - 1, k, v
+};
+
+// Heads mode: one normalised (+ roped) pair of a head, rounded to fp16, into shared memory sm and, when dst is
+// set, into global memory (the cache slot).
+__device__ __forceinline__ void attn_head_out(const HeadPair& hp, float r, float va, float vb, int i, int half_d,
+                                              half* sm, half* dst) {
+  head_pair_apply(hp, r, va, vb);
+  const half ha = to_half_sat(va), hb = to_half_sat(vb);
+  sm[i] = ha;
+  sm[i + half_d] = hb;
+  if (dst) {
+    dst[i] = ha;
+    dst[i + half_d] = hb;
+  }
+}
+
+// Heads mode, after pdl_enter: query heads [qh, qh + group) of [rows * heads] and, when own, the row's k and v
+// (offset kv into [rows, kv_heads * D]) normalised (+ roped) as head_norm_rope_kernel does, into hsm; k and v also
+// into kdst, vdst (the cache slot) when kdst is set (the one writer). Thread i takes channels i and i + D / 2 of
+// every head, as in head_norm_rope_kernel's block. Ends with a barrier: hsm is ready.
+template <int D, int G, int NW>
+__device__ __forceinline__ void attn_heads(const AttnHeads& hn, AttnHeadsSmem<D, G, NW>& hsm, const HeadPair& pq,
+                                           const HeadPair& pk, size_t qh, int group, size_t kv, bool own, half* kdst,
+                                           half* vdst) {
+  constexpr int HD = D / 2, N = G + 2;  // values per thread: G q heads, then k, v
+  static_assert(NW * 32 == (HD + 31) / 32 * 32, "head_norm_rope_kernel's block: head_norm_threads(D) threads");
+  const int i = threadIdx.x;
+  const bool active = D >= 64 || i < HD;  // D = 32: 16 pairs; the other lanes add zeros, as in that kernel
+  const unsigned used = ((1u << group) - 1u) | (own ? 3u << G : 0u);
+  float xa[N], xb[N], ss[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) xa[n] = xb[n] = 0.f;
+  if (active) {
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+      if (h < group) {
+        const float* x = hn.q + (qh + h) * D;
+        xa[h] = x[i];
+        xb[h] = x[i + HD];
+      }
+    if (own) {
+      xa[G] = hn.k[kv + i];
+      xb[G] = hn.k[kv + i + HD];
+      xa[G + 1] = hn.v[kv + i];
+      xb[G + 1] = hn.v[kv + i + HD];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) ss[n] = head_pair_ss(xa[n], xb[n]);
+  block_sums<N, NW>(ss, hsm.part, used);
+  if (active) {
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+      if (h < group) attn_head_out(pq, head_norm_scale(ss[h], D, hn.eps), xa[h], xb[h], i, HD, hsm.q[h], nullptr);
+    if (own) {
+      const HeadPair pv = HeadPair();  // v_norm: no weight, no RoPE
+      attn_head_out(pk, head_norm_scale(ss[G], D, hn.eps), xa[G], xb[G], i, HD, hsm.k, kdst);
+      attn_head_out(pv, head_norm_scale(ss[G + 1], D, hn.eps), xa[G + 1], xb[G + 1], i, HD, hsm.v, vdst);
+    }
+  }
+  __syncthreads();
+}
+
 // Block (row, KV head kvh, head slice hs, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32
 // NW - 1). D: head dim (32..512); G: the block's heads (group / head_split) rounded up to 1, 2, 4 or 8 (the rest
 // are padding: zero q, never written). fused: merge in the last block (a.counters, a.splits <=
@@ -229,9 +351,12 @@ struct AttnSmem {
 // instead of a.q, and the caches read through L2 (this step wrote some of their slots); no PDL (a.late_keys,
 // a.head_split unused).
 // Otherwise the block calls pdl_enter itself: first thing, or after its prologue (a.late_keys >= 0).
-template <int D, int G, int NW, bool Persist>
+// Heads (heads mode, see the header; a.late_keys 1, or 0 on a KV-shared layer): q from the head norms of hn into
+// hsm (qs = hsm->q), and the row's own key from hsm->k / v.
+template <int D, int G, int NW, bool Persist, bool Heads = false>
 __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int hs, int sp, bool fused,
-                                                AttnSmem<D, G, NW>& sm, const half* qs) {
+                                                AttnSmem<D, G, NW>& sm, const half* qs, const AttnHeads* hn = nullptr,
+                                                AttnHeadsSmem<D, G, NW>* hsm = nullptr) {
   constexpr int WS = D / NW, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
   constexpr int LPK = WS / 8, KP = 32 / LPK;               // P.V: lanes per key (8 channels each), keys per step
@@ -242,6 +367,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   static_assert(kAttnTile == 32, "softmax: one lane per key");
   static_assert((WS == 32 || WS == 64) && D % WS == 0 && NW <= 8, "head dim 32, 64, 128, 256 or 512");
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group rounded up to 1, 2, 4 or 8");
+  static_assert(!(Heads && Persist), "heads mode is a launch of its own");
 
   auto& s_part = sm.s_part;
   auto& p_s = sm.p_s;
@@ -287,7 +413,33 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     const int pre = early ? max(0, min(nt, r.lo + r.n - a.late_keys - t0)) : nt;
     attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, pre, cap, g);
     attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, pre, cap, kq);
-    if (early) {
+    // Heads mode: own -- this block's split holds the row's own key (the last key, r.lo + r.n - 1 = pos[row]),
+    // whose K and V this launch makes; the head-slice-0 block writes them to the caches.
+    const bool own = Heads && hn->k && sp == r.used - 1;
+    if constexpr (Heads) {
+      const int p = r.lo + r.n - 1;
+      half* kdst = nullptr;
+      half* vdst = nullptr;
+      if (own && hs == 0) {
+        const size_t at = (size_t(p % cap) * a.kv_heads + kvh) * D;
+        kdst = a.kbase[idx] + at;
+        vdst = a.vbase[idx] + at;
+      }
+      HeadPair pq, pk;  // the constants of this thread's channel pair, before the wait
+      if (D >= 64 || tid < D / 2) {
+        head_pair_rope(pq, hn->inv_freq, tid, p);
+        pk = pq;  // q and k share the rotation
+        head_pair_weights(pq, hn->q_w, tid, D / 2);
+        head_pair_weights(pk, hn->k_w, tid, D / 2);
+      }
+      pdl_enter();
+      attn_heads<D, G, NW>(*hn, *hsm, pq, pk, size_t(hbase), group, (size_t(row) * a.kv_heads + kvh) * D, own, kdst,
+                           vdst);
+      if (pre < nt) {  // a.late_keys 1 and the first tile ends at the row's end: key nt - 1 is the own key
+        attn_own_k<KCH>(kf, hsm->k + warp * WS + 8 * t, nt - 1, g);
+        attn_own_v<VI, KP>(vf, hsm->v + cv, nt - 1, kq);
+      }
+    } else if (early) {
       pdl_enter();
       if (pre < nt) {
         attn_load_k_late<KCH>(kf, K, ld, koff, t0, pre, nt, cap, g);
@@ -301,7 +453,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       const int c = warp * WS + 32 * i + 8 * t;
       if (g >= group)
         qf[i] = make_uint4(0u, 0u, 0u, 0u);
-      else if constexpr (Persist)
+      else if constexpr (Persist || Heads)
         qf[i] = *reinterpret_cast<const uint4*>(qs + g * D + c);
       else
         qf[i] = __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + c));
@@ -325,7 +477,13 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
           for (int j = 0; j < 2; ++j) s_part[warp][2 * t + j][16 * mt + 8 * hi + g] = sc[2 * hi + j];
       }
       const int t1 = t0 + kAttnTile, nt1 = min(kAttnTile, end - t1);
-      if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, koff, t1, nt1, cap, g);
+      if constexpr (Heads) {  // the own key, when in tile t1, from shared memory
+        const bool own1 = own && nt1 > 0 && t1 + nt1 == r.lo + r.n;
+        if (nt1 > 0) attn_load_k<KCH, false>(kf, K, ld, koff, t1, own1 ? nt1 - 1 : nt1, cap, g);
+        if (own1) attn_own_k<KCH>(kf, hsm->k + warp * WS + 8 * t, nt1 - 1, g);
+      } else {
+        if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, koff, t1, nt1, cap, g);
+      }
       __syncthreads();
 
       // 2. online softmax: lane = key
@@ -366,7 +524,13 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 #pragma unroll
           for (int c = 0; c < 8; ++c) acc[h][c] = fmaf(p[h], v[c], acc[h][c]);
       }
-      if (nt1 > 0) attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t1, nt1, cap, kq);
+      if constexpr (Heads) {
+        const bool own1 = own && nt1 > 0 && t1 + nt1 == r.lo + r.n;
+        if (nt1 > 0) attn_load_v<VI, KP, false>(vf, V, ld, voff, t1, own1 ? nt1 - 1 : nt1, cap, kq);
+        if (own1) attn_own_v<VI, KP>(vf, hsm->v + cv, nt1 - 1, kq);
+      } else {
+        if (nt1 > 0) attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t1, nt1, cap, kq);
+      }
       t0 = t1;
       nt = nt1;
     }
@@ -483,6 +647,17 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
                                    sm, nullptr);
 }
 
+// Heads mode (see the header): the same blocks, q, k and v from the q/k/v GEMV.
+template <int D, int G>
+static __global__ void __launch_bounds__(attn_block<D>()) attention_heads_kernel(AttnArgs a, AttnHeads hn, int fused) {
+  constexpr int NW = attn_block<D>() / 32;
+  __shared__ AttnSmem<D, G, NW> sm;
+  __shared__ AttnHeadsSmem<D, G, NW> hsm;
+  const int y = int(blockIdx.y);
+  attention_block<D, G, NW, false, true>(a, int(blockIdx.x), y / a.head_split, y % a.head_split, int(blockIdx.z),
+                                         fused != 0, sm, &hsm.q[0][0], &hn, &hsm);
+}
+
 // The unfused merge: out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits holding
 // keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
@@ -551,23 +726,26 @@ inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim,
   return s;
 }
 
+// hn: heads mode (attention_heads_kernel), else attention_split_kernel.
 template <int D, int G>
-inline cudaError_t launch_attention_dg(const AttnArgs& a, const Launch& launch) {
+inline cudaError_t launch_attention_dg(const AttnArgs& a, const AttnHeads* hn, const Launch& launch) {
   const int heads = a.heads / a.kv_heads / a.head_split;  // per block
   const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(heads, D);
-  const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads * a.head_split, a.splits),
-                                      attn_block<D>(), launch, a, int(fused));
+  const dim3 grid(a.rows, a.kv_heads * a.head_split, a.splits);
+  const cudaError_t e =
+      hn ? launch_kernel(attention_heads_kernel<D, G>, grid, attn_block<D>(), launch, a, *hn, int(fused))
+         : launch_kernel(attention_split_kernel<D, G>, grid, attn_block<D>(), launch, a, int(fused));
   if (e != cudaSuccess || a.splits == 1 || fused) return e;
   return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, launch, a);
 }
 
 template <int D>
-inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const Launch& launch) {
+inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const AttnHeads* hn, const Launch& launch) {
   switch (group > 8 ? -1 : gqa_group_pad(group)) {
-    case 1: return launch_attention_dg<D, 1>(a, launch);
-    case 2: return launch_attention_dg<D, 2>(a, launch);
-    case 4: return launch_attention_dg<D, 4>(a, launch);
-    case 8: return launch_attention_dg<D, 8>(a, launch);
+    case 1: return launch_attention_dg<D, 1>(a, hn, launch);
+    case 2: return launch_attention_dg<D, 2>(a, hn, launch);
+    case 4: return launch_attention_dg<D, 4>(a, hn, launch);
+    case 8: return launch_attention_dg<D, 8>(a, hn, launch);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -577,23 +755,41 @@ inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
 }
 
-// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits of the
-// block's heads), else two. a.head_split must divide the group; a.late_keys >= 0 only for launches whose rows'
-// keys before the last late_keys were written at least two launches back (AttnArgs).
-inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
+// launch_attention (hn null) and launch_attention_heads: the shape checks, then the kernels of head dim and group.
+inline cudaError_t launch_attention_any(const AttnArgs& a, int head_dim, const AttnHeads* hn, const Launch& launch) {
   if (a.rows <= 0) return cudaSuccess;
   if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits || a.head_split < 1 ||
       (a.heads / a.kv_heads) % a.head_split != 0 || a.kv_heads * a.head_split > 65535 || a.late_keys < -1)
     return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads / a.head_split;
   switch (head_dim) {
-    case 32: return launch_attention_d<32>(a, group, launch);
-    case 64: return launch_attention_d<64>(a, group, launch);
-    case 128: return launch_attention_d<128>(a, group, launch);
-    case 256: return launch_attention_d<256>(a, group, launch);
-    case 512: return launch_attention_d<512>(a, group, launch);
+    case 32: return launch_attention_d<32>(a, group, hn, launch);
+    case 64: return launch_attention_d<64>(a, group, hn, launch);
+    case 128: return launch_attention_d<128>(a, group, hn, launch);
+    case 256: return launch_attention_d<256>(a, group, hn, launch);
+    case 512: return launch_attention_d<512>(a, group, hn, launch);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits of the
+// block's heads), else two. a.head_split must divide the group; a.late_keys >= 0 only for launches whose rows'
+// keys before the last late_keys were written at least two launches back (AttnArgs).
+inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
+  return launch_attention_any(a, head_dim, nullptr, launch);
+}
+
+// Heads mode: head_norm_rope (q -> q_norm + RoPE; k -> k_norm + RoPE and v -> v_norm into the caches) and the
+// attention over the caches in the launches launch_attention makes (see the header). The same results as
+// launch_head_norm_rope_multi of those targets (q into an fp16 buffer, then a.q) followed by launch_attention,
+// bit for bit; a.q unused. For decode passes: every row a sequence of its own (no two rows share a cache slot),
+// a.late_keys 1 (hn.k and hn.v set: a layer that owns its cache, a.layer = that layer) or 0 (hn.k null: a KV-shared
+// layer, q only); the previous launch wrote hn's inputs, and every key but each row's own at least two launches back.
+// Head dims and groups: attention_supported.
+inline cudaError_t launch_attention_heads(const AttnArgs& a, const AttnHeads& hn, int head_dim, const Launch& launch) {
+  if (a.rows <= 0) return cudaSuccess;
+  if (!hn.q || a.late_keys != (hn.k ? 1 : 0) || (hn.k && !hn.v)) return cudaErrorInvalidValue;
+  return launch_attention_any(a, head_dim, &hn, launch);
 }
 
 }  // namespace kernels

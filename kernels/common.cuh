@@ -81,6 +81,27 @@ __device__ __forceinline__ float block_reduce(float v) {
 __device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
 __device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
 
+// block_sum of N values per thread at once: v[n] for each n in the block-uniform mask `used` becomes the block's
+// sum (the other values are left alone), each added in exactly block_sum's order -- its warp_sum, then a warp_sum
+// of the warps' partials with zeros past the last warp -- so each result equals its own block_sum call bit for
+// bit. That last step runs in every warp (the same 32 inputs, the same sum), so one barrier serves all N sums.
+// NW: the block's warps (blockDim.x / 32); part: [NW][N] shared scratch, free on entry (one call per phase
+// between barriers).
+template <int N, int NW>
+__device__ __forceinline__ void block_sums(float (&v)[N], float (&part)[NW][N], unsigned used) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+    if ((used >> n) & 1u) {
+      v[n] = warp_sum(v[n]);
+      if (lane == 0) part[warp][n] = v[n];
+    }
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+    if ((used >> n) & 1u) v[n] = warp_sum(lane < NW ? part[lane][n] : 0.f);
+}
+
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));

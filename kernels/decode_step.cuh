@@ -314,6 +314,10 @@ __device__ __forceinline__ void build_x(const StepX& x, const StepParams& p, int
 
 // x: one head's D fp32 channels (L2); w: weight or null; inv_freq: RoPE table or null. Lane holds chunks
 // lane + 32 j (4 channels each); chunk q pairs with q + D / 8 (channel i with i + D / 2).
+// Not bit-identical to head_norm_rope_kernel: the sum of squares is added in a warp's order (a lane's 4 J
+// channels, then the lanes), not block_sum's (pairs i, i + D / 2, then the block), and the compiler contracts the
+// expressions as it sees fit here; the per-kernel path's heads mode (attention.cuh, AttnHeads) is the one that
+// matches that kernel bit for bit. The persistent and per-kernel paths agree to rounding (test_persistent.cpp).
 template <int D>
 __device__ __forceinline__ void head_norm_rope(const float* x, const float* w, const float* inv_freq, int pos,
                                                float eps, half* out) {

@@ -38,7 +38,7 @@
 // x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
-// only on column n of B; kw depends only on `in`), so batched decode equals one-row decode bit for bit
+// only on column n of B; kw on `in` and the outputs), so batched decode equals one-row decode bit for bit
 // (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
 // the expression of gelu_mul / ple_gate (elementwise.cuh) on the fp32 dot products.
 // Precision vs the CUDA-core GEMV this replaced: w4a16 weights are rounded to fp16 once (as prefill always
@@ -62,6 +62,12 @@ constexpr int kGemvWarps = 8;     // warps per block
 constexpr int kGemvMaxRows = 32;  // input rows (decode batch) per launch
 constexpr int kGemvMaxMats = 3;   // matrices of one multi-matrix launch
 constexpr int kGemvMaxSplit = 4;  // blocks splitting one row tile's k-tiles (GemvArgs::ksplit)
+// Launches that would take more blocks than this (the LM head: 262,144 outputs) split a row tile's k-tiles over at
+// most 2 warps: 4x fewer, longer-lived blocks. Measured (dev/gemv_decode.cu version 5, H200, PDL, us per call at 1 /
+// 8 rows): fp16 LM head 238 / 239 at 8 warps (16,384 blocks), 202 / 219 at 2 (4,096: 91% of the stream read
+// bandwidth), 216 / 250 at 1; w4a16 101 / 105 at 4 warps, 95 / 100 at 2. Matrices of up to 12,288 outputs lose at
+// 2 warps (fp16 gate/up 12288: 22.5 -> 26.6 us), so they keep gemv_split's choice.
+constexpr int kGemvManyBlocks = 4096;
 
 // One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
 struct GemvMat {
@@ -397,7 +403,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
 }
 
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
-// idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above).
+// idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above); gemv_plan
+// caps it at 2 for launches of more than kGemvManyBlocks blocks.
 inline int gemv_split(int ktiles) {
   for (int kw = kGemvWarps; kw > 1; kw /= 2)
     if (ktiles % kw == 0) return kw;
@@ -467,6 +474,7 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
 
   const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
+  if (ceil_div(size_t(total_out), size_t(gemv_block_rows(a.kw))) > size_t(kGemvManyBlocks)) a.kw = std::min(a.kw, 2);
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;

@@ -11,6 +11,15 @@
 // One launch serves up to three targets of the same head dim (a layer's q, k and v: 8 + 1 + 1 heads on
 // E2B), each with its own input, weight, RoPE table and destination: grid (rows, total heads).
 // Block: max(32, d/2) threads, one channel pair each. sm_75 safe; static shared memory 132 B.
+//
+// The arithmetic of one channel pair (head_pair_*) is shared with attention.cuh's heads mode (AttnHeads), which
+// normalises a decode row's heads inside the attention launch, and is written out operation by operation with
+// explicit rounding (__fmul_rn, __fmaf_rn, ...: neither nvcc nor ptxas contracts those into other fmas): with the
+// same source alone, nvcc contracted `vb * c + va * s` differently in the two kernels (here va * s rounded and
+// vb * c fused into the fma, there the other way round). The operations are the ones nvcc had compiled this kernel's
+// expressions to (its PTX before this change): sum of squares fma(va, va, vb * vb); r = rsqrt(ss / d + eps); x * (r *
+// w); rotation va c - vb s with both products rounded, fma(vb, c, va s). Its sum of squares must also be added in
+// block_sum's order (common.cuh block_sums) to give the same floats.
 #pragma once
 
 #include "common.cuh"
@@ -49,6 +58,51 @@ struct HeadNormArgs {
   const int* pos = nullptr;  // [rows]
 };
 
+// ---- one channel pair (i, i + d/2) of a head ----
+
+// What a pair needs besides its two values: the weights (1 without: v_norm) and the rotation at the row's
+// position (rot false: none, or an unrotated pair of proportional RoPE). Constants of the pass: read before
+// pdl_enter.
+struct HeadPair {
+  float wa = 1.f, wb = 1.f;  // w[i], w[i + d/2]
+  float s = 0.f, c = 1.f;    // sin, cos of pos * inv_freq[i]
+  bool rot = false;
+};
+
+__device__ __forceinline__ void head_pair_weights(HeadPair& h, const float* w, int i, int half_d) {
+  if (w) {
+    h.wa = w[i];
+    h.wb = w[i + half_d];
+  }
+}
+
+__device__ __forceinline__ void head_pair_rope(HeadPair& h, const float* inv_freq, int i, int pos) {
+  h.rot = inv_freq && inv_freq[i] != 0.f;
+  if (h.rot) sincosf(__fmul_rn(float(pos), inv_freq[i]), &h.s, &h.c);
+}
+
+// The pair's term of the head's sum of squares (the terms are added by block_sum, or block_sums in its order).
+__device__ __forceinline__ float head_pair_ss(float va, float vb) { return __fmaf_rn(va, va, __fmul_rn(vb, vb)); }
+
+// 1 / rms of a head of d channels from its sum of squares (__fdiv_rn: a division also where d is a compile-time
+// constant; nvcc would otherwise fold / 256 + eps into one fma).
+__device__ __forceinline__ float head_norm_scale(float ss, int d, float eps) {
+  return rsqrtf(__fadd_rn(__fdiv_rn(ss, float(d)), eps));
+}
+
+// The pair normalised (x * (r * w)) and rotated.
+__device__ __forceinline__ void head_pair_apply(const HeadPair& h, float r, float& va, float& vb) {
+  va = __fmul_rn(va, __fmul_rn(r, h.wa));
+  vb = __fmul_rn(vb, __fmul_rn(r, h.wb));
+  if (h.rot) {
+    const float a2 = __fsub_rn(__fmul_rn(va, h.c), __fmul_rn(vb, h.s));
+    vb = __fmaf_rn(vb, h.c, __fmul_rn(va, h.s));
+    va = a2;
+  }
+}
+
+// ---- kernel ----
+
 // Grid (rows, sum of the targets' heads): blockIdx.y walks the heads of target 0, then 1, then 2.
 // PDL prologue: everything but x -- the weights, the RoPE table, the row's position and its cache slot, all
 // written by the host or by kernels at least two launches back (common.cuh) -- is read, and the rotation
@@ -70,17 +124,12 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   const HeadNormTarget t = ti == 0 ? a.t[0] : (ti == 1 ? a.t[1] : a.t[2]);
   const int i = threadIdx.x;
   const bool active = i < half_d;
-  float wa = 1.f, wb = 1.f, s = 0.f, c = 1.f;
-  bool rot = false;
+  HeadPair hp;
   half* dst = nullptr;
   if (active) {
-    if (t.w) {
-      wa = t.w[i];
-      wb = t.w[i + half_d];
-    }
+    head_pair_weights(hp, t.w, i, half_d);
     const int p = a.pos[row];
-    rot = t.inv_freq && t.inv_freq[i] != 0.f;
-    if (rot) sincosf(float(p) * t.inv_freq[i], &s, &c);
+    head_pair_rope(hp, t.inv_freq, i, p);
     if (t.out) {
       dst = t.out + (size_t(row) * t.heads + hh) * d;
     } else {
@@ -92,15 +141,9 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   pdl_enter();
   const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
   float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
-  const float r = rsqrtf(block_sum(va * va + vb * vb) / d + a.eps);
+  const float r = head_norm_scale(block_sum(head_pair_ss(va, vb)), d, a.eps);
   if (!active) return;
-  va *= r * wa;
-  vb *= r * wb;
-  if (rot) {
-    const float a2 = va * c - vb * s;
-    vb = vb * c + va * s;
-    va = a2;
-  }
+  head_pair_apply(hp, r, va, vb);
   dst[i] = to_half_sat(va);
   dst[i + half_d] = to_half_sat(vb);
 }

@@ -5594,6 +5594,9 @@ class CpuBackend : public BackendModel {
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
+//                                                     decode passes of <= 2 rows: the norms, RoPE and the
+//                                                     cache write fold into the attention launch (heads
+//                                                     mode, kernels/attention.cuh): ONE launch for both
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
 //                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
@@ -5603,8 +5606,9 @@ class CpuBackend : public BackendModel {
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
 // The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
 // leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
-// with that norm (or the layer scalar) folded in. 11 decode launches per layer (12 in layer 0; +1 on full
-// layers whose attention splits need the separate merge).
+// with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
+// layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
+// and head dims or groups attention does not take).
 
 #include <cublas_v2.h>
 
@@ -5650,6 +5654,24 @@ class CpuBackend : public BackendModel {
 //       contexts one block re-reading every split's partials would take longer than a launch.
 // Shared memory (static): warps x 8 x 36 fp32 partial scores + 32 x G fp32 p + G x 64 fp32 merge weights:
 // 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
+//
+// Heads mode (launch_attention_heads; decode passes, one row per sequence): the launch also does the layer's
+// head_norm_rope (rope_kv.cuh), one launch instead of two. Its input is the q/k/v GEMV's fp32 output: each block
+// normalises and ropes its own query heads into shared memory (q never goes through global memory), and every
+// block of the split holding the row's own key (the last used split: one block per head slice, never an empty
+// one) normalises and ropes k and normalises v of its KV head into shared memory and takes the own key from there;
+// the head-slice-0 block alone also writes them to the caches at the row's slot -- one writer per (row, KV head),
+// and no block reads that slot from global memory, so no block waits for another. Same arithmetic as
+// head_norm_rope_kernel (the head_pair_* functions, and block_sums adds the sums of squares in block_sum's order:
+// the attention block has head_norm_rope_kernel's D / 2 threads), so the caches and out equal the two launches'
+// bit for bit. Per block:
+//   before pdl_enter: the row's metadata, the cache tables, the first tile's past keys and values (as above), the
+//     norms' weights, inv_freq and the sincos of the row's position;
+//   pdl_enter; the q heads' (+ own k, v) fp32 loads, per-warp sums of squares -> shared       | barrier
+//   every warp completes the sums (block_sums), scales, rotates, rounds to fp16 -> shared, and the writer
+//     stores the own K/V to the caches                                                          | barrier
+//   q fragments and the own key's K fragments / V rows from shared memory, then the tile loop above.
+// Shared memory on top: G x D fp16 q + 2 x D fp16 own K/V + warps x (G + 2) fp32: 10.3 KiB at D = 512, G = 8.
 //
 // sm_75 rules: fp16 m16n8k8 tensor-core mma with fp32 accumulators (sm_75; m16n8k16 is sm_80+); no cp.async
 // (plain 16-byte loads issued a phase ahead of use), no bf16. Fragment layouts (PTX ISA, "Matrix Fragments
@@ -5740,6 +5762,27 @@ __device__ __forceinline__ float block_reduce(float v) {
 
 __device__ __forceinline__ float block_sum(float v) { return block_reduce<false>(v); }
 __device__ __forceinline__ float block_max(float v) { return block_reduce<true>(v); }
+
+// block_sum of N values per thread at once: v[n] for each n in the block-uniform mask `used` becomes the block's
+// sum (the other values are left alone), each added in exactly block_sum's order -- its warp_sum, then a warp_sum
+// of the warps' partials with zeros past the last warp -- so each result equals its own block_sum call bit for
+// bit. That last step runs in every warp (the same 32 inputs, the same sum), so one barrier serves all N sums.
+// NW: the block's warps (blockDim.x / 32); part: [NW][N] shared scratch, free on entry (one call per phase
+// between barriers).
+template <int N, int NW>
+__device__ __forceinline__ void block_sums(float (&v)[N], float (&part)[NW][N], unsigned used) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+    if ((used >> n) & 1u) {
+      v[n] = warp_sum(v[n]);
+      if (lane == 0) part[warp][n] = v[n];
+    }
+  __syncthreads();
+#pragma unroll
+  for (int n = 0; n < N; ++n)
+    if ((used >> n) & 1u) v[n] = warp_sum(lane < NW ? part[lane][n] : 0.f);
+}
 
 __device__ __forceinline__ float gelu_tanh(float x) {
   const float k = 0.7978845608028654f;  // sqrt(2 / pi)
@@ -6058,6 +6101,195 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/mma.cuh ----
+// ---- begin kernels/rope_kv.cuh ----
+// gemma4_t4 kernels: per-head RMSNorm + RoPE, written to a contiguous buffer (queries) or into a
+// session's KV cache (keys, values).
+//
+// For each (row r, head h): x = in[r, h*d : (h+1)*d] (fp32, matmul output)
+//   x = x * (mean(x^2) + eps)^-0.5 * w          (w == nullptr: no weight, Gemma 4's v_norm)
+//   rotate-half RoPE at position pos[r]: channel i pairs with i + d/2, angle pos * inv_freq[i];
+//   inv_freq[i] == 0 leaves the pair alone (proportional RoPE's unrotated tail); inv_freq == nullptr: no RoPE.
+// Destination: out[r, h, :] (fp16) when `out` is set, else the cache of the row's sequence:
+//   cache[seq[r] * layers + layer] + (slot * heads + h) * d, slot = pos[r] % capacity[seq[r] * layers + layer]
+//   (full layers have capacity >= every position, so the slot is the position; sliding layers use a ring).
+// One launch serves up to three targets of the same head dim (a layer's q, k and v: 8 + 1 + 1 heads on
+// E2B), each with its own input, weight, RoPE table and destination: grid (rows, total heads).
+// Block: max(32, d/2) threads, one channel pair each. sm_75 safe; static shared memory 132 B.
+//
+// The arithmetic of one channel pair (head_pair_*) is shared with attention.cuh's heads mode (AttnHeads), which
+// normalises a decode row's heads inside the attention launch, and is written out operation by operation with
+// explicit rounding (__fmul_rn, __fmaf_rn, ...: neither nvcc nor ptxas contracts those into other fmas): with the
+// same source alone, nvcc contracted `vb * c + va * s` differently in the two kernels (here va * s rounded and
+// vb * c fused into the fma, there the other way round). The operations are the ones nvcc had compiled this kernel's
+// expressions to (its PTX before this change): sum of squares fma(va, va, vb * vb); r = rsqrt(ss / d + eps); x * (r *
+// w); rotation va c - vb s with both products rounded, fma(vb, c, va s). Its sum of squares must also be added in
+// block_sum's order (common.cuh block_sums) to give the same floats.
+
+// (kernels/common.cuh: already inlined above)
+
+namespace gemma4_t4 {
+namespace kernels {
+
+// Where K/V rows of a batch go: per (sequence, layer) cache bases and capacities. Device pointers.
+struct KvTarget {
+  half* const* base = nullptr;    // [seqs * layers] -> [capacity, heads, d] fp16
+  const int* capacity = nullptr;  // [seqs * layers] slots
+  const int* seq = nullptr;       // [rows] sequence of each row
+  int layer = 0;
+  int layers = 0;
+};
+
+// One target of a launch: a [rows, ld_in] fp32 matmul output whose `heads` heads of d channels are
+// normalised (+ roped) and written to `out` or, when out is null, into the caches kv.base.
+struct HeadNormTarget {
+  const float* in = nullptr;  // [rows, ld_in] fp32; head h at columns h*d .. h*d + d - 1
+  int ld_in = 0;
+  int heads = 0;
+  const float* w = nullptr;         // [d] fp32, or nullptr: no weight (v_norm)
+  const float* inv_freq = nullptr;  // [d/2] fp32, or nullptr: no RoPE
+  half* out = nullptr;              // [rows, heads, d] fp16, or nullptr: into kv
+  KvTarget kv;
+};
+
+constexpr int kHeadNormMaxTargets = 3;  // q, k, v of one layer
+
+struct HeadNormArgs {
+  HeadNormTarget t[kHeadNormMaxTargets];
+  int count = 0;
+  int d = 0;
+  float eps = 0.f;
+  const int* pos = nullptr;  // [rows]
+};
+
+// ---- one channel pair (i, i + d/2) of a head ----
+
+// What a pair needs besides its two values: the weights (1 without: v_norm) and the rotation at the row's
+// position (rot false: none, or an unrotated pair of proportional RoPE). Constants of the pass: read before
+// pdl_enter.
+struct HeadPair {
+  float wa = 1.f, wb = 1.f;  // w[i], w[i + d/2]
+  float s = 0.f, c = 1.f;    // sin, cos of pos * inv_freq[i]
+  bool rot = false;
+};
+
+__device__ __forceinline__ void head_pair_weights(HeadPair& h, const float* w, int i, int half_d) {
+  if (w) {
+    h.wa = w[i];
+    h.wb = w[i + half_d];
+  }
+}
+
+__device__ __forceinline__ void head_pair_rope(HeadPair& h, const float* inv_freq, int i, int pos) {
+  h.rot = inv_freq && inv_freq[i] != 0.f;
+  if (h.rot) sincosf(__fmul_rn(float(pos), inv_freq[i]), &h.s, &h.c);
+}
+
+// The pair's term of the head's sum of squares (the terms are added by block_sum, or block_sums in its order).
+__device__ __forceinline__ float head_pair_ss(float va, float vb) { return __fmaf_rn(va, va, __fmul_rn(vb, vb)); }
+
+// 1 / rms of a head of d channels from its sum of squares (__fdiv_rn: a division also where d is a compile-time
+// constant; nvcc would otherwise fold / 256 + eps into one fma).
+__device__ __forceinline__ float head_norm_scale(float ss, int d, float eps) {
+  return rsqrtf(__fadd_rn(__fdiv_rn(ss, float(d)), eps));
+}
+
+// The pair normalised (x * (r * w)) and rotated.
+__device__ __forceinline__ void head_pair_apply(const HeadPair& h, float r, float& va, float& vb) {
+  va = __fmul_rn(va, __fmul_rn(r, h.wa));
+  vb = __fmul_rn(vb, __fmul_rn(r, h.wb));
+  if (h.rot) {
+    const float a2 = __fsub_rn(__fmul_rn(va, h.c), __fmul_rn(vb, h.s));
+    vb = __fmaf_rn(vb, h.c, __fmul_rn(va, h.s));
+    va = a2;
+  }
+}
+
+// ---- kernel ----
+
+// Grid (rows, sum of the targets' heads): blockIdx.y walks the heads of target 0, then 1, then 2.
+// PDL prologue: everything but x -- the weights, the RoPE table, the row's position and its cache slot, all
+// written by the host or by kernels at least two launches back (common.cuh) -- is read, and the rotation
+// computed, before pdl_enter; after it only x's loads and the block's one reduction.
+static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
+  const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
+  // Target and head of this block; constant indices only (a dynamic index into the parameter array would
+  // copy it to local memory).
+  int hh = blockIdx.y;
+  int ti = 0;
+  if (a.count > 1 && hh >= a.t[0].heads) {
+    hh -= a.t[0].heads;
+    ti = 1;
+    if (a.count > 2 && hh >= a.t[1].heads) {
+      hh -= a.t[1].heads;
+      ti = 2;
+    }
+  }
+  const HeadNormTarget t = ti == 0 ? a.t[0] : (ti == 1 ? a.t[1] : a.t[2]);
+  const int i = threadIdx.x;
+  const bool active = i < half_d;
+  HeadPair hp;
+  half* dst = nullptr;
+  if (active) {
+    head_pair_weights(hp, t.w, i, half_d);
+    const int p = a.pos[row];
+    head_pair_rope(hp, t.inv_freq, i, p);
+    if (t.out) {
+      dst = t.out + (size_t(row) * t.heads + hh) * d;
+    } else {
+      const int idx = t.kv.seq[row] * t.kv.layers + t.kv.layer;
+      const int slot = p % t.kv.capacity[idx];
+      dst = t.kv.base[idx] + (size_t(slot) * t.heads + hh) * d;
+    }
+  }
+  pdl_enter();
+  const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
+  float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
+  const float r = head_norm_scale(block_sum(head_pair_ss(va, vb)), d, a.eps);
+  if (!active) return;
+  head_pair_apply(hp, r, va, vb);
+  dst[i] = to_half_sat(va);
+  dst[i + half_d] = to_half_sat(vb);
+}
+
+inline int head_norm_threads(int d) { return ((d / 2 + 31) / 32) * 32; }
+
+// Up to kHeadNormMaxTargets targets of one head dim d (q, k and v of a layer) in one launch.
+inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, int count, int rows, int d, float eps,
+                                               const int* pos, const Launch& launch) {
+  if (rows <= 0) return cudaSuccess;
+  if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0) return cudaErrorInvalidValue;
+  HeadNormArgs a;
+  int heads = 0;
+  for (int i = 0; i < count; ++i) {
+    if (targets[i].heads < 0) return cudaErrorInvalidValue;
+    a.t[i] = targets[i];
+    heads += targets[i].heads;
+  }
+  if (heads == 0) return cudaSuccess;
+  a.count = count;
+  a.d = d;
+  a.eps = eps;
+  a.pos = pos;
+  return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), launch, a);
+}
+
+inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, int heads, int d, const float* w,
+                                         float eps, const float* inv_freq, const int* pos, half* out,
+                                         const KvTarget& kv, const Launch& launch) {
+  HeadNormTarget t;
+  t.in = in;
+  t.ld_in = ld_in;
+  t.heads = heads;
+  t.w = w;
+  t.inv_freq = inv_freq;
+  t.out = out;
+  t.kv = kv;
+  return launch_head_norm_rope_multi(&t, 1, rows, d, eps, pos, launch);
+}
+
+}  // namespace kernels
+}  // namespace gemma4_t4
+// ---- end kernels/rope_kv.cuh ----
 
 namespace gemma4_t4 {
 namespace kernels {
@@ -6086,6 +6318,19 @@ struct AttnArgs {
   // keys were all just written; the persistent kernel). 1: a decode pass (one row per sequence, its own key
   // written by the layer's head_norm_rope). 0: a layer that reads an earlier layer's cache (KV-shared).
   int late_keys = -1;
+};
+
+// Heads mode (see the header): what head_norm_rope_kernel would take for the layer's q, k and v targets.
+// Caches written: a.kbase / a.vbase at table index seq * layers + a.layer, slot pos % capacity (a layer
+// that owns its cache reads it: a.layer is the layer itself).
+struct AttnHeads {
+  const float* q = nullptr;         // [rows, heads * D] fp32 q_proj output
+  const float* q_w = nullptr;       // [D] q_norm weight, or nullptr
+  const float* inv_freq = nullptr;  // [D / 2] RoPE table of q and k, or nullptr: no RoPE
+  const float* k = nullptr;         // [rows, kv_heads * D] fp32 k_proj output; nullptr: KV-shared (q only)
+  const float* v = nullptr;         // [rows, kv_heads * D] fp32 v_proj output (k_proj's on k_eq_v layers)
+  const float* k_w = nullptr;       // [D] k_norm weight, or nullptr (v: none)
+  float eps = 0.f;
 };
 
 constexpr int kAttnTile = 32;            // keys per block step, and the split granule
@@ -6219,6 +6464,26 @@ __device__ __forceinline__ void attn_load_v_late(uint4 (&vf)[VI], const half* __
   }
 }
 
+// Heads mode: the row's own key (ks: [D] fp16 in shared memory, + this lane's first channel) as key `key` of the
+// tile's K fragments, and its value (vs: + this lane's 8 channels) as key `key` of the V rows.
+template <int KCH>
+__device__ __forceinline__ void attn_own_k(uint4 (&kf)[2][2][KCH], const half* ks, int key, int g) {
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt)
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi)
+      if (16 * mt + 8 * hi + g == key)
+#pragma unroll
+        for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = *reinterpret_cast<const uint4*>(ks + 32 * i);
+}
+
+template <int VI, int KP>
+__device__ __forceinline__ void attn_own_v(uint4 (&vf)[VI], const half* vs, int key, int kq) {
+#pragma unroll
+  for (int i = 0; i < VI; ++i)
+    if (kq + KP * i == key) vf[i] = *reinterpret_cast<const uint4*>(vs);
+}
+
 // ---- kernels ----
 
 // Shared memory of one attention block (NW warps).
@@ -6231,6 +6496,76 @@ struct AttnSmem {
   int last_s;
 };
 
+// And in heads mode.
+template <int D, int G, int NW>
+struct AttnHeadsSmem {
+  __align__(16) half q[G][D];  // the block's query heads, normalised + roped, fp16 (rows past its heads unused)
+  __align__(16) half k[D];     // the row's own key and value as written to the caches (own-key blocks only)
+  __align__(16) half v[D];
+  float part[NW][G + 2];  // block_sums' partials: q heads 0 .. G - 1, k, v
+};
+
+// Heads mode: one normalised (+ roped) pair of a head, rounded to fp16, into shared memory sm and, when dst is
+// set, into global memory (the cache slot).
+__device__ __forceinline__ void attn_head_out(const HeadPair& hp, float r, float va, float vb, int i, int half_d,
+                                              half* sm, half* dst) {
+  head_pair_apply(hp, r, va, vb);
+  const half ha = to_half_sat(va), hb = to_half_sat(vb);
+  sm[i] = ha;
+  sm[i + half_d] = hb;
+  if (dst) {
+    dst[i] = ha;
+    dst[i + half_d] = hb;
+  }
+}
+
+// Heads mode, after pdl_enter: query heads [qh, qh + group) of [rows * heads] and, when own, the row's k and v
+// (offset kv into [rows, kv_heads * D]) normalised (+ roped) as head_norm_rope_kernel does, into hsm; k and v also
+// into kdst, vdst (the cache slot) when kdst is set (the one writer). Thread i takes channels i and i + D / 2 of
+// every head, as in head_norm_rope_kernel's block. Ends with a barrier: hsm is ready.
+template <int D, int G, int NW>
+__device__ __forceinline__ void attn_heads(const AttnHeads& hn, AttnHeadsSmem<D, G, NW>& hsm, const HeadPair& pq,
+                                           const HeadPair& pk, size_t qh, int group, size_t kv, bool own, half* kdst,
+                                           half* vdst) {
+  constexpr int HD = D / 2, N = G + 2;  // values per thread: G q heads, then k, v
+  static_assert(NW * 32 == (HD + 31) / 32 * 32, "head_norm_rope_kernel's block: head_norm_threads(D) threads");
+  const int i = threadIdx.x;
+  const bool active = D >= 64 || i < HD;  // D = 32: 16 pairs; the other lanes add zeros, as in that kernel
+  const unsigned used = ((1u << group) - 1u) | (own ? 3u << G : 0u);
+  float xa[N], xb[N], ss[N];
+#pragma unroll
+  for (int n = 0; n < N; ++n) xa[n] = xb[n] = 0.f;
+  if (active) {
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+      if (h < group) {
+        const float* x = hn.q + (qh + h) * D;
+        xa[h] = x[i];
+        xb[h] = x[i + HD];
+      }
+    if (own) {
+      xa[G] = hn.k[kv + i];
+      xb[G] = hn.k[kv + i + HD];
+      xa[G + 1] = hn.v[kv + i];
+      xb[G + 1] = hn.v[kv + i + HD];
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < N; ++n) ss[n] = head_pair_ss(xa[n], xb[n]);
+  block_sums<N, NW>(ss, hsm.part, used);
+  if (active) {
+#pragma unroll
+    for (int h = 0; h < G; ++h)
+      if (h < group) attn_head_out(pq, head_norm_scale(ss[h], D, hn.eps), xa[h], xb[h], i, HD, hsm.q[h], nullptr);
+    if (own) {
+      const HeadPair pv = HeadPair();  // v_norm: no weight, no RoPE
+      attn_head_out(pk, head_norm_scale(ss[G], D, hn.eps), xa[G], xb[G], i, HD, hsm.k, kdst);
+      attn_head_out(pv, head_norm_scale(ss[G + 1], D, hn.eps), xa[G + 1], xb[G + 1], i, HD, hsm.v, vdst);
+    }
+  }
+  __syncthreads();
+}
+
 // Block (row, KV head kvh, head slice hs, key split sp) of a decode-attention launch, NW warps (threads 0 .. 32
 // NW - 1). D: head dim (32..512); G: the block's heads (group / head_split) rounded up to 1, 2, 4 or 8 (the rest
 // are padding: zero q, never written). fused: merge in the last block (a.counters, a.splits <=
@@ -6239,9 +6574,12 @@ struct AttnSmem {
 // instead of a.q, and the caches read through L2 (this step wrote some of their slots); no PDL (a.late_keys,
 // a.head_split unused).
 // Otherwise the block calls pdl_enter itself: first thing, or after its prologue (a.late_keys >= 0).
-template <int D, int G, int NW, bool Persist>
+// Heads (heads mode, see the header; a.late_keys 1, or 0 on a KV-shared layer): q from the head norms of hn into
+// hsm (qs = hsm->q), and the row's own key from hsm->k / v.
+template <int D, int G, int NW, bool Persist, bool Heads = false>
 __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int kvh, int hs, int sp, bool fused,
-                                                AttnSmem<D, G, NW>& sm, const half* qs) {
+                                                AttnSmem<D, G, NW>& sm, const half* qs, const AttnHeads* hn = nullptr,
+                                                AttnHeadsSmem<D, G, NW>* hsm = nullptr) {
   constexpr int WS = D / NW, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
   constexpr int LPK = WS / 8, KP = 32 / LPK;               // P.V: lanes per key (8 channels each), keys per step
@@ -6252,6 +6590,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   static_assert(kAttnTile == 32, "softmax: one lane per key");
   static_assert((WS == 32 || WS == 64) && D % WS == 0 && NW <= 8, "head dim 32, 64, 128, 256 or 512");
   static_assert(G == 1 || G == 2 || G == 4 || G == 8, "group rounded up to 1, 2, 4 or 8");
+  static_assert(!(Heads && Persist), "heads mode is a launch of its own");
 
   auto& s_part = sm.s_part;
   auto& p_s = sm.p_s;
@@ -6297,7 +6636,33 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     const int pre = early ? max(0, min(nt, r.lo + r.n - a.late_keys - t0)) : nt;
     attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, pre, cap, g);
     attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, pre, cap, kq);
-    if (early) {
+    // Heads mode: own -- this block's split holds the row's own key (the last key, r.lo + r.n - 1 = pos[row]),
+    // whose K and V this launch makes; the head-slice-0 block writes them to the caches.
+    const bool own = Heads && hn->k && sp == r.used - 1;
+    if constexpr (Heads) {
+      const int p = r.lo + r.n - 1;
+      half* kdst = nullptr;
+      half* vdst = nullptr;
+      if (own && hs == 0) {
+        const size_t at = (size_t(p % cap) * a.kv_heads + kvh) * D;
+        kdst = a.kbase[idx] + at;
+        vdst = a.vbase[idx] + at;
+      }
+      HeadPair pq, pk;  // the constants of this thread's channel pair, before the wait
+      if (D >= 64 || tid < D / 2) {
+        head_pair_rope(pq, hn->inv_freq, tid, p);
+        pk = pq;  // q and k share the rotation
+        head_pair_weights(pq, hn->q_w, tid, D / 2);
+        head_pair_weights(pk, hn->k_w, tid, D / 2);
+      }
+      pdl_enter();
+      attn_heads<D, G, NW>(*hn, *hsm, pq, pk, size_t(hbase), group, (size_t(row) * a.kv_heads + kvh) * D, own, kdst,
+                           vdst);
+      if (pre < nt) {  // a.late_keys 1 and the first tile ends at the row's end: key nt - 1 is the own key
+        attn_own_k<KCH>(kf, hsm->k + warp * WS + 8 * t, nt - 1, g);
+        attn_own_v<VI, KP>(vf, hsm->v + cv, nt - 1, kq);
+      }
+    } else if (early) {
       pdl_enter();
       if (pre < nt) {
         attn_load_k_late<KCH>(kf, K, ld, koff, t0, pre, nt, cap, g);
@@ -6311,7 +6676,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       const int c = warp * WS + 32 * i + 8 * t;
       if (g >= group)
         qf[i] = make_uint4(0u, 0u, 0u, 0u);
-      else if constexpr (Persist)
+      else if constexpr (Persist || Heads)
         qf[i] = *reinterpret_cast<const uint4*>(qs + g * D + c);
       else
         qf[i] = __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + c));
@@ -6335,7 +6700,13 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
           for (int j = 0; j < 2; ++j) s_part[warp][2 * t + j][16 * mt + 8 * hi + g] = sc[2 * hi + j];
       }
       const int t1 = t0 + kAttnTile, nt1 = min(kAttnTile, end - t1);
-      if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, koff, t1, nt1, cap, g);
+      if constexpr (Heads) {  // the own key, when in tile t1, from shared memory
+        const bool own1 = own && nt1 > 0 && t1 + nt1 == r.lo + r.n;
+        if (nt1 > 0) attn_load_k<KCH, false>(kf, K, ld, koff, t1, own1 ? nt1 - 1 : nt1, cap, g);
+        if (own1) attn_own_k<KCH>(kf, hsm->k + warp * WS + 8 * t, nt1 - 1, g);
+      } else {
+        if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, koff, t1, nt1, cap, g);
+      }
       __syncthreads();
 
       // 2. online softmax: lane = key
@@ -6376,7 +6747,13 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 #pragma unroll
           for (int c = 0; c < 8; ++c) acc[h][c] = fmaf(p[h], v[c], acc[h][c]);
       }
-      if (nt1 > 0) attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t1, nt1, cap, kq);
+      if constexpr (Heads) {
+        const bool own1 = own && nt1 > 0 && t1 + nt1 == r.lo + r.n;
+        if (nt1 > 0) attn_load_v<VI, KP, false>(vf, V, ld, voff, t1, own1 ? nt1 - 1 : nt1, cap, kq);
+        if (own1) attn_own_v<VI, KP>(vf, hsm->v + cv, nt1 - 1, kq);
+      } else {
+        if (nt1 > 0) attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t1, nt1, cap, kq);
+      }
       t0 = t1;
       nt = nt1;
     }
@@ -6493,6 +6870,17 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
                                    sm, nullptr);
 }
 
+// Heads mode (see the header): the same blocks, q, k and v from the q/k/v GEMV.
+template <int D, int G>
+static __global__ void __launch_bounds__(attn_block<D>()) attention_heads_kernel(AttnArgs a, AttnHeads hn, int fused) {
+  constexpr int NW = attn_block<D>() / 32;
+  __shared__ AttnSmem<D, G, NW> sm;
+  __shared__ AttnHeadsSmem<D, G, NW> hsm;
+  const int y = int(blockIdx.y);
+  attention_block<D, G, NW, false, true>(a, int(blockIdx.x), y / a.head_split, y % a.head_split, int(blockIdx.z),
+                                         fused != 0, sm, &hsm.q[0][0], &hn, &hsm);
+}
+
 // The unfused merge: out[r, h, c] = sum_s o_s[c] e^(m_s - M) / sum_s l_s e^(m_s - M) over the splits holding
 // keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
@@ -6561,23 +6949,26 @@ inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim,
   return s;
 }
 
+// hn: heads mode (attention_heads_kernel), else attention_split_kernel.
 template <int D, int G>
-inline cudaError_t launch_attention_dg(const AttnArgs& a, const Launch& launch) {
+inline cudaError_t launch_attention_dg(const AttnArgs& a, const AttnHeads* hn, const Launch& launch) {
   const int heads = a.heads / a.kv_heads / a.head_split;  // per block
   const bool fused = a.splits > 1 && a.counters && a.splits <= attention_fused_splits(heads, D);
-  const cudaError_t e = launch_kernel(attention_split_kernel<D, G>, dim3(a.rows, a.kv_heads * a.head_split, a.splits),
-                                      attn_block<D>(), launch, a, int(fused));
+  const dim3 grid(a.rows, a.kv_heads * a.head_split, a.splits);
+  const cudaError_t e =
+      hn ? launch_kernel(attention_heads_kernel<D, G>, grid, attn_block<D>(), launch, a, *hn, int(fused))
+         : launch_kernel(attention_split_kernel<D, G>, grid, attn_block<D>(), launch, a, int(fused));
   if (e != cudaSuccess || a.splits == 1 || fused) return e;
   return launch_kernel(attention_merge_kernel<D>, dim3(a.rows, a.heads, (D + 63) / 64), 32, launch, a);
 }
 
 template <int D>
-inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const Launch& launch) {
+inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const AttnHeads* hn, const Launch& launch) {
   switch (group > 8 ? -1 : gqa_group_pad(group)) {
-    case 1: return launch_attention_dg<D, 1>(a, launch);
-    case 2: return launch_attention_dg<D, 2>(a, launch);
-    case 4: return launch_attention_dg<D, 4>(a, launch);
-    case 8: return launch_attention_dg<D, 8>(a, launch);
+    case 1: return launch_attention_dg<D, 1>(a, hn, launch);
+    case 2: return launch_attention_dg<D, 2>(a, hn, launch);
+    case 4: return launch_attention_dg<D, 4>(a, hn, launch);
+    case 8: return launch_attention_dg<D, 8>(a, hn, launch);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -6587,23 +6978,41 @@ inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
 }
 
-// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits of the
-// block's heads), else two. a.head_split must divide the group; a.late_keys >= 0 only for launches whose rows'
-// keys before the last late_keys were written at least two launches back (AttnArgs).
-inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
+// launch_attention (hn null) and launch_attention_heads: the shape checks, then the kernels of head dim and group.
+inline cudaError_t launch_attention_any(const AttnArgs& a, int head_dim, const AttnHeads* hn, const Launch& launch) {
   if (a.rows <= 0) return cudaSuccess;
   if (a.kv_heads <= 0 || a.heads % a.kv_heads != 0 || a.splits < 1 || a.splits > kAttnMaxSplits || a.head_split < 1 ||
       (a.heads / a.kv_heads) % a.head_split != 0 || a.kv_heads * a.head_split > 65535 || a.late_keys < -1)
     return cudaErrorInvalidValue;
   const int group = a.heads / a.kv_heads / a.head_split;
   switch (head_dim) {
-    case 32: return launch_attention_d<32>(a, group, launch);
-    case 64: return launch_attention_d<64>(a, group, launch);
-    case 128: return launch_attention_d<128>(a, group, launch);
-    case 256: return launch_attention_d<256>(a, group, launch);
-    case 512: return launch_attention_d<512>(a, group, launch);
+    case 32: return launch_attention_d<32>(a, group, hn, launch);
+    case 64: return launch_attention_d<64>(a, group, hn, launch);
+    case 128: return launch_attention_d<128>(a, group, hn, launch);
+    case 256: return launch_attention_d<256>(a, group, hn, launch);
+    case 512: return launch_attention_d<512>(a, group, hn, launch);
     default: return cudaErrorInvalidValue;
   }
+}
+
+// One launch when splits == 1 or the merge fuses (a.counters set, splits <= attention_fused_splits of the
+// block's heads), else two. a.head_split must divide the group; a.late_keys >= 0 only for launches whose rows'
+// keys before the last late_keys were written at least two launches back (AttnArgs).
+inline cudaError_t launch_attention(const AttnArgs& a, int head_dim, const Launch& launch) {
+  return launch_attention_any(a, head_dim, nullptr, launch);
+}
+
+// Heads mode: head_norm_rope (q -> q_norm + RoPE; k -> k_norm + RoPE and v -> v_norm into the caches) and the
+// attention over the caches in the launches launch_attention makes (see the header). The same results as
+// launch_head_norm_rope_multi of those targets (q into an fp16 buffer, then a.q) followed by launch_attention,
+// bit for bit; a.q unused. For decode passes: every row a sequence of its own (no two rows share a cache slot),
+// a.late_keys 1 (hn.k and hn.v set: a layer that owns its cache, a.layer = that layer) or 0 (hn.k null: a KV-shared
+// layer, q only); the previous launch wrote hn's inputs, and every key but each row's own at least two launches back.
+// Head dims and groups: attention_supported.
+inline cudaError_t launch_attention_heads(const AttnArgs& a, const AttnHeads& hn, int head_dim, const Launch& launch) {
+  if (a.rows <= 0) return cudaSuccess;
+  if (!hn.q || a.late_keys != (hn.k ? 1 : 0) || (hn.k && !hn.v)) return cudaErrorInvalidValue;
+  return launch_attention_any(a, head_dim, &hn, launch);
 }
 
 }  // namespace kernels
@@ -8368,7 +8777,7 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
-// only on column n of B; kw depends only on `in`), so batched decode equals one-row decode bit for bit
+// only on column n of B; kw on `in` and the outputs), so batched decode equals one-row decode bit for bit
 // (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
 // the expression of gelu_mul / ple_gate (elementwise.cuh) on the fp32 dot products.
 // Precision vs the CUDA-core GEMV this replaced: w4a16 weights are rounded to fp16 once (as prefill always
@@ -8391,6 +8800,12 @@ constexpr int kGemvWarps = 8;     // warps per block
 constexpr int kGemvMaxRows = 32;  // input rows (decode batch) per launch
 constexpr int kGemvMaxMats = 3;   // matrices of one multi-matrix launch
 constexpr int kGemvMaxSplit = 4;  // blocks splitting one row tile's k-tiles (GemvArgs::ksplit)
+// Launches that would take more blocks than this (the LM head: 262,144 outputs) split a row tile's k-tiles over at
+// most 2 warps: 4x fewer, longer-lived blocks. Measured (dev/gemv_decode.cu version 5, H200, PDL, us per call at 1 /
+// 8 rows): fp16 LM head 238 / 239 at 8 warps (16,384 blocks), 202 / 219 at 2 (4,096: 91% of the stream read
+// bandwidth), 216 / 250 at 1; w4a16 101 / 105 at 4 warps, 95 / 100 at 2. Matrices of up to 12,288 outputs lose at
+// 2 warps (fp16 gate/up 12288: 22.5 -> 26.6 us), so they keep gemv_split's choice.
+constexpr int kGemvManyBlocks = 4096;
 
 // One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
 struct GemvMat {
@@ -8726,7 +9141,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
 }
 
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
-// idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above).
+// idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above); gemv_plan
+// caps it at 2 for launches of more than kGemvManyBlocks blocks.
 inline int gemv_split(int ktiles) {
   for (int kw = kGemvWarps; kw > 1; kw /= 2)
     if (ktiles % kw == 0) return kw;
@@ -8796,6 +9212,7 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
 
   const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
+  if (ceil_div(size_t(total_out), size_t(gemv_block_rows(a.kw))) > size_t(kGemvManyBlocks)) a.kw = std::min(a.kw, 2);
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;
@@ -9227,152 +9644,7 @@ inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w
 }  // namespace kernels
 }  // namespace gemma4_t4
 // ---- end kernels/rmsnorm.cuh ----
-// ---- begin kernels/rope_kv.cuh ----
-// gemma4_t4 kernels: per-head RMSNorm + RoPE, written to a contiguous buffer (queries) or into a
-// session's KV cache (keys, values).
-//
-// For each (row r, head h): x = in[r, h*d : (h+1)*d] (fp32, matmul output)
-//   x = x * (mean(x^2) + eps)^-0.5 * w          (w == nullptr: no weight, Gemma 4's v_norm)
-//   rotate-half RoPE at position pos[r]: channel i pairs with i + d/2, angle pos * inv_freq[i];
-//   inv_freq[i] == 0 leaves the pair alone (proportional RoPE's unrotated tail); inv_freq == nullptr: no RoPE.
-// Destination: out[r, h, :] (fp16) when `out` is set, else the cache of the row's sequence:
-//   cache[seq[r] * layers + layer] + (slot * heads + h) * d, slot = pos[r] % capacity[seq[r] * layers + layer]
-//   (full layers have capacity >= every position, so the slot is the position; sliding layers use a ring).
-// One launch serves up to three targets of the same head dim (a layer's q, k and v: 8 + 1 + 1 heads on
-// E2B), each with its own input, weight, RoPE table and destination: grid (rows, total heads).
-// Block: max(32, d/2) threads, one channel pair each. sm_75 safe; static shared memory 132 B.
-
-// (kernels/common.cuh: already inlined above)
-
-namespace gemma4_t4 {
-namespace kernels {
-
-// Where K/V rows of a batch go: per (sequence, layer) cache bases and capacities. Device pointers.
-struct KvTarget {
-  half* const* base = nullptr;    // [seqs * layers] -> [capacity, heads, d] fp16
-  const int* capacity = nullptr;  // [seqs * layers] slots
-  const int* seq = nullptr;       // [rows] sequence of each row
-  int layer = 0;
-  int layers = 0;
-};
-
-// One target of a launch: a [rows, ld_in] fp32 matmul output whose `heads` heads of d channels are
-// normalised (+ roped) and written to `out` or, when out is null, into the caches kv.base.
-struct HeadNormTarget {
-  const float* in = nullptr;  // [rows, ld_in] fp32; head h at columns h*d .. h*d + d - 1
-  int ld_in = 0;
-  int heads = 0;
-  const float* w = nullptr;         // [d] fp32, or nullptr: no weight (v_norm)
-  const float* inv_freq = nullptr;  // [d/2] fp32, or nullptr: no RoPE
-  half* out = nullptr;              // [rows, heads, d] fp16, or nullptr: into kv
-  KvTarget kv;
-};
-
-constexpr int kHeadNormMaxTargets = 3;  // q, k, v of one layer
-
-struct HeadNormArgs {
-  HeadNormTarget t[kHeadNormMaxTargets];
-  int count = 0;
-  int d = 0;
-  float eps = 0.f;
-  const int* pos = nullptr;  // [rows]
-};
-
-// Grid (rows, sum of the targets' heads): blockIdx.y walks the heads of target 0, then 1, then 2.
-// PDL prologue: everything but x -- the weights, the RoPE table, the row's position and its cache slot, all
-// written by the host or by kernels at least two launches back (common.cuh) -- is read, and the rotation
-// computed, before pdl_enter; after it only x's loads and the block's one reduction.
-static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
-  const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
-  // Target and head of this block; constant indices only (a dynamic index into the parameter array would
-  // copy it to local memory).
-  int hh = blockIdx.y;
-  int ti = 0;
-  if (a.count > 1 && hh >= a.t[0].heads) {
-    hh -= a.t[0].heads;
-    ti = 1;
-    if (a.count > 2 && hh >= a.t[1].heads) {
-      hh -= a.t[1].heads;
-      ti = 2;
-    }
-  }
-  const HeadNormTarget t = ti == 0 ? a.t[0] : (ti == 1 ? a.t[1] : a.t[2]);
-  const int i = threadIdx.x;
-  const bool active = i < half_d;
-  float wa = 1.f, wb = 1.f, s = 0.f, c = 1.f;
-  bool rot = false;
-  half* dst = nullptr;
-  if (active) {
-    if (t.w) {
-      wa = t.w[i];
-      wb = t.w[i + half_d];
-    }
-    const int p = a.pos[row];
-    rot = t.inv_freq && t.inv_freq[i] != 0.f;
-    if (rot) sincosf(float(p) * t.inv_freq[i], &s, &c);
-    if (t.out) {
-      dst = t.out + (size_t(row) * t.heads + hh) * d;
-    } else {
-      const int idx = t.kv.seq[row] * t.kv.layers + t.kv.layer;
-      const int slot = p % t.kv.capacity[idx];
-      dst = t.kv.base[idx] + (size_t(slot) * t.heads + hh) * d;
-    }
-  }
-  pdl_enter();
-  const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
-  float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
-  const float r = rsqrtf(block_sum(va * va + vb * vb) / d + a.eps);
-  if (!active) return;
-  va *= r * wa;
-  vb *= r * wb;
-  if (rot) {
-    const float a2 = va * c - vb * s;
-    vb = vb * c + va * s;
-    va = a2;
-  }
-  dst[i] = to_half_sat(va);
-  dst[i + half_d] = to_half_sat(vb);
-}
-
-inline int head_norm_threads(int d) { return ((d / 2 + 31) / 32) * 32; }
-
-// Up to kHeadNormMaxTargets targets of one head dim d (q, k and v of a layer) in one launch.
-inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, int count, int rows, int d, float eps,
-                                               const int* pos, const Launch& launch) {
-  if (rows <= 0) return cudaSuccess;
-  if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0) return cudaErrorInvalidValue;
-  HeadNormArgs a;
-  int heads = 0;
-  for (int i = 0; i < count; ++i) {
-    if (targets[i].heads < 0) return cudaErrorInvalidValue;
-    a.t[i] = targets[i];
-    heads += targets[i].heads;
-  }
-  if (heads == 0) return cudaSuccess;
-  a.count = count;
-  a.d = d;
-  a.eps = eps;
-  a.pos = pos;
-  return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), launch, a);
-}
-
-inline cudaError_t launch_head_norm_rope(const float* in, int ld_in, int rows, int heads, int d, const float* w,
-                                         float eps, const float* inv_freq, const int* pos, half* out,
-                                         const KvTarget& kv, const Launch& launch) {
-  HeadNormTarget t;
-  t.in = in;
-  t.ld_in = ld_in;
-  t.heads = heads;
-  t.w = w;
-  t.inv_freq = inv_freq;
-  t.out = out;
-  t.kv = kv;
-  return launch_head_norm_rope_multi(&t, 1, rows, d, eps, pos, launch);
-}
-
-}  // namespace kernels
-}  // namespace gemma4_t4
-// ---- end kernels/rope_kv.cuh ----
+// (kernels/rope_kv.cuh: already inlined above)
 // ---- begin include/gemma4_t4/sanitizer.hpp ----
 // gemma4_t4 implementation part: compute-sanitizer annotations of the CUDA backend (nvcc only). Standalone
 // (CUDA runtime + NVTX headers), so tools/initcheck_cublas.cu checks this very code.
@@ -10788,7 +11060,7 @@ namespace detail {
 struct LayerPass {
   int rows = 0;
   AttnPlan sliding, full;             // decode attention: key splits per row, head slices (planner's attention_plan)
-  bool decode_only = false;           // one row per session: head_norm_rope wrote only each row's own key (late_keys)
+  bool decode_only = false;           // one row per session: each row's own key is its only new one (late_keys)
   int flash_tiles[4] = {0, 0, 0, 0};  // prefill attention tiles per folded group size; 0: split kernel
   int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
@@ -10885,8 +11157,13 @@ class LayerEncoder {
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
   }
 
-  // q -> q16; k, v -> the caches (one launch). k_eq_v: V is the raw k_proj output.
+  // q -> q16; k, v -> the caches (one launch). k_eq_v: V is the raw k_proj output. Where they fold into the
+  // attention launch (heads_fold), nothing here: attend(l) launches both.
   Status heads(int l) {
+    if (heads_fold(l)) {
+      folded_ = l;
+      return Status::ok();
+    }
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
     const int hd = lc.head_dim, kvh = lc.num_kv_heads;
@@ -10924,6 +11201,8 @@ class LayerEncoder {
 
   Status attend(int l) {
     const LayerConfig& lc = c_.layers[l];
+    const bool fold = folded_ == l;
+    folded_ = -1;
     kernels::AttnArgs a;
     a.q = ws_.q16;
     a.kbase = ws_.dev.k;
@@ -10946,12 +11225,26 @@ class LayerEncoder {
     a.out = ws_.x16;
     a.counters = ws_.attn_counters;
     const int group = c_.num_heads / lc.num_kv_heads, gi = kernels::gqa_group_index(group);
-    if (p_.flash_tiles[gi] > 0 && kernels::flash_attention_supported(lc.head_dim, group))
+    if (fold) {  // heads(l) left q, k and v in proj_a / b / c
+      const DevLayer& d = w_.layers[l];
+      kernels::AttnHeads hn;
+      hn.q = ws_.proj_a;
+      hn.q_w = d.q_norm;
+      hn.inv_freq = d.inv_freq;
+      if (!lc.kv_shared) {
+        hn.k = ws_.proj_b;
+        hn.v = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
+        hn.k_w = d.k_norm;
+      }
+      hn.eps = c_.rms_norm_eps;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_attention_heads(a, hn, lc.head_dim, ln_), "q/k/v norm + RoPE + attention");
+    } else if (flash(l)) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_flash_attention(a, ws_.tiles + size_t(gi) * ws_.max_rows, p_.flash_tiles[gi],
                                                          lc.head_dim, ln_),
                          "attention (flash)");
-    else
+    } else {
       GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, lc.head_dim, ln_), "attention");
+    }
     return Status::ok();
   }
 
@@ -11086,6 +11379,29 @@ class LayerEncoder {
     return Status::ok();
   }
 
+  // Whether layer l's attention runs as flash attention (passes with a prompt chunk, tile tables uploaded).
+  bool flash(int l) const {
+    const LayerConfig& lc = c_.layers[l];
+    const int group = c_.num_heads / lc.num_kv_heads;
+    return p_.flash_tiles[kernels::gqa_group_index(group)] > 0 &&
+           kernels::flash_attention_supported(lc.head_dim, group);
+  }
+
+  // Whether layer l's head norms + RoPE + KV write fold into its attention launch (kernels::launch_attention_heads,
+  // bit-identical to heads() then attend()): decode passes (one row per session, each row's own key the only new
+  // one: late_keys) of <= kHeadsFoldRows rows, on the split kernel, for head dims and groups it takes; a layer with
+  // a cache of its own writes the cache it reads. Measured (H200, E2B w4a16, bench/RESULTS.md 2026-12-05): folded at
+  // every decode pass up to 32 rows, +2.9% at one session but -2.6% at 8 and -5.3% at 16, where each attention
+  // block's own q/k norms and RoPE cost more than the launch they save; past 32 rows a pass may be a bucket whose
+  // padding rows share one cache slot, and the heads mode needs one writer per slot.
+  static constexpr int kHeadsFoldRows = 2;
+  bool heads_fold(int l) const {
+    const LayerConfig& lc = c_.layers[l];
+    return p_.decode_only && p_.rows <= kHeadsFoldRows && !flash(l) &&
+           kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
+           (lc.kv_shared || lc.kv_source == l);
+  }
+
   static constexpr int kGluMaxRows = 256;  // the fused gate/up GEMM's rows (its 64-row tile's range, gemm_w4.cuh)
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
@@ -11161,6 +11477,7 @@ class LayerEncoder {
   Pending pending_;
   Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
+  int folded_ = -1;            // the layer whose heads(l) left its norms to attend(l) (heads_fold), or -1
 };
 
 }  // namespace detail
@@ -11502,6 +11819,10 @@ __device__ __forceinline__ void build_x(const StepX& x, const StepParams& p, int
 
 // x: one head's D fp32 channels (L2); w: weight or null; inv_freq: RoPE table or null. Lane holds chunks
 // lane + 32 j (4 channels each); chunk q pairs with q + D / 8 (channel i with i + D / 2).
+// Not bit-identical to head_norm_rope_kernel: the sum of squares is added in a warp's order (a lane's 4 J
+// channels, then the lanes), not block_sum's (pairs i, i + D / 2, then the block), and the compiler contracts the
+// expressions as it sees fit here; the per-kernel path's heads mode (attention.cuh, AttnHeads) is the one that
+// matches that kernel bit for bit. The persistent and per-kernel paths agree to rounding (test_persistent.cpp).
 template <int D>
 __device__ __forceinline__ void head_norm_rope(const float* x, const float* w, const float* inv_freq, int pos,
                                                float eps, half* out) {

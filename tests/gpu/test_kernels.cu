@@ -772,6 +772,44 @@ TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..32 rows, strided y, batch
       }
 }
 
+// A launch of more than kGemvManyBlocks blocks at gemv_split's warps per row tile (the LM head's shape) takes at most
+// 2: the same x W^T, batch-independent. Out just past the threshold at 4 warps (32 rows per block), both layouts.
+TEST_CASE("gemv: launches of many row tiles take 2 warps per row tile, same results", "[gpu]") {
+  std::mt19937 rng(307);
+  Stream st;
+  for (bool w4 : {false, true}) {
+    const int in = w4 ? 416 : 104;  // 4 k-tiles: gemv_split gives 4 warps
+    REQUIRE(kn::gemv_split((in / (w4 ? 32 : 8) + 3) / 4) == 4);
+    const int out = kn::kGemvManyBlocks * 32 + 17;
+    const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
+    const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);
+    Dev<half> dx(x.size());
+    Dev<float> dy(size_t(kn::kGemvMaxRows) * out);
+    dx.upload(x);
+    const std::vector<double> ref_all = gemv_ref(W->dense, widen(x), kn::kGemvMaxRows, out, in);
+    std::vector<float> got32;
+    for (int n : {32, 9, 1}) {
+      dy.poison();
+      const kn::GemvMat m = W->mat(dy.get(), out);
+      kn::GemvArgs a;
+      a.x = dx.get(), a.n = n, a.in = in, a.mat[0] = m, a.count = 1;
+      unsigned blocks = 0;
+      REQUIRE_CUDA(kn::gemv_plan(a, 1, kn::GemvEpilogue::Store, true, &blocks));
+      REQUIRE(a.kw == 2);
+      REQUIRE(blocks == unsigned((out + 63) / 64));
+      REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, out, in, dy.get(), out, st.s));
+      st.sync();
+      const std::string what = cat("gemv ", w4 ? "w4a16" : "fp16", " n ", n, " out ", out, " in ", in);
+      const std::vector<float> got = gemv_written(dy.download<float>(), out, n, out, what);
+      check_max_rel(got, head_rows(ref_all, n, out), kTolF32Half, what);
+      if (n == kn::kGemvMaxRows)
+        got32 = got;
+      else
+        require_same_bits(got, got32, what + " vs the same rows of n = 32");
+    }
+  }
+}
+
 // The residual projections' k-split (layers.hpp project): ksplit blocks per row tile write ksplit parts, and
 // launch_residual_norm adds them in part order. Each part stays batch-independent, the parts' sum is the GEMV, and
 // the residual norm over the parts equals the residual norm of their sum (taken in part order) bit for bit.
@@ -1594,6 +1632,405 @@ TEST_CASE("attention split policy: scratch budget, tiles, fused merge where it p
   CHECK(kn::attention_splits_for(1, 1, 8, 512, 640, 132, 1024, 1) == 16);
 }
 
+// ---- attention.cuh: heads mode ----
+
+// One layer of a decode pass for launch_attention_heads, on the host: every row a session of its own (the table
+// order reversed), the q/k/v GEMV's fp32 output, the norms' weights, the RoPE table, and the caches before the
+// pass. The launch reads (and on layers with a cache of their own writes) table column kLayer; column 0 must not
+// change.
+enum class HeadsLayer { Own, KeqV, Shared };  // own K and V; V from the k_proj output (k_eq_v); KV-shared: q only
+
+struct HeadsCase {
+  static constexpr int kLayers = 2, kLayer = 1;
+  static constexpr float kEps = 1e-6f;
+  int D = 0, rows = 0, heads = 0, kv_heads = 0, window = 0;
+  HeadsLayer kind = HeadsLayer::Own;
+  std::vector<float> q, k, v;                   // [rows, heads * D], [rows, kv_heads * D] fp32 (v = k: KeqV)
+  std::vector<float> qw, kw, inv_freq;          // [D], [D], [D / 2] fp32
+  std::vector<int> seq, pos, capacity;          // [rows], [rows], [seqs * layers]
+  std::vector<std::vector<uint16_t>> k16, v16;  // [seqs * layers] -> [capacity, kv_heads, D] fp16, before
+
+  bool writes() const { return kind != HeadsLayer::Shared; }
+  const std::vector<float>& v_in() const { return kind == HeadsLayer::KeqV ? k : v; }
+  int slot(int r) const { return pos[size_t(r)] % capacity[size_t(seq[size_t(r)] * kLayers + kLayer)]; }
+};
+
+// Positions: row 0 a first token (one key), row 1 inside the window / early, row 2 past a ring's capacity (its
+// slot wrapped), the rest uniform; full layers' caches hold every position, rings window + 16 slots.
+HeadsCase make_heads_case(std::mt19937& rng, int D, int group, int kv_heads, int rows, int window, HeadsLayer kind) {
+  constexpr int kMaxPos = 300;
+  HeadsCase c;
+  c.D = D;
+  c.rows = rows;
+  c.kv_heads = kv_heads;
+  c.heads = kv_heads * group;
+  c.window = window;
+  c.kind = kind;
+  const int ring = window + 16;
+  std::uniform_int_distribution<int> upos(1, window ? 3 * ring : kMaxPos);
+  for (int r = 0; r < rows; ++r) {
+    c.seq.push_back(rows - 1 - r);
+    c.pos.push_back(r == 0   ? 0
+                    : r == 1 ? (window ? window / 2 + 3 : 40)
+                    : r == 2 ? (window ? 2 * ring + 7 : kMaxPos)
+                             : upos(rng));
+  }
+  c.capacity.assign(size_t(rows) * HeadsCase::kLayers, 0);
+  for (int s = 0; s < rows; ++s) {
+    c.capacity[size_t(s) * HeadsCase::kLayers] = 5 + s;  // column 0: never read nor written
+    c.capacity[size_t(s) * HeadsCase::kLayers + HeadsCase::kLayer] = window ? ring : kMaxPos + 1;
+  }
+  // Inputs as head_norm_rope's tests take them; weights small enough for soft scores (|q.k| ~ 2 at D = 512).
+  c.q = rand_f32(rng, size_t(rows) * c.heads * D, -20.f, 20.f);
+  c.k = rand_f32(rng, size_t(rows) * kv_heads * D, -20.f, 20.f);
+  c.v = rand_f32(rng, size_t(rows) * kv_heads * D, -20.f, 20.f);
+  c.qw = rand_f32(rng, size_t(D), -0.3f, 0.3f);
+  c.kw = rand_f32(rng, size_t(D), -1.f, 1.f);
+  // sliding layers rotate every pair; full layers as Gemma 4's proportional RoPE: a quarter, zeros after
+  c.inv_freq = window ? make_inv_freq(D, D / 2, 1e4f, 1.f) : make_inv_freq(D, D / 8, 1e6f, 8.f);
+  for (int cap : c.capacity) {
+    c.k16.push_back(rand_f16(rng, size_t(cap) * kv_heads * D, -1.f, 1.f));
+    c.v16.push_back(rand_f16(rng, size_t(cap) * kv_heads * D, -1.f, 1.f));
+  }
+  return c;
+}
+
+// The case on the device: inputs, caches (reset to the case's before every launch), q16 for the two-launch
+// path, scratch for up to max_splits splits, zeroed arrival counters ([rows, kv_heads, head slices]).
+struct HeadsDev {
+  const HeadsCase& c;
+  DevKvCaches kv;
+  Dev<int> cap, seq, pos;
+  Dev<float> q, k, v, qw, kw, inv;
+  Dev<half> q16, out;  // [rows, heads, D] fp16
+  Dev<float> part_o, part_ml;
+  Dev<unsigned> counters;
+  int max_splits;
+
+  HeadsDev(const HeadsCase& c_, int max_splits_)
+      : c(c_),
+        kv(c_.k16, c_.v16),
+        cap(c_.capacity.size()),
+        seq(c_.seq.size()),
+        pos(c_.pos.size()),
+        q(c_.q.size()),
+        k(c_.k.size()),
+        v(c_.v.size()),
+        qw(c_.qw.size()),
+        kw(c_.kw.size()),
+        inv(c_.inv_freq.size()),
+        q16(c_.q.size()),
+        out(c_.q.size()),
+        part_o(c_.q.size() * size_t(max_splits_)),
+        part_ml(size_t(c_.rows) * c_.heads * max_splits_ * 2),
+        counters(size_t(c_.rows) * c_.heads),
+        max_splits(max_splits_) {
+    cap.upload(c.capacity);
+    seq.upload(c.seq);
+    pos.upload(c.pos);
+    q.upload(c.q);
+    k.upload(c.k);
+    v.upload(c.v);
+    qw.upload(c.qw);
+    kw.upload(c.kw);
+    inv.upload(c.inv_freq);
+    counters.upload(std::vector<unsigned>(counters.size(), 0u));
+  }
+
+  void reset() {
+    for (size_t i = 0; i < c.k16.size(); ++i) {
+      kv.kc[i]->upload(c.k16[i]);
+      kv.vc[i]->upload(c.v16[i]);
+    }
+    q16.poison();
+    out.poison();
+    part_o.poison();
+    part_ml.poison();
+  }
+
+  kn::AttnArgs args(int head_split, int splits, bool with_counters) const {
+    REQUIRE(splits <= max_splits);
+    kn::AttnArgs a;
+    a.q = q16.get();
+    a.kbase = kv.kb->get();
+    a.vbase = kv.vb->get();
+    a.capacity = cap.get();
+    a.seq = seq.get();
+    a.pos = pos.get();
+    a.layer = HeadsCase::kLayer;
+    a.layers = HeadsCase::kLayers;
+    a.rows = c.rows;
+    a.heads = c.heads;
+    a.kv_heads = c.kv_heads;
+    a.window = c.window;
+    a.splits = splits;
+    a.head_split = head_split;
+    a.late_keys = c.writes() ? 1 : 0;  // as LayerEncoder::attend sets it for decode passes
+    a.part_o = part_o.get();
+    a.part_ml = part_ml.get();
+    a.out = out.get();
+    a.counters = with_counters ? counters.get() : nullptr;
+    return a;
+  }
+
+  kn::AttnHeads heads() const {
+    kn::AttnHeads h;
+    h.q = q.get();
+    h.q_w = qw.get();
+    h.inv_freq = inv.get();
+    if (c.writes()) {
+      h.k = k.get();
+      h.v = c.kind == HeadsLayer::KeqV ? k.get() : v.get();
+      h.k_w = kw.get();
+    }
+    h.eps = HeadsCase::kEps;
+    return h;
+  }
+
+  // Today's two launches, as LayerEncoder::heads and ::attend make them.
+  void two_launches(const kn::AttnArgs& a, const Stream& st) const {
+    kn::KvTarget kt;
+    kt.capacity = cap.get();
+    kt.seq = seq.get();
+    kt.layer = HeadsCase::kLayer;
+    kt.layers = HeadsCase::kLayers;
+    kn::HeadNormTarget t[3];
+    t[0].in = q.get();
+    t[0].ld_in = c.heads * c.D;
+    t[0].heads = c.heads;
+    t[0].w = qw.get();
+    t[0].inv_freq = inv.get();
+    t[0].out = q16.get();
+    t[1].in = k.get();
+    t[1].ld_in = c.kv_heads * c.D;
+    t[1].heads = c.kv_heads;
+    t[1].w = kw.get();
+    t[1].inv_freq = inv.get();
+    t[1].kv = kt;
+    t[1].kv.base = kv.kb->get();
+    t[2].in = c.kind == HeadsLayer::KeqV ? k.get() : v.get();
+    t[2].ld_in = c.kv_heads * c.D;
+    t[2].heads = c.kv_heads;
+    t[2].kv = kt;
+    t[2].kv.base = kv.vb->get();
+    REQUIRE_CUDA(kn::launch_head_norm_rope_multi(t, c.writes() ? 3 : 1, c.rows, c.D, HeadsCase::kEps, pos.get(), st.s));
+    REQUIRE_CUDA(kn::launch_attention(a, c.D, st.s));
+  }
+
+  struct State {
+    std::vector<uint16_t> out;                // [rows, heads, D] fp16 bits
+    std::vector<std::vector<uint16_t>> k, v;  // the caches
+  };
+  State state(const std::string& what) const {
+    State s;
+    s.out = out.download<uint16_t>();
+    for (size_t i = 0; i < c.k16.size(); ++i) {
+      s.k.push_back(kv.kc[i]->download<uint16_t>());
+      s.v.push_back(kv.vc[i]->download<uint16_t>());
+    }
+    const std::vector<unsigned> cnt = counters.download<unsigned>();
+    INFO(what << ": every arrival counter back at zero");
+    REQUIRE(size_t(std::count(cnt.begin(), cnt.end(), 0u)) == cnt.size());
+    return s;
+  }
+};
+
+// The host's side of a case: q heads and the rows' own K / V as the kernels round them (norm + RoPE, fp16), the
+// caches after the pass, and attention_ref over them.
+struct HeadsRef {
+  AttnHost h;
+  std::vector<double> out;
+  std::vector<std::vector<float>> own_k, own_v;  // [rows] -> [kv_heads * D] (writes() only)
+};
+
+HeadsRef heads_ref(const HeadsCase& c) {
+  HeadsRef r;
+  AttnHost& a = r.h;
+  const int D = c.D;
+  a.D = D;
+  a.rows = c.rows;
+  a.heads = c.heads;
+  a.kv_heads = c.kv_heads;
+  a.window = c.window;
+  a.layer = HeadsCase::kLayer;
+  a.layers = HeadsCase::kLayers;
+  a.capacity = c.capacity;
+  a.seq = c.seq;
+  a.pos = c.pos;
+  auto rounded = [](std::vector<float> t) {
+    for (float& x : t) x = f16_to_f32(f32_to_f16_sat(x));
+    return t;
+  };
+  a.q.resize(c.q.size());
+  for (int i = 0; i < c.rows * c.heads; ++i) {
+    const std::vector<float> t = rounded(head_norm_rope_ref(&c.q[size_t(i) * D], D, c.qw.data(), HeadsCase::kEps,
+                                                            c.inv_freq.data(), c.pos[size_t(i / c.heads)]));
+    std::copy(t.begin(), t.end(), a.q.begin() + std::ptrdiff_t(size_t(i) * D));
+  }
+  for (size_t i = 0; i < c.k16.size(); ++i) {
+    a.k.push_back(widen(c.k16[i]));
+    a.v.push_back(widen(c.v16[i]));
+  }
+  if (c.writes()) {
+    for (int row = 0; row < c.rows; ++row) {
+      const size_t idx = size_t(c.seq[size_t(row)] * HeadsCase::kLayers + HeadsCase::kLayer);
+      std::vector<float> ok, ov;
+      for (int g = 0; g < c.kv_heads; ++g) {
+        const size_t in = (size_t(row) * c.kv_heads + g) * D, at = (size_t(c.slot(row)) * c.kv_heads + g) * D;
+        const std::vector<float> kr = rounded(
+            head_norm_rope_ref(&c.k[in], D, c.kw.data(), HeadsCase::kEps, c.inv_freq.data(), c.pos[size_t(row)]));
+        const std::vector<float> vr =
+            rounded(head_norm_rope_ref(&c.v_in()[in], D, nullptr, HeadsCase::kEps, nullptr, 0));
+        std::copy(kr.begin(), kr.end(), a.k[idx].begin() + std::ptrdiff_t(at));
+        std::copy(vr.begin(), vr.end(), a.v[idx].begin() + std::ptrdiff_t(at));
+        ok.insert(ok.end(), kr.begin(), kr.end());
+        ov.insert(ov.end(), vr.begin(), vr.end());
+      }
+      r.own_k.push_back(ok);
+      r.own_v.push_back(ov);
+    }
+  }
+  r.out = attention_ref(a);
+  return r;
+}
+
+// After a heads-mode launch: (a) every output bit and every cache bit equal to the two launches', and no cache half
+// outside the rows' own slots (column kLayer, layers that own their cache) changed; (b) out and the own slots
+// against the host.
+void check_heads(const HeadsCase& c, const HeadsRef& ref, const HeadsDev::State& two, const HeadsDev::State& one,
+                 const std::string& what) {
+  {
+    size_t diff = 0;
+    for (size_t i = 0; i < two.out.size(); ++i) diff += two.out[i] != one.out[i];
+    INFO(what << ": " << diff << " of " << two.out.size() << " output halves differ from the two launches'");
+    REQUIRE(diff == 0);
+  }
+  const size_t hd = size_t(c.kv_heads) * c.D;
+  std::vector<float> got;
+  std::vector<double> want;
+  for (size_t idx = 0; idx < c.k16.size(); ++idx)
+    for (int kv = 0; kv < 2; ++kv) {
+      const std::vector<uint16_t>& a = kv ? two.v[idx] : two.k[idx];
+      const std::vector<uint16_t>& b = kv ? one.v[idx] : one.k[idx];
+      const std::vector<uint16_t>& before = kv ? c.v16[idx] : c.k16[idx];
+      size_t diff = 0, stray = 0;
+      for (size_t i = 0; i < a.size(); ++i) diff += a[i] != b[i];
+      int own_slot = -1, own_row = -1;  // the row of this sequence writes one slot of column kLayer
+      for (int r = 0; r < c.rows; ++r)
+        if (c.writes() && size_t(c.seq[size_t(r)] * HeadsCase::kLayers + HeadsCase::kLayer) == idx)
+          own_slot = c.slot(r), own_row = r;
+      for (size_t i = 0; i < b.size(); ++i)
+        if (int(i / hd) != own_slot) stray += b[i] != before[i];
+      INFO(what << ": cache " << idx << (kv ? " V" : " K") << ": " << diff << " halves differ from the two launches', "
+                << stray << " changed outside the row's own slot");
+      REQUIRE(diff == 0);
+      REQUIRE(stray == 0);
+      if (own_row >= 0) {
+        const std::vector<float>& o = kv ? ref.own_v[size_t(own_row)] : ref.own_k[size_t(own_row)];
+        for (size_t i = 0; i < hd; ++i) {
+          got.push_back(f16_to_f32(b[size_t(own_slot) * hd + i]));
+          want.push_back(o[i]);
+        }
+      }
+    }
+  if (c.writes()) {
+    REQUIRE(got.size() == size_t(c.rows) * hd * 2);
+    check_rel_l2(got, want, kTolF16, what + ": the rows' own K and V");
+  }
+  check_rel_l2(widen(one.out), ref.out, kTolF16, what + ": out");
+}
+
+// Every head slicing that divides the group and the splits a decode pass takes (the policy's, one, and past what
+// the fused merge takes: a second launch), with and without merge counters where the merge could fuse.
+void heads_sweep(std::mt19937& rng, int D, int group, int kv_heads, int rows, int window, HeadsLayer kind, int sms) {
+  const HeadsCase c = make_heads_case(rng, D, group, kv_heads, rows, window, kind);
+  const HeadsRef ref = heads_ref(c);
+  const int keys = window ? window : *std::max_element(c.pos.begin(), c.pos.end()) + 1;
+  const char* kinds[] = {"own K/V", "k_eq_v", "KV-shared"};
+  HeadsDev dev(c, kn::attention_fused_splits(1, D) + 1);
+  Stream st;
+  for (int hs = 1; hs <= group && group % hs == 0; hs *= 2) {
+    const int policy = kn::attention_splits_for(rows, kv_heads, group, D, keys, sms, 1024, hs);
+    std::vector<std::pair<int, bool>> runs = {{1, false}, {policy, true}, {policy, false}};
+    const int fused_max = kn::attention_fused_splits(group / hs, D);
+    if (fused_max + 1 <= dev.max_splits && rows <= 3) runs.push_back({fused_max + 1, true});
+    for (const auto& run : runs) {
+      const int splits = std::min(run.first, dev.max_splits);
+      const std::string what = cat("heads mode D ", D, " group ", group, " kv_heads ", kv_heads, " rows ", rows,
+                                   " window ", window, " ", kinds[int(kind)], " head_split ", hs, " splits ", splits,
+                                   " (", attn_merge_mode(splits, run.second, group, D, hs), ")");
+      INFO(what);
+      const kn::AttnArgs a = dev.args(hs, splits, run.second);
+      dev.reset();
+      dev.two_launches(a, st);
+      st.sync();
+      const HeadsDev::State two = dev.state(what + " (two launches)");
+      dev.reset();
+      REQUIRE_CUDA(kn::launch_attention_heads(a, dev.heads(), D, st.s));
+      st.sync();
+      const HeadsDev::State one = dev.state(what);
+      check_heads(c, ref, two, one, what);
+    }
+  }
+}
+
+int device_sms() {
+  int dev = 0, sms = 0;
+  REQUIRE_CUDA(cudaGetDevice(&dev));
+  REQUIRE_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+TEST_CASE("attention heads mode: E2B shapes equal head_norm_rope + attention bit for bit, and the host",
+          "[gpu][attention_heads]") {
+  std::mt19937 rng(501);
+  const int sms = device_sms();
+  // E2B: 8 query heads on one KV head; sliding layers D 256 (window 96 here: rings of 112 slots), full D 512
+  for (int D : {256, 512})
+    for (int window : {0, 96})
+      for (HeadsLayer kind : {HeadsLayer::Own, HeadsLayer::KeqV, HeadsLayer::Shared})
+        for (int rows : {1, 3, 9, 16}) heads_sweep(rng, D, 8, 1, rows, window, kind, sms);
+}
+
+TEST_CASE("attention heads mode: every head dim, padded groups, two KV heads", "[gpu][attention_heads]") {
+  std::mt19937 rng(502);
+  const int sms = device_sms();
+  for (int D : {32, 64, 128, 256, 512})
+    for (int group : {3, 2, 1})  // 3: padded to 4 query heads per block; 2 KV heads
+      for (int window : {0, 24})
+        for (HeadsLayer kind : {HeadsLayer::Own, HeadsLayer::Shared})
+          heads_sweep(rng, D, group, 2, 3, window, kind, sms);
+}
+
+TEST_CASE("attention heads mode: the launcher refuses what the mode does not take before launching",
+          "[gpu][attention_heads]") {
+  Stream st;
+  REQUIRE_CUDA(cudaGetLastError());
+  kn::AttnArgs a;
+  a.rows = 1;
+  a.heads = 8;
+  a.kv_heads = 1;
+  kn::AttnHeads h;
+  const float* p = reinterpret_cast<const float*>(uintptr_t(256));  // never dereferenced
+  a.late_keys = 1;
+  REQUIRE(kn::launch_attention_heads(a, h, 256, st.s) == cudaErrorInvalidValue);  // no q
+  h.q = p;
+  REQUIRE(kn::launch_attention_heads(a, h, 256, st.s) == cudaErrorInvalidValue);  // late_keys 1 without k
+  h.k = p;
+  REQUIRE(kn::launch_attention_heads(a, h, 256, st.s) == cudaErrorInvalidValue);  // k without v
+  h.v = p;
+  a.late_keys = 0;
+  REQUIRE(kn::launch_attention_heads(a, h, 256, st.s) == cudaErrorInvalidValue);  // k with late_keys 0
+  a.late_keys = -1;
+  REQUIRE(kn::launch_attention_heads(a, h, 256, st.s) == cudaErrorInvalidValue);
+  a.late_keys = 1;
+  REQUIRE(kn::launch_attention_heads(a, h, 96, st.s) == cudaErrorInvalidValue);  // head dim
+  a.rows = 0;
+  REQUIRE_CUDA(kn::launch_attention_heads(a, h, 256, st.s));  // no rows: nothing
+  st.sync();
+  REQUIRE_CUDA(cudaGetLastError());  // nothing was launched
+}
+
 // ---- elementwise.cuh ----
 
 TEST_CASE("embed: h[r] = float(E[id[r]]) * scale, exact", "[gpu]") {
@@ -2362,6 +2799,8 @@ template <int D, int G>
 void add_attention_split(std::vector<KernelUse>& ks) {
   ks.push_back({cat("attention_split_kernel<", D, ",", G, ">"),
                 reinterpret_cast<const void*>(&kn::attention_split_kernel<D, G>), kn::attn_block<D>()});
+  ks.push_back({cat("attention_heads_kernel<", D, ",", G, ">"),
+                reinterpret_cast<const void*>(&kn::attention_heads_kernel<D, G>), kn::attn_block<D>()});
 }
 
 template <int D>
@@ -2426,7 +2865,8 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   ks.push_back({"argmax_rows_kernel", reinterpret_cast<const void*>(&kn::argmax_rows_kernel), 256});
   ks.push_back({"sample_kernel", reinterpret_cast<const void*>(&kn::sample_kernel), kn::kSampleThreads});
 
-  // Warn only: head_norm_rope's sincosf keeps a local array for its slow path (large angles).
+  // Warn only: sincosf keeps a local array for its slow path (large angles): head_norm_rope_kernel and
+  // attention_heads_kernel (32 B of stack each, no spills).
   check_turing_limits("kernel", ks, LocalMemory::kWarn);
 }
 

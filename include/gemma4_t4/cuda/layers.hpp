@@ -14,6 +14,9 @@
 //   att16 = attention(q16, caches)                    decode: split over keys (flash-decoding), merged by
 //                                                     the last split block; passes with a prompt chunk:
 //                                                     tiled flash attention on the tensor cores
+//                                                     decode passes of <= 2 rows: the norms, RoPE and the
+//                                                     cache write fold into the attention launch (heads
+//                                                     mode, kernels/attention.cuh): ONE launch for both
 //   h += norm(o_proj(att16)), x16 = pre_ff_norm(h)    one residual_norm
 //   act16 = gelu_tanh(x16 Wg^T) * (x16 Wu^T)          decode: ONE GEMV with the GELU epilogue, fp16 out; w4a16
 //                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
@@ -23,8 +26,9 @@
 //        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
 // The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
 // leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
-// with that norm (or the layer scalar) folded in. 11 decode launches per layer (12 in layer 0; +1 on full
-// layers whose attention splits need the separate merge).
+// with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
+// layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
+// and head dims or groups attention does not take).
 #pragma once
 
 #include <cublas_v2.h>
@@ -48,7 +52,7 @@ namespace detail {
 struct LayerPass {
   int rows = 0;
   AttnPlan sliding, full;             // decode attention: key splits per row, head slices (planner's attention_plan)
-  bool decode_only = false;           // one row per session: head_norm_rope wrote only each row's own key (late_keys)
+  bool decode_only = false;           // one row per session: each row's own key is its only new one (late_keys)
   int flash_tiles[4] = {0, 0, 0, 0};  // prefill attention tiles per folded group size; 0: split kernel
   int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
@@ -145,8 +149,13 @@ class LayerEncoder {
     return mm_multi(mats, ys, lc.k_eq_v ? 2 : 3, ws_.x16, "q/k/v_proj");
   }
 
-  // q -> q16; k, v -> the caches (one launch). k_eq_v: V is the raw k_proj output.
+  // q -> q16; k, v -> the caches (one launch). k_eq_v: V is the raw k_proj output. Where they fold into the
+  // attention launch (heads_fold), nothing here: attend(l) launches both.
   Status heads(int l) {
+    if (heads_fold(l)) {
+      folded_ = l;
+      return Status::ok();
+    }
     const LayerConfig& lc = c_.layers[l];
     const DevLayer& d = w_.layers[l];
     const int hd = lc.head_dim, kvh = lc.num_kv_heads;
@@ -184,6 +193,8 @@ class LayerEncoder {
 
   Status attend(int l) {
     const LayerConfig& lc = c_.layers[l];
+    const bool fold = folded_ == l;
+    folded_ = -1;
     kernels::AttnArgs a;
     a.q = ws_.q16;
     a.kbase = ws_.dev.k;
@@ -206,12 +217,26 @@ class LayerEncoder {
     a.out = ws_.x16;
     a.counters = ws_.attn_counters;
     const int group = c_.num_heads / lc.num_kv_heads, gi = kernels::gqa_group_index(group);
-    if (p_.flash_tiles[gi] > 0 && kernels::flash_attention_supported(lc.head_dim, group))
+    if (fold) {  // heads(l) left q, k and v in proj_a / b / c
+      const DevLayer& d = w_.layers[l];
+      kernels::AttnHeads hn;
+      hn.q = ws_.proj_a;
+      hn.q_w = d.q_norm;
+      hn.inv_freq = d.inv_freq;
+      if (!lc.kv_shared) {
+        hn.k = ws_.proj_b;
+        hn.v = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
+        hn.k_w = d.k_norm;
+      }
+      hn.eps = c_.rms_norm_eps;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_attention_heads(a, hn, lc.head_dim, ln_), "q/k/v norm + RoPE + attention");
+    } else if (flash(l)) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_flash_attention(a, ws_.tiles + size_t(gi) * ws_.max_rows, p_.flash_tiles[gi],
                                                          lc.head_dim, ln_),
                          "attention (flash)");
-    else
+    } else {
       GEMMA4_T4_CUDA_TRY(kernels::launch_attention(a, lc.head_dim, ln_), "attention");
+    }
     return Status::ok();
   }
 
@@ -346,6 +371,29 @@ class LayerEncoder {
     return Status::ok();
   }
 
+  // Whether layer l's attention runs as flash attention (passes with a prompt chunk, tile tables uploaded).
+  bool flash(int l) const {
+    const LayerConfig& lc = c_.layers[l];
+    const int group = c_.num_heads / lc.num_kv_heads;
+    return p_.flash_tiles[kernels::gqa_group_index(group)] > 0 &&
+           kernels::flash_attention_supported(lc.head_dim, group);
+  }
+
+  // Whether layer l's head norms + RoPE + KV write fold into its attention launch (kernels::launch_attention_heads,
+  // bit-identical to heads() then attend()): decode passes (one row per session, each row's own key the only new
+  // one: late_keys) of <= kHeadsFoldRows rows, on the split kernel, for head dims and groups it takes; a layer with
+  // a cache of its own writes the cache it reads. Measured (H200, E2B w4a16, bench/RESULTS.md 2026-12-05): folded at
+  // every decode pass up to 32 rows, +2.9% at one session but -2.6% at 8 and -5.3% at 16, where each attention
+  // block's own q/k norms and RoPE cost more than the launch they save; past 32 rows a pass may be a bucket whose
+  // padding rows share one cache slot, and the heads mode needs one writer per slot.
+  static constexpr int kHeadsFoldRows = 2;
+  bool heads_fold(int l) const {
+    const LayerConfig& lc = c_.layers[l];
+    return p_.decode_only && p_.rows <= kHeadsFoldRows && !flash(l) &&
+           kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
+           (lc.kv_shared || lc.kv_source == l);
+  }
+
   static constexpr int kGluMaxRows = 256;  // the fused gate/up GEMM's rows (its 64-row tile's range, gemm_w4.cuh)
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
@@ -421,6 +469,7 @@ class LayerEncoder {
   Pending pending_;
   Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
+  int folded_ = -1;            // the layer whose heads(l) left its norms to attend(l) (heads_fold), or -1
 };
 
 }  // namespace detail
