@@ -11276,23 +11276,12 @@ class LayerEncoder {
         act_ = act;
         return Status::ok();
       }
-      if (d.gate_up.out && n > kernels::kGemvMaxRows && !(d.gate_up.wp && n <= p_.gemm_rows)) {
-        // one cuBLAS GEMM over gate and up ([n, 2 I], gate's outputs then up's in every row) with fp16 outputs: half
-        // the bytes of fp32 to write, and to read again for the GELU product (prefill's gelu_mul was 10% of a
-        // 4096-token TTFT, bench/RESULTS.md 2026-12-03 (d)); values past fp16 are clamped there
-        half* gu = reinterpret_cast<half*>(ws_.proj_a);
-        GEMMA4_T4_TRY(mm_cublas(d.gate_up, ws_.x16, gu, "gate/up_proj"));
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(gu, gu + I, size_t(2) * I, n, I, ws_.x16, ln_), "gelu");
-        act_ = ws_.x16;
-        return Status::ok();
-      }
-      if (d.gate_up.out) {  // one matmul: [n, 2 I] fp32 (the int4 GEMM's rows, or the GEMV's)
-        GEMMA4_T4_TRY(mm(d.gate_up, ws_.x16, ws_.proj_a, "gate/up_proj"));
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(ws_.proj_a, ws_.proj_a + I, size_t(2) * I, n, I, ws_.x16, ln_),
-                           "gelu");
-        act_ = ws_.x16;
-        return Status::ok();
-      }
+      // one matmul over gate and up ([n, 2 I], gate's outputs then up's in every row), then the GELU product. Through
+      // cuBLAS its outputs are fp16: half the bytes of fp32 to write, and to read again for the product (prefill's
+      // gelu_mul was 10% of a 4096-token TTFT, bench/RESULTS.md 2026-12-03 (d)); values past fp16 are clamped there
+      if (d.gate_up.out)
+        return via_cublas(d.gate_up) ? gate_up_joint(d.gate_up, reinterpret_cast<half*>(ws_.proj_a), I)
+                                     : gate_up_joint(d.gate_up, ws_.proj_a, I);
       GEMMA4_T4_TRY(mm(d.gate, ws_.x16, ws_.proj_a, "gate_proj"));
       GEMMA4_T4_TRY(mm(d.up, ws_.x16, ws_.proj_b, "up_proj"));
       GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul(ws_.proj_a, ws_.proj_b,
@@ -11406,6 +11395,24 @@ class LayerEncoder {
 
   static bool same_layout(const DevLinear& a, const DevLinear& b) { return (a.w16 == nullptr) == (b.w16 == nullptr); }
 
+  // Whether mm() runs w through cuBLAS in this pass: past the GEMV's rows, unless the w4a16 GEMM takes it.
+  bool via_cublas(const DevLinear& w) const {
+    return p_.rows > kernels::kGemvMaxRows && !(w.wp && p_.rows <= p_.gemm_rows);
+  }
+
+  // The joint gate/up matmul into gu ([n, 2 I]: fp16 through cuBLAS, where via_cublas; fp32 through mm() otherwise),
+  // then the GELU product into x16.
+  template <typename T>
+  Status gate_up_joint(const DevLinear& w, T* gu, int I) {
+    if constexpr (std::is_same<T, half>::value)
+      GEMMA4_T4_TRY(mm_cublas(w, ws_.x16, gu, "gate/up_proj"));
+    else
+      GEMMA4_T4_TRY(mm(w, ws_.x16, gu, "gate/up_proj"));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gelu_mul_rows(gu, gu + I, size_t(2) * I, p_.rows, I, ws_.x16, ln_), "gelu");
+    act_ = ws_.x16;
+    return Status::ok();
+  }
+
   // y = x W^T for the pass's rows: the GEMV for <= 32 rows, else the w4a16 GEMM (W4Matmul::TensorCore) or cuBLAS
   // (w4a16 dequantised first).
   Status mm(const DevLinear& w, const half* x, float* y, const char* what) const {
@@ -11414,7 +11421,7 @@ class LayerEncoder {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w.w16, w.wq, w.s16, x, n, w.out, w.in, y, w.out, ln_), what);
       return Status::ok();
     }
-    if (w.wp && n <= p_.gemm_rows) {  // W4Matmul: the int4 weights straight into the tensor cores (gemm_w4.cuh)
+    if (!via_cublas(w)) {  // W4Matmul: the int4 weights straight into the tensor cores (gemm_w4.cuh)
       kernels::GemmW4Args a;
       a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
       a.wp = w.wp, a.sp = w.sp;
