@@ -115,11 +115,8 @@ inline cudaError_t launch_gelu_mul_rows(const T* g, const T* u, size_t ld, int r
   static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 inputs");
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (ld < size_t(cols) || rows > 65535) return cudaErrorInvalidValue;
-  const auto aligned = [](const void* p, unsigned bytes) {
-    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-  };
   constexpr unsigned kIn4 = 4 * sizeof(T);  // bytes of four inputs
-  if (cols % 4 == 0 && ld % 4 == 0 && aligned(g, kIn4) && aligned(u, kIn4) && aligned(out, 8))
+  if (cols % 4 == 0 && ld % 4 == 0 && is_aligned(g, kIn4) && is_aligned(u, kIn4) && is_aligned(out, 8))
     return launch_kernel(gelu_mul_kernel<4, T>, dim3(ceil_div(size_t(cols) / 4, 256), unsigned(rows)), 256, launch, g,
                          u, ld, cols, out);
   return launch_kernel(gelu_mul_kernel<1, T>, dim3(ceil_div(size_t(cols), 256), unsigned(rows)), 256, launch, g, u, ld,
@@ -192,7 +189,7 @@ static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap
 
 inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& launch) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  if (n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0)
+  if (n % 4 == 0 && is_aligned(x, 16))
     return launch_kernel(softcap_kernel<4>, ceil_div(n / 4, 256), 256, launch, x, n, cap);
   return launch_kernel(softcap_kernel<1>, ceil_div(n, 256), 256, launch, x, n, cap);
 }

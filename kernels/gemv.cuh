@@ -420,7 +420,7 @@ inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launc
   return launch_kernel(gemv_kernel<4, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
 
-inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline bool gemv_aligned(const void* p) { return is_aligned(p, 16); }
 
 // Columns per 16-byte unit of a weight row in layout wl, and k-tiles (4 units each) of a row of `in` columns.
 inline int gemv_unit_cols(int wl) { return wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8); }
@@ -474,7 +474,8 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
 
   const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
-  if (ceil_div(size_t(total_out), size_t(gemv_block_rows(a.kw))) > size_t(kGemvManyBlocks)) a.kw = std::min(a.kw, 2);
+  gemv_partition(a);  // the row-tile blocks at that split
+  if (a.first_block[a.count] > kGemvManyBlocks) a.kw = std::min(a.kw, 2);
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;

@@ -178,8 +178,8 @@ inline int norm_vec_threads(int cols) {
 }
 
 inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const void* c) {
-  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && al(a) && al(b) && al(c);
+  return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && is_aligned(a, 16) && is_aligned(b, 16) &&
+         is_aligned(c, 16);
 }
 
 inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index, const float* w, int rows, int cols,

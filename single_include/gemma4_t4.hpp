@@ -5802,6 +5802,11 @@ __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
 
 inline unsigned ceil_div(size_t a, size_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
+// Whether p is a multiple of `bytes` (a power of two): the condition of a vectorised load or store.
+__host__ __device__ __forceinline__ bool is_aligned(const void* p, unsigned bytes) {
+  return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
+}
+
 __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -7135,11 +7140,8 @@ inline cudaError_t launch_gelu_mul_rows(const T* g, const T* u, size_t ld, int r
   static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 inputs");
   if (rows <= 0 || cols <= 0) return cudaSuccess;
   if (ld < size_t(cols) || rows > 65535) return cudaErrorInvalidValue;
-  const auto aligned = [](const void* p, unsigned bytes) {
-    return (reinterpret_cast<uintptr_t>(p) & (bytes - 1)) == 0;
-  };
   constexpr unsigned kIn4 = 4 * sizeof(T);  // bytes of four inputs
-  if (cols % 4 == 0 && ld % 4 == 0 && aligned(g, kIn4) && aligned(u, kIn4) && aligned(out, 8))
+  if (cols % 4 == 0 && ld % 4 == 0 && is_aligned(g, kIn4) && is_aligned(u, kIn4) && is_aligned(out, 8))
     return launch_kernel(gelu_mul_kernel<4, T>, dim3(ceil_div(size_t(cols) / 4, 256), unsigned(rows)), 256, launch, g,
                          u, ld, cols, out);
   return launch_kernel(gelu_mul_kernel<1, T>, dim3(ceil_div(size_t(cols), 256), unsigned(rows)), 256, launch, g, u, ld,
@@ -7212,7 +7214,7 @@ static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap
 
 inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& launch) {
   if (n == 0 || cap <= 0.f) return cudaSuccess;
-  if (n % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0)
+  if (n % 4 == 0 && is_aligned(x, 16))
     return launch_kernel(softcap_kernel<4>, ceil_div(n / 4, 256), 256, launch, x, n, cap);
   return launch_kernel(softcap_kernel<1>, ceil_div(n, 256), 256, launch, x, n, cap);
 }
@@ -9158,7 +9160,7 @@ inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launc
   return launch_kernel(gemv_kernel<4, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
 
-inline bool gemv_aligned(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline bool gemv_aligned(const void* p) { return is_aligned(p, 16); }
 
 // Columns per 16-byte unit of a weight row in layout wl, and k-tiles (4 units each) of a row of `in` columns.
 inline int gemv_unit_cols(int wl) { return wl == kGemvW4 ? 32 : (wl == kGemvW8 ? 16 : 8); }
@@ -9212,7 +9214,8 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
 
   const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
-  if (ceil_div(size_t(total_out), size_t(gemv_block_rows(a.kw))) > size_t(kGemvManyBlocks)) a.kw = std::min(a.kw, 2);
+  gemv_partition(a);  // the row-tile blocks at that split
+  if (a.first_block[a.count] > kGemvManyBlocks) a.kw = std::min(a.kw, 2);
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;
@@ -9613,8 +9616,8 @@ inline int norm_vec_threads(int cols) {
 }
 
 inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const void* c) {
-  const auto al = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && al(a) && al(b) && al(c);
+  return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && is_aligned(a, 16) && is_aligned(b, 16) &&
+         is_aligned(c, 16);
 }
 
 inline cudaError_t launch_rmsnorm(const float* x, int ldx, const int* row_index, const float* w, int rows, int cols,
@@ -11225,15 +11228,15 @@ class LayerEncoder {
     a.out = ws_.x16;
     a.counters = ws_.attn_counters;
     const int group = c_.num_heads / lc.num_kv_heads, gi = kernels::gqa_group_index(group);
-    if (fold) {  // heads(l) left q, k and v in proj_a / b / c
+    if (fold) {  // q, k and v where qkv() left them: the GEMV's packed rows (heads_fold's passes are decode passes)
       const DevLayer& d = w_.layers[l];
       kernels::AttnHeads hn;
-      hn.q = ws_.proj_a;
+      hn.q = qkv_.q;
       hn.q_w = d.q_norm;
       hn.inv_freq = d.inv_freq;
       if (!lc.kv_shared) {
-        hn.k = ws_.proj_b;
-        hn.v = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
+        hn.k = qkv_.k;
+        hn.v = qkv_.v;
         hn.k_w = d.k_norm;
       }
       hn.eps = c_.rms_norm_eps;

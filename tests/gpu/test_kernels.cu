@@ -742,34 +742,41 @@ const std::vector<int>& gemv_ins(bool w4) {
   return w4 ? q4 : f16;
 }
 
+// launch_gemv of W on the first n rows of random x, for each n of ns (32 first), y [32, ldy] poisoned before each:
+// every launch against the host reference, nothing written outside y[:n, :out], and each n < 32 bit for bit the
+// same rows as n = 32 (batched decode equals one-row decode).
+void check_gemv_rows(const GemvWeights& W, int ldy, const std::vector<int>& ns, std::mt19937& rng, Stream& st) {
+  const int out = W.out, in = W.in;
+  const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [32, in] fp16
+  Dev<half> dx(x.size());
+  Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [32, ldy] fp32
+  dx.upload(x);
+  const std::vector<double> ref_all = gemv_ref(W.dense, widen(x), kn::kGemvMaxRows, out, in);
+  std::vector<float> got32;  // y[:32, :out] of the 32-row launch
+  for (int n : ns) {
+    dy.poison();
+    const kn::GemvMat m = W.mat(dy.get(), ldy);
+    REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, out, in, dy.get(), ldy, st.s));
+    st.sync();
+    const std::string what = cat("gemv ", W.w4 ? "w4a16" : "fp16", " n ", n, " out ", out, " in ", in);
+    const std::vector<float> got = gemv_written(dy.download<float>(), ldy, n, out, what);
+    check_max_rel(got, head_rows(ref_all, n, out), kTolF32Half, what);
+    if (n == kn::kGemvMaxRows)
+      got32 = got;
+    else
+      require_same_bits(got, got32, what + " vs the same rows of n = 32");
+  }
+}
+
 TEST_CASE("gemv: y = x W^T, fp16 and w4a16 weights, 1..32 rows, strided y, batch-independent rows", "[gpu]") {
   std::mt19937 rng(301);
   Stream st;
+  std::vector<int> ns;  // 32 .. 1
+  for (int n = kn::kGemvMaxRows; n >= 1; --n) ns.push_back(n);
   for (bool w4 : {false, true})
     for (int in : gemv_ins(w4))
-      for (int out : {1, 7, 33, 1000, 2051}) {
-        const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
-        const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);  // [32, in] fp16
-        const int ldy = out + 3;
-        Dev<half> dx(x.size());
-        Dev<float> dy(size_t(kn::kGemvMaxRows) * ldy);  // [32, ldy] fp32
-        dx.upload(x);
-        const std::vector<double> ref_all = gemv_ref(W->dense, widen(x), kn::kGemvMaxRows, out, in);
-        std::vector<float> got16;  // y[:32, :out] of the 32-row launch
-        for (int n = kn::kGemvMaxRows; n >= 1; --n) {
-          dy.poison();
-          const kn::GemvMat m = W->mat(dy.get(), ldy);
-          REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, out, in, dy.get(), ldy, st.s));
-          st.sync();
-          const std::string what = cat("gemv ", w4 ? "w4a16" : "fp16", " n ", n, " out ", out, " in ", in);
-          const std::vector<float> got = gemv_written(dy.download<float>(), ldy, n, out, what);
-          check_max_rel(got, head_rows(ref_all, n, out), kTolF32Half, what);
-          if (n == kn::kGemvMaxRows)
-            got16 = got;
-          else
-            require_same_bits(got, got16, what + " vs the same rows of n = 32");
-        }
-      }
+      for (int out : {1, 7, 33, 1000, 2051})
+        check_gemv_rows(*make_gemv_weights(rng, w4, out, in, 1.f), out + 3, ns, rng, st);
 }
 
 // A launch of more than kGemvManyBlocks blocks at gemv_split's warps per row tile (the LM head's shape) takes at most
@@ -782,31 +789,18 @@ TEST_CASE("gemv: launches of many row tiles take 2 warps per row tile, same resu
     REQUIRE(kn::gemv_split((in / (w4 ? 32 : 8) + 3) / 4) == 4);
     const int out = kn::kGemvManyBlocks * 32 + 17;
     const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
-    const std::vector<uint16_t> x = rand_f16(rng, size_t(kn::kGemvMaxRows) * in, -1.f, 1.f);
-    Dev<half> dx(x.size());
-    Dev<float> dy(size_t(kn::kGemvMaxRows) * out);
-    dx.upload(x);
-    const std::vector<double> ref_all = gemv_ref(W->dense, widen(x), kn::kGemvMaxRows, out, in);
-    std::vector<float> got32;
-    for (int n : {32, 9, 1}) {
-      dy.poison();
-      const kn::GemvMat m = W->mat(dy.get(), out);
+    const std::vector<int> ns = {32, 9, 1};
+    Dev<half> px(size_t(kn::kGemvMaxRows) * in);  // buffers for the plan's checks only
+    Dev<float> py(size_t(kn::kGemvMaxRows) * out);
+    for (int n : ns) {  // the partition, whatever the rows
       kn::GemvArgs a;
-      a.x = dx.get(), a.n = n, a.in = in, a.mat[0] = m, a.count = 1;
+      a.x = px.get(), a.n = n, a.in = in, a.mat[0] = W->mat(py.get(), out), a.count = 1;
       unsigned blocks = 0;
       REQUIRE_CUDA(kn::gemv_plan(a, 1, kn::GemvEpilogue::Store, true, &blocks));
       REQUIRE(a.kw == 2);
       REQUIRE(blocks == unsigned((out + 63) / 64));
-      REQUIRE_CUDA(kn::launch_gemv(m.w16, m.wq, m.s, dx.get(), n, out, in, dy.get(), out, st.s));
-      st.sync();
-      const std::string what = cat("gemv ", w4 ? "w4a16" : "fp16", " n ", n, " out ", out, " in ", in);
-      const std::vector<float> got = gemv_written(dy.download<float>(), out, n, out, what);
-      check_max_rel(got, head_rows(ref_all, n, out), kTolF32Half, what);
-      if (n == kn::kGemvMaxRows)
-        got32 = got;
-      else
-        require_same_bits(got, got32, what + " vs the same rows of n = 32");
     }
+    check_gemv_rows(*W, out, ns, rng, st);
   }
 }
 

@@ -217,15 +217,15 @@ class LayerEncoder {
     a.out = ws_.x16;
     a.counters = ws_.attn_counters;
     const int group = c_.num_heads / lc.num_kv_heads, gi = kernels::gqa_group_index(group);
-    if (fold) {  // heads(l) left q, k and v in proj_a / b / c
+    if (fold) {  // q, k and v where qkv() left them: the GEMV's packed rows (heads_fold's passes are decode passes)
       const DevLayer& d = w_.layers[l];
       kernels::AttnHeads hn;
-      hn.q = ws_.proj_a;
+      hn.q = qkv_.q;
       hn.q_w = d.q_norm;
       hn.inv_freq = d.inv_freq;
       if (!lc.kv_shared) {
-        hn.k = ws_.proj_b;
-        hn.v = lc.k_eq_v ? ws_.proj_b : ws_.proj_c;
+        hn.k = qkv_.k;
+        hn.v = qkv_.v;
         hn.k_w = d.k_norm;
       }
       hn.eps = c_.rms_norm_eps;
