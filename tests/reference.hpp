@@ -176,6 +176,50 @@ inline gemma4_t4::Engine load_engine(const std::string& name, gemma4_t4::Backend
   return e;
 }
 
+// The KV-shared tail (block.hpp) runs only for the rows whose logits a pass returns. What that must not change,
+// each within `tol` of the same engine's every-row results (Logits::All), with the same argmax where the top two
+// logits are well apart: a prompt's last row (Logits::Last); the caches a pass leaves (decoding after a
+// Logits::None prompt); and rows batched beside a prompt (one session's last prompt token as a one-row item next
+// to another session's whole prompt).
+inline void check_kv_tail(const gemma4_t4::Engine& engine, const std::vector<int32_t>& prompt,
+                          const std::vector<int32_t>& decode, double tol, const std::string& what) {
+  using gemma4_t4::Logits;
+  const int V = engine.config().vocab_size;
+  const size_t T = prompt.size(), S = decode.size();
+  auto same = [&](const float* got, const float* want, size_t rows, const std::string& case_) {
+    for (size_t r = 0; r < rows; ++r) {
+      const float *g = got + r * V, *w = want + r * V;
+      const double e = row_error(g, w, V);
+      INFO(what << ": " << case_ << ", row " << r << ": rel err " << e);
+      CHECK(e <= tol);
+      if (top_gap(w, V) > 4 * tol * max_abs(w, V))
+        CHECK(gemma4_t4::argmax(g, size_t(V)) == gemma4_t4::argmax(w, size_t(V)));
+    }
+  };
+  gemma4_t4::Session all, last, none, split, whole;
+  for (gemma4_t4::Session* s : {&all, &last, &none, &split, &whole}) REQUIRE(engine.create_session(s));
+  std::vector<float> la, lg;
+  REQUIRE(engine.forward(all, prompt.data(), T, Logits::All, &la));
+  const float* la_last = &la[(T - 1) * V];
+  REQUIRE(engine.forward(last, prompt.data(), T, Logits::Last, &lg));
+  REQUIRE(lg.size() == size_t(V));
+  same(lg.data(), la_last, 1, "Logits::Last against the last row of Logits::All");
+  // the caches: the decode rows after each prompt
+  std::vector<float> da;
+  REQUIRE(engine.forward(all, decode.data(), S, Logits::All, &da));
+  REQUIRE(engine.forward(none, prompt.data(), T, Logits::None, nullptr));
+  REQUIRE(engine.forward(none, decode.data(), S, Logits::All, &lg));
+  REQUIRE(lg.size() == S * V);
+  same(lg.data(), da.data(), S, "decode after a Logits::None prompt");
+  // one pass: split's last prompt token (one row) beside whole's prompt (T rows); both rows are position T - 1's
+  REQUIRE(engine.forward(split, prompt.data(), T - 1, Logits::None, nullptr));
+  const gemma4_t4::BatchItem items[2] = {{&split, &prompt[T - 1], 1}, {&whole, prompt.data(), T}};
+  REQUIRE(engine.forward_batch(items, 2, Logits::Last, &lg));
+  REQUIRE(lg.size() == 2 * size_t(V));
+  same(lg.data(), la_last, 1, "a row beside a prompt");
+  same(lg.data() + V, la_last, 1, "a prompt beside a row");
+}
+
 // Greedy generation of n new tokens, EOS ignored (with a repetition penalty when asked).
 inline gemma4_t4::GenerateOptions greedy(int n, float penalty = 1.f) {
   gemma4_t4::GenerateOptions opt;

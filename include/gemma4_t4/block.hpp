@@ -20,6 +20,12 @@
 //   h += post_per_layer_input_norm(per_layer_projection g)   residual(l, Branch::Ple)
 //   h *= layer_scalar                                        scale(l)
 // All norms are RMSNorms in fp32 that multiply by the weight directly (x * rsqrt(mean(x^2) + eps) * w).
+//
+// The KV-shared tail (kv_tail_start: E2B's layers 15..34, 20 of 35 and 70% of the weights): those layers read
+// an earlier layer's cache and write none, so a row's work there only feeds that row's logits. Before the
+// tail, ops.keep_selected() keeps only the rows whose logits the pass returns (the last row of each prompt
+// chunk, every decode row); a pass that returns none (Logits::None, a chunk that is not its prompt's last)
+// stops there. The caches a pass leaves are the same either way.
 #pragma once
 
 namespace gemma4_t4 {
@@ -56,10 +62,27 @@ Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l) {
   return ops.scale(l);
 }
 
-// Every layer, in order.
+// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
+// none. num_layers when the last layer owns its cache.
+inline int kv_tail_start(const ModelConfig& cfg) {
+  int l = cfg.num_layers;
+  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
+  return l;
+}
+
+// Every layer, in order; the tail only for the rows ops.keep_selected() keeps (see the header). keep_selected(l,
+// &go): from layer l on, only the rows whose logits are wanted; go = false when there are none.
 template <class Ops>
 Status gemma4_layers(Ops& ops, const ModelConfig& cfg) {
-  for (int l = 0; l < cfg.num_layers; ++l) GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l));
+  const int tail = kv_tail_start(cfg);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    if (l == tail) {
+      bool go = true;
+      GEMMA4_T4_TRY(ops.keep_selected(l, &go));
+      if (!go) return Status::ok();
+    }
+    GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l));
+  }
   return Status::ok();
 }
 

@@ -231,9 +231,9 @@ class CpuModel {
       }
     }
 
-    Ops ops{*this, s, n, p, std::move(h), std::move(ple)};
+    Ops ops{*this, s, n, p, which, std::move(h), std::move(ple)};
     GEMMA4_T4_TRY(gemma4_layers(ops, cfg));
-    h = std::move(ops.h);
+    h = std::move(ops.h);  // [ops.n, H]: the chunk's rows from ops.row0 on (the KV-shared tail keeps fewer)
     std::vector<std::vector<float>>& chunk_k = ops.chunk_k;
     std::vector<std::vector<float>>& chunk_v = ops.chunk_v;
 
@@ -252,8 +252,8 @@ class CpuModel {
 
     // ---- head ----
     if (which == Logits::None || !logits) return Status::ok();
-    const size_t first = which == Logits::All ? 0 : n - 1;
-    const size_t rows = n - first;
+    const size_t first = which == Logits::All ? 0 : ops.n - 1;
+    const size_t rows = ops.n - first;
     const int V = cfg.vocab_size;
     std::vector<float> xn(rows * H);
     for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
@@ -277,19 +277,22 @@ class CpuModel {
   }
 
  private:
-  // One forward's activations, and the block's steps over them (block.hpp): n tokens at positions p...
+  // One forward's activations, and the block's steps over them (block.hpp): n rows, row t the chunk's token at
+  // position p + row0 + t (row0 > 0 only in the KV-shared tail, which keeps the last row).
   struct Ops {
     const CpuModel& m;
     CpuSession& s;
     size_t n, p;
+    Logits which;
+    size_t row0 = 0;
     std::vector<float> h;                              // [n, H] residual stream
     std::vector<float> ple;                            // [n, L, D] per-layer inputs
     std::vector<float> x, y, q, att, g;                // [n, H], [n, H], [n, heads, d], [n, heads, d], [n, I | D]
     std::vector<std::vector<float>> chunk_k, chunk_v;  // per owning layer: the chunk's [n, kv_heads, d]
 
-    Ops(const CpuModel& model, CpuSession& session, size_t tokens, size_t pos, std::vector<float>&& h0,
+    Ops(const CpuModel& model, CpuSession& session, size_t tokens, size_t pos, Logits w, std::vector<float>&& h0,
         std::vector<float>&& ple0)
-        : m(model), s(session), n(tokens), p(pos), h(std::move(h0)), ple(std::move(ple0)) {
+        : m(model), s(session), n(tokens), p(pos), which(w), h(std::move(h0)), ple(std::move(ple0)) {
       const size_t H = size_t(m.cfg_->hidden_size), L = size_t(m.cfg_->num_layers);
       x.resize(n * H);
       y.resize(n * H);
@@ -298,6 +301,21 @@ class CpuModel {
     }
     int H() const { return m.cfg_->hidden_size; }
     float eps() const { return m.cfg_->rms_norm_eps; }
+
+    // The KV-shared tail (block.hpp): all rows for Logits::All, the last for Last, none for None.
+    Status keep_selected(int, bool* go) {
+      *go = which != Logits::None;
+      if (which != Logits::Last || n == 1) return Status::ok();
+      const size_t H = size_t(m.cfg_->hidden_size),
+                   LD = size_t(m.cfg_->num_layers) * m.cfg_->hidden_size_per_layer_input;
+      h.erase(h.begin(), h.end() - std::ptrdiff_t(H));
+      if (LD) ple.erase(ple.begin(), ple.end() - std::ptrdiff_t(LD));
+      row0 += n - 1;
+      n = 1;
+      x.resize(H);
+      y.resize(H);
+      return Status::ok();
+    }
 
     Status norm(int l, Norm which) {
       const Layer& ly = m.layers_[size_t(l)];
@@ -336,7 +354,7 @@ class CpuModel {
         for (int hh = 0; hh < nh; ++hh) {
           float* qh = &q[(t * nh + hh) * d];
           rmsnorm_ref(qh, ly.q_norm.data(), d, eps(), qh);
-          rope_ref(qh, d, ly.inv_freq.data(), int64_t(p + t));
+          rope_ref(qh, d, ly.inv_freq.data(), int64_t(p + row0 + t));
         }
       if (lc.kv_shared) return Status::ok();
       std::vector<float>& k = chunk_k[size_t(l)];
@@ -380,7 +398,7 @@ class CpuModel {
         for (size_t idx = b; idx < e; ++idx) {
           const size_t t = idx / nh;
           const int hh = int(idx % nh), g = hh / group;
-          const size_t qp = p + t;
+          const size_t qp = p + row0 + t;
           const size_t lo = (lc.type == LayerType::Sliding && qp + 1 > size_t(cfg.sliding_window))
                                 ? qp + 1 - size_t(cfg.sliding_window)
                                 : 0;

@@ -141,6 +141,21 @@ TEST_CASE("CUDA matches the CPU backend on a prompt longer than one pass and the
     }
 }
 
+TEST_CASE("CUDA: the KV-shared layers run only for the rows whose logits are returned", "[gpu][parity][kv_tail]") {
+  for (const char* name : {"mm_bf16", "w4a16"}) {  // the fixtures with KV-shared layers
+    const Reference ref = reference(name);
+    Engine small = load_engine(name, Backend::Cuda);
+    check_kv_tail(small, ref.prompt, ref.decode_ids, 5e-3, std::string(name) + ", the fixture's prompt");
+    for (int pass_rows : {256, 2048}) {  // passes of the GEMMs and flash attention before the tail; several passes
+      INFO(name << ", max_pass_rows " << pass_rows);
+      Engine engine = load_engine(name, Backend::Cuda, PleLocation::Host, 1024, LmHead::F16, pass_rows);
+      std::vector<int32_t> prompt = random_tokens(engine.config().vocab_size, 700, 4321);
+      prompt[0] = 2;
+      check_kv_tail(engine, prompt, ref.decode_ids, 5e-3, std::string(name) + ", a 700-token prompt");
+    }
+  }
+}
+
 TEST_CASE("CUDA quantized LM heads equal the CPU backend's (same quantized values), prefill and graph decode",
           "[gpu][lm_head]") {
   for (const char* name : {"mm_bf16", "w4a16"})

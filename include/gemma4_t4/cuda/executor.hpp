@@ -211,6 +211,13 @@ class PassExecutor {
       lp.sliding = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, 0);
       lp.decode_only = sh.rows == int(pass.size());  // one row per session: only its own key is new
+      if (sh.selected < sh.rows) {                   // the KV-shared tail on the selected rows only (block.hpp)
+        lp.keep = sh.selected;
+        if (sh.selected > 0) {
+          lp.keep_sliding = attention_plan(c, sms_, sh.selected, sh.max_pos + 1, c.sliding_window);
+          lp.keep_full = attention_plan(c, sms_, sh.selected, sh.max_pos + 1, 0);
+        }
+      }
       // A pass holding a prompt chunk runs attention on the tensor cores (kernels/flash_attention.cuh): tile
       // tables for the group sizes the layers use; decode-only passes keep the split kernel.
       if (sh.rows > int(pass.size()))

@@ -29,6 +29,9 @@
 // with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
 // layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
 // and head dims or groups attention does not take).
+// A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) runs the KV-shared
+// tail (block.hpp; E2B's layers 15..34) on those rows only, as a pass of their own (keep_selected): the prompt's
+// other rows stop after the last layer that writes a cache.
 #pragma once
 
 #include <cublas_v2.h>
@@ -57,6 +60,10 @@ struct LayerPass {
   int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
+  // The KV-shared tail (block.hpp) runs on the selected rows only: keep of them (0: the pass stops before it), with
+  // these attention plans; -1: on every row (every row's logits are wanted).
+  int keep = -1;
+  AttnPlan keep_sliding, keep_full;
 };
 
 class LayerEncoder {
@@ -91,9 +98,10 @@ class LayerEncoder {
   Status head(int first, int k, float* dst) const {
     const int H = c_.hidden_size, V = c_.vocab_size;
     if (k > kMaxSeqs) return err(Code::InvalidArgument, "LM head: ", k, " rows at once (at most ", kMaxSeqs, ")");
-    GEMMA4_T4_CUDA_TRY(
-        kernels::launch_rmsnorm(ws_.h, H, ws_.dev.sel + first, w_.final_norm, k, H, c_.rms_norm_eps, ws_.head16, ln_),
-        "final norm");
+    const float* h = sel_ ? ws_.h : ws_.h + size_t(first) * H;  // the tail kept the selected rows, in order
+    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h, H, sel_ ? sel_ + first : nullptr, w_.final_norm, k, H,
+                                               c_.rms_norm_eps, ws_.head16, ln_),
+                       "final norm");
     if (w_.lm16 && k > kernels::kGemvMaxRows)  // the fp16 head read once for every row
       GEMMA4_T4_TRY(gemm16(w_.lm16, V, H, ws_.head16, k, dst, "LM head"));
     else
@@ -121,6 +129,37 @@ class LayerEncoder {
   }
 
   // ---- the block's steps (block.hpp) ----
+
+  // Before the KV-shared tail: the selected rows of h and of the per-layer inputs become rows 0..keep-1 (through
+  // proj_c, free between layers, and into tok, free after encode()'s PLE combine), and the pass goes on with their
+  // metadata and attention plans (no flash tiles: one row per session from here).
+  Status keep_selected(int, bool* go) {
+    *go = p_.keep != 0;
+    if (p_.keep < 0) return Status::ok();
+    if (!*go) {
+      pending_ = Pending();  // nothing reads h past the tail
+      return Status::ok();
+    }
+    const int H = c_.hidden_size, LD = c_.num_layers * c_.hidden_size_per_layer_input, k = p_.keep;
+    GEMMA4_T4_TRY(flush(kernels::NextNorm::None, nullptr));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.h, H, ws_.dev.sel, k, H, ws_.proj_c, H, ln_), "tail rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.proj_c, H, nullptr, k, H, ws_.h, H, ln_), "tail rows");
+    if (LD > 0) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.ple, LD, ws_.dev.sel, k, LD, ws_.tok, LD, ln_),
+                         "tail per-layer inputs");
+      ple_ = ws_.tok;
+    }
+    seq_ = ws_.dev.sel_seq;
+    pos_ = ws_.dev.sel_pos;
+    sel_ = nullptr;
+    p_.rows = k;
+    p_.sliding = p_.keep_sliding;
+    p_.full = p_.keep_full;
+    p_.decode_only = false;
+    for (int& t : p_.flash_tiles) t = 0;
+    p_.keep = -1;
+    return Status::ok();
+  }
 
   Status norm(int l, Norm which) {
     const float* w = which == Norm::Input    ? w_.layers[l].in_norm
@@ -169,7 +208,7 @@ class LayerEncoder {
     if (!lc.kv_shared) {
       kernels::KvTarget kt;
       kt.capacity = ws_.dev.slots;
-      kt.seq = ws_.dev.seq;
+      kt.seq = seq_;
       kt.layer = l;
       kt.layers = c_.num_layers;
       hn[1].in = qkv_.k;
@@ -186,7 +225,7 @@ class LayerEncoder {
       hn[2].kv.base = ws_.dev.v;
     }
     GEMMA4_T4_CUDA_TRY(
-        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, ws_.dev.pos, ln_),
+        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, pos_, ln_),
         "q/k/v norm + RoPE");
     return Status::ok();
   }
@@ -200,8 +239,8 @@ class LayerEncoder {
     a.kbase = ws_.dev.k;
     a.vbase = ws_.dev.v;
     a.capacity = ws_.dev.slots;
-    a.seq = ws_.dev.seq;
-    a.pos = ws_.dev.pos;
+    a.seq = seq_;
+    a.pos = pos_;
     a.layer = lc.kv_source;
     a.layers = c_.num_layers;
     a.rows = p_.rows;
@@ -285,13 +324,13 @@ class LayerEncoder {
     const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
     if (decode) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
-                                                       ws_.ple, L, l, ws_.act16, ln_),
+                                                       ple_, L, l, ws_.act16, ln_),
                          "per_layer_input_gate + GELU");
       act_ = ws_.act16;
       return Status::ok();
     }
     GEMMA4_T4_TRY(mm(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate"));
-    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ws_.ple, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ple_, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
     act_ = ws_.x16;
     return Status::ok();
   }
@@ -471,8 +510,13 @@ class LayerEncoder {
   const DeviceWeights& w_;
   const Workspace& ws_;
   cublasHandle_t blas_;
-  const LayerPass& p_;
+  LayerPass p_;  // a copy: the KV-shared tail changes its rows (keep_selected)
   const kernels::Launch ln_;
+  // the rows' metadata and per-layer inputs: the pass's, then the tail's (keep_selected)
+  const int32_t* seq_ = ws_.dev.seq;  // [rows]
+  const int32_t* pos_ = ws_.dev.pos;  // [rows]
+  const int32_t* sel_ = ws_.dev.sel;  // [selected] the head's rows of h; null: rows 0.. in order
+  const float* ple_ = ws_.ple;        // [rows, L, D] fp32
   Pending pending_;
   Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)

@@ -144,7 +144,13 @@ class PersistentDecoder {
                " (results void; decode passes now take the per-kernel path)");
   }
 
-  // The block's steps (block.hpp), as instructions.
+  // The block's steps (block.hpp), as instructions. A decode step wants every row's logits: the KV-shared tail
+  // keeps them all.
+  Status keep_selected(int, bool* go) {
+    *go = true;
+    return Status::ok();
+  }
+
   Status norm(int l, Norm which) {
     const DevLayer& d = w_->layers[l];
     next_x_ = take_x(which == Norm::Input ? d.in_norm : which == Norm::PreMlp ? d.pre_ff : nullptr);

@@ -115,6 +115,14 @@ struct PassShape {
   int rows = 0, selected = 0, max_pos = 0;
 };
 
+// Row sh.rows (its seq and pos written) as the next selected row.
+inline void select_row(const PassMeta& m, PassShape* sh) {
+  m.sel[sh->selected] = sh->rows;
+  m.sel_seq[sh->selected] = m.seq[sh->rows];
+  m.sel_pos[sh->selected] = m.pos[sh->rows];
+  ++sh->selected;
+}
+
 // Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
 // of its sessions; then, up to pad_to rows (a decode bucket), padding rows (see the header; pad_k / pad_v:
 // the workspace's one-slot caches): selected, so that the graph's head writes their (unused) logits after the
@@ -129,7 +137,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.seq[sh.rows] = int(s);
       m.pos[sh.rows] = int(g.pos + t);
       sh.max_pos = std::max(sh.max_pos, m.pos[sh.rows]);
-      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) m.sel[sh.selected++] = sh.rows;
+      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) select_row(m, &sh);
       ++sh.rows;
     }
     for (int l = 0; l < layers; ++l) {
@@ -151,7 +159,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.ids[sh.rows] = id;
       m.seq[sh.rows] = s;
       m.pos[sh.rows] = 0;
-      m.sel[sh.selected++] = sh.rows;
+      select_row(m, &sh);
       ++sh.rows;
     }
   }

@@ -37,16 +37,18 @@ inline size_t kv_buffer_bytes(const LayerConfig& lc, size_t slots) {
 // Per-pass metadata: one layout for the pinned host copy (filled by the planner) and the device copy (read
 // by the kernels), so the two sides cannot disagree on an offset; the whole block is uploaded in one copy.
 struct PassMeta {
-  half** k = nullptr;        // [S * L] K cache of (session s, layer l) at s * L + l; null on KV-shared layers
-  half** v = nullptr;        // [S * L] V cache, the same
-  int32_t* ids = nullptr;    // [R] token id of each row
-  int32_t* seq = nullptr;    // [R] session of each row (0 .. S-1, in pass order)
-  int32_t* pos = nullptr;    // [R] position of each row
-  int32_t* sel = nullptr;    // [R] rows whose logits are wanted, in order
-  int32_t* slots = nullptr;  // [S * L] KV slots of (session, layer)
+  half** k = nullptr;          // [S * L] K cache of (session s, layer l) at s * L + l; null on KV-shared layers
+  half** v = nullptr;          // [S * L] V cache, the same
+  int32_t* ids = nullptr;      // [R] token id of each row
+  int32_t* seq = nullptr;      // [R] session of each row (0 .. S-1, in pass order)
+  int32_t* pos = nullptr;      // [R] position of each row
+  int32_t* sel = nullptr;      // [R] rows whose logits are wanted, in order
+  int32_t* sel_seq = nullptr;  // [R] seq of each selected row (sel order): the KV-shared tail's rows (layers.hpp)
+  int32_t* sel_pos = nullptr;  // [R] pos of each selected row
+  int32_t* slots = nullptr;    // [S * L] KV slots of (session, layer)
 
   static size_t bytes(int max_rows, int layers) {
-    return size_t(kMaxSeqs) * layers * (2 * sizeof(half*) + sizeof(int32_t)) + size_t(max_rows) * 4 * sizeof(int32_t);
+    return size_t(kMaxSeqs) * layers * (2 * sizeof(half*) + sizeof(int32_t)) + size_t(max_rows) * 6 * sizeof(int32_t);
   }
   // The arrays inside a block of bytes(max_rows, layers) bytes at `base` (host or device: the same offsets).
   static PassMeta at(void* base, int max_rows, int layers) {
@@ -58,7 +60,9 @@ struct PassMeta {
     m.seq = m.ids + max_rows;
     m.pos = m.seq + max_rows;
     m.sel = m.pos + max_rows;
-    m.slots = m.sel + max_rows;
+    m.sel_seq = m.sel + max_rows;
+    m.sel_pos = m.sel_seq + max_rows;
+    m.slots = m.sel_pos + max_rows;
     return m;
   }
 };
