@@ -953,7 +953,8 @@ struct Report {
 // FLOPs of prefilling one prompt of `prompt` tokens, the matmuls only (norms and element-wise work uncounted):
 // every decoder linear and the PLE model projection at 2 x in x out per token; attention at 4 x heads x head_dim
 // per (query, key) pair (q.k and p.v) over the keys each query sees (every earlier one on full layers, the last
-// sliding_window on sliding ones); the LM head for the last token only (a prefill returns one row of logits).
+// sliding_window on sliding ones); the LM head for the last token only (a prefill returns one row of logits), and
+// so the KV-shared layers at the end of the model (they write no cache: block.hpp) for the last token only.
 double prefill_flops(const ModelConfig& config, int prompt);
 
 // The T4 TTFT projection of a cell (Cell::t4_ttft_ms, which run() fills with it): ttft_ms_median x
@@ -4965,6 +4966,12 @@ class BackendModel {
 //   h += post_per_layer_input_norm(per_layer_projection g)   residual(l, Branch::Ple)
 //   h *= layer_scalar                                        scale(l)
 // All norms are RMSNorms in fp32 that multiply by the weight directly (x * rsqrt(mean(x^2) + eps) * w).
+//
+// The KV-shared tail (kv_tail_start: E2B's layers 15..34, 20 of 35 and 70% of the weights): those layers read
+// an earlier layer's cache and write none, so a row's work there only feeds that row's logits. Before the
+// tail, ops.keep_selected() keeps only the rows whose logits the pass returns (the last row of each prompt
+// chunk, every decode row); a pass that returns none (Logits::None, a chunk that is not its prompt's last)
+// stops there. The caches a pass leaves are the same either way.
 
 namespace gemma4_t4 {
 namespace detail {
@@ -5000,10 +5007,27 @@ Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l) {
   return ops.scale(l);
 }
 
-// Every layer, in order.
+// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
+// none. num_layers when the last layer owns its cache.
+inline int kv_tail_start(const ModelConfig& cfg) {
+  int l = cfg.num_layers;
+  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
+  return l;
+}
+
+// Every layer, in order; the tail only for the rows ops.keep_selected() keeps (see the header). keep_selected(l,
+// &go): from layer l on, only the rows whose logits are wanted; go = false when there are none.
 template <class Ops>
 Status gemma4_layers(Ops& ops, const ModelConfig& cfg) {
-  for (int l = 0; l < cfg.num_layers; ++l) GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l));
+  const int tail = kv_tail_start(cfg);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    if (l == tail) {
+      bool go = true;
+      GEMMA4_T4_TRY(ops.keep_selected(l, &go));
+      if (!go) return Status::ok();
+    }
+    GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l));
+  }
   return Status::ok();
 }
 
@@ -5243,9 +5267,9 @@ class CpuModel {
       }
     }
 
-    Ops ops{*this, s, n, p, std::move(h), std::move(ple)};
+    Ops ops{*this, s, n, p, which, std::move(h), std::move(ple)};
     GEMMA4_T4_TRY(gemma4_layers(ops, cfg));
-    h = std::move(ops.h);
+    h = std::move(ops.h);  // [ops.n, H]: the chunk's rows from ops.row0 on (the KV-shared tail keeps fewer)
     std::vector<std::vector<float>>& chunk_k = ops.chunk_k;
     std::vector<std::vector<float>>& chunk_v = ops.chunk_v;
 
@@ -5264,8 +5288,8 @@ class CpuModel {
 
     // ---- head ----
     if (which == Logits::None || !logits) return Status::ok();
-    const size_t first = which == Logits::All ? 0 : n - 1;
-    const size_t rows = n - first;
+    const size_t first = which == Logits::All ? 0 : ops.n - 1;
+    const size_t rows = ops.n - first;
     const int V = cfg.vocab_size;
     std::vector<float> xn(rows * H);
     for (size_t r = 0; r < rows; ++r) rmsnorm_ref(&h[(first + r) * H], final_norm_.data(), H, eps, &xn[r * H]);
@@ -5289,19 +5313,22 @@ class CpuModel {
   }
 
  private:
-  // One forward's activations, and the block's steps over them (block.hpp): n tokens at positions p...
+  // One forward's activations, and the block's steps over them (block.hpp): n rows, row t the chunk's token at
+  // position p + row0 + t (row0 > 0 only in the KV-shared tail, which keeps the last row).
   struct Ops {
     const CpuModel& m;
     CpuSession& s;
     size_t n, p;
+    Logits which;
+    size_t row0 = 0;
     std::vector<float> h;                              // [n, H] residual stream
     std::vector<float> ple;                            // [n, L, D] per-layer inputs
     std::vector<float> x, y, q, att, g;                // [n, H], [n, H], [n, heads, d], [n, heads, d], [n, I | D]
     std::vector<std::vector<float>> chunk_k, chunk_v;  // per owning layer: the chunk's [n, kv_heads, d]
 
-    Ops(const CpuModel& model, CpuSession& session, size_t tokens, size_t pos, std::vector<float>&& h0,
+    Ops(const CpuModel& model, CpuSession& session, size_t tokens, size_t pos, Logits w, std::vector<float>&& h0,
         std::vector<float>&& ple0)
-        : m(model), s(session), n(tokens), p(pos), h(std::move(h0)), ple(std::move(ple0)) {
+        : m(model), s(session), n(tokens), p(pos), which(w), h(std::move(h0)), ple(std::move(ple0)) {
       const size_t H = size_t(m.cfg_->hidden_size), L = size_t(m.cfg_->num_layers);
       x.resize(n * H);
       y.resize(n * H);
@@ -5310,6 +5337,21 @@ class CpuModel {
     }
     int H() const { return m.cfg_->hidden_size; }
     float eps() const { return m.cfg_->rms_norm_eps; }
+
+    // The KV-shared tail (block.hpp): all rows for Logits::All, the last for Last, none for None.
+    Status keep_selected(int, bool* go) {
+      *go = which != Logits::None;
+      if (which != Logits::Last || n == 1) return Status::ok();
+      const size_t H = size_t(m.cfg_->hidden_size),
+                   LD = size_t(m.cfg_->num_layers) * m.cfg_->hidden_size_per_layer_input;
+      h.erase(h.begin(), h.end() - std::ptrdiff_t(H));
+      if (LD) ple.erase(ple.begin(), ple.end() - std::ptrdiff_t(LD));
+      row0 += n - 1;
+      n = 1;
+      x.resize(H);
+      y.resize(H);
+      return Status::ok();
+    }
 
     Status norm(int l, Norm which) {
       const Layer& ly = m.layers_[size_t(l)];
@@ -5348,7 +5390,7 @@ class CpuModel {
         for (int hh = 0; hh < nh; ++hh) {
           float* qh = &q[(t * nh + hh) * d];
           rmsnorm_ref(qh, ly.q_norm.data(), d, eps(), qh);
-          rope_ref(qh, d, ly.inv_freq.data(), int64_t(p + t));
+          rope_ref(qh, d, ly.inv_freq.data(), int64_t(p + row0 + t));
         }
       if (lc.kv_shared) return Status::ok();
       std::vector<float>& k = chunk_k[size_t(l)];
@@ -5392,7 +5434,7 @@ class CpuModel {
         for (size_t idx = b; idx < e; ++idx) {
           const size_t t = idx / nh;
           const int hh = int(idx % nh), g = hh / group;
-          const size_t qp = p + t;
+          const size_t qp = p + row0 + t;
           const size_t lo = (lc.type == LayerType::Sliding && qp + 1 > size_t(cfg.sliding_window))
                                 ? qp + 1 - size_t(cfg.sliding_window)
                                 : 0;
@@ -5609,6 +5651,9 @@ class CpuBackend : public BackendModel {
 // with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
 // layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
 // and head dims or groups attention does not take).
+// A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) runs the KV-shared
+// tail (block.hpp; E2B's layers 15..34) on those rows only, as a pass of their own (keep_selected): the prompt's
+// other rows stop after the last layer that writes a cache.
 
 #include <cublas_v2.h>
 
@@ -7064,6 +7109,22 @@ inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, 
                                 const Launch& launch) {
   if (rows <= 0) return cudaSuccess;
   return launch_kernel(embed_kernel, rows, 256, launch, E, ids, H, scale, h);
+}
+
+// dst[r, 0..width) = src[idx[r], 0..width) for r < rows (idx null: row r), fp32; ld in floats. The rows read and
+// the rows written must not overlap.
+static __global__ void gather_rows_kernel(const float* __restrict__ src, size_t ld_src, const int* __restrict__ idx,
+                                          int width, float* __restrict__ dst, size_t ld_dst) {
+  pdl_enter();
+  const float* s = src + size_t(idx ? idx[blockIdx.x] : int(blockIdx.x)) * ld_src;
+  float* d = dst + size_t(blockIdx.x) * ld_dst;
+  for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
+}
+
+inline cudaError_t launch_gather_rows(const float* src, size_t ld_src, const int* idx, int rows, int width, float* dst,
+                                      size_t ld_dst, const Launch& launch) {
+  if (rows <= 0 || width <= 0) return cudaSuccess;
+  return launch_kernel(gather_rows_kernel, rows, 256, launch, src, ld_src, idx, width, dst, ld_dst);
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
@@ -10657,16 +10718,18 @@ inline size_t kv_buffer_bytes(const LayerConfig& lc, size_t slots) {
 // Per-pass metadata: one layout for the pinned host copy (filled by the planner) and the device copy (read
 // by the kernels), so the two sides cannot disagree on an offset; the whole block is uploaded in one copy.
 struct PassMeta {
-  half** k = nullptr;        // [S * L] K cache of (session s, layer l) at s * L + l; null on KV-shared layers
-  half** v = nullptr;        // [S * L] V cache, the same
-  int32_t* ids = nullptr;    // [R] token id of each row
-  int32_t* seq = nullptr;    // [R] session of each row (0 .. S-1, in pass order)
-  int32_t* pos = nullptr;    // [R] position of each row
-  int32_t* sel = nullptr;    // [R] rows whose logits are wanted, in order
-  int32_t* slots = nullptr;  // [S * L] KV slots of (session, layer)
+  half** k = nullptr;          // [S * L] K cache of (session s, layer l) at s * L + l; null on KV-shared layers
+  half** v = nullptr;          // [S * L] V cache, the same
+  int32_t* ids = nullptr;      // [R] token id of each row
+  int32_t* seq = nullptr;      // [R] session of each row (0 .. S-1, in pass order)
+  int32_t* pos = nullptr;      // [R] position of each row
+  int32_t* sel = nullptr;      // [R] rows whose logits are wanted, in order
+  int32_t* sel_seq = nullptr;  // [R] seq of each selected row (sel order): the KV-shared tail's rows (layers.hpp)
+  int32_t* sel_pos = nullptr;  // [R] pos of each selected row
+  int32_t* slots = nullptr;    // [S * L] KV slots of (session, layer)
 
   static size_t bytes(int max_rows, int layers) {
-    return size_t(kMaxSeqs) * layers * (2 * sizeof(half*) + sizeof(int32_t)) + size_t(max_rows) * 4 * sizeof(int32_t);
+    return size_t(kMaxSeqs) * layers * (2 * sizeof(half*) + sizeof(int32_t)) + size_t(max_rows) * 6 * sizeof(int32_t);
   }
   // The arrays inside a block of bytes(max_rows, layers) bytes at `base` (host or device: the same offsets).
   static PassMeta at(void* base, int max_rows, int layers) {
@@ -10678,7 +10741,9 @@ struct PassMeta {
     m.seq = m.ids + max_rows;
     m.pos = m.seq + max_rows;
     m.sel = m.pos + max_rows;
-    m.slots = m.sel + max_rows;
+    m.sel_seq = m.sel + max_rows;
+    m.sel_pos = m.sel_seq + max_rows;
+    m.slots = m.sel_pos + max_rows;
     return m;
   }
 };
@@ -10881,6 +10946,14 @@ struct PassShape {
   int rows = 0, selected = 0, max_pos = 0;
 };
 
+// Row sh.rows (its seq and pos written) as the next selected row.
+inline void select_row(const PassMeta& m, PassShape* sh) {
+  m.sel[sh->selected] = sh->rows;
+  m.sel_seq[sh->selected] = m.seq[sh->rows];
+  m.sel_pos[sh->selected] = m.pos[sh->rows];
+  ++sh->selected;
+}
+
 // Writes a pass's metadata into the host view: rows (ids, seq, pos), the selected rows, and the cache table
 // of its sessions; then, up to pad_to rows (a decode bucket), padding rows (see the header; pad_k / pad_v:
 // the workspace's one-slot caches): selected, so that the graph's head writes their (unused) logits after the
@@ -10895,7 +10968,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.seq[sh.rows] = int(s);
       m.pos[sh.rows] = int(g.pos + t);
       sh.max_pos = std::max(sh.max_pos, m.pos[sh.rows]);
-      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) m.sel[sh.selected++] = sh.rows;
+      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) select_row(m, &sh);
       ++sh.rows;
     }
     for (int l = 0; l < layers; ++l) {
@@ -10917,7 +10990,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.ids[sh.rows] = id;
       m.seq[sh.rows] = s;
       m.pos[sh.rows] = 0;
-      m.sel[sh.selected++] = sh.rows;
+      select_row(m, &sh);
       ++sh.rows;
     }
   }
@@ -11068,6 +11141,10 @@ struct LayerPass {
   int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
+  // The KV-shared tail (block.hpp) runs on the selected rows only: keep of them (0: the pass stops before it), with
+  // these attention plans; -1: on every row (every row's logits are wanted).
+  int keep = -1;
+  AttnPlan keep_sliding, keep_full;
 };
 
 class LayerEncoder {
@@ -11102,9 +11179,10 @@ class LayerEncoder {
   Status head(int first, int k, float* dst) const {
     const int H = c_.hidden_size, V = c_.vocab_size;
     if (k > kMaxSeqs) return err(Code::InvalidArgument, "LM head: ", k, " rows at once (at most ", kMaxSeqs, ")");
-    GEMMA4_T4_CUDA_TRY(
-        kernels::launch_rmsnorm(ws_.h, H, ws_.dev.sel + first, w_.final_norm, k, H, c_.rms_norm_eps, ws_.head16, ln_),
-        "final norm");
+    const float* h = sel_ ? ws_.h : ws_.h + size_t(first) * H;  // the tail kept the selected rows, in order
+    GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h, H, sel_ ? sel_ + first : nullptr, w_.final_norm, k, H,
+                                               c_.rms_norm_eps, ws_.head16, ln_),
+                       "final norm");
     if (w_.lm16 && k > kernels::kGemvMaxRows)  // the fp16 head read once for every row
       GEMMA4_T4_TRY(gemm16(w_.lm16, V, H, ws_.head16, k, dst, "LM head"));
     else
@@ -11132,6 +11210,37 @@ class LayerEncoder {
   }
 
   // ---- the block's steps (block.hpp) ----
+
+  // Before the KV-shared tail: the selected rows of h and of the per-layer inputs become rows 0..keep-1 (through
+  // proj_c, free between layers, and into tok, free after encode()'s PLE combine), and the pass goes on with their
+  // metadata and attention plans (no flash tiles: one row per session from here).
+  Status keep_selected(int, bool* go) {
+    *go = p_.keep != 0;
+    if (p_.keep < 0) return Status::ok();
+    if (!*go) {
+      pending_ = Pending();  // nothing reads h past the tail
+      return Status::ok();
+    }
+    const int H = c_.hidden_size, LD = c_.num_layers * c_.hidden_size_per_layer_input, k = p_.keep;
+    GEMMA4_T4_TRY(flush(kernels::NextNorm::None, nullptr));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.h, H, ws_.dev.sel, k, H, ws_.proj_c, H, ln_), "tail rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.proj_c, H, nullptr, k, H, ws_.h, H, ln_), "tail rows");
+    if (LD > 0) {
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.ple, LD, ws_.dev.sel, k, LD, ws_.tok, LD, ln_),
+                         "tail per-layer inputs");
+      ple_ = ws_.tok;
+    }
+    seq_ = ws_.dev.sel_seq;
+    pos_ = ws_.dev.sel_pos;
+    sel_ = nullptr;
+    p_.rows = k;
+    p_.sliding = p_.keep_sliding;
+    p_.full = p_.keep_full;
+    p_.decode_only = false;
+    for (int& t : p_.flash_tiles) t = 0;
+    p_.keep = -1;
+    return Status::ok();
+  }
 
   Status norm(int l, Norm which) {
     const float* w = which == Norm::Input    ? w_.layers[l].in_norm
@@ -11180,7 +11289,7 @@ class LayerEncoder {
     if (!lc.kv_shared) {
       kernels::KvTarget kt;
       kt.capacity = ws_.dev.slots;
-      kt.seq = ws_.dev.seq;
+      kt.seq = seq_;
       kt.layer = l;
       kt.layers = c_.num_layers;
       hn[1].in = qkv_.k;
@@ -11197,7 +11306,7 @@ class LayerEncoder {
       hn[2].kv.base = ws_.dev.v;
     }
     GEMMA4_T4_CUDA_TRY(
-        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, ws_.dev.pos, ln_),
+        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, pos_, ln_),
         "q/k/v norm + RoPE");
     return Status::ok();
   }
@@ -11211,8 +11320,8 @@ class LayerEncoder {
     a.kbase = ws_.dev.k;
     a.vbase = ws_.dev.v;
     a.capacity = ws_.dev.slots;
-    a.seq = ws_.dev.seq;
-    a.pos = ws_.dev.pos;
+    a.seq = seq_;
+    a.pos = pos_;
     a.layer = lc.kv_source;
     a.layers = c_.num_layers;
     a.rows = p_.rows;
@@ -11296,13 +11405,13 @@ class LayerEncoder {
     const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
     if (decode) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
-                                                       ws_.ple, L, l, ws_.act16, ln_),
+                                                       ple_, L, l, ws_.act16, ln_),
                          "per_layer_input_gate + GELU");
       act_ = ws_.act16;
       return Status::ok();
     }
     GEMMA4_T4_TRY(mm(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate"));
-    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ws_.ple, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ple_, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
     act_ = ws_.x16;
     return Status::ok();
   }
@@ -11482,8 +11591,13 @@ class LayerEncoder {
   const DeviceWeights& w_;
   const Workspace& ws_;
   cublasHandle_t blas_;
-  const LayerPass& p_;
+  LayerPass p_;  // a copy: the KV-shared tail changes its rows (keep_selected)
   const kernels::Launch ln_;
+  // the rows' metadata and per-layer inputs: the pass's, then the tail's (keep_selected)
+  const int32_t* seq_ = ws_.dev.seq;  // [rows]
+  const int32_t* pos_ = ws_.dev.pos;  // [rows]
+  const int32_t* sel_ = ws_.dev.sel;  // [selected] the head's rows of h; null: rows 0.. in order
+  const float* ple_ = ws_.ple;        // [rows, L, D] fp32
   Pending pending_;
   Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
@@ -12337,7 +12451,13 @@ class PersistentDecoder {
                " (results void; decode passes now take the per-kernel path)");
   }
 
-  // The block's steps (block.hpp), as instructions.
+  // The block's steps (block.hpp), as instructions. A decode step wants every row's logits: the KV-shared tail
+  // keeps them all.
+  Status keep_selected(int, bool* go) {
+    *go = true;
+    return Status::ok();
+  }
+
   Status norm(int l, Norm which) {
     const DevLayer& d = w_->layers[l];
     next_x_ = take_x(which == Norm::Input ? d.in_norm : which == Norm::PreMlp ? d.pre_ff : nullptr);
@@ -12822,6 +12942,13 @@ class PassExecutor {
       lp.sliding = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, 0);
       lp.decode_only = sh.rows == int(pass.size());  // one row per session: only its own key is new
+      if (sh.selected < sh.rows) {                   // the KV-shared tail on the selected rows only (block.hpp)
+        lp.keep = sh.selected;
+        if (sh.selected > 0) {
+          lp.keep_sliding = attention_plan(c, sms_, sh.selected, sh.max_pos + 1, c.sliding_window);
+          lp.keep_full = attention_plan(c, sms_, sh.selected, sh.max_pos + 1, 0);
+        }
+      }
       // A pass holding a prompt chunk runs attention on the tensor cores (kernels/flash_attention.cuh): tile
       // tables for the group sizes the layers use; decode-only passes keep the split kernel.
       if (sh.rows > int(pass.size()))
@@ -14850,21 +14977,26 @@ double t4_ttft_ms(const Report& r, const Cell& c) {
 double prefill_flops(const ModelConfig& c, int prompt) {
   if (prompt <= 0) return 0;
   const double H = c.hidden_size, P = prompt, D = c.hidden_size_per_layer_input, L = c.num_layers;
-  double linear = 2.0 * H * L * D;  // per_layer_model_projection (when D > 0)
-  double attention = 0;
-  for (const LayerConfig& lc : c.layers) {
+  const int tail = detail::kv_tail_start(c);
+  double flops = 2.0 * H * L * D * P;  // per_layer_model_projection (when D > 0)
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerConfig& lc = c.layers[size_t(l)];
     const double q = double(c.num_heads) * lc.head_dim, kv = double(lc.num_kv_heads) * lc.head_dim;
     const double kv_out = lc.kv_shared ? 0 : (lc.k_eq_v ? kv : 2 * kv);
-    linear += 2.0 * H * (q + kv_out) + 2.0 * q * H;  // q/k/v, o
-    linear += 3 * 2.0 * H * lc.intermediate_size;    // gate, up, down
-    linear += 2 * 2.0 * H * D;                       // per_layer_input_gate, per_layer_projection
+    double linear = 2.0 * H * (q + kv_out) + 2.0 * q * H;  // q/k/v, o
+    linear += 3 * 2.0 * H * lc.intermediate_size;          // gate, up, down
+    linear += 2 * 2.0 * H * D;                             // per_layer_input_gate, per_layer_projection
     // keys seen by the queries at positions 0 .. P-1: p + 1 each, capped at the window on sliding layers
     const double w = lc.type == LayerType::Sliding && c.sliding_window > 0 ? c.sliding_window : P;
+    if (l >= tail) {  // the KV-shared tail: the last query only
+      flops += linear + 4.0 * q * std::min(w, P);
+      continue;
+    }
     const double m = std::min(w, P);
     const double pairs = m * (m + 1) / 2 + (P - m) * w;
-    attention += 4.0 * q * pairs;
+    flops += linear * P + 4.0 * q * pairs;
   }
-  return linear * P + attention + 2.0 * H * c.vocab_size;
+  return flops + 2.0 * H * c.vocab_size;
 }
 
 Status measure_bandwidth(Backend backend, int device, const BandwidthOptions& options, Bandwidth* out) {
