@@ -41,20 +41,23 @@ inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, 
   return launch_kernel(embed_kernel, rows, 256, launch, E, ids, H, scale, h);
 }
 
-// dst[r, 0..width) = src[idx[r], 0..width) for r < rows (idx null: row r), fp32; ld in floats. The rows read and
-// the rows written must not overlap.
-static __global__ void gather_rows_kernel(const float* __restrict__ src, size_t ld_src, const int* __restrict__ idx,
-                                          int width, float* __restrict__ dst, size_t ld_dst) {
+// dst[r, 0..width) = src[idx[r], 0..width) for r < rows (idx null: row r), T = float or half; ld in elements. The
+// rows read and the rows written must not overlap.
+template <typename T>
+static __global__ void gather_rows_kernel(const T* __restrict__ src, size_t ld_src, const int* __restrict__ idx,
+                                          int width, T* __restrict__ dst, size_t ld_dst) {
   pdl_enter();
-  const float* s = src + size_t(idx ? idx[blockIdx.x] : int(blockIdx.x)) * ld_src;
-  float* d = dst + size_t(blockIdx.x) * ld_dst;
+  const T* s = src + size_t(idx ? idx[blockIdx.x] : int(blockIdx.x)) * ld_src;
+  T* d = dst + size_t(blockIdx.x) * ld_dst;
   for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
 }
 
-inline cudaError_t launch_gather_rows(const float* src, size_t ld_src, const int* idx, int rows, int width, float* dst,
+template <typename T>
+inline cudaError_t launch_gather_rows(const T* src, size_t ld_src, const int* idx, int rows, int width, T* dst,
                                       size_t ld_dst, const Launch& launch) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 rows");
   if (rows <= 0 || width <= 0) return cudaSuccess;
-  return launch_kernel(gather_rows_kernel, rows, 256, launch, src, ld_src, idx, width, dst, ld_dst);
+  return launch_kernel(gather_rows_kernel<T>, rows, 256, launch, src, ld_src, idx, width, dst, ld_dst);
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {

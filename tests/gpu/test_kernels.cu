@@ -2057,19 +2057,22 @@ TEST_CASE("embed: h[r] = float(E[id[r]]) * scale, exact", "[gpu]") {
     }
 }
 
-TEST_CASE("gather_rows: dst[r] = src[idx[r]] (idx null: src[r]), exact, nothing past width written", "[gpu]") {
-  std::mt19937 rng(502);
-  std::uniform_real_distribution<float> u(-3.f, 3.f);
+namespace {
+// gather_rows of T (float or half, as raw bits: exact copies) at odd widths, row counts and strides.
+template <typename T>
+void check_gather_rows(std::mt19937& rng) {
+  std::uniform_int_distribution<uint32_t> bits;
   Stream st;
   for (int width : {1, 7, 1536, 8960})  // 1536 = E2B's residual row, 8960 = its per-layer inputs (L * D)
     for (int rows : {1, 3, 33})
       for (bool indexed : {true, false}) {
         const size_t ld_src = size_t(width) + 5, ld_dst = size_t(width) + 3, src_rows = size_t(rows) * 2 + 1;
-        std::vector<float> src(src_rows * ld_src);
-        for (float& v : src) v = u(rng);
-        std::vector<int> idx(static_cast<size_t>(rows));  // increasing, as the selected rows are, gaps between
+        using Bits = typename std::conditional<sizeof(T) == 4, uint32_t, uint16_t>::type;
+        std::vector<Bits> src(src_rows * ld_src);
+        for (Bits& v : src) v = Bits(bits(rng) & 0x3bff3bffu);  // finite values of either type
+        std::vector<int> idx(static_cast<size_t>(rows));        // increasing, as the selected rows are, gaps between
         for (int r = 0; r < rows; ++r) idx[size_t(r)] = 2 * r + (r % 2);
-        Dev<float> dsrc(src.size()), ddst(size_t(rows) * ld_dst);
+        Dev<T> dsrc(src.size()), ddst(size_t(rows) * ld_dst);
         Dev<int> didx(idx.size());
         dsrc.upload(src);
         didx.upload(idx);
@@ -2077,19 +2080,26 @@ TEST_CASE("gather_rows: dst[r] = src[idx[r]] (idx null: src[r]), exact, nothing 
         REQUIRE_CUDA(kn::launch_gather_rows(dsrc.get(), ld_src, indexed ? didx.get() : nullptr, rows, width, ddst.get(),
                                             ld_dst, st.s));
         st.sync();
-        const std::vector<uint32_t> got = ddst.download<uint32_t>();
+        const std::vector<Bits> got = ddst.template download<Bits>();
         size_t wrong = 0;
         for (int r = 0; r < rows; ++r)
           for (size_t c = 0; c < ld_dst; ++c) {
             const size_t from = size_t(indexed ? idx[size_t(r)] : r) * ld_src + c;
-            uint32_t want = 0xFFFFFFFFu;  // the poison: columns past width stay unwritten
-            if (c < size_t(width)) std::memcpy(&want, &src[from], 4);
+            const Bits want = c < size_t(width) ? src[from] : Bits(~Bits(0));  // the poison: past width unwritten
             wrong += got[size_t(r) * ld_dst + c] != want;
           }
-        INFO("gather_rows width " << width << " rows " << rows << (indexed ? " indexed" : " in order") << ": " << wrong
-                                  << " floats differ");
+        INFO("gather_rows " << sizeof(T) * 8 << "-bit width " << width << " rows " << rows
+                            << (indexed ? " indexed" : " in order") << ": " << wrong << " elements differ");
         REQUIRE(wrong == 0);
       }
+}
+}  // namespace
+
+TEST_CASE("gather_rows: dst[r] = src[idx[r]] (idx null: src[r]), fp32 and fp16, exact, nothing past width written",
+          "[gpu]") {
+  std::mt19937 rng(502);
+  check_gather_rows<float>(rng);
+  check_gather_rows<half>(rng);
 }
 
 TEST_CASE("widen: raw bf16 / fp16 / fp32 bits -> fp32, bit-exact against the host loader", "[gpu]") {
@@ -2792,7 +2802,8 @@ TEST_CASE("launchers: empty work is a no-op, unsupported shapes are refused befo
     REQUIRE(kn::launch_head_norm_rope_multi(t, 1, 2, 63, 1e-6f, nullptr, st.s) == cudaErrorInvalidValue);
   }
   REQUIRE_CUDA(kn::launch_embed(nullptr, nullptr, 0, 8, 1.f, nullptr, st.s));
-  REQUIRE_CUDA(kn::launch_gather_rows(nullptr, 8, nullptr, 0, 8, nullptr, 8, st.s));
+  REQUIRE_CUDA(kn::launch_gather_rows<float>(nullptr, 8, nullptr, 0, 8, nullptr, 8, st.s));
+  REQUIRE_CUDA(kn::launch_gather_rows<half>(nullptr, 8, nullptr, 0, 8, nullptr, 8, st.s));
   REQUIRE_CUDA(kn::launch_to_half(nullptr, 0, nullptr, st.s));
   REQUIRE_CUDA(kn::launch_gelu_mul(nullptr, nullptr, 0, nullptr, st.s));
   REQUIRE_CUDA(kn::launch_ple_combine(nullptr, nullptr, nullptr, 0, 1, 8, 1.f, 1.f, 1.f, 1e-6f, nullptr, st.s));
@@ -2882,7 +2893,8 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   add_attention<256>(ks);
   add_attention<512>(ks);
   ks.push_back({"embed_kernel", reinterpret_cast<const void*>(&kn::embed_kernel), 256});
-  ks.push_back({"gather_rows_kernel", reinterpret_cast<const void*>(&kn::gather_rows_kernel), 256});
+  ks.push_back({"gather_rows_kernel<float>", reinterpret_cast<const void*>(&kn::gather_rows_kernel<float>), 256});
+  ks.push_back({"gather_rows_kernel<half>", reinterpret_cast<const void*>(&kn::gather_rows_kernel<half>), 256});
   ks.push_back({"to_half_kernel", reinterpret_cast<const void*>(&kn::to_half_kernel), 256});
   ks.push_back({"widen_kernel", reinterpret_cast<const void*>(&kn::widen_kernel), 256});
   ks.push_back({"gelu_mul_kernel<1, float>", reinterpret_cast<const void*>(&kn::gelu_mul_kernel<1, float>), 256});
