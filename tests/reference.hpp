@@ -176,7 +176,8 @@ inline gemma4_t4::Engine load_engine(const std::string& name, gemma4_t4::Backend
   return e;
 }
 
-// The KV-shared tail (block.hpp) runs only for the rows whose logits a pass returns. What that must not change,
+// Past the last layer that writes a cache, a pass goes on with the rows whose logits it returns only (block.hpp
+// keep_selected). What that must not change,
 // each within `tol` of the same engine's every-row results (Logits::All), with the same argmax where the top two
 // logits are well apart: a prompt's last row (Logits::Last); the caches a pass leaves (decoding after a
 // Logits::None prompt); and rows batched beside a prompt (one session's last prompt token as a one-row item next

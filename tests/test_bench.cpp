@@ -231,8 +231,8 @@ TEST_CASE("bench: CSV has a header and one line per cell", "[bench]") {
 
 // prefill_flops from the config, against a count from the checkpoint's tensors: 2 x every decoder linear's
 // elements per token (k/v only on layers that project their own cache), attention 4 x q width per (query, key)
-// pair counted query by query (a sliding layer's window from config.json), the LM head once; the KV-shared layers
-// (the last num_kv_shared_layers) for the last token only.
+// pair counted query by query (a sliding layer's window from config.json), the LM head once; past the K/V of the
+// last layer that projects its own (the one before the last num_kv_shared_layers), the last token only.
 TEST_CASE("bench: prefill_flops equals the count from the checkpoint's tensor shapes", "[bench]") {
   const std::string dir = testref::fixtures() + "/mm_bf16";
   std::ifstream f(dir + "/model.safetensors", std::ios::binary);
@@ -244,6 +244,7 @@ TEST_CASE("bench: prefill_flops equals the count from the checkpoint's tensor sh
   const Json header = Json::parse(text);
   const Json cfg = Json::parse(std::ifstream(dir + "/config.json"))["text_config"];
   const int L = cfg["num_hidden_layers"], shared = cfg["num_kv_shared_layers"], window = cfg["sliding_window"];
+  const int keep = L - shared - 1;  // the last layer with a k_proj of its own
   const std::vector<std::string> types = cfg["layer_types"];
   const std::string pre = "model.language_model.";
   auto numel = [&](const std::string& name) -> double {
@@ -252,27 +253,29 @@ TEST_CASE("bench: prefill_flops equals the count from the checkpoint's tensor sh
     for (const auto& d : header[name]["shape"]) e *= d.get<double>();
     return e;
   };
-  REQUIRE(shared > 0);                                                         // the fixture has the tail this counts
-  double linear = numel(pre + "per_layer_model_projection.weight"), tail = 0;  // per token: every token's, the last's
+  REQUIRE(shared > 0);
+  // elements per token: those every token runs through, and those only the last does
+  double every = numel(pre + "per_layer_model_projection.weight"), last = 0;
   std::vector<double> qwidth;
   for (int l = 0; l < L; ++l) {
     const std::string lp = pre + "layers." + std::to_string(l) + ".";
-    double e = numel(lp + "self_attn.q_proj.weight") + numel(lp + "self_attn.o_proj.weight");
-    if (l < L - shared) e += numel(lp + "self_attn.k_proj.weight") + numel(lp + "self_attn.v_proj.weight");
+    double qkv = numel(lp + "self_attn.q_proj.weight"), rest = numel(lp + "self_attn.o_proj.weight");
+    if (l < L - shared) qkv += numel(lp + "self_attn.k_proj.weight") + numel(lp + "self_attn.v_proj.weight");
     for (const char* m :
          {"mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "per_layer_input_gate", "per_layer_projection"})
-      e += numel(lp + m + ".weight");
-    (l < L - shared ? linear : tail) += e;
+      rest += numel(lp + m + ".weight");
+    (l <= keep ? every : last) += qkv;
+    (l < keep ? every : last) += rest;
     qwidth.push_back(header[lp + "self_attn.q_proj.weight"]["shape"][0].get<double>());
   }
   const Engine engine = testref::load_engine("mm_bf16", Backend::Cpu);
   for (int P : {1, 7, 8, 9, 100, 1000}) {
     double attention = 0;
     for (int l = 0; l < L; ++l)
-      for (int p = l < L - shared ? 0 : P - 1; p < P; ++p)
+      for (int p = l < keep ? 0 : P - 1; p < P; ++p)
         attention +=
             4 * qwidth[size_t(l)] * (types[size_t(l)] == "sliding_attention" ? std::min(p + 1, window) : p + 1);
-    const double want = 2 * linear * P + 2 * tail + attention + 2 * numel(pre + "embed_tokens.weight");
+    const double want = 2 * every * P + 2 * last + attention + 2 * numel(pre + "embed_tokens.weight");
     INFO("prompt " << P);
     CHECK(bench::prefill_flops(engine.config(), P) == Approx(want).epsilon(1e-12));
   }

@@ -21,11 +21,12 @@
 //   h *= layer_scalar                                        scale(l)
 // All norms are RMSNorms in fp32 that multiply by the weight directly (x * rsqrt(mean(x^2) + eps) * w).
 //
-// The KV-shared tail (kv_tail_start: E2B's layers 15..34, 20 of 35 and 70% of the weights): those layers read
-// an earlier layer's cache and write none, so a row's work there only feeds that row's logits. Before the
-// tail, ops.keep_selected() keeps only the rows whose logits the pass returns (the last row of each prompt
-// chunk, every decode row); a pass that returns none (Logits::None, a chunk that is not its prompt's last)
-// stops there. The caches a pass leaves are the same either way.
+// Rows whose logits a pass does not return (a prompt's rows but its last): only the caches they leave matter,
+// and the last layer that writes one (kv_keep_layer: E2B's layer 14, before the KV-shared layers 15..34 that read
+// an earlier layer's cache and write none) needs nothing of theirs past its K/V. So right after that layer's
+// heads(l) (its K/V in the cache), ops.keep_selected() keeps only the selected rows (the last row of each prompt
+// chunk, every decode row) for the rest of the model; a pass that returns no logits (Logits::None, a chunk that is
+// not its prompt's last) stops there. The caches a pass leaves, and the logits it returns, are the same either way.
 #pragma once
 
 namespace gemma4_t4 {
@@ -43,12 +44,29 @@ enum class Branch {
   Ple,        // per_layer_input_gate, per_layer_projection, post_per_layer_input_norm
 };
 
-// One decoder layer of Gemma 4 through `ops` (see the header for what each step means).
+// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
+// none. num_layers when the last layer owns its cache.
+inline int kv_tail_start(const ModelConfig& cfg) {
+  int l = cfg.num_layers;
+  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
+  return l;
+}
+
+// The last layer that writes a cache: after its heads(), only the selected rows go on (see the header).
+inline int kv_keep_layer(const ModelConfig& cfg) { return kv_tail_start(cfg) - 1; }
+
+// One decoder layer of Gemma 4 through `ops` (see the header for what each step means). In layer kv_keep_layer,
+// keep_selected(l, &go) after heads(l): from here on only the rows whose logits are wanted; *go = false (there
+// are none): the pass ends there (*go is left true otherwise, and after every other layer).
 template <class Ops>
-Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l) {
+Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l, bool* go) {
   GEMMA4_T4_TRY(ops.norm(l, Norm::Input));
   GEMMA4_T4_TRY(ops.qkv(l));
   GEMMA4_T4_TRY(ops.heads(l));
+  if (l == kv_keep_layer(cfg)) {
+    GEMMA4_T4_TRY(ops.keep_selected(l, go));
+    if (!*go) return Status::ok();
+  }
   GEMMA4_T4_TRY(ops.attend(l));
   GEMMA4_T4_TRY(ops.residual(l, Branch::Attention));
   GEMMA4_T4_TRY(ops.norm(l, Norm::PreMlp));
@@ -62,27 +80,11 @@ Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l) {
   return ops.scale(l);
 }
 
-// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
-// none. num_layers when the last layer owns its cache.
-inline int kv_tail_start(const ModelConfig& cfg) {
-  int l = cfg.num_layers;
-  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
-  return l;
-}
-
-// Every layer, in order; the tail only for the rows ops.keep_selected() keeps (see the header). keep_selected(l,
-// &go): from layer l on, only the rows whose logits are wanted; go = false when there are none.
+// Every layer, in order (the selected rows only past kv_keep_layer's heads).
 template <class Ops>
 Status gemma4_layers(Ops& ops, const ModelConfig& cfg) {
-  const int tail = kv_tail_start(cfg);
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    if (l == tail) {
-      bool go = true;
-      GEMMA4_T4_TRY(ops.keep_selected(l, &go));
-      if (!go) return Status::ok();
-    }
-    GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l));
-  }
+  bool go = true;
+  for (int l = 0; l < cfg.num_layers && go; ++l) GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l, &go));
   return Status::ok();
 }
 

@@ -233,7 +233,7 @@ class CpuModel {
 
     Ops ops{*this, s, n, p, which, std::move(h), std::move(ple)};
     GEMMA4_T4_TRY(gemma4_layers(ops, cfg));
-    h = std::move(ops.h);  // [ops.n, H]: the chunk's rows from ops.row0 on (the KV-shared tail keeps fewer)
+    h = std::move(ops.h);  // [ops.n, H]: the chunk's rows from ops.row0 on (keep_selected may keep fewer)
     std::vector<std::vector<float>>& chunk_k = ops.chunk_k;
     std::vector<std::vector<float>>& chunk_v = ops.chunk_v;
 
@@ -278,7 +278,7 @@ class CpuModel {
 
  private:
   // One forward's activations, and the block's steps over them (block.hpp): n rows, row t the chunk's token at
-  // position p + row0 + t (row0 > 0 only in the KV-shared tail, which keeps the last row).
+  // position p + row0 + t (row0 > 0 only once keep_selected() kept the last row).
   struct Ops {
     const CpuModel& m;
     CpuSession& s;
@@ -302,14 +302,17 @@ class CpuModel {
     int H() const { return m.cfg_->hidden_size; }
     float eps() const { return m.cfg_->rms_norm_eps; }
 
-    // The KV-shared tail (block.hpp): all rows for Logits::All, the last for Last, none for None.
-    Status keep_selected(int, bool* go) {
+    // After layer l's K/V (block.hpp): all rows go on for Logits::All, the last for Last (its h, per-layer
+    // inputs and layer l's queries), none for None.
+    Status keep_selected(int l, bool* go) {
       *go = which != Logits::None;
       if (which != Logits::Last || n == 1) return Status::ok();
       const size_t H = size_t(m.cfg_->hidden_size),
                    LD = size_t(m.cfg_->num_layers) * m.cfg_->hidden_size_per_layer_input;
+      const size_t QW = size_t(m.cfg_->num_heads) * m.cfg_->layers[size_t(l)].head_dim;
       h.erase(h.begin(), h.end() - std::ptrdiff_t(H));
       if (LD) ple.erase(ple.begin(), ple.end() - std::ptrdiff_t(LD));
+      q.erase(q.begin(), q.end() - std::ptrdiff_t(QW));
       row0 += n - 1;
       n = 1;
       x.resize(H);

@@ -141,8 +141,8 @@ TEST_CASE("CUDA matches the CPU backend on a prompt longer than one pass and the
     }
 }
 
-TEST_CASE("CUDA: the KV-shared layers run only for the rows whose logits are returned", "[gpu][parity][kv_tail]") {
-  for (const char* name : {"mm_bf16", "w4a16"}) {  // the fixtures with KV-shared layers
+TEST_CASE("CUDA: past the last cache write only the rows whose logits are returned go on", "[gpu][parity][kv_tail]") {
+  for (const char* name : kFixtureNames) {  // KV-shared layers after it (mm_bf16, w4a16), or none (flat_keqv)
     const Reference ref = reference(name);
     Engine small = load_engine(name, Backend::Cuda);
     check_kv_tail(small, ref.prompt, ref.decode_ids, 5e-3, std::string(name) + ", the fixture's prompt");

@@ -197,7 +197,8 @@ struct Report {
 // every decoder linear and the PLE model projection at 2 x in x out per token; attention at 4 x heads x head_dim
 // per (query, key) pair (q.k and p.v) over the keys each query sees (every earlier one on full layers, the last
 // sliding_window on sliding ones); the LM head for the last token only (a prefill returns one row of logits), and
-// so the KV-shared layers at the end of the model (they write no cache: block.hpp) for the last token only.
+// so everything past the last layer's K/V that a cache holds (block.hpp kv_keep_layer: from E2B's layer 14's
+// attention on) for the last token only.
 double prefill_flops(const ModelConfig& config, int prompt);
 
 // The T4 TTFT projection of a cell (Cell::t4_ttft_ms, which run() fills with it): ttft_ms_median x

@@ -358,24 +358,24 @@ double t4_ttft_ms(const Report& r, const Cell& c) {
 double prefill_flops(const ModelConfig& c, int prompt) {
   if (prompt <= 0) return 0;
   const double H = c.hidden_size, P = prompt, D = c.hidden_size_per_layer_input, L = c.num_layers;
-  const int tail = detail::kv_tail_start(c);
+  const int keep = detail::kv_keep_layer(c);
   double flops = 2.0 * H * L * D * P;  // per_layer_model_projection (when D > 0)
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerConfig& lc = c.layers[size_t(l)];
     const double q = double(c.num_heads) * lc.head_dim, kv = double(lc.num_kv_heads) * lc.head_dim;
     const double kv_out = lc.kv_shared ? 0 : (lc.k_eq_v ? kv : 2 * kv);
-    double linear = 2.0 * H * (q + kv_out) + 2.0 * q * H;  // q/k/v, o
-    linear += 3 * 2.0 * H * lc.intermediate_size;          // gate, up, down
-    linear += 2 * 2.0 * H * D;                             // per_layer_input_gate, per_layer_projection
+    const double qkv = 2.0 * H * (q + kv_out);
+    double rest = 2.0 * q * H;                   // o
+    rest += 3 * 2.0 * H * lc.intermediate_size;  // gate, up, down
+    rest += 2 * 2.0 * H * D;                     // per_layer_input_gate, per_layer_projection
     // keys seen by the queries at positions 0 .. P-1: p + 1 each, capped at the window on sliding layers
     const double w = lc.type == LayerType::Sliding && c.sliding_window > 0 ? c.sliding_window : P;
-    if (l >= tail) {  // the KV-shared tail: the last query only
-      flops += linear + 4.0 * q * std::min(w, P);
-      continue;
-    }
     const double m = std::min(w, P);
-    const double pairs = m * (m + 1) / 2 + (P - m) * w;
-    flops += linear * P + 4.0 * q * pairs;
+    const double pairs = m * (m + 1) / 2 + (P - m) * w, last = m;  // every query's keys, the last query's
+    if (l < keep)
+      flops += (qkv + rest) * P + 4.0 * q * pairs;
+    else  // past kv_keep_layer's K/V (block.hpp): the last token only
+      flops += (l == keep ? qkv * P : qkv) + rest + 4.0 * q * last;
   }
   return flops + 2.0 * H * c.vocab_size;
 }

@@ -211,7 +211,7 @@ class PassExecutor {
       lp.sliding = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, 0);
       lp.decode_only = sh.rows == int(pass.size());  // one row per session: only its own key is new
-      if (sh.selected < sh.rows) {                   // the KV-shared tail on the selected rows only (block.hpp)
+      if (sh.selected < sh.rows) {                   // past the last cache write, the selected rows only (block.hpp)
         lp.keep = sh.selected;
         if (sh.selected > 0) {
           lp.keep_sliding = attention_plan(c, sms_, sh.selected, sh.max_pos + 1, c.sliding_window);

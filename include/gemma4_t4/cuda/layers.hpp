@@ -29,9 +29,9 @@
 // with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
 // layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
 // and head dims or groups attention does not take).
-// A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) runs the KV-shared
-// tail (block.hpp; E2B's layers 15..34) on those rows only, as a pass of their own (keep_selected): the prompt's
-// other rows stop after the last layer that writes a cache.
+// A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) goes on with those
+// rows only, as a pass of their own, once the last layer that writes a cache has written it (keep_selected;
+// block.hpp): on E2B the other rows stop after layer 14's K/V, before the KV-shared layers 15..34.
 #pragma once
 
 #include <cublas_v2.h>
@@ -60,8 +60,8 @@ struct LayerPass {
   int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
-  // The KV-shared tail (block.hpp) runs on the selected rows only: keep of them (0: the pass stops before it), with
-  // these attention plans; -1: on every row (every row's logits are wanted).
+  // Past kv_keep_layer's K/V (block.hpp) only the selected rows go on: keep of them (0: the pass stops there), with
+  // these attention plans; -1: every row (every row's logits are wanted).
   int keep = -1;
   AttnPlan keep_sliding, keep_full;
 };
@@ -130,23 +130,22 @@ class LayerEncoder {
 
   // ---- the block's steps (block.hpp) ----
 
-  // Before the KV-shared tail: the selected rows of h and of the per-layer inputs become rows 0..keep-1 (through
-  // proj_c, free between layers, and into tok, free after encode()'s PLE combine), and the pass goes on with their
-  // metadata and attention plans (no flash tiles: one row per session from here).
-  Status keep_selected(int, bool* go) {
+  // After layer l's K/V (block.hpp kv_keep_layer): the selected rows of h, of the per-layer inputs and of layer l's
+  // queries become rows 0..keep-1 (h through proj_c, free between a layer's heads and its attention; the inputs into
+  // tok, free after encode()'s PLE combine; q16 through x16, the attention's output buffer), and the pass goes on
+  // with their metadata and attention plans (split kernel, no flash tiles: one row per session from here).
+  Status keep_selected(int l, bool* go) {
     *go = p_.keep != 0;
-    if (p_.keep < 0) return Status::ok();
-    if (!*go) {
-      pending_ = Pending();  // nothing reads h past the tail
-      return Status::ok();
-    }
+    if (p_.keep < 0 || !*go) return Status::ok();
     const int H = c_.hidden_size, LD = c_.num_layers * c_.hidden_size_per_layer_input, k = p_.keep;
-    GEMMA4_T4_TRY(flush(kernels::NextNorm::None, nullptr));
-    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.h, H, ws_.dev.sel, k, H, ws_.proj_c, H, ln_), "tail rows");
-    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.proj_c, H, nullptr, k, H, ws_.h, H, ln_), "tail rows");
+    const int QW = c_.num_heads * c_.layers[l].head_dim;
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.h, H, ws_.dev.sel, k, H, ws_.proj_c, H, ln_), "kept rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows<float>(ws_.proj_c, H, nullptr, k, H, ws_.h, H, ln_), "kept rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.q16, QW, ws_.dev.sel, k, QW, ws_.x16, QW, ln_), "kept rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows<half>(ws_.x16, QW, nullptr, k, QW, ws_.q16, QW, ln_), "kept rows");
     if (LD > 0) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.ple, LD, ws_.dev.sel, k, LD, ws_.tok, LD, ln_),
-                         "tail per-layer inputs");
+                         "kept per-layer inputs");
       ple_ = ws_.tok;
     }
     seq_ = ws_.dev.sel_seq;
@@ -409,15 +408,16 @@ class LayerEncoder {
 
   // Whether layer l's head norms + RoPE + KV write fold into its attention launch (kernels::launch_attention_heads,
   // bit-identical to heads() then attend()): decode passes (one row per session, each row's own key the only new
-  // one: late_keys) of <= kHeadsFoldRows rows, on the split kernel, for head dims and groups it takes; a layer with
-  // a cache of its own writes the cache it reads. Measured (H200, E2B w4a16, bench/RESULTS.md 2026-12-05): folded at
-  // every decode pass up to 32 rows, +2.9% at one session but -2.6% at 8 and -5.3% at 16, where each attention
-  // block's own q/k norms and RoPE cost more than the launch they save; past 32 rows a pass may be a bucket whose
-  // padding rows share one cache slot, and the heads mode needs one writer per slot.
+  // one: late_keys) that keep every row (keep_selected comes between the two) of <= kHeadsFoldRows rows, on the
+  // split kernel, for head dims and groups it takes; a layer with a cache of its own writes the cache it reads.
+  // Measured (H200, E2B w4a16, bench/RESULTS.md 2026-12-05): folded at every decode pass up to 32 rows, +2.9% at one
+  // session but -2.6% at 8 and -5.3% at 16, where each attention block's own q/k norms and RoPE cost more than the
+  // launch they save; past 32 rows a pass may be a bucket whose padding rows share one cache slot, and the heads mode
+  // needs one writer per slot.
   static constexpr int kHeadsFoldRows = 2;
   bool heads_fold(int l) const {
     const LayerConfig& lc = c_.layers[l];
-    return p_.decode_only && p_.rows <= kHeadsFoldRows && !flash(l) &&
+    return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && !flash(l) &&
            kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
            (lc.kv_shared || lc.kv_source == l);
   }

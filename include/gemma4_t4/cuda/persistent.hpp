@@ -144,8 +144,8 @@ class PersistentDecoder {
                " (results void; decode passes now take the per-kernel path)");
   }
 
-  // The block's steps (block.hpp), as instructions. A decode step wants every row's logits: the KV-shared tail
-  // keeps them all.
+  // The block's steps (block.hpp), as instructions. A decode step wants every row's logits: keep_selected keeps
+  // them all.
   Status keep_selected(int, bool* go) {
     *go = true;
     return Status::ok();
