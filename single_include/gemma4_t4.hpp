@@ -954,7 +954,8 @@ struct Report {
 // every decoder linear and the PLE model projection at 2 x in x out per token; attention at 4 x heads x head_dim
 // per (query, key) pair (q.k and p.v) over the keys each query sees (every earlier one on full layers, the last
 // sliding_window on sliding ones); the LM head for the last token only (a prefill returns one row of logits), and
-// so the KV-shared layers at the end of the model (they write no cache: block.hpp) for the last token only.
+// so everything past the last layer's K/V that a cache holds (block.hpp kv_keep_layer: from E2B's layer 14's
+// attention on) for the last token only.
 double prefill_flops(const ModelConfig& config, int prompt);
 
 // The T4 TTFT projection of a cell (Cell::t4_ttft_ms, which run() fills with it): ttft_ms_median x
@@ -4967,11 +4968,12 @@ class BackendModel {
 //   h *= layer_scalar                                        scale(l)
 // All norms are RMSNorms in fp32 that multiply by the weight directly (x * rsqrt(mean(x^2) + eps) * w).
 //
-// The KV-shared tail (kv_tail_start: E2B's layers 15..34, 20 of 35 and 70% of the weights): those layers read
-// an earlier layer's cache and write none, so a row's work there only feeds that row's logits. Before the
-// tail, ops.keep_selected() keeps only the rows whose logits the pass returns (the last row of each prompt
-// chunk, every decode row); a pass that returns none (Logits::None, a chunk that is not its prompt's last)
-// stops there. The caches a pass leaves are the same either way.
+// Rows whose logits a pass does not return (a prompt's rows but its last): only the caches they leave matter,
+// and the last layer that writes one (kv_keep_layer: E2B's layer 14, before the KV-shared layers 15..34 that read
+// an earlier layer's cache and write none) needs nothing of theirs past its K/V. So right after that layer's
+// heads(l) (its K/V in the cache), ops.keep_selected() keeps only the selected rows (the last row of each prompt
+// chunk, every decode row) for the rest of the model; a pass that returns no logits (Logits::None, a chunk that is
+// not its prompt's last) stops there. The caches a pass leaves, and the logits it returns, are the same either way.
 
 namespace gemma4_t4 {
 namespace detail {
@@ -4988,12 +4990,29 @@ enum class Branch {
   Ple,        // per_layer_input_gate, per_layer_projection, post_per_layer_input_norm
 };
 
-// One decoder layer of Gemma 4 through `ops` (see the header for what each step means).
+// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
+// none. num_layers when the last layer owns its cache.
+inline int kv_tail_start(const ModelConfig& cfg) {
+  int l = cfg.num_layers;
+  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
+  return l;
+}
+
+// The last layer that writes a cache: after its heads(), only the selected rows go on (see the header).
+inline int kv_keep_layer(const ModelConfig& cfg) { return kv_tail_start(cfg) - 1; }
+
+// One decoder layer of Gemma 4 through `ops` (see the header for what each step means). In layer kv_keep_layer,
+// keep_selected(l, &go) after heads(l): from here on only the rows whose logits are wanted; *go = false (there
+// are none): the pass ends there (*go is left true otherwise, and after every other layer).
 template <class Ops>
-Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l) {
+Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l, bool* go) {
   GEMMA4_T4_TRY(ops.norm(l, Norm::Input));
   GEMMA4_T4_TRY(ops.qkv(l));
   GEMMA4_T4_TRY(ops.heads(l));
+  if (l == kv_keep_layer(cfg)) {
+    GEMMA4_T4_TRY(ops.keep_selected(l, go));
+    if (!*go) return Status::ok();
+  }
   GEMMA4_T4_TRY(ops.attend(l));
   GEMMA4_T4_TRY(ops.residual(l, Branch::Attention));
   GEMMA4_T4_TRY(ops.norm(l, Norm::PreMlp));
@@ -5007,27 +5026,11 @@ Status gemma4_layer(Ops& ops, const ModelConfig& cfg, int l) {
   return ops.scale(l);
 }
 
-// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
-// none. num_layers when the last layer owns its cache.
-inline int kv_tail_start(const ModelConfig& cfg) {
-  int l = cfg.num_layers;
-  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
-  return l;
-}
-
-// Every layer, in order; the tail only for the rows ops.keep_selected() keeps (see the header). keep_selected(l,
-// &go): from layer l on, only the rows whose logits are wanted; go = false when there are none.
+// Every layer, in order (the selected rows only past kv_keep_layer's heads).
 template <class Ops>
 Status gemma4_layers(Ops& ops, const ModelConfig& cfg) {
-  const int tail = kv_tail_start(cfg);
-  for (int l = 0; l < cfg.num_layers; ++l) {
-    if (l == tail) {
-      bool go = true;
-      GEMMA4_T4_TRY(ops.keep_selected(l, &go));
-      if (!go) return Status::ok();
-    }
-    GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l));
-  }
+  bool go = true;
+  for (int l = 0; l < cfg.num_layers && go; ++l) GEMMA4_T4_TRY(gemma4_layer(ops, cfg, l, &go));
   return Status::ok();
 }
 
@@ -5269,7 +5272,7 @@ class CpuModel {
 
     Ops ops{*this, s, n, p, which, std::move(h), std::move(ple)};
     GEMMA4_T4_TRY(gemma4_layers(ops, cfg));
-    h = std::move(ops.h);  // [ops.n, H]: the chunk's rows from ops.row0 on (the KV-shared tail keeps fewer)
+    h = std::move(ops.h);  // [ops.n, H]: the chunk's rows from ops.row0 on (keep_selected may keep fewer)
     std::vector<std::vector<float>>& chunk_k = ops.chunk_k;
     std::vector<std::vector<float>>& chunk_v = ops.chunk_v;
 
@@ -5314,7 +5317,7 @@ class CpuModel {
 
  private:
   // One forward's activations, and the block's steps over them (block.hpp): n rows, row t the chunk's token at
-  // position p + row0 + t (row0 > 0 only in the KV-shared tail, which keeps the last row).
+  // position p + row0 + t (row0 > 0 only once keep_selected() kept the last row).
   struct Ops {
     const CpuModel& m;
     CpuSession& s;
@@ -5338,14 +5341,17 @@ class CpuModel {
     int H() const { return m.cfg_->hidden_size; }
     float eps() const { return m.cfg_->rms_norm_eps; }
 
-    // The KV-shared tail (block.hpp): all rows for Logits::All, the last for Last, none for None.
-    Status keep_selected(int, bool* go) {
+    // After layer l's K/V (block.hpp): all rows go on for Logits::All, the last for Last (its h, per-layer
+    // inputs and layer l's queries), none for None.
+    Status keep_selected(int l, bool* go) {
       *go = which != Logits::None;
       if (which != Logits::Last || n == 1) return Status::ok();
       const size_t H = size_t(m.cfg_->hidden_size),
                    LD = size_t(m.cfg_->num_layers) * m.cfg_->hidden_size_per_layer_input;
+      const size_t QW = size_t(m.cfg_->num_heads) * m.cfg_->layers[size_t(l)].head_dim;
       h.erase(h.begin(), h.end() - std::ptrdiff_t(H));
       if (LD) ple.erase(ple.begin(), ple.end() - std::ptrdiff_t(LD));
+      q.erase(q.begin(), q.end() - std::ptrdiff_t(QW));
       row0 += n - 1;
       n = 1;
       x.resize(H);
@@ -5651,9 +5657,9 @@ class CpuBackend : public BackendModel {
 // with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
 // layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
 // and head dims or groups attention does not take).
-// A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) runs the KV-shared
-// tail (block.hpp; E2B's layers 15..34) on those rows only, as a pass of their own (keep_selected): the prompt's
-// other rows stop after the last layer that writes a cache.
+// A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) goes on with those
+// rows only, as a pass of their own, once the last layer that writes a cache has written it (keep_selected;
+// block.hpp): on E2B the other rows stop after layer 14's K/V, before the KV-shared layers 15..34.
 
 #include <cublas_v2.h>
 
@@ -7111,20 +7117,23 @@ inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, 
   return launch_kernel(embed_kernel, rows, 256, launch, E, ids, H, scale, h);
 }
 
-// dst[r, 0..width) = src[idx[r], 0..width) for r < rows (idx null: row r), fp32; ld in floats. The rows read and
-// the rows written must not overlap.
-static __global__ void gather_rows_kernel(const float* __restrict__ src, size_t ld_src, const int* __restrict__ idx,
-                                          int width, float* __restrict__ dst, size_t ld_dst) {
+// dst[r, 0..width) = src[idx[r], 0..width) for r < rows (idx null: row r), T = float or half; ld in elements. The
+// rows read and the rows written must not overlap.
+template <typename T>
+static __global__ void gather_rows_kernel(const T* __restrict__ src, size_t ld_src, const int* __restrict__ idx,
+                                          int width, T* __restrict__ dst, size_t ld_dst) {
   pdl_enter();
-  const float* s = src + size_t(idx ? idx[blockIdx.x] : int(blockIdx.x)) * ld_src;
-  float* d = dst + size_t(blockIdx.x) * ld_dst;
+  const T* s = src + size_t(idx ? idx[blockIdx.x] : int(blockIdx.x)) * ld_src;
+  T* d = dst + size_t(blockIdx.x) * ld_dst;
   for (int c = threadIdx.x; c < width; c += blockDim.x) d[c] = s[c];
 }
 
-inline cudaError_t launch_gather_rows(const float* src, size_t ld_src, const int* idx, int rows, int width, float* dst,
+template <typename T>
+inline cudaError_t launch_gather_rows(const T* src, size_t ld_src, const int* idx, int rows, int width, T* dst,
                                       size_t ld_dst, const Launch& launch) {
+  static_assert(std::is_same<T, float>::value || std::is_same<T, half>::value, "fp32 or fp16 rows");
   if (rows <= 0 || width <= 0) return cudaSuccess;
-  return launch_kernel(gather_rows_kernel, rows, 256, launch, src, ld_src, idx, width, dst, ld_dst);
+  return launch_kernel(gather_rows_kernel<T>, rows, 256, launch, src, ld_src, idx, width, dst, ld_dst);
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
@@ -11141,8 +11150,8 @@ struct LayerPass {
   int sms = 1;                        // the GPU's SMs (the w4a16 GEMM's and the residual GEMVs' split-K)
   int gemm_rows = 0;  // passes of up to this many rows take the w4a16 GEMM where a linear has its layout (W4Matmul)
   kernels::Launch launch;
-  // The KV-shared tail (block.hpp) runs on the selected rows only: keep of them (0: the pass stops before it), with
-  // these attention plans; -1: on every row (every row's logits are wanted).
+  // Past kv_keep_layer's K/V (block.hpp) only the selected rows go on: keep of them (0: the pass stops there), with
+  // these attention plans; -1: every row (every row's logits are wanted).
   int keep = -1;
   AttnPlan keep_sliding, keep_full;
 };
@@ -11211,23 +11220,22 @@ class LayerEncoder {
 
   // ---- the block's steps (block.hpp) ----
 
-  // Before the KV-shared tail: the selected rows of h and of the per-layer inputs become rows 0..keep-1 (through
-  // proj_c, free between layers, and into tok, free after encode()'s PLE combine), and the pass goes on with their
-  // metadata and attention plans (no flash tiles: one row per session from here).
-  Status keep_selected(int, bool* go) {
+  // After layer l's K/V (block.hpp kv_keep_layer): the selected rows of h, of the per-layer inputs and of layer l's
+  // queries become rows 0..keep-1 (h through proj_c, free between a layer's heads and its attention; the inputs into
+  // tok, free after encode()'s PLE combine; q16 through x16, the attention's output buffer), and the pass goes on
+  // with their metadata and attention plans (split kernel, no flash tiles: one row per session from here).
+  Status keep_selected(int l, bool* go) {
     *go = p_.keep != 0;
-    if (p_.keep < 0) return Status::ok();
-    if (!*go) {
-      pending_ = Pending();  // nothing reads h past the tail
-      return Status::ok();
-    }
+    if (p_.keep < 0 || !*go) return Status::ok();
     const int H = c_.hidden_size, LD = c_.num_layers * c_.hidden_size_per_layer_input, k = p_.keep;
-    GEMMA4_T4_TRY(flush(kernels::NextNorm::None, nullptr));
-    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.h, H, ws_.dev.sel, k, H, ws_.proj_c, H, ln_), "tail rows");
-    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.proj_c, H, nullptr, k, H, ws_.h, H, ln_), "tail rows");
+    const int QW = c_.num_heads * c_.layers[l].head_dim;
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.h, H, ws_.dev.sel, k, H, ws_.proj_c, H, ln_), "kept rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows<float>(ws_.proj_c, H, nullptr, k, H, ws_.h, H, ln_), "kept rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.q16, QW, ws_.dev.sel, k, QW, ws_.x16, QW, ln_), "kept rows");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows<half>(ws_.x16, QW, nullptr, k, QW, ws_.q16, QW, ln_), "kept rows");
     if (LD > 0) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gather_rows(ws_.ple, LD, ws_.dev.sel, k, LD, ws_.tok, LD, ln_),
-                         "tail per-layer inputs");
+                         "kept per-layer inputs");
       ple_ = ws_.tok;
     }
     seq_ = ws_.dev.sel_seq;
@@ -11490,15 +11498,16 @@ class LayerEncoder {
 
   // Whether layer l's head norms + RoPE + KV write fold into its attention launch (kernels::launch_attention_heads,
   // bit-identical to heads() then attend()): decode passes (one row per session, each row's own key the only new
-  // one: late_keys) of <= kHeadsFoldRows rows, on the split kernel, for head dims and groups it takes; a layer with
-  // a cache of its own writes the cache it reads. Measured (H200, E2B w4a16, bench/RESULTS.md 2026-12-05): folded at
-  // every decode pass up to 32 rows, +2.9% at one session but -2.6% at 8 and -5.3% at 16, where each attention
-  // block's own q/k norms and RoPE cost more than the launch they save; past 32 rows a pass may be a bucket whose
-  // padding rows share one cache slot, and the heads mode needs one writer per slot.
+  // one: late_keys) that keep every row (keep_selected comes between the two) of <= kHeadsFoldRows rows, on the
+  // split kernel, for head dims and groups it takes; a layer with a cache of its own writes the cache it reads.
+  // Measured (H200, E2B w4a16, bench/RESULTS.md 2026-12-05): folded at every decode pass up to 32 rows, +2.9% at one
+  // session but -2.6% at 8 and -5.3% at 16, where each attention block's own q/k norms and RoPE cost more than the
+  // launch they save; past 32 rows a pass may be a bucket whose padding rows share one cache slot, and the heads mode
+  // needs one writer per slot.
   static constexpr int kHeadsFoldRows = 2;
   bool heads_fold(int l) const {
     const LayerConfig& lc = c_.layers[l];
-    return p_.decode_only && p_.rows <= kHeadsFoldRows && !flash(l) &&
+    return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && !flash(l) &&
            kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
            (lc.kv_shared || lc.kv_source == l);
   }
@@ -12451,8 +12460,8 @@ class PersistentDecoder {
                " (results void; decode passes now take the per-kernel path)");
   }
 
-  // The block's steps (block.hpp), as instructions. A decode step wants every row's logits: the KV-shared tail
-  // keeps them all.
+  // The block's steps (block.hpp), as instructions. A decode step wants every row's logits: keep_selected keeps
+  // them all.
   Status keep_selected(int, bool* go) {
     *go = true;
     return Status::ok();
@@ -12942,7 +12951,7 @@ class PassExecutor {
       lp.sliding = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, c.sliding_window);
       lp.full = attention_plan(c, sms_, sh.rows, sh.max_pos + 1, 0);
       lp.decode_only = sh.rows == int(pass.size());  // one row per session: only its own key is new
-      if (sh.selected < sh.rows) {                   // the KV-shared tail on the selected rows only (block.hpp)
+      if (sh.selected < sh.rows) {                   // past the last cache write, the selected rows only (block.hpp)
         lp.keep = sh.selected;
         if (sh.selected > 0) {
           lp.keep_sliding = attention_plan(c, sms_, sh.selected, sh.max_pos + 1, c.sliding_window);
@@ -14977,24 +14986,24 @@ double t4_ttft_ms(const Report& r, const Cell& c) {
 double prefill_flops(const ModelConfig& c, int prompt) {
   if (prompt <= 0) return 0;
   const double H = c.hidden_size, P = prompt, D = c.hidden_size_per_layer_input, L = c.num_layers;
-  const int tail = detail::kv_tail_start(c);
+  const int keep = detail::kv_keep_layer(c);
   double flops = 2.0 * H * L * D * P;  // per_layer_model_projection (when D > 0)
   for (int l = 0; l < c.num_layers; ++l) {
     const LayerConfig& lc = c.layers[size_t(l)];
     const double q = double(c.num_heads) * lc.head_dim, kv = double(lc.num_kv_heads) * lc.head_dim;
     const double kv_out = lc.kv_shared ? 0 : (lc.k_eq_v ? kv : 2 * kv);
-    double linear = 2.0 * H * (q + kv_out) + 2.0 * q * H;  // q/k/v, o
-    linear += 3 * 2.0 * H * lc.intermediate_size;          // gate, up, down
-    linear += 2 * 2.0 * H * D;                             // per_layer_input_gate, per_layer_projection
+    const double qkv = 2.0 * H * (q + kv_out);
+    double rest = 2.0 * q * H;                   // o
+    rest += 3 * 2.0 * H * lc.intermediate_size;  // gate, up, down
+    rest += 2 * 2.0 * H * D;                     // per_layer_input_gate, per_layer_projection
     // keys seen by the queries at positions 0 .. P-1: p + 1 each, capped at the window on sliding layers
     const double w = lc.type == LayerType::Sliding && c.sliding_window > 0 ? c.sliding_window : P;
-    if (l >= tail) {  // the KV-shared tail: the last query only
-      flops += linear + 4.0 * q * std::min(w, P);
-      continue;
-    }
     const double m = std::min(w, P);
-    const double pairs = m * (m + 1) / 2 + (P - m) * w;
-    flops += linear * P + 4.0 * q * pairs;
+    const double pairs = m * (m + 1) / 2 + (P - m) * w, last = m;  // every query's keys, the last query's
+    if (l < keep)
+      flops += (qkv + rest) * P + 4.0 * q * pairs;
+    else  // past kv_keep_layer's K/V (block.hpp): the last token only
+      flops += (l == keep ? qkv * P : qkv) + rest + 4.0 * q * last;
   }
   return flops + 2.0 * H * c.vocab_size;
 }
