@@ -636,6 +636,18 @@ cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, enum cudaMemcpyKin
     std::memmove(d, s, n);
   return cudaSuccess;
 }
+cudaError_t cudaMemcpy2DAsync(void* d, size_t dpitch, const void* s, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind, cudaStream_t) {
+  auto copy = [=] {
+    for (size_t r = 0; r < height; ++r)
+      std::memmove(static_cast<char*>(d) + r * dpitch, static_cast<const char*>(s) + r * spitch, width);
+  };
+  if (emu::Graph* g = emu::capturing())
+    g->ops.push_back(copy);
+  else
+    copy();
+  return cudaSuccess;
+}
 cudaError_t cudaMemsetAsync(void* p, int v, size_t n, cudaStream_t) {
   if (emu::Graph* g = emu::capturing())
     g->ops.push_back([p, v, n] { std::memset(p, v, n); });

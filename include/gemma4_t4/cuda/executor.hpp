@@ -186,7 +186,7 @@ class PassExecutor {
     const bool host_ple = c.hidden_size_per_layer_input > 0 && !dw_->ple_table16;
     bool ple_async = r->ple_ready;
     if (host_ple && !r->ple_ready)  // PLE rows from the mapped file (host), before any kernel needs them
-      GEMMA4_T4_TRY(ple_.stage(pass, r->ple_buf, stream_, &ple_async, graph));
+      GEMMA4_T4_TRY(ple_.stage(pass, r->which, r->ple_buf, stream_, &ple_async, graph));
     if (host_ple && !persist) GEMMA4_T4_TRY(ple_.widen(r->ple_buf, ple_async, sh.rows, ws_->tok, launch_));
     if (persist) {  // the whole step as one kernel: logits in samp_logits, greedy tokens in samp_out
       if (host_ple && ple_async) GEMMA4_T4_CUDA_TRY(ple_.wait(r->ple_buf, stream_), "PLE rows upload");
@@ -246,8 +246,8 @@ class PassExecutor {
     r->ple_ready = host_ple && next && PleStager::large(*next);
     if (r->ple_ready) {
       bool async = true;
-      GEMMA4_T4_TRY(
-          ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, graph_rows(*next, r->which, r->dev_out, r->dev_row)));
+      GEMMA4_T4_TRY(ple_.stage(*next, r->which, r->ple_buf ^ 1, stream_, &async,
+                               graph_rows(*next, r->which, r->dev_out, r->dev_row)));
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
