@@ -11059,8 +11059,12 @@ class PleStager {
     raw_type_ = table.dtype == DType::BF16  ? kernels::RawFloat::BF16
                 : table.dtype == DType::F16 ? kernels::RawFloat::F16
                                             : kernels::RawFloat::F32;
+    // the layers a row runs through when its logits are not returned (block.hpp kv_keep_layer: their PLE branches)
+    prefix_bytes_ = size_t(kv_keep_layer(c)) * c.hidden_size_per_layer_input * (table.dtype == DType::F32 ? 4 : 2);
     GEMMA4_T4_TRY(mem_.alloc(2 * pass_bytes_, "workspace: PLE rows (raw, 2 passes)", &dev_));
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, 2 * pass_bytes_, "workspace: PLE rows (pinned, 2 passes)", &host_));
+    // rows staged in part keep what was there past their prefix: zeros until a whole row was staged there
+    GEMMA4_T4_CUDA_TRY(cudaMemset(dev_, 0, 2 * pass_bytes_), "PLE rows (raw)");
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate (copies)");
     for (cudaEvent_t& e : copied_)
       GEMMA4_T4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
@@ -11072,29 +11076,51 @@ class PleStager {
 
   // Brings the rows of a pass's tokens into half `buf`: synchronously ordered on `stream` for small passes
   // (*async = false), else uploaded on the copy stream with copied_[buf] recorded (*async = true). Up to
-  // pad_to rows: padding rows (fill_meta's) repeat the last token's.
-  Status stage(const Pass& pass, int buf, cudaStream_t stream, bool* async, int pad_to = 0) {
+  // pad_to rows: padding rows (fill_meta's) repeat the last token's. A row whose logits `which` does not select
+  // stops after kv_keep_layer's K/V (block.hpp): where at most kWholeRowsMax rows are selected, the others bring
+  // only the layers' part of their row that it reads (the prefix), the rest of it left as it was.
+  Status stage(const Pass& pass, Logits which, int buf, cudaStream_t stream, bool* async, int pad_to = 0) {
     uint8_t* host = host_ + size_t(buf) * pass_bytes_;
     uint8_t* dev = dev_ + size_t(buf) * pass_bytes_;
     const uint8_t* table = table_->data;
     const size_t row = row_bytes_;
     ids_.clear();
-    for (const Segment& g : pass) ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
-    if (!ids_.empty() && int(ids_.size()) < pad_to) ids_.resize(size_t(pad_to), ids_.back());
+    whole_.clear();
+    for (const Segment& g : pass) {
+      ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
+      if (which == Logits::All)
+        for (int t = 0; t < g.n; ++t) whole_.push_back(int(ids_.size()) - g.n + t);
+      else if (which == Logits::Last && g.last)
+        whole_.push_back(int(ids_.size()) - 1);
+    }
+    for (int r = int(ids_.size()); !ids_.empty() && r < pad_to; ++r) {  // padding rows are selected
+      ids_.push_back(ids_.back());
+      whole_.push_back(r);
+    }
+    const size_t n = ids_.size();
+    const bool part = prefix_bytes_ < row && whole_.size() < n && whole_.size() <= kWholeRowsMax;
+    const size_t take = part ? prefix_bytes_ : row;  // bytes of every row but whole_'s
     auto copy = [&](size_t b, size_t e) {
-      for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids_[r]) * row, row);
+      for (size_t r = b; r < e; ++r) std::memcpy(host + r * row, table + size_t(ids_[r]) * row, take);
     };
     *async = large(pass);
-    if (!*async) {  // not worth a thread or a second stream
-      copy(0, ids_.size());
-      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids_.size() * row, cudaMemcpyHostToDevice, stream),
-                         "PLE rows upload");
-      return Status::ok();
+    if (*async)
+      parallel_for(n, double(n * take), copy);
+    else  // not worth a thread or a second stream
+      copy(0, n);
+    const cudaStream_t s = *async ? copy_stream_ : stream;
+    if (part) {
+      GEMMA4_T4_CUDA_TRY(cudaMemcpy2DAsync(dev, row, host, row, take, n, cudaMemcpyHostToDevice, s), "PLE rows upload");
+      for (const int r : whole_) {  // the selected rows' remainders
+        const size_t at = size_t(r) * row + take;
+        std::memcpy(host + at, table + size_t(ids_[size_t(r)]) * row + take, row - take);
+        GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev + at, host + at, row - take, cudaMemcpyHostToDevice, s),
+                           "PLE rows upload");
+      }
+    } else {
+      GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, n * row, cudaMemcpyHostToDevice, s), "PLE rows upload");
     }
-    parallel_for(ids_.size(), double(ids_.size() * row), copy);
-    GEMMA4_T4_CUDA_TRY(cudaMemcpyAsync(dev, host, ids_.size() * row, cudaMemcpyHostToDevice, copy_stream_),
-                       "PLE rows upload");
-    GEMMA4_T4_CUDA_TRY(cudaEventRecord(copied_[buf], copy_stream_), "PLE rows upload");
+    if (*async) GEMMA4_T4_CUDA_TRY(cudaEventRecord(copied_[buf], copy_stream_), "PLE rows upload");
     return Status::ok();
   }
 
@@ -11122,8 +11148,12 @@ class PleStager {
   kernels::RawFloat raw_type() const { return raw_type_; }
 
  private:
+  // Passes with more selected rows than this stage whole rows (one upload instead of one per selected row).
+  static constexpr size_t kWholeRowsMax = 8;
+
   const TensorInfo* table_ = nullptr;
   size_t row_bytes_ = 0, pass_bytes_ = 0;
+  size_t prefix_bytes_ = 0;  // of a row: the per-layer inputs of the layers before kv_keep_layer
   int max_rows_ = 0;
   kernels::RawFloat raw_type_ = kernels::RawFloat::BF16;
   DeviceMemory mem_;
@@ -11132,6 +11162,7 @@ class PleStager {
   cudaStream_t copy_stream_ = nullptr;
   cudaEvent_t copied_[2] = {};  // recorded on copy_stream_ after a half's upload
   std::vector<int32_t> ids_;    // the pass's token ids, in row order
+  std::vector<int> whole_;      // rows staged whole (selected), in row order
 };
 
 }  // namespace detail
@@ -12926,7 +12957,7 @@ class PassExecutor {
     const bool host_ple = c.hidden_size_per_layer_input > 0 && !dw_->ple_table16;
     bool ple_async = r->ple_ready;
     if (host_ple && !r->ple_ready)  // PLE rows from the mapped file (host), before any kernel needs them
-      GEMMA4_T4_TRY(ple_.stage(pass, r->ple_buf, stream_, &ple_async, graph));
+      GEMMA4_T4_TRY(ple_.stage(pass, r->which, r->ple_buf, stream_, &ple_async, graph));
     if (host_ple && !persist) GEMMA4_T4_TRY(ple_.widen(r->ple_buf, ple_async, sh.rows, ws_->tok, launch_));
     if (persist) {  // the whole step as one kernel: logits in samp_logits, greedy tokens in samp_out
       if (host_ple && ple_async) GEMMA4_T4_CUDA_TRY(ple_.wait(r->ple_buf, stream_), "PLE rows upload");
@@ -12986,8 +13017,8 @@ class PassExecutor {
     r->ple_ready = host_ple && next && PleStager::large(*next);
     if (r->ple_ready) {
       bool async = true;
-      GEMMA4_T4_TRY(
-          ple_.stage(*next, r->ple_buf ^ 1, stream_, &async, graph_rows(*next, r->which, r->dev_out, r->dev_row)));
+      GEMMA4_T4_TRY(ple_.stage(*next, r->which, r->ple_buf ^ 1, stream_, &async,
+                               graph_rows(*next, r->which, r->dev_out, r->dev_row)));
     }
     GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
