@@ -4990,16 +4990,13 @@ enum class Branch {
   Ple,        // per_layer_input_gate, per_layer_projection, post_per_layer_input_norm
 };
 
-// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
-// none. num_layers when the last layer owns its cache.
-inline int kv_tail_start(const ModelConfig& cfg) {
-  int l = cfg.num_layers;
-  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
+// The last layer that writes a cache (every layer after it is KV-shared: it reads an earlier layer's cache and
+// writes none): after its heads(), only the selected rows go on (see the header).
+inline int kv_keep_layer(const ModelConfig& cfg) {
+  int l = cfg.num_layers - 1;
+  while (l > 0 && cfg.layers[size_t(l)].kv_shared) --l;
   return l;
 }
-
-// The last layer that writes a cache: after its heads(), only the selected rows go on (see the header).
-inline int kv_keep_layer(const ModelConfig& cfg) { return kv_tail_start(cfg) - 1; }
 
 // One decoder layer of Gemma 4 through `ops` (see the header for what each step means). In layer kv_keep_layer,
 // keep_selected(l, &go) after heads(l): from here on only the rows whose logits are wanted; *go = false (there
@@ -10733,7 +10730,7 @@ struct PassMeta {
   int32_t* seq = nullptr;      // [R] session of each row (0 .. S-1, in pass order)
   int32_t* pos = nullptr;      // [R] position of each row
   int32_t* sel = nullptr;      // [R] rows whose logits are wanted, in order
-  int32_t* sel_seq = nullptr;  // [R] seq of each selected row (sel order): the KV-shared tail's rows (layers.hpp)
+  int32_t* sel_seq = nullptr;  // [R] seq of each selected row (sel order): the rows kept past kv_keep_layer
   int32_t* sel_pos = nullptr;  // [R] pos of each selected row
   int32_t* slots = nullptr;    // [S * L] KV slots of (session, layer)
 
@@ -10955,6 +10952,12 @@ struct PassShape {
   int rows = 0, selected = 0, max_pos = 0;
 };
 
+// Whether row t of segment g is one whose logits `which` returns: every row (All), an item's last (Last). The one
+// rule for fill_meta's selected rows and the PLE stager's whole rows.
+inline bool row_selected(Logits which, const Segment& g, int t) {
+  return which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1);
+}
+
 // Row sh.rows (its seq and pos written) as the next selected row.
 inline void select_row(const PassMeta& m, PassShape* sh) {
   m.sel[sh->selected] = sh->rows;
@@ -10977,7 +10980,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.seq[sh.rows] = int(s);
       m.pos[sh.rows] = int(g.pos + t);
       sh.max_pos = std::max(sh.max_pos, m.pos[sh.rows]);
-      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) select_row(m, &sh);
+      if (row_selected(which, g, t)) select_row(m, &sh);
       ++sh.rows;
     }
     for (int l = 0; l < layers; ++l) {
@@ -11087,11 +11090,9 @@ class PleStager {
     ids_.clear();
     whole_.clear();
     for (const Segment& g : pass) {
+      for (int t = 0; t < g.n; ++t)
+        if (row_selected(which, g, t)) whole_.push_back(int(ids_.size()) + t);
       ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
-      if (which == Logits::All)
-        for (int t = 0; t < g.n; ++t) whole_.push_back(int(ids_.size()) - g.n + t);
-      else if (which == Logits::Last && g.last)
-        whole_.push_back(int(ids_.size()) - 1);
     }
     for (int r = int(ids_.size()); !ids_.empty() && r < pad_to; ++r) {  // padding rows are selected
       ids_.push_back(ids_.back());
@@ -11219,7 +11220,7 @@ class LayerEncoder {
   Status head(int first, int k, float* dst) const {
     const int H = c_.hidden_size, V = c_.vocab_size;
     if (k > kMaxSeqs) return err(Code::InvalidArgument, "LM head: ", k, " rows at once (at most ", kMaxSeqs, ")");
-    const float* h = sel_ ? ws_.h : ws_.h + size_t(first) * H;  // the tail kept the selected rows, in order
+    const float* h = sel_ ? ws_.h : ws_.h + size_t(first) * H;  // keep_selected kept the selected rows, in order
     GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h, H, sel_ ? sel_ + first : nullptr, w_.final_norm, k, H,
                                                c_.rms_norm_eps, ws_.head16, ln_),
                        "final norm");
@@ -11631,9 +11632,9 @@ class LayerEncoder {
   const DeviceWeights& w_;
   const Workspace& ws_;
   cublasHandle_t blas_;
-  LayerPass p_;  // a copy: the KV-shared tail changes its rows (keep_selected)
+  LayerPass p_;  // a copy: keep_selected changes its rows
   const kernels::Launch ln_;
-  // the rows' metadata and per-layer inputs: the pass's, then the tail's (keep_selected)
+  // the rows' metadata and per-layer inputs: the pass's, then the kept rows' (keep_selected)
   const int32_t* seq_ = ws_.dev.seq;  // [rows]
   const int32_t* pos_ = ws_.dev.pos;  // [rows]
   const int32_t* sel_ = ws_.dev.sel;  // [selected] the head's rows of h; null: rows 0.. in order

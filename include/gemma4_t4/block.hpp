@@ -44,16 +44,13 @@ enum class Branch {
   Ple,        // per_layer_input_gate, per_layer_projection, post_per_layer_input_norm
 };
 
-// The first layer of the KV-shared tail: every layer from it on reads an earlier layer's cache and writes
-// none. num_layers when the last layer owns its cache.
-inline int kv_tail_start(const ModelConfig& cfg) {
-  int l = cfg.num_layers;
-  while (l > 1 && cfg.layers[size_t(l - 1)].kv_shared) --l;
+// The last layer that writes a cache (every layer after it is KV-shared: it reads an earlier layer's cache and
+// writes none): after its heads(), only the selected rows go on (see the header).
+inline int kv_keep_layer(const ModelConfig& cfg) {
+  int l = cfg.num_layers - 1;
+  while (l > 0 && cfg.layers[size_t(l)].kv_shared) --l;
   return l;
 }
-
-// The last layer that writes a cache: after its heads(), only the selected rows go on (see the header).
-inline int kv_keep_layer(const ModelConfig& cfg) { return kv_tail_start(cfg) - 1; }
 
 // One decoder layer of Gemma 4 through `ops` (see the header for what each step means). In layer kv_keep_layer,
 // keep_selected(l, &go) after heads(l): from here on only the rows whose logits are wanted; *go = false (there

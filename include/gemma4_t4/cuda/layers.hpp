@@ -98,7 +98,7 @@ class LayerEncoder {
   Status head(int first, int k, float* dst) const {
     const int H = c_.hidden_size, V = c_.vocab_size;
     if (k > kMaxSeqs) return err(Code::InvalidArgument, "LM head: ", k, " rows at once (at most ", kMaxSeqs, ")");
-    const float* h = sel_ ? ws_.h : ws_.h + size_t(first) * H;  // the tail kept the selected rows, in order
+    const float* h = sel_ ? ws_.h : ws_.h + size_t(first) * H;  // keep_selected kept the selected rows, in order
     GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h, H, sel_ ? sel_ + first : nullptr, w_.final_norm, k, H,
                                                c_.rms_norm_eps, ws_.head16, ln_),
                        "final norm");
@@ -510,9 +510,9 @@ class LayerEncoder {
   const DeviceWeights& w_;
   const Workspace& ws_;
   cublasHandle_t blas_;
-  LayerPass p_;  // a copy: the KV-shared tail changes its rows (keep_selected)
+  LayerPass p_;  // a copy: keep_selected changes its rows
   const kernels::Launch ln_;
-  // the rows' metadata and per-layer inputs: the pass's, then the tail's (keep_selected)
+  // the rows' metadata and per-layer inputs: the pass's, then the kept rows' (keep_selected)
   const int32_t* seq_ = ws_.dev.seq;  // [rows]
   const int32_t* pos_ = ws_.dev.pos;  // [rows]
   const int32_t* sel_ = ws_.dev.sel;  // [selected] the head's rows of h; null: rows 0.. in order

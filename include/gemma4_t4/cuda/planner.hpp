@@ -115,6 +115,12 @@ struct PassShape {
   int rows = 0, selected = 0, max_pos = 0;
 };
 
+// Whether row t of segment g is one whose logits `which` returns: every row (All), an item's last (Last). The one
+// rule for fill_meta's selected rows and the PLE stager's whole rows.
+inline bool row_selected(Logits which, const Segment& g, int t) {
+  return which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1);
+}
+
 // Row sh.rows (its seq and pos written) as the next selected row.
 inline void select_row(const PassMeta& m, PassShape* sh) {
   m.sel[sh->selected] = sh->rows;
@@ -137,7 +143,7 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
       m.seq[sh.rows] = int(s);
       m.pos[sh.rows] = int(g.pos + t);
       sh.max_pos = std::max(sh.max_pos, m.pos[sh.rows]);
-      if (which == Logits::All || (which == Logits::Last && g.last && t == g.n - 1)) select_row(m, &sh);
+      if (row_selected(which, g, t)) select_row(m, &sh);
       ++sh.rows;
     }
     for (int l = 0; l < layers; ++l) {
@@ -247,11 +253,9 @@ class PleStager {
     ids_.clear();
     whole_.clear();
     for (const Segment& g : pass) {
+      for (int t = 0; t < g.n; ++t)
+        if (row_selected(which, g, t)) whole_.push_back(int(ids_.size()) + t);
       ids_.insert(ids_.end(), g.tokens, g.tokens + g.n);
-      if (which == Logits::All)
-        for (int t = 0; t < g.n; ++t) whole_.push_back(int(ids_.size()) - g.n + t);
-      else if (which == Logits::Last && g.last)
-        whole_.push_back(int(ids_.size()) - 1);
     }
     for (int r = int(ids_.size()); !ids_.empty() && r < pad_to; ++r) {  // padding rows are selected
       ids_.push_back(ids_.back());

@@ -43,7 +43,7 @@ struct PassMeta {
   int32_t* seq = nullptr;      // [R] session of each row (0 .. S-1, in pass order)
   int32_t* pos = nullptr;      // [R] position of each row
   int32_t* sel = nullptr;      // [R] rows whose logits are wanted, in order
-  int32_t* sel_seq = nullptr;  // [R] seq of each selected row (sel order): the KV-shared tail's rows (layers.hpp)
+  int32_t* sel_seq = nullptr;  // [R] seq of each selected row (sel order): the rows kept past kv_keep_layer
   int32_t* sel_pos = nullptr;  // [R] pos of each selected row
   int32_t* slots = nullptr;    // [S * L] KV slots of (session, layer)
 
