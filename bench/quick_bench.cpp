@@ -25,6 +25,16 @@
 #include "../programs/args.hpp"
 #include "gemma4_t4.hpp"
 
+// The timed decode steps of each batch are an NVTX range "decode" where the CUDA toolkit's header-only NVTX is on
+// the include path (a no-op unless a tool is attached): `ncu --nvtx --nvtx-include "decode/"` profiles decode steps
+// alone, whatever the prompts' kernels before them (tools/gpu_check.sh steps).
+#if defined(__has_include)
+#if __has_include(<nvtx3/nvToolsExt.h>)
+#include <nvtx3/nvToolsExt.h>
+#define QUICK_BENCH_NVTX 1
+#endif
+#endif
+
 using namespace gemma4_t4;
 using Clock = std::chrono::steady_clock;
 
@@ -183,7 +193,12 @@ int main(int argc, char** argv) {
     const int warm = 3;
     Clock::time_point td;
     for (int i = 0; i < tokens; ++i) {
-      if (i == warm) td = Clock::now();
+      if (i == warm) {
+#ifdef QUICK_BENCH_NVTX
+        nvtxRangePushA("decode");
+#endif
+        td = Clock::now();
+      }
       if (!(st = engine.step(items.data(), size_t(B), sampled ? opts.data() : nullptr, next.data()))) {
         std::fprintf(stderr, "%s\n", st.message.c_str());
         return 1;
@@ -191,6 +206,9 @@ int main(int argc, char** argv) {
       feed = next;
     }
     const double per_step = seconds_since(td) / (tokens - warm);
+#ifdef QUICK_BENCH_NVTX
+    nvtxRangePop();
+#endif
     std::printf("%6d %8d %12.1f %14.1f %14.1f\n", B, prompt_len, ttft, 1.0 / per_step, B / per_step);
   }
   std::printf("peak host RSS %.0f MiB\n", peak_rss_mib());

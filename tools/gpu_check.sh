@@ -26,7 +26,8 @@
 #     ncu       warp stall reasons of the persistent step and of per-kernel GEMVs (ncu sections, c=1)
 #     prof      ncu sections (stall reasons, occupancy, throughput) of PROF_K's launches in one quick_bench run
 #     steps     per-kernel GPU time of decode steps at the GPU's own clocks, caches left warm (ncu, one kernel at a
-#               time: no PDL overlap), c=1 (STEPS_C1=0: not) and a 128-row bucket (PROFILE_MATMULS), summed
+#               time: no PDL overlap), ~2 steps (quick_bench's NVTX range "decode") per concurrency of STEPS_BATCH
+#               (default "1 128"), prompt STEPS_PROMPT (512), w4a16 matmuls PROFILE_MATMULS past 32 rows; summed
 #               per kernel name
 # Environment: PRESETS (the builds of build and suite, default "gpu-native gpu-turing"), SUITE_SPEC (suite), AB_EXTRA
 # (ab), SWEEP (bench arguments),
@@ -281,23 +282,22 @@ step_prof() {  # ncu sections of the kernels matching PROF_K (regex) in one quic
 
 step_steps() {  # where a decode step's GPU time goes, per kernel name (issues 16, 17)
   synth w4a16 || { note "make_synthetic failed"; return 1; }
-  local N=(ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --print-summary per-kernel)
-  # c=1: the 512-token prompt (~600 kernels) and the 3 warm-up steps (~1,200) come first; 2 steps captured
-  [ "${STEPS_C1:-1}" = 1 ] && timeout "${NCU_S:-150}" "${N[@]}" -s 2400 -c 770 build-gpu-native/quick_bench \
-    --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 12 --batch 1 > "$OUT/steps-c1.txt" 2>&1
-  note "ncu steps c=1 rc=$?"
-  [ -f "$OUT/steps-c1.txt" ] && awk '/^  [^ ].*\(/{name=substr($0, 1, 110)} /Invocations/{inv=$NF}
-    /gpu__time_duration.sum/{printf "%9.1f us total %5d x %7.2f us  %s\n", inv * $NF, inv, $NF, name}' "$OUT/steps-c1.txt" |
-    sort -g -r | head -30 | tee -a "$OUT/summary.txt"
-  # 128 sessions of 64-token prompts: session 0's pass (~900 kernels), the other prompts in 4 passes of 2048 rows
-  # (~4,200) and 3 warm-up steps (~2,300) first, then two steps of the 128-row bucket graph
-  for m in ${PROFILE_MATMULS:-auto tensorcore}; do
-    timeout "${NCU_S:-200}" "${N[@]}" -s 8500 -c 1600 build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" \
-      --prompt 64 --prefill-together --tokens 12 --batch 128 --w4-matmul "$m" > "$OUT/steps-c128-$m.txt" 2>&1
-    note "ncu steps c=128 $m rc=$?"
-    awk '/^  [^ ].*\(/{name=substr($0, 1, 110)} /Invocations/{inv=$NF}
-    /gpu__time_duration.sum/{printf "%9.1f us total %5d x %7.2f us  %s\n", inv * $NF, inv, $NF, name}' "$OUT/steps-c128-$m.txt" |
-      sort -g -r | head -30 | tee -a "$OUT/summary.txt"
+  # quick_bench's timed decode steps are the NVTX range "decode": only their kernels are profiled, ~2 steps' worth
+  # (STEPS_KERNELS), whatever the prompts (STEPS_PROMPT) cost before them; per concurrency of STEPS_BATCH, per w4a16
+  # matmul of PROFILE_MATMULS (past 32 rows)
+  local N=(ncu --clock-control none --cache-control none --nvtx --nvtx-include "decode/" --metrics gpu__time_duration.sum
+    --print-summary per-kernel)
+  for c in ${STEPS_BATCH:-1 128}; do
+    for m in $([ "$c" -gt 32 ] && echo "${PROFILE_MATMULS:-auto}" || echo auto); do
+      past_deadline && { note "steps: past DEADLINE, c=$c $m skipped"; continue; }
+      local f="$OUT/steps-c$c-$m.txt"
+      timeout "${NCU_S:-200}" "${N[@]}" -c "${STEPS_KERNELS:-900}" build-gpu-native/quick_bench \
+        --model "$MODELS/e2b-w4a16" --prompt "${STEPS_PROMPT:-512}" --tokens 12 --batch "$c" --w4-matmul "$m" > "$f" 2>&1
+      note "ncu steps c=$c prompt ${STEPS_PROMPT:-512} $m rc=$? ($(grep -c 'gpu__time_duration.sum' "$f") kernels)"
+      awk '/^  [^ ].*\(/{name=substr($0, 1, 110)} /Invocations/{inv=$NF}
+        /gpu__time_duration.sum/{printf "%9.1f us total %5d x %7.2f us  %s\n", inv * $NF, inv, $NF, name}' "$f" |
+        sort -g -r | head -30 | tee -a "$OUT/summary.txt"
+    done
   done
 }
 
