@@ -40,6 +40,12 @@ set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.." || exit 1
+# The builds live in /tmp, linked from the tree: a device call that carries the tree (or a snapshot of it) replaces
+# everything under it, so builds kept inside would be gone at the next call on the same warm machine; /tmp stays
+# (measured 2026-12-05 (d), bench/RESULTS.md). A tree that brings a build folder of its own keeps it.
+for p in gpu-native gpu-turing; do
+  [ -e "build-$p" ] || { mkdir -p "/tmp/gemma4_t4-build-$p" && ln -sfn "/tmp/gemma4_t4-build-$p" "build-$p"; }
+done
 JOBS=${JOBS:-$(nproc)}
 DEPS="$PWD/.deps/usr"
 MODELS=/tmp/models
