@@ -34,6 +34,8 @@
 # FORMATS (the bench step's checkpoints, default "w4a16 bf16"), BENCH_BUILDS (its builds, default "native turing"), JOBS
 # (build parallelism, default nproc), DEADLINE (see past_deadline), BUILD_TARGETS (instead of the presets' targets, e.g. "gemma4_t4_gpu_tests
 # bench" for a short call).
+# A/B without building there: tools/ab_prebuild.sh builds the quick_bench binaries and make_synthetic here (CPU
+# machine) into the snapshot; `ab` (and every step that runs quick_bench) takes them where no build exists.
 # The machine has no package manager: nlohmann/json and Catch2 come from .deps/ (tools/gpu_deps.sh unpacks
 # the Debian packages there on this machine; name .deps in the call's carry list).
 set -uo pipefail
@@ -56,9 +58,16 @@ note() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
 # so that the logs are packed before the device call's limit.
 past_deadline() { [ "${DEADLINE:-0}" -gt 0 ] && [ "$SECONDS" -ge "${DEADLINE:-0}" ]; }
 
+# Binaries built on the CPU machine (tools/ab_prebuild.sh: sm_90, libstdc++ linked in) stand in where a step has no
+# build of its own: prebuilt/quick_bench and prebuilt/make_synthetic for this tree, TREE/quick_bench for an AB_TREES
+# tree. A fresh machine's start and build cost ~300 s of the session's device time; these need none of it.
+native_bin() {  # native_bin NAME: this tree's build of NAME, else its prebuilt one
+  if [ -x "build-gpu-native/$1" ]; then echo "build-gpu-native/$1"; else echo "prebuilt/$1"; fi
+}
+
 synth() {  # synth FORMAT: the full-size synthetic E2B checkpoint in $MODELS/e2b-FORMAT
   [ -d "$MODELS/e2b-$1" ] && return 0
-  build-gpu-native/make_synthetic --model e2b --format "$1" --out "$MODELS/e2b-$1" > "$OUT/synthetic-$1.log" 2>&1
+  "$(native_bin make_synthetic)" --model e2b --format "$1" --out "$MODELS/e2b-$1" > "$OUT/synthetic-$1.log" 2>&1
 }
 
 step_build() {
@@ -70,6 +79,7 @@ step_build() {
   done
   for t in ${AB_TREES:-tmp_base}; do  # earlier trees' quick_bench, for the A/B (step ab), alongside
     [ -d "$t/include" ] || continue
+    [ -x "$t/quick_bench" ] && continue  # prebuilt (ab_decode copies it)
     ( nvcc -std=c++17 -O2 -gencode arch=compute_90,code=sm_90 -I"$t/include" -I"$t" -I"$DEPS/include" -x cu \
       -o "/tmp/qb_$t" "$t/bench/quick_bench.cpp" "$t/src/impl.cu" -lcublas > "$OUT/build-$t.log" 2>&1 ||
       note "$t build failed" ) &
@@ -109,7 +119,8 @@ step_suite() {  # both builds at once (one GPU; the suite times nothing), then t
 }
 
 step_ab() {
-  local fmt
+  local fmt t
+  for t in ${AB_TREES:-tmp_base}; do [ -x "$t/quick_bench" ] && cp "$t/quick_bench" "/tmp/qb_$t"; done  # prebuilt
   for fmt in ${AB_FORMATS:-w4a16}; do
     synth "$fmt" || { note "make_synthetic failed"; return 1; }
     ab_decode "$fmt"
@@ -121,11 +132,13 @@ ab_decode() {  # ab_decode FORMAT: the decode A/B on that checkpoint
   local Q="--model $MODELS/e2b-$1 --prompt 512 --tokens 64 --batch ${AB_BATCH:-1,8,16}"
   local abv
   IFS='|' read -r -a abv <<< "${AB_DECODE:---decode kernels|--decode persistent}"
+  local t qb
+  qb=$(native_bin quick_bench)
   for run in $(seq "${AB_RUNS:-2}"); do
     for d in "${abv[@]}"; do
       note "== $1, this tree, $d (run $run)"
       # shellcheck disable=SC2086
-      build-gpu-native/quick_bench $Q $d 2>&1 | tee -a "$OUT/ab.log" | tail -4 | tee -a "$OUT/summary.txt"
+      "$qb" $Q $d 2>&1 | tee -a "$OUT/ab.log" | tail -4 | tee -a "$OUT/summary.txt"
     done
     for t in ${AB_TREES:-tmp_base}; do
       [ -x "/tmp/qb_$t" ] || continue
@@ -136,7 +149,7 @@ ab_decode() {  # ab_decode FORMAT: the decode A/B on that checkpoint
   done
   if [ "${AB_EXTRA:-1}" = 1 ]; then  # AB_EXTRA=0: no sampled and no Turing-only run
     note "== $1, this tree, sampled (Gemma defaults)"
-    build-gpu-native/quick_bench $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
+    "$qb" $Q --sampled 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
     if [ -x build-gpu-turing/quick_bench ]; then
       note "== $1, Turing-only build"
       build-gpu-turing/quick_bench $Q 2>&1 | tee -a "$OUT/ab.log" | tail -3 | tee -a "$OUT/summary.txt"
@@ -150,7 +163,7 @@ ab_ttft() {
     synth "$fmt" || continue
     note "== TTFT 4096, $fmt, this tree"
     # shellcheck disable=SC2086
-    build-gpu-native/quick_bench --model "$MODELS/e2b-$fmt" $T 2>&1 | tee -a "$OUT/ab.log" | grep -E "TTFT|median" |
+    "$(native_bin quick_bench)" --model "$MODELS/e2b-$fmt" $T 2>&1 | tee -a "$OUT/ab.log" | grep -E "TTFT|median" |
       tee -a "$OUT/summary.txt"
     for t in ${AB_TREES:-tmp_base}; do
       [ -x "/tmp/qb_$t" ] || continue
@@ -164,7 +177,7 @@ ab_ttft() {
 
 step_decode() {  # issue 16: per-kernel vs persistent (1 and 2 blocks per SM, L2 prefetch off), then the step traces
   synth w4a16 || { note "make_synthetic failed"; return 1; }
-  local Q=(build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 64)
+  local Q=("$(native_bin quick_bench)" --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 64)
   local runs=("--decode kernels --batch 1,8,16" "--decode persistent --batch 1,8,16"
     "--decode persistent --persistent-blocks 2 --batch 1,8" "--decode persistent --persistent-prefetch 0 --batch 1,8")
   for r in "${runs[@]}"; do
@@ -181,7 +194,7 @@ step_decode() {  # issue 16: per-kernel vs persistent (1 and 2 blocks per SM, L2
     note "== quick_bench --w4-matmul $m"
     timeout 150 "${Q[@]}" --tokens 32 --batch 16,32,64 --w4-matmul "$m" 2>&1 | tee -a "$OUT/decode.log" |
       grep -E "matmul|^ +[0-9]" | tee -a "$OUT/summary.txt"
-    timeout 90 build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 4096 --tokens 4 --batch 1 --ttft 5 \
+    timeout 90 "$(native_bin quick_bench)" --model "$MODELS/e2b-w4a16" --prompt 4096 --tokens 4 --batch 1 --ttft 5 \
       --w4-matmul "$m" 2>&1 | tee -a "$OUT/decode.log" | grep -E "TTFT|median" | tee -a "$OUT/summary.txt"
   done
 }
@@ -196,9 +209,9 @@ step_buckets() {  # issue 17: decode past 32 sessions (GEMVs to 32 rows, padded 
       past_deadline && { note "buckets: past DEADLINE"; return 0; }
       local Q=(--model "$MODELS/e2b-$fmt" --prompt 512 --tokens 48 --batch "$B" --w4-matmul "$m")
       note "== $fmt --w4-matmul $m: this tree"
-      timeout 150 build-gpu-native/quick_bench "${Q[@]}" 2>&1 | tee -a "$OUT/buckets.log" |
+      timeout 150 "$(native_bin quick_bench)" "${Q[@]}" 2>&1 | tee -a "$OUT/buckets.log" |
         grep -E "^ +[0-9]|rror" | tee -a "$OUT/summary.txt"
-      [ "$fmt" = w4a16 ] && timeout 90 build-gpu-native/quick_bench --model "$MODELS/e2b-$fmt" --prompt 4096 \
+      [ "$fmt" = w4a16 ] && timeout 90 "$(native_bin quick_bench)" --model "$MODELS/e2b-$fmt" --prompt 4096 \
         --tokens 4 --batch 1 --ttft 5 --w4-matmul "$m" 2>&1 | tee -a "$OUT/buckets.log" | grep -E "median" |
         tee -a "$OUT/summary.txt"
       if [ -x /tmp/qb_tmp_base ] && { [ "$m" = dequant ] || [ "${BUCKETS_BASE_ALL:-0}" = 1 ]; }; then
@@ -247,7 +260,7 @@ step_serve() {  # issue 18's measurements (bench/serve_h200.sh) on the full-size
 
 step_ncu() {  # warp stall reasons (instruction fetch among them) of the persistent step and of the per-kernel path
   synth w4a16 || { note "make_synthetic failed"; return 1; }
-  local Q=(build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 8 --batch 1)
+  local Q=("$(native_bin quick_bench)" --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 8 --batch 1)
   local S=(--section WarpStateStats --section SchedulerStats --section LaunchStats --section SpeedOfLight
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
   timeout "${NCU_S:-120}" ncu -k regex:decode_step_kernel -s 3 -c 1 "${S[@]}" "${Q[@]}" --decode persistent \
@@ -260,7 +273,7 @@ step_ncu() {  # warp stall reasons (instruction fetch among them) of the persist
   # prompts are read first, one 512-row pass each (~550 kernels: ~18,000), so 20,000 skipped kernels land in
   # the decode steps (the lease-1 run of 2026-12-04 skipped 4,200 and caught prefill passes instead)
   timeout "${NCU_S:-120}" ncu --metrics gpu__time_duration.sum -s 20000 -c 450 --print-summary per-kernel \
-    build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 64 --batch 32 --w4-matmul tensorcore \
+    "$(native_bin quick_bench)" --model "$MODELS/e2b-w4a16" --prompt 512 --tokens 64 --batch 32 --w4-matmul tensorcore \
     > "$OUT/ncu-c32.txt" 2>&1
   note "ncu c=32 rc=$?"
   awk '/^  [^ ].*\(/{name=$0} /gpu__time_duration.sum/{print $(NF), $(NF-1), name}' "$OUT/ncu-c32.txt" | head -60 |
@@ -279,7 +292,7 @@ step_prof() {  # ncu sections of the kernels matching PROF_K (regex) in one quic
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
   # shellcheck disable=SC2086
   timeout "${NCU_S:-200}" ncu -k "regex:${PROF_K:-gemm_w4_kernel}" -s "${PROF_SKIP:-0}" -c "${PROF_COUNT:-12}" "${S[@]}" \
-    build-gpu-native/quick_bench --model "$MODELS/e2b-w4a16" ${PROF_Q:---prompt 64 --tokens 8 --batch 1} > "$OUT/prof.txt" 2>&1
+    "$(native_bin quick_bench)" --model "$MODELS/e2b-w4a16" ${PROF_Q:---prompt 64 --tokens 8 --batch 1} > "$OUT/prof.txt" 2>&1
   note "ncu prof rc=$?"
   grep -E "^  [a-z_].*\(|Duration|Grid Size|Registers Per|Achieved Occupancy|Memory Throughput|Compute \(SM\) Th|Warp Cycles Per Issued|Issue Slots Busy|issue_stalled_(long_scoreboard|short_scoreboard|barrier|mio_throttle|math_pipe_throttle|wait|not_selected|lg_throttle|tex_throttle|dispatch_stall|no_instruction|imc_miss|membar|drain|selected|sleeping|branch_resolving)" \
     "$OUT/prof.txt" | cut -c1-150 | head -${PROF_LINES:-400} > "$OUT/prof-summary.txt"
@@ -297,7 +310,7 @@ step_steps() {  # where a decode step's GPU time goes, per kernel name (issues 1
     for m in $([ "$c" -gt 32 ] && echo "${PROFILE_MATMULS:-auto}" || echo auto); do
       past_deadline && { note "steps: past DEADLINE, c=$c $m skipped"; continue; }
       local f="$OUT/steps-c$c-$m.txt"
-      timeout "${NCU_S:-200}" "${N[@]}" -c "${STEPS_KERNELS:-900}" build-gpu-native/quick_bench \
+      timeout "${NCU_S:-200}" "${N[@]}" -c "${STEPS_KERNELS:-900}" "$(native_bin quick_bench)" \
         --model "$MODELS/e2b-w4a16" --prompt "${STEPS_PROMPT:-512}" --tokens 12 --batch "$c" --w4-matmul "$m" > "$f" 2>&1
       note "ncu steps c=$c prompt ${STEPS_PROMPT:-512} $m rc=$? ($(grep -c 'gpu__time_duration.sum' "$f") kernels)"
       awk '/^  [^ ].*\(/{name=substr($0, 1, 110)} /Invocations/{inv=$NF}
