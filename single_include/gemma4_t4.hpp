@@ -11056,14 +11056,15 @@ class PleStager {
 
   Status init(const ModelConfig& c, const TensorInfo& table, int max_rows) {
     table_ = &table;
-    row_bytes_ = size_t(c.num_layers) * c.hidden_size_per_layer_input * (table.dtype == DType::F32 ? 4 : 2);
+    const size_t layer_bytes = size_t(c.hidden_size_per_layer_input) * (table.dtype == DType::F32 ? 4 : 2);
+    row_bytes_ = size_t(c.num_layers) * layer_bytes;
     pass_bytes_ = size_t(max_rows) * row_bytes_;
     max_rows_ = max_rows;
     raw_type_ = table.dtype == DType::BF16  ? kernels::RawFloat::BF16
                 : table.dtype == DType::F16 ? kernels::RawFloat::F16
                                             : kernels::RawFloat::F32;
     // the layers a row runs through when its logits are not returned (block.hpp kv_keep_layer: their PLE branches)
-    prefix_bytes_ = size_t(kv_keep_layer(c)) * c.hidden_size_per_layer_input * (table.dtype == DType::F32 ? 4 : 2);
+    prefix_bytes_ = size_t(kv_keep_layer(c)) * layer_bytes;
     GEMMA4_T4_TRY(mem_.alloc(2 * pass_bytes_, "workspace: PLE rows (raw, 2 passes)", &dev_));
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, 2 * pass_bytes_, "workspace: PLE rows (pinned, 2 passes)", &host_));
     // rows staged in part keep what was there past their prefix: zeros until a whole row was staged there
