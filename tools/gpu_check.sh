@@ -11,7 +11,7 @@
 #               (AB_DECODE: quick_bench argument sets separated by '|', default the per-kernel and the persistent
 #               path) and each earlier tree of AB_TREES (default tmp_base; each a directory holding `git archive REV
 #               include kernels src bench | tar -x -C DIR`) -- same lease, same checkpoint (AB_RUNS rounds, default
-#               2); then TTFT of a 4096-token prompt, this tree and each of AB_TREES, per checkpoint of AB_TTFT
+#               2; AB_TOKENS decode steps each, default 64); then TTFT of a 4096-token prompt, this tree and each of AB_TREES, per checkpoint of AB_TTFT
 #               (default w4a16; set but empty: none)
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
@@ -34,7 +34,7 @@
 # FORMATS (the bench step's checkpoints, default "w4a16 bf16"), BENCH_BUILDS (its builds, default "native turing"), JOBS
 # (build parallelism, default nproc), DEADLINE (see past_deadline), BUILD_TARGETS (instead of the presets' targets, e.g. "gemma4_t4_gpu_tests
 # bench" for a short call).
-# A/B without building there: tools/ab_prebuild.sh builds the quick_bench binaries and make_synthetic here (CPU
+# A/B without building there: tools/prebuild.sh builds the quick_bench binaries and make_synthetic here (CPU
 # machine) into the snapshot; `ab` (and every step that runs quick_bench) takes them where no build exists.
 # The machine has no package manager: nlohmann/json and Catch2 come from .deps/ (tools/gpu_deps.sh unpacks
 # the Debian packages there on this machine; name .deps in the call's carry list).
@@ -45,6 +45,11 @@ cd "$(dirname "$0")/.." || exit 1
 # The builds live in /tmp, linked from the tree: a device call that carries the tree (or a snapshot of it) replaces
 # everything under it, so builds kept inside would be gone at the next call on the same warm machine; /tmp stays
 # (measured 2026-12-05 (d), bench/RESULTS.md). A tree that brings a build folder of its own keeps it.
+# Builds made on the CPU machine (tools/prebuild.sh with PRESETS) go back where they were built, and this tree is
+# seen at the path they were built from (the suite's fixture paths and ctest's files name it).
+if [ -f prebuilt/builds.tar.xz ]; then
+  ln -sfn "$PWD" /tmp/gemma4_t4-src && tar -C /tmp -xJf prebuilt/builds.tar.xz
+fi
 for p in gpu-native gpu-turing; do
   [ -e "build-$p" ] || { mkdir -p "/tmp/gemma4_t4-build-$p" && ln -sfn "/tmp/gemma4_t4-build-$p" "build-$p"; }
 done
@@ -58,7 +63,7 @@ note() { printf '%s\n' "$*" | tee -a "$OUT/summary.txt"; }
 # so that the logs are packed before the device call's limit.
 past_deadline() { [ "${DEADLINE:-0}" -gt 0 ] && [ "$SECONDS" -ge "${DEADLINE:-0}" ]; }
 
-# Binaries built on the CPU machine (tools/ab_prebuild.sh: sm_90, libstdc++ linked in) stand in where a step has no
+# Binaries built on the CPU machine (tools/prebuild.sh: sm_90, libstdc++ linked in) stand in where a step has no
 # build of its own: prebuilt/quick_bench and prebuilt/make_synthetic for this tree, TREE/quick_bench for an AB_TREES
 # tree. A fresh machine's start and build cost ~300 s of the session's device time; these need none of it.
 native_bin() {  # native_bin NAME: this tree's build of NAME, else its prebuilt one
@@ -129,7 +134,7 @@ step_ab() {
 }
 
 ab_decode() {  # ab_decode FORMAT: the decode A/B on that checkpoint
-  local Q="--model $MODELS/e2b-$1 --prompt 512 --tokens 64 --batch ${AB_BATCH:-1,8,16}"
+  local Q="--model $MODELS/e2b-$1 --prompt 512 --tokens ${AB_TOKENS:-64} --batch ${AB_BATCH:-1,8,16}"
   local abv
   IFS='|' read -r -a abv <<< "${AB_DECODE:---decode kernels|--decode persistent}"
   local t qb
