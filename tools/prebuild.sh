@@ -68,5 +68,7 @@ if [ -n "${PRESETS:-}" ] && [ $rc -eq 0 ]; then
   for p in $PRESETS; do dirs+=("gemma4_t4-build-$p"); done
   tar -C /tmp --exclude='*.o' --exclude='*/CMakeFiles/*' -cJf "$snap/prebuilt/builds.tar.xz" "${dirs[@]}"
 fi
-ls -l "$snap/prebuilt" "${@/#/$snap/}" 2>/dev/null | grep -E "quick_bench|make_synthetic|builds" || true
+outs=("$snap"/prebuilt/{quick_bench,make_synthetic,builds.tar.xz})
+for t in "$@"; do outs+=("$snap/$t/quick_bench"); done
+for f in "${outs[@]}"; do [ ! -e "$f" ] || ls -l "$f"; done
 exit $rc
