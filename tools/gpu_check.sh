@@ -47,8 +47,12 @@ cd "$(dirname "$0")/.." || exit 1
 # (measured 2026-12-05 (d), bench/RESULTS.md). A tree that brings a build folder of its own keeps it.
 # Builds made on the CPU machine (tools/prebuild.sh with PRESETS) go back where they were built, and this tree is
 # seen at the path they were built from (the suite's fixture paths and ctest's files name it).
+unxz_to() {  # unxz_to FILE.xz: to stdout (xz, or Python's lzma where the machine has no xz)
+  if command -v xz > /dev/null; then xz -dc "$1"; else
+    python3 -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), sys.stdout.buffer)' "$1"; fi
+}
 if [ -f prebuilt/builds.tar.xz ]; then
-  ln -sfn "$PWD" /tmp/gemma4_t4-src && tar -C /tmp -xJf prebuilt/builds.tar.xz
+  ln -sfn "$PWD" /tmp/gemma4_t4-src && unxz_to prebuilt/builds.tar.xz | tar -C /tmp -x
 fi
 for p in gpu-native gpu-turing; do
   [ -e "build-$p" ] || { mkdir -p "/tmp/gemma4_t4-build-$p" && ln -sfn "/tmp/gemma4_t4-build-$p" "build-$p"; }
@@ -84,7 +88,7 @@ step_build() {
   done
   for t in ${AB_TREES:-tmp_base}; do  # earlier trees' quick_bench, for the A/B (step ab), alongside
     [ -d "$t/include" ] || continue
-    [ -x "$t/quick_bench" ] && continue  # prebuilt (ab_decode copies it)
+    [ -x "$t/quick_bench" ] || [ -f "$t/quick_bench.xz" ] && continue  # prebuilt (step_ab unpacks it)
     ( nvcc -std=c++17 -O2 -gencode arch=compute_90,code=sm_90 -I"$t/include" -I"$t" -I"$DEPS/include" -x cu \
       -o "/tmp/qb_$t" "$t/bench/quick_bench.cpp" "$t/src/impl.cu" -lcublas > "$OUT/build-$t.log" 2>&1 ||
       note "$t build failed" ) &
@@ -125,7 +129,10 @@ step_suite() {  # both builds at once (one GPU; the suite times nothing), then t
 
 step_ab() {
   local fmt t
-  for t in ${AB_TREES:-tmp_base}; do [ -x "$t/quick_bench" ] && cp "$t/quick_bench" "/tmp/qb_$t"; done  # prebuilt
+  for t in ${AB_TREES:-tmp_base}; do  # prebuilt
+    if [ -f "$t/quick_bench.xz" ]; then unxz_to "$t/quick_bench.xz" > "/tmp/qb_$t" && chmod +x "/tmp/qb_$t"
+    elif [ -x "$t/quick_bench" ]; then cp "$t/quick_bench" "/tmp/qb_$t"; fi
+  done
   for fmt in ${AB_FORMATS:-w4a16}; do
     synth "$fmt" || { note "make_synthetic failed"; return 1; }
     ab_decode "$fmt"

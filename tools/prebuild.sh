@@ -13,7 +13,7 @@
 #   as /tmp/gemma4_t4-src (the paths compiled into the suite and written into ctest's files are the device's paths),
 #   gpu-native for sm_$ARCH, and packed into SNAPSHOT/prebuilt/builds.tar.xz; gpu_check.sh unpacks it there.
 # TREE: a directory under SNAPSHOT holding `git archive REV include kernels src bench` (an AB_TREES tree); its
-#   quick_bench is built into it (gpu_check.sh copies it to /tmp/qb_TREE).
+#   quick_bench is built into it, packed as quick_bench.xz (gpu_check.sh unpacks it to /tmp/qb_TREE).
 # nvcc for sm_$ARCH (default 90: the H100 and the H200), libstdc++ and libgcc linked in; builds run in parallel
 # (~3-5 min each quick_bench here, ~15 min each preset).
 # Then, on the device: cd SNAPSHOT && AB_TREES="TREE..." tools/gpu_check.sh ab suite ...
@@ -56,8 +56,8 @@ else
   quick_bench "$snap" "$snap/prebuilt/quick_bench" &
   pids+=($!)
 fi
-for t in "$@"; do
-  quick_bench "$snap/$t" "$snap/$t/quick_bench" &
+for t in "$@"; do  # xz: the device call carries at most 64 MiB (a quick_bench is 10 MB, 1.6 MB packed)
+  (quick_bench "$snap/$t" "$snap/$t/quick_bench" && xz -f -T1 "$snap/$t/quick_bench") &
   pids+=($!)
 done
 rc=0
@@ -69,6 +69,6 @@ if [ -n "${PRESETS:-}" ] && [ $rc -eq 0 ]; then
   tar -C /tmp --exclude='*.o' --exclude='*/CMakeFiles/*' -cJf "$snap/prebuilt/builds.tar.xz" "${dirs[@]}"
 fi
 outs=("$snap"/prebuilt/{quick_bench,make_synthetic,builds.tar.xz})
-for t in "$@"; do outs+=("$snap/$t/quick_bench"); done
+for t in "$@"; do outs+=("$snap/$t/quick_bench.xz"); done
 for f in "${outs[@]}"; do [ ! -e "$f" ] || ls -l "$f"; done
 exit $rc
