@@ -177,8 +177,9 @@ inline Status cuda_bandwidth(int device, const bench::BandwidthOptions& o, bench
     bytes /= 2;
   }
   GEMMA4_T4_CUDA_TRY(cudaMalloc(&s.out, size_t(blocks) * sizeof(uint32_t)), "measure_bandwidth: cudaMalloc");
-  GEMMA4_T4_CUDA_TRY(cudaMemset(s.buf, 0xA5, bytes), "measure_bandwidth: cudaMemset");
   GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "measure_bandwidth: stream");
+  // on the stream that reads it (a legacy-stream cudaMemset would not be ordered before the non-blocking stream)
+  GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(s.buf, 0xA5, bytes, s.stream), "measure_bandwidth: cudaMemset");
   GEMMA4_T4_CUDA_TRY(cudaEventCreate(&s.a), "measure_bandwidth: event");
   GEMMA4_T4_CUDA_TRY(cudaEventCreate(&s.b), "measure_bandwidth: event");
   const int repeats = std::max(1, o.repeats);

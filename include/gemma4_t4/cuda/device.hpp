@@ -67,6 +67,21 @@ inline void cuda_free(Mem kind, void* p) {
   alloc_fault_hook().live.fetch_sub(1, std::memory_order_acq_rel);
 }
 
+// ---- load-time writes ----
+// The engine's streams are cudaStreamNonBlocking: they do not wait for the legacy default stream. So nothing the
+// backend writes before its passes goes there: cudaMemset of device memory returns before it runs, and cudaMemcpy
+// from pageable memory before its DMA lands -- a pass on another stream could overtake either (seen: the PLE rows'
+// zeroing landing after a first pass's upload, wrong logits under a second process on the GPU; bench/RESULTS.md
+// 2026-12-05 (e)). These run on `stream` and return when the write is complete.
+inline cudaError_t upload_now(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+inline cudaError_t zero_now(void* dst, size_t bytes, cudaStream_t stream) {
+  const cudaError_t e = cudaMemsetAsync(dst, 0, bytes, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+
 template <typename T>
 Status cuda_alloc(Mem kind, size_t bytes, const std::string& what, T** out) {
   void* p = nullptr;

@@ -48,7 +48,7 @@ class PassExecutor {
     persistent_why_ = PersistentDecoder::unsupported(c, dw, opt);
     if (persistent_why_.empty()) {
       persistent_ = std::make_unique<PersistentDecoder>();
-      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type(), opt.persistent);
+      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type(), opt.persistent, stream);
       if (!st) {
         persistent_.reset();
         // the caller's options (LoadOptions::persistent) or memory: the load fails

@@ -49,9 +49,10 @@ class PersistentDecoder {
     return "";
   }
 
-  // The program and the launch shape. ple_type: how the PLE table's rows are stored (PleLocation::Host).
+  // The program and the launch shape. ple_type: how the PLE table's rows are stored (PleLocation::Host); stream:
+  // the program's upload (the one run() takes, or any: the upload is complete when init returns).
   Status init(const ModelConfig& c, const DeviceWeights& w, Workspace& ws, int device, kernels::RawFloat ple_type,
-              const LoadOptions::PersistentTuning& tune) {
+              const LoadOptions::PersistentTuning& tune, cudaStream_t stream) {
     c_ = &c;
     w_ = &w;
     ws_ = &ws;
@@ -85,7 +86,7 @@ class PersistentDecoder {
     // L2 prefetch ahead of a block's items: a share of half the L2 (T4: ~50 KB per block, H200: ~190 KB).
     prefetch_bytes_ =
         tune.prefetch_bytes >= 0 ? tune.prefetch_bytes : std::max(16 << 10, l2 / 2 / std::max(grid_[0], 1));
-    GEMMA4_T4_TRY(build());
+    GEMMA4_T4_TRY(build(stream));
     if (!tune.trace.empty()) GEMMA4_T4_TRY(trace_.init(mem_, tune.trace, count_, std::max(grid_[0], grid_[1])));
     return Status::ok();
   }
@@ -337,7 +338,7 @@ class PersistentDecoder {
     return Status::ok();
   }
 
-  Status build() {
+  Status build(cudaStream_t stream) {
     const ModelConfig& c = *c_;
     const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, V = c.vocab_size;
     kv_heads_max_ = 1;
@@ -396,9 +397,8 @@ class PersistentDecoder {
     if (size_t(count_) > max_count)
       return err(Code::BackendError, "persistent decode: ", count_, " instructions (counters for ", max_count, ")");
     GEMMA4_T4_TRY(mem_.alloc(prog_host_.size(), "persistent decode: program", &prog_));
-    GEMMA4_T4_CUDA_TRY(
-        cudaMemcpy(prog_, prog_host_.data(), prog_host_.size() * sizeof(kernels::StepInstr), cudaMemcpyHostToDevice),
-        "persistent decode: program upload");
+    GEMMA4_T4_CUDA_TRY(upload_now(prog_, prog_host_.data(), prog_host_.size() * sizeof(kernels::StepInstr), stream),
+                       "persistent decode: program upload");
     return Status::ok();
   }
 

@@ -230,9 +230,10 @@ class PleStager {
     prefix_bytes_ = size_t(kv_keep_layer(c)) * layer_bytes;
     GEMMA4_T4_TRY(mem_.alloc(2 * pass_bytes_, "workspace: PLE rows (raw, 2 passes)", &dev_));
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, 2 * pass_bytes_, "workspace: PLE rows (pinned, 2 passes)", &host_));
-    // rows staged in part keep what was there past their prefix: zeros until a whole row was staged there
-    GEMMA4_T4_CUDA_TRY(cudaMemset(dev_, 0, 2 * pass_bytes_), "PLE rows (raw)");
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate (copies)");
+    // rows staged in part keep what was there past their prefix: zeros until a whole row was staged there (done
+    // before the first upload on any stream: zero_now)
+    GEMMA4_T4_CUDA_TRY(zero_now(dev_, 2 * pass_bytes_, copy_stream_), "PLE rows (raw)");
     for (cudaEvent_t& e : copied_)
       GEMMA4_T4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     return Status::ok();

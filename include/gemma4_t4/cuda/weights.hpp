@@ -71,6 +71,7 @@ class DeviceWeights {
     cfg_ = &cfg;
     w_ = &w;
     opt_ = &opt;
+    stream_ = stream;
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, kStagingBytes, "load: staging buffer", &staging_));
     const int H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
     total_upload_ = w.decode_bytes() + double(cfg.vocab_size) * H * 2;
@@ -84,7 +85,6 @@ class DeviceWeights {
       release_pages(*w.lm_head);
     }
     release_pages(*w.embed);
-    stream_ = stream;
     GEMMA4_T4_TRY(quantize_head(stream));
     GEMMA4_T4_TRY(vec_f32(w.final_norm, &final_norm));
     if (D > 0) {
@@ -121,7 +121,7 @@ class DeviceWeights {
       d.scalar = load_float(*lw.layer_scalar, 0);
       const std::vector<float> f = rope_inv_freq(cfg.layers[l]);
       GEMMA4_T4_TRY(mem_.alloc(f.size(), "rope table", &d.inv_freq));
-      GEMMA4_T4_CUDA_TRY(cudaMemcpy(d.inv_freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "rope table");
+      GEMMA4_T4_CUDA_TRY(upload_now(d.inv_freq, f.data(), f.size() * 4, stream_), "rope table");
     }
     cuda_free(Mem::Pinned, staging_);  // load only
     staging_ = nullptr;
@@ -175,7 +175,7 @@ class DeviceWeights {
                      " is outside the fp16 range (+-65504) the CUDA backend stores weights in");
         st[i] = f32_to_f16(v);
       }
-      GEMMA4_T4_CUDA_TRY(cudaMemcpy(dst + off, st, m * 2, cudaMemcpyHostToDevice), "upload of '" + t.name + "'");
+      GEMMA4_T4_CUDA_TRY(upload_now(dst + off, st, m * 2, stream_), "upload of '" + t.name + "'");
       uploaded_ += m * 2;
       progress(uploaded_);
     }
@@ -187,7 +187,7 @@ class DeviceWeights {
       const size_t m = std::min(kStagingBytes, t.nbytes - off);
       GEMMA4_T4_TRY(check_mapped(t));
       std::memcpy(staging_, t.data + off, m);
-      GEMMA4_T4_CUDA_TRY(cudaMemcpy(static_cast<uint8_t*>(dst) + off, staging_, m, cudaMemcpyHostToDevice),
+      GEMMA4_T4_CUDA_TRY(upload_now(static_cast<uint8_t*>(dst) + off, staging_, m, stream_),
                          "upload of '" + t.name + "'");
       uploaded_ += m;
       progress(uploaded_);
@@ -200,7 +200,7 @@ class DeviceWeights {
     GEMMA4_T4_TRY(check_mapped(*t));
     load_floats(*t, 0, v.size(), v.data());
     GEMMA4_T4_TRY(mem_.alloc(v.size(), "weights: '" + t->name + "'", out));
-    GEMMA4_T4_CUDA_TRY(cudaMemcpy(*out, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload of '" + t->name + "'");
+    GEMMA4_T4_CUDA_TRY(upload_now(*out, v.data(), v.size() * 4, stream_), "upload of '" + t->name + "'");
     return Status::ok();
   }
 
@@ -327,7 +327,7 @@ class DeviceWeights {
   const LoadOptions* opt_ = nullptr;
   DeviceMemory mem_;
   void* staging_ = nullptr;        // [kStagingBytes] pinned, during upload() only
-  cudaStream_t stream_ = nullptr;  // upload()'s stream (the GEMM-layout repacks)
+  cudaStream_t stream_ = nullptr;  // upload()'s stream (every upload, the GEMM-layout repacks)
   double total_upload_ = 0;
   size_t uploaded_ = 0;
 };
