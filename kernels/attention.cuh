@@ -771,27 +771,21 @@ inline bool attention_supported(int d, int group) {
 // Blocks of attention_split_kernel<D, group> one SM holds at once (registers, shared memory: the runtime's occupancy
 // calculator), for attention_splits_for; 0 for head dims and groups attention does not take, or on an error. Asked
 // once per (head dim, group) and remembered.
+template <int D, int G>
+inline cudaError_t attention_occupancy(int* blocks) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, reinterpret_cast<const void*>(&attention_split_kernel<D, G>), attn_block<D>(), 0);
+}
+
 template <int D>
 inline int attention_blocks_per_sm_d(int group) {
   int n = 0;
   cudaError_t e = cudaErrorInvalidValue;
   switch (group > 8 ? -1 : gqa_group_pad(group)) {
-    case 1:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, reinterpret_cast<const void*>(&attention_split_kernel<D, 1>), attn_block<D>(), 0);
-      break;
-    case 2:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, reinterpret_cast<const void*>(&attention_split_kernel<D, 2>), attn_block<D>(), 0);
-      break;
-    case 4:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, reinterpret_cast<const void*>(&attention_split_kernel<D, 4>), attn_block<D>(), 0);
-      break;
-    case 8:
-      e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &n, reinterpret_cast<const void*>(&attention_split_kernel<D, 8>), attn_block<D>(), 0);
-      break;
+    case 1: e = attention_occupancy<D, 1>(&n); break;
+    case 2: e = attention_occupancy<D, 2>(&n); break;
+    case 4: e = attention_occupancy<D, 4>(&n); break;
+    case 8: e = attention_occupancy<D, 8>(&n); break;
     default: break;
   }
   if (e != cudaSuccess) {
