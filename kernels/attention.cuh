@@ -64,6 +64,8 @@
 //   C 16x8 fp32:      c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g + 8, same cols)
 #pragma once
 
+#include <atomic>
+
 #include "common.cuh"
 #include "mma.cuh"
 #include "rope_kv.cuh"
@@ -109,6 +111,9 @@ struct AttnHeads {
   const float* k_w = nullptr;       // [D] k_norm weight, or nullptr (v: none)
   float eps = 0.f;
 };
+
+// Passes of more rows than this (batched decode past the GEMVs' 32 rows) take attention_splits_for's one-wave rule.
+constexpr int kAttnManyRows = 32;
 
 constexpr int kAttnTile = 32;            // keys per block step, and the split granule
 constexpr int kAttnMaxSplits = 1024;     // splits a launch takes (attention_merge_kernel's weights in shared memory)
@@ -709,14 +714,22 @@ inline int attention_head_split_for(int rows, int kv_heads, int group, int keys,
 // latency-bound -- and rows x splits <= budget (the partials' scratch). Where the fused merge cannot take that
 // many splits but can take a count that at most doubles the tiles per block, that count: a second launch costs
 // more than a tile.
+//
+// More than kAttnManyRows rows, with blocks_per_sm (the split kernel's occupancy at this head dim, > 0) known: the
+// most splits whose grid fits one wave (rows x kv_heads x head_split x splits <= sms x blocks_per_sm), at least 1.
+// A block's tiles run one after another, so a launch costs about waves x tiles per split; the ceiling above
+// overshoots a wave (128 rows, 132 SMs: 3 splits = 384 blocks for the 264 slots of two blocks per SM -- 2 waves of 6
+// tiles at 512 keys, against 1 wave of 8 with 2 splits), and a head dim whose blocks fit once per SM (E2B's 512)
+// has half the slots. With the keys unknown (a graph's bound), one wave is never more tile rounds than more waves.
 inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim, int keys, int sms, int budget,
-                                int head_split = 1) {
+                                int head_split = 1, int blocks_per_sm = 0) {
   if (rows <= 0 || keys <= 0) return 1;
   if (head_split < 1) head_split = 1;
   const int tiles = (keys + kAttnTile - 1) / kAttnTile;
   const int blocks = rows * (kv_heads > 0 ? kv_heads : 1) * head_split;
   group = group / head_split > 0 ? group / head_split : 1;
-  const int fill = (2 * (sms > 0 ? sms : 1) + blocks - 1) / blocks;
+  const int fill = rows > kAttnManyRows && blocks_per_sm > 0 ? (sms > 0 ? sms : 1) * blocks_per_sm / blocks
+                                                             : (2 * (sms > 0 ? sms : 1) + blocks - 1) / blocks;
   int s = tiles < fill ? tiles : fill;
   if (s > budget / rows) s = budget / rows;
   if (s > kAttnMaxSplits) s = kAttnMaxSplits;
@@ -753,6 +766,52 @@ inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const AttnHe
 // Head dims 32..512 (powers of two), up to 8 query heads per KV head.
 inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
+}
+
+// Blocks of attention_split_kernel<D, group> one SM holds at once (registers, shared memory: the runtime's occupancy
+// calculator), for attention_splits_for; 0 for head dims and groups attention does not take, or on an error. Asked
+// once per (head dim, group) and remembered.
+template <int D, int G>
+inline cudaError_t attention_occupancy(int* blocks) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, reinterpret_cast<const void*>(&attention_split_kernel<D, G>), attn_block<D>(), 0);
+}
+
+template <int D>
+inline int attention_blocks_per_sm_d(int group) {
+  int n = 0;
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (group > 8 ? -1 : gqa_group_pad(group)) {
+    case 1: e = attention_occupancy<D, 1>(&n); break;
+    case 2: e = attention_occupancy<D, 2>(&n); break;
+    case 4: e = attention_occupancy<D, 4>(&n); break;
+    case 8: e = attention_occupancy<D, 8>(&n); break;
+    default: break;
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it
+    return 0;
+  }
+  return n;
+}
+
+inline int attention_blocks_per_sm(int head_dim, int group) {
+  if (!attention_supported(head_dim, group)) return 0;
+  static std::atomic<int> known[5][9];  // [log2(D / 32)][group]: blocks + 1, 0 = not asked yet
+  const int di = head_dim == 32 ? 0 : head_dim == 64 ? 1 : head_dim == 128 ? 2 : head_dim == 256 ? 3 : 4;
+  std::atomic<int>& k = known[di][group];
+  int v = k.load(std::memory_order_relaxed);
+  if (v == 0) {
+    switch (head_dim) {
+      case 32: v = attention_blocks_per_sm_d<32>(group) + 1; break;
+      case 64: v = attention_blocks_per_sm_d<64>(group) + 1; break;
+      case 128: v = attention_blocks_per_sm_d<128>(group) + 1; break;
+      case 256: v = attention_blocks_per_sm_d<256>(group) + 1; break;
+      default: v = attention_blocks_per_sm_d<512>(group) + 1; break;
+    }
+    k.store(v, std::memory_order_relaxed);
+  }
+  return v - 1;
 }
 
 // launch_attention (hn null) and launch_attention_heads: the shape checks, then the kernels of head dim and group.

@@ -1624,6 +1624,36 @@ TEST_CASE("attention split policy: scratch budget, tiles, fused merge where it p
   // at one head of D 512), where one slice gets 16 splits of up to two tiles
   CHECK(kn::attention_splits_for(1, 1, 8, 512, 640, 132, 1024, 8) == 20);
   CHECK(kn::attention_splits_for(1, 1, 8, 512, 640, 132, 1024, 1) == 16);
+  // Past 32 rows, given the split kernel's blocks per SM: the most splits whose grid fits one wave. E2B on 132 SMs
+  // (D 256 at two blocks per SM, D 512 at one): 128 rows 2 and 1 splits (the rule above: 3, i.e. 384 blocks for 264
+  // slots), 64 rows 4 and 2, 33 rows 8; at most 32 rows, or the occupancy unknown (0), the rule above.
+  CHECK(kn::attention_splits_for(128, 1, 8, 256, 512, 132, 1024, 1, 2) == 2);
+  CHECK(kn::attention_splits_for(128, 1, 8, 512, 32768, 132, 1024, 1, 1) == 1);
+  CHECK(kn::attention_splits_for(64, 1, 8, 256, 512, 132, 1024, 1, 2) == 4);
+  CHECK(kn::attention_splits_for(64, 1, 8, 512, 32768, 132, 1024, 1, 1) == 2);
+  CHECK(kn::attention_splits_for(33, 1, 8, 256, 512, 132, 1024, 1, 2) == 8);
+  CHECK(kn::attention_splits_for(128, 1, 8, 256, 512, 132, 1024, 1, 0) == 3);
+  for (int rows : {1, 16, 32})
+    CHECK(kn::attention_splits_for(rows, 1, 8, 256, 512, 132, 1024, 1, 2) ==
+          kn::attention_splits_for(rows, 1, 8, 256, 512, 132, 1024));
+  for (int rows = 33; rows <= 512; rows += 23)
+    for (int keys : {1, 31, 512, 4096, 32768})
+      for (int D : {256, 512})
+        for (int per_sm : {1, 2, 3})
+          for (int sms : {40, 132}) {
+            const int s = kn::attention_splits_for(rows, 1, 8, D, keys, sms, 1024, 1, per_sm);
+            INFO("rows " << rows << " keys " << keys << " D " << D << " per SM " << per_sm << " SMs " << sms << " -> "
+                         << s);
+            CHECK(s >= 1);
+            CHECK((s == 1 || rows * s <= sms * per_sm));  // one wave
+            CHECK((s == 1 || rows * s <= 1024));
+            CHECK(s <= std::max(1, (keys + kn::kAttnTile - 1) / kn::kAttnTile));
+          }
+  // the occupancy the planner asks for: E2B's head dims run, others are not asked
+  CHECK(kn::attention_blocks_per_sm(256, 8) >= 1);
+  CHECK(kn::attention_blocks_per_sm(512, 8) >= 1);
+  CHECK(kn::attention_blocks_per_sm(96, 8) == 0);
+  CHECK(kn::attention_blocks_per_sm(256, 9) == 0);
 }
 
 // ---- attention.cuh: heads mode ----

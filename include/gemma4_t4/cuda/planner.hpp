@@ -174,8 +174,9 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
 
 // Key ranges per row for the layers of this window (0 = full), and query-head slices per KV head
 // (kernels::attention_head_split_for: a power of two that divides every such layer's group): about one 32-key
-// tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where that costs
-// at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget). head_split false: one
+// tile per block while the grid fits the GPU's SMs about twice (past 32 rows: as many as one wave of the split kernel
+// holds, at its occupancy for this head dim), a count the fused merge takes where that costs at most twice the tiles
+// per block, bounded by the partials' scratch (kSplitBudget). head_split false: one
 // slice (the persistent kernel's attention takes no slices).
 struct AttnPlan {
   int splits = 1, head_split = 1;
@@ -196,7 +197,9 @@ inline AttnPlan attention_plan(const ModelConfig& c, int sms, int rows, int max_
       }
   AttnPlan p;
   p.head_split = head_split ? kernels::attention_head_split_for(rows, kvh, std::max(pow2, 1), keys, sms) : 1;
-  p.splits = kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget, p.head_split);
+  // past kAttnManyRows rows: as many splits as one wave of the split kernel holds (its blocks per SM at this head dim)
+  const int per_sm = kernels::attention_blocks_per_sm(hd, std::max(group / p.head_split, 1));
+  p.splits = kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget, p.head_split, per_sm);
   return p;
 }
 inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
