@@ -5728,6 +5728,8 @@ class CpuBackend : public BackendModel {
 //   B 8x8 ("col"):    b0 = (k 2t, 2t+1; n g)                                       <- q: k channels, n heads
 //   C 16x8 fp32:      c0, c1 = (row g, cols 2t, 2t+1), c2, c3 = (row g + 8, same cols)
 
+#include <atomic>
+
 // ---- begin kernels/common.cuh ----
 // gemma4_t4 kernels: shared device helpers.
 //
@@ -6386,6 +6388,9 @@ struct AttnHeads {
   float eps = 0.f;
 };
 
+// Passes of more rows than this (batched decode past the GEMVs' 32 rows) take attention_splits_for's one-wave rule.
+constexpr int kAttnManyRows = 32;
+
 constexpr int kAttnTile = 32;            // keys per block step, and the split granule
 constexpr int kAttnMaxSplits = 1024;     // splits a launch takes (attention_merge_kernel's weights in shared memory)
 constexpr int kAttnFusedSplits = 64;     // splits the fused merge takes (its weights in shared memory)
@@ -6985,14 +6990,22 @@ inline int attention_head_split_for(int rows, int kv_heads, int group, int keys,
 // latency-bound -- and rows x splits <= budget (the partials' scratch). Where the fused merge cannot take that
 // many splits but can take a count that at most doubles the tiles per block, that count: a second launch costs
 // more than a tile.
+//
+// More than kAttnManyRows rows, with blocks_per_sm (the split kernel's occupancy at this head dim, > 0) known: the
+// most splits whose grid fits one wave (rows x kv_heads x head_split x splits <= sms x blocks_per_sm), at least 1.
+// A block's tiles run one after another, so a launch costs about waves x tiles per split; the ceiling above
+// overshoots a wave (128 rows, 132 SMs: 3 splits = 384 blocks for the 264 slots of two blocks per SM -- 2 waves of 6
+// tiles at 512 keys, against 1 wave of 8 with 2 splits), and a head dim whose blocks fit once per SM (E2B's 512)
+// has half the slots. With the keys unknown (a graph's bound), one wave is never more tile rounds than more waves.
 inline int attention_splits_for(int rows, int kv_heads, int group, int head_dim, int keys, int sms, int budget,
-                                int head_split = 1) {
+                                int head_split = 1, int blocks_per_sm = 0) {
   if (rows <= 0 || keys <= 0) return 1;
   if (head_split < 1) head_split = 1;
   const int tiles = (keys + kAttnTile - 1) / kAttnTile;
   const int blocks = rows * (kv_heads > 0 ? kv_heads : 1) * head_split;
   group = group / head_split > 0 ? group / head_split : 1;
-  const int fill = (2 * (sms > 0 ? sms : 1) + blocks - 1) / blocks;
+  const int fill = rows > kAttnManyRows && blocks_per_sm > 0 ? (sms > 0 ? sms : 1) * blocks_per_sm / blocks
+                                                             : (2 * (sms > 0 ? sms : 1) + blocks - 1) / blocks;
   int s = tiles < fill ? tiles : fill;
   if (s > budget / rows) s = budget / rows;
   if (s > kAttnMaxSplits) s = kAttnMaxSplits;
@@ -7029,6 +7042,52 @@ inline cudaError_t launch_attention_d(const AttnArgs& a, int group, const AttnHe
 // Head dims 32..512 (powers of two), up to 8 query heads per KV head.
 inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
+}
+
+// Blocks of attention_split_kernel<D, group> one SM holds at once (registers, shared memory: the runtime's occupancy
+// calculator), for attention_splits_for; 0 for head dims and groups attention does not take, or on an error. Asked
+// once per (head dim, group) and remembered.
+template <int D, int G>
+inline cudaError_t attention_occupancy(int* blocks) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      blocks, reinterpret_cast<const void*>(&attention_split_kernel<D, G>), attn_block<D>(), 0);
+}
+
+template <int D>
+inline int attention_blocks_per_sm_d(int group) {
+  int n = 0;
+  cudaError_t e = cudaErrorInvalidValue;
+  switch (group > 8 ? -1 : gqa_group_pad(group)) {
+    case 1: e = attention_occupancy<D, 1>(&n); break;
+    case 2: e = attention_occupancy<D, 2>(&n); break;
+    case 4: e = attention_occupancy<D, 4>(&n); break;
+    case 8: e = attention_occupancy<D, 8>(&n); break;
+    default: break;
+  }
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // not sticky: clear it
+    return 0;
+  }
+  return n;
+}
+
+inline int attention_blocks_per_sm(int head_dim, int group) {
+  if (!attention_supported(head_dim, group)) return 0;
+  static std::atomic<int> known[5][9];  // [log2(D / 32)][group]: blocks + 1, 0 = not asked yet
+  const int di = head_dim == 32 ? 0 : head_dim == 64 ? 1 : head_dim == 128 ? 2 : head_dim == 256 ? 3 : 4;
+  std::atomic<int>& k = known[di][group];
+  int v = k.load(std::memory_order_relaxed);
+  if (v == 0) {
+    switch (head_dim) {
+      case 32: v = attention_blocks_per_sm_d<32>(group) + 1; break;
+      case 64: v = attention_blocks_per_sm_d<64>(group) + 1; break;
+      case 128: v = attention_blocks_per_sm_d<128>(group) + 1; break;
+      case 256: v = attention_blocks_per_sm_d<256>(group) + 1; break;
+      default: v = attention_blocks_per_sm_d<512>(group) + 1; break;
+    }
+    k.store(v, std::memory_order_relaxed);
+  }
+  return v - 1;
 }
 
 // launch_attention (hn null) and launch_attention_heads: the shape checks, then the kernels of head dim and group.
@@ -10325,6 +10384,21 @@ inline void cuda_free(Mem kind, void* p) {
   alloc_fault_hook().live.fetch_sub(1, std::memory_order_acq_rel);
 }
 
+// ---- load-time writes ----
+// The engine's streams are cudaStreamNonBlocking: they do not wait for the legacy default stream. So nothing the
+// backend writes before its passes goes there: cudaMemset of device memory returns before it runs, and cudaMemcpy
+// from pageable memory before its DMA lands -- a pass on another stream could overtake either (seen: the PLE rows'
+// zeroing landing after a first pass's upload, wrong logits under a second process on the GPU; bench/RESULTS.md
+// 2026-12-05 (e)). These run on `stream` and return when the write is complete.
+inline cudaError_t upload_now(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+inline cudaError_t zero_now(void* dst, size_t bytes, cudaStream_t stream) {
+  const cudaError_t e = cudaMemsetAsync(dst, 0, bytes, stream);
+  return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
+}
+
 template <typename T>
 Status cuda_alloc(Mem kind, size_t bytes, const std::string& what, T** out) {
   void* p = nullptr;
@@ -10436,6 +10510,7 @@ class DeviceWeights {
     cfg_ = &cfg;
     w_ = &w;
     opt_ = &opt;
+    stream_ = stream;
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, kStagingBytes, "load: staging buffer", &staging_));
     const int H = cfg.hidden_size, L = cfg.num_layers, D = cfg.hidden_size_per_layer_input;
     total_upload_ = w.decode_bytes() + double(cfg.vocab_size) * H * 2;
@@ -10449,7 +10524,6 @@ class DeviceWeights {
       release_pages(*w.lm_head);
     }
     release_pages(*w.embed);
-    stream_ = stream;
     GEMMA4_T4_TRY(quantize_head(stream));
     GEMMA4_T4_TRY(vec_f32(w.final_norm, &final_norm));
     if (D > 0) {
@@ -10486,7 +10560,7 @@ class DeviceWeights {
       d.scalar = load_float(*lw.layer_scalar, 0);
       const std::vector<float> f = rope_inv_freq(cfg.layers[l]);
       GEMMA4_T4_TRY(mem_.alloc(f.size(), "rope table", &d.inv_freq));
-      GEMMA4_T4_CUDA_TRY(cudaMemcpy(d.inv_freq, f.data(), f.size() * 4, cudaMemcpyHostToDevice), "rope table");
+      GEMMA4_T4_CUDA_TRY(upload_now(d.inv_freq, f.data(), f.size() * 4, stream_), "rope table");
     }
     cuda_free(Mem::Pinned, staging_);  // load only
     staging_ = nullptr;
@@ -10540,7 +10614,7 @@ class DeviceWeights {
                      " is outside the fp16 range (+-65504) the CUDA backend stores weights in");
         st[i] = f32_to_f16(v);
       }
-      GEMMA4_T4_CUDA_TRY(cudaMemcpy(dst + off, st, m * 2, cudaMemcpyHostToDevice), "upload of '" + t.name + "'");
+      GEMMA4_T4_CUDA_TRY(upload_now(dst + off, st, m * 2, stream_), "upload of '" + t.name + "'");
       uploaded_ += m * 2;
       progress(uploaded_);
     }
@@ -10552,7 +10626,7 @@ class DeviceWeights {
       const size_t m = std::min(kStagingBytes, t.nbytes - off);
       GEMMA4_T4_TRY(check_mapped(t));
       std::memcpy(staging_, t.data + off, m);
-      GEMMA4_T4_CUDA_TRY(cudaMemcpy(static_cast<uint8_t*>(dst) + off, staging_, m, cudaMemcpyHostToDevice),
+      GEMMA4_T4_CUDA_TRY(upload_now(static_cast<uint8_t*>(dst) + off, staging_, m, stream_),
                          "upload of '" + t.name + "'");
       uploaded_ += m;
       progress(uploaded_);
@@ -10565,7 +10639,7 @@ class DeviceWeights {
     GEMMA4_T4_TRY(check_mapped(*t));
     load_floats(*t, 0, v.size(), v.data());
     GEMMA4_T4_TRY(mem_.alloc(v.size(), "weights: '" + t->name + "'", out));
-    GEMMA4_T4_CUDA_TRY(cudaMemcpy(*out, v.data(), v.size() * 4, cudaMemcpyHostToDevice), "upload of '" + t->name + "'");
+    GEMMA4_T4_CUDA_TRY(upload_now(*out, v.data(), v.size() * 4, stream_), "upload of '" + t->name + "'");
     return Status::ok();
   }
 
@@ -10692,7 +10766,7 @@ class DeviceWeights {
   const LoadOptions* opt_ = nullptr;
   DeviceMemory mem_;
   void* staging_ = nullptr;        // [kStagingBytes] pinned, during upload() only
-  cudaStream_t stream_ = nullptr;  // upload()'s stream (the GEMM-layout repacks)
+  cudaStream_t stream_ = nullptr;  // upload()'s stream (every upload, the GEMM-layout repacks)
   double total_upload_ = 0;
   size_t uploaded_ = 0;
 };
@@ -11011,8 +11085,9 @@ inline PassShape fill_meta(const Pass& pass, Logits which, int layers, const Pas
 
 // Key ranges per row for the layers of this window (0 = full), and query-head slices per KV head
 // (kernels::attention_head_split_for: a power of two that divides every such layer's group): about one 32-key
-// tile per block while the grid fits the GPU's SMs about twice, a count the fused merge takes where that costs
-// at most twice the tiles per block, bounded by the partials' scratch (kSplitBudget). head_split false: one
+// tile per block while the grid fits the GPU's SMs about twice (past 32 rows: as many as one wave of the split kernel
+// holds, at its occupancy for this head dim), a count the fused merge takes where that costs at most twice the tiles
+// per block, bounded by the partials' scratch (kSplitBudget). head_split false: one
 // slice (the persistent kernel's attention takes no slices).
 struct AttnPlan {
   int splits = 1, head_split = 1;
@@ -11033,7 +11108,9 @@ inline AttnPlan attention_plan(const ModelConfig& c, int sms, int rows, int max_
       }
   AttnPlan p;
   p.head_split = head_split ? kernels::attention_head_split_for(rows, kvh, std::max(pow2, 1), keys, sms) : 1;
-  p.splits = kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget, p.head_split);
+  // past kAttnManyRows rows: as many splits as one wave of the split kernel holds (its blocks per SM at this head dim)
+  const int per_sm = kernels::attention_blocks_per_sm(hd, std::max(group / p.head_split, 1));
+  p.splits = kernels::attention_splits_for(rows, kvh, group, hd, keys, sms, kSplitBudget, p.head_split, per_sm);
   return p;
 }
 inline int attention_splits(const ModelConfig& c, int sms, int rows, int max_keys, int window) {
@@ -11067,9 +11144,10 @@ class PleStager {
     prefix_bytes_ = size_t(kv_keep_layer(c)) * layer_bytes;
     GEMMA4_T4_TRY(mem_.alloc(2 * pass_bytes_, "workspace: PLE rows (raw, 2 passes)", &dev_));
     GEMMA4_T4_TRY(cuda_alloc(Mem::Pinned, 2 * pass_bytes_, "workspace: PLE rows (pinned, 2 passes)", &host_));
-    // rows staged in part keep what was there past their prefix: zeros until a whole row was staged there
-    GEMMA4_T4_CUDA_TRY(cudaMemset(dev_, 0, 2 * pass_bytes_), "PLE rows (raw)");
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking), "cudaStreamCreate (copies)");
+    // rows staged in part keep what was there past their prefix: zeros until a whole row was staged there (done
+    // before the first upload on any stream: zero_now)
+    GEMMA4_T4_CUDA_TRY(zero_now(dev_, 2 * pass_bytes_, copy_stream_), "PLE rows (raw)");
     for (cudaEvent_t& e : copied_)
       GEMMA4_T4_CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
     return Status::ok();
@@ -12398,9 +12476,10 @@ class PersistentDecoder {
     return "";
   }
 
-  // The program and the launch shape. ple_type: how the PLE table's rows are stored (PleLocation::Host).
+  // The program and the launch shape. ple_type: how the PLE table's rows are stored (PleLocation::Host); stream:
+  // the program's upload (the one run() takes, or any: the upload is complete when init returns).
   Status init(const ModelConfig& c, const DeviceWeights& w, Workspace& ws, int device, kernels::RawFloat ple_type,
-              const LoadOptions::PersistentTuning& tune) {
+              const LoadOptions::PersistentTuning& tune, cudaStream_t stream) {
     c_ = &c;
     w_ = &w;
     ws_ = &ws;
@@ -12434,7 +12513,7 @@ class PersistentDecoder {
     // L2 prefetch ahead of a block's items: a share of half the L2 (T4: ~50 KB per block, H200: ~190 KB).
     prefetch_bytes_ =
         tune.prefetch_bytes >= 0 ? tune.prefetch_bytes : std::max(16 << 10, l2 / 2 / std::max(grid_[0], 1));
-    GEMMA4_T4_TRY(build());
+    GEMMA4_T4_TRY(build(stream));
     if (!tune.trace.empty()) GEMMA4_T4_TRY(trace_.init(mem_, tune.trace, count_, std::max(grid_[0], grid_[1])));
     return Status::ok();
   }
@@ -12686,7 +12765,7 @@ class PersistentDecoder {
     return Status::ok();
   }
 
-  Status build() {
+  Status build(cudaStream_t stream) {
     const ModelConfig& c = *c_;
     const int H = c.hidden_size, L = c.num_layers, D = c.hidden_size_per_layer_input, V = c.vocab_size;
     kv_heads_max_ = 1;
@@ -12745,9 +12824,8 @@ class PersistentDecoder {
     if (size_t(count_) > max_count)
       return err(Code::BackendError, "persistent decode: ", count_, " instructions (counters for ", max_count, ")");
     GEMMA4_T4_TRY(mem_.alloc(prog_host_.size(), "persistent decode: program", &prog_));
-    GEMMA4_T4_CUDA_TRY(
-        cudaMemcpy(prog_, prog_host_.data(), prog_host_.size() * sizeof(kernels::StepInstr), cudaMemcpyHostToDevice),
-        "persistent decode: program upload");
+    GEMMA4_T4_CUDA_TRY(upload_now(prog_, prog_host_.data(), prog_host_.size() * sizeof(kernels::StepInstr), stream),
+                       "persistent decode: program upload");
     return Status::ok();
   }
 
@@ -12821,7 +12899,7 @@ class PassExecutor {
     persistent_why_ = PersistentDecoder::unsupported(c, dw, opt);
     if (persistent_why_.empty()) {
       persistent_ = std::make_unique<PersistentDecoder>();
-      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type(), opt.persistent);
+      const Status st = persistent_->init(c, dw, ws, device, ple_.raw_type(), opt.persistent, stream);
       if (!st) {
         persistent_.reset();
         // the caller's options (LoadOptions::persistent) or memory: the load fails
@@ -14838,8 +14916,9 @@ inline Status cuda_bandwidth(int device, const bench::BandwidthOptions& o, bench
     bytes /= 2;
   }
   GEMMA4_T4_CUDA_TRY(cudaMalloc(&s.out, size_t(blocks) * sizeof(uint32_t)), "measure_bandwidth: cudaMalloc");
-  GEMMA4_T4_CUDA_TRY(cudaMemset(s.buf, 0xA5, bytes), "measure_bandwidth: cudaMemset");
   GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking), "measure_bandwidth: stream");
+  // on the stream that reads it (a legacy-stream cudaMemset would not be ordered before the non-blocking stream)
+  GEMMA4_T4_CUDA_TRY(cudaMemsetAsync(s.buf, 0xA5, bytes, s.stream), "measure_bandwidth: cudaMemset");
   GEMMA4_T4_CUDA_TRY(cudaEventCreate(&s.a), "measure_bandwidth: event");
   GEMMA4_T4_CUDA_TRY(cudaEventCreate(&s.b), "measure_bandwidth: event");
   const int repeats = std::max(1, o.repeats);
