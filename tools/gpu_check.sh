@@ -89,7 +89,7 @@ step_build() {
   for t in ${AB_TREES:-tmp_base}; do  # earlier trees' quick_bench, for the A/B (step ab), alongside
     [ -d "$t/include" ] || continue
     [ -x "$t/quick_bench" ] || [ -f "$t/quick_bench.xz" ] && continue  # prebuilt (step_ab unpacks it)
-    ( nvcc -std=c++17 -O2 -gencode arch=compute_90,code=sm_90 -I"$t/include" -I"$t" -I"$DEPS/include" -x cu \
+    ( nvcc -std=c++17 -O3 -DNDEBUG -gencode arch=compute_90,code=sm_90 -I"$t/include" -I"$t" -I"$DEPS/include" -x cu \
       -o "/tmp/qb_$t" "$t/bench/quick_bench.cpp" "$t/src/impl.cu" -lcublas > "$OUT/build-$t.log" 2>&1 ||
       note "$t build failed" ) &
   done
