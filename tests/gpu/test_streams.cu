@@ -55,7 +55,7 @@ TEST_CASE("PLE stager: its zeroing is done when init returns, not left on the le
           "[gpu][streams]") {
   using namespace gemma4_t4;
   using namespace gemma4_t4::detail;
-  ModelConfig c;  // 4 layers, the last two sharing KV: rows that stop at layer 1 stage 2 of the 4 layers' inputs
+  ModelConfig c;  // 4 layers, the last two sharing KV: rows that stop at layer 1 (after its K/V) stage layer 0's input
   c.num_layers = 4;
   c.hidden_size_per_layer_input = 64;
   c.layers.resize(4);
@@ -80,7 +80,7 @@ TEST_CASE("PLE stager: its zeroing is done when init returns, not left on the le
   {
     PleStager st;
     REQUIRE(st.init(c, t, 8));
-    // one item of 3 tokens, Logits::Last: rows 0 and 1 bring layers 0..1 (their prefix), row 2 the whole row
+    // one item of 3 tokens, Logits::Last: rows 0 and 1 bring layer 0's part (their prefix), row 2 the whole row
     const Pass pass = {Segment{nullptr, ids, 0, 3, true}};
     bool async = true;
     REQUIRE(st.stage(pass, Logits::Last, 0, s, &async));
@@ -93,7 +93,7 @@ TEST_CASE("PLE stager: its zeroing is done when init returns, not left on the le
     REQUIRE_CUDA(cudaMemcpy(got.data(), st.raw(0), got.size(), cudaMemcpyDeviceToHost));
   }
   REQUIRE_CUDA(cudaStreamDestroy(s));
-  const size_t row_bytes = size_t(row) * 2, prefix = size_t(2) * c.hidden_size_per_layer_input * 2;
+  const size_t row_bytes = size_t(row) * 2, prefix = size_t(kv_keep_layer(c)) * c.hidden_size_per_layer_input * 2;
   for (int r = 0; r < 3; ++r) {
     INFO("row " << r);
     const uint8_t* want = reinterpret_cast<const uint8_t*>(table.data()) + size_t(ids[r]) * row_bytes;
