@@ -100,6 +100,12 @@ step_build() {
   done
 }
 
+failed_cases() {  # failed_cases LOG: the name (and sections) of each Catch2 test case with a failure, once
+  awk '/^([0-9]+: )?--------------------+$/ { hdr = !hdr; if (hdr) name = ""; next }
+    hdr { sub(/^([0-9]+: )?/, ""); sub(/^ +/, ""); name = name (name == "" ? "" : " / ") $0; next }
+    /: FAILED:$/ && name != last { print "  failed: " name; last = name }' "$1"
+}
+
 step_suite() {  # both builds at once (one GPU; the suite times nothing), then the fault tests one build at a time
   local t0=$SECONDS
   for p in $PRESETS; do
@@ -122,7 +128,8 @@ step_suite() {  # both builds at once (one GPU; the suite times nothing), then t
     rc=$(cat "$OUT/suite-$p.rc")
     note "suite $p ${SUITE_SPEC:+'$SUITE_SPEC' }rc=$rc ($((SECONDS - t0)) s):" \
       "$(grep -E 'All tests passed|test cases' "$OUT/suite-$p.log" | tr '\n' ' ')"
-    [ "$rc" -eq 0 ] || { fail=1; grep -B2 -A12 -E "FAILED|REQUIRE|CHECK\(" "$OUT/suite-$p.log" | head -60; }
+    [ "$rc" -eq 0 ] || { fail=1; failed_cases "$OUT/suite-$p.log" | tee -a "$OUT/summary.txt"
+      grep -B2 -A12 -E "FAILED|REQUIRE|CHECK\(" "$OUT/suite-$p.log" | head -60; }
     grep -E "persistent|max rel err" "$OUT/suite-$p.log" | head -24
   done
 }
