@@ -72,7 +72,8 @@ inline void cuda_free(Mem kind, void* p) {
 // backend writes before its passes goes there: cudaMemset of device memory returns before it runs, and cudaMemcpy
 // from pageable memory before its DMA lands -- a pass on another stream could overtake either (seen: the PLE rows'
 // zeroing landing after a first pass's upload, wrong logits under a second process on the GPU; bench/RESULTS.md
-// 2026-12-05 (e)). These run on `stream` and return when the write is complete.
+// 2026-12-05 (e)). These run on `stream` and return when the write is complete (tests/compile/no_legacy_stream.py
+// keeps include/ and kernels/ free of the legacy-stream forms).
 inline cudaError_t upload_now(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
   const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream);
   return e != cudaSuccess ? e : cudaStreamSynchronize(stream);
