@@ -11,8 +11,8 @@
 #               (AB_DECODE: quick_bench argument sets separated by '|', default the per-kernel and the persistent
 #               path) and each earlier tree of AB_TREES (default tmp_base; each a directory holding `git archive REV
 #               include kernels src bench | tar -x -C DIR`) -- same lease, same checkpoint (AB_RUNS rounds, default
-#               2; AB_TOKENS decode steps each, default 64); then TTFT of a 4096-token prompt, this tree and each of AB_TREES, per checkpoint of AB_TTFT
-#               (default w4a16; set but empty: none)
+#               2; AB_TOKENS decode steps each, default 64); then TTFT of a 4096-token prompt, this tree and each of
+#               AB_TREES, per checkpoint of AB_TTFT (default w4a16; set but empty: none)
 #     bench     the bench sweep of both checkpoints in both builds -> $OUT/<checkpoint>-<build>.json
 #               (bench/results/h200-latest/ keeps the latest)
 #     decode    quick_bench of the decode paths (per-kernel, persistent and its tunings) and the persistent step's
