@@ -431,6 +431,19 @@ inline void ldmatrix_x4(uint32_t (&r)[4], const void* row_addr, bool trans) {
   }
 }
 
+// movmatrix.m8n8.trans: lane 4 g + t holds (row g, cols 2t, 2t+1) of an 8 x 8 matrix and receives (rows 2t, 2t + 1;
+// col g).
+inline uint32_t movmatrix_trans(uint32_t x) {
+  const auto slots = warp_collective("movmatrix.trans", 0xffffffffu, &x, sizeof x);
+  auto at = [&](int row, int col) {
+    uint32_t v;
+    std::memcpy(&v, slots[4 * row + col / 2], sizeof v);
+    return (col & 1) ? v >> 16 : v & 0xFFFFu;
+  };
+  const int g = lane() >> 2, t = lane() & 3;
+  return at(2 * t, g) | at(2 * t + 1, g) << 16;
+}
+
 // ---- warp collectives ----
 
 template <typename T>
@@ -722,7 +735,22 @@ cudaError_t cudaStreamCreate(cudaStream_t* s) {
 }
 cudaError_t cudaStreamDestroy(cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+// Host functions: work here completes at its call, so there is no stream order to put them in; they run at the next
+// cudaDeviceSynchronize (the [streams] test's gate then finds itself opened: the emulator cannot show that race).
+inline std::vector<std::pair<cudaHostFn_t, void*>>& emu_host_fns() {
+  static std::vector<std::pair<cudaHostFn_t, void*>> fns;
+  return fns;
+}
+cudaError_t cudaLaunchHostFunc(cudaStream_t, cudaHostFn_t fn, void* data) {
+  emu_host_fns().emplace_back(fn, data);
+  return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  auto fns = std::move(emu_host_fns());
+  emu_host_fns().clear();
+  for (auto& f : fns) f.first(f.second);
+  return cudaSuccess;
+}
 cudaError_t cudaEventCreate(cudaEvent_t* e) {
   *e = reinterpret_cast<cudaEvent_t>(uintptr_t(1));
   return cudaSuccess;

@@ -64,6 +64,19 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* row_
 #endif
 }
 
+// An 8x8 fp16 matrix held in fragment layout (lane 4 g + t: row g, cols 2t, 2t+1) transposed in registers with one
+// instruction (movmatrix, sm_75): lane 4 g + t receives (rows 2t, 2t+1; col g). Decode attention's P.V takes V^T as
+// the mma's A operand from V rows loaded as they lie in the cache, without a trip through shared memory.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+#ifdef GEMMA4_T4_EMU
+  return emu::movmatrix_trans(x);
+#else
+  uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
+#endif
+}
+
 // ---- global loads ----
 // Predicated in PTX (zeros when !ok), so no lane branches around a load before a warp-wide mma.sync.
 

@@ -5690,9 +5690,14 @@ class CpuBackend : public BackendModel {
 //      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
 //      q uses the same order) -> shared; the next tile's K loads issued                           | barrier
 //   2. warp h' takes heads h', h' + warps, ...: lane j sums the warps' partials of key j, online softmax in
-//      fp32 (running max, sum), p = e^(s - m) fp32 -> shared, rescale factor -> shared              | barrier
-//   3. P.V on the CUDA cores in fp32: lane (key phase, 8 contiguous channels) accumulates every head; the
-//      next tile's V loads issued
+//      fp32 (running max m, sum l), p = e^(s - m) rounded to fp16 -> shared [head][key], and l sums the rounded
+//      p (the weights P.V applies sum to l exactly, as in flash_attention.cuh); rescale factor -> shared | barrier
+//   3. P.V on the tensor cores: O^T (channels x heads) += V^T (channels x keys) P^T (keys x heads), m16n8k8 with
+//      fp32 accumulators. The V rows are loaded as they lie in the cache (lane (g, t): key 8 o + g, 8 channels
+//      from 8 t: 16 bytes) and each register is transposed in place (movmatrix, sm_75) into the A fragment of
+//      V^T; the channels then come in a fixed permutation, undone by one exchange between lane pairs at the end.
+//      16 mma + 32 movmatrix + 4 shared loads per warp and tile where fp32 FMAs took 512 per lane, and a lane
+//      accumulates 16 fp32 instead of 64; the next tile's V loads issued
 // Merge. One split: the block writes out itself. More: each split stores (o, m, l) in fp32 scratch; then
 //   fused (counters given and splits x group x D small, attention_fused_splits): __threadfence, one atomic
 //       ticket per (row, KV head); the last block to arrive resets the counter to 0 (a replayed graph finds
@@ -5700,8 +5705,8 @@ class CpuBackend : public BackendModel {
 //       hold keys (a prefix), re-reading the partials through L2;
 //   else attention_merge_kernel, a second launch spread over (rows, heads, 64-channel slices): at long
 //       contexts one block re-reading every split's partials would take longer than a launch.
-// Shared memory (static): warps x 8 x 36 fp32 partial scores + 32 x G fp32 p + G x 64 fp32 merge weights:
-// 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
+// Shared memory (static): warps x 8 x 36 fp32 partial scores + 8 x 40 fp16 p + G x 64 fp32 merge weights:
+// 11.7 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
 //
 // Heads mode (launch_attention_heads; decode passes, one row per sequence): the launch also does the layer's
 // head_norm_rope (rope_kv.cuh), one launch instead of two. Its input is the q/k/v GEMV's fp32 output: each block
@@ -6001,6 +6006,19 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* row_
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_addr(row_addr))
                : "memory");
+#endif
+}
+
+// An 8x8 fp16 matrix held in fragment layout (lane 4 g + t: row g, cols 2t, 2t+1) transposed in registers with one
+// instruction (movmatrix, sm_75): lane 4 g + t receives (rows 2t, 2t+1; col g). Decode attention's P.V takes V^T as
+// the mma's A operand from V rows loaded as they lie in the cache, without a trip through shared memory.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+#ifdef GEMMA4_T4_EMU
+  return emu::movmatrix_trans(x);
+#else
+  uint32_t r;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(r) : "r"(x));
+  return r;
 #endif
 }
 
@@ -6426,27 +6444,6 @@ __device__ __forceinline__ AttnRange attn_range(const AttnArgs& a, int row) {
   return r;
 }
 
-// The p values of one key for G heads (a row of shared memory, 16-byte aligned for G >= 4).
-template <int G>
-__device__ __forceinline__ void attn_load_p(const float* row, float (&p)[G]) {
-  if constexpr (G >= 4) {
-#pragma unroll
-    for (int i = 0; i < G / 4; ++i) {
-      const float4 v = reinterpret_cast<const float4*>(row)[i];
-      p[4 * i] = v.x;
-      p[4 * i + 1] = v.y;
-      p[4 * i + 2] = v.z;
-      p[4 * i + 3] = v.w;
-    }
-  } else if constexpr (G == 2) {
-    const float2 v = *reinterpret_cast<const float2*>(row);
-    p[0] = v.x;
-    p[1] = v.y;
-  } else {
-    p[0] = row[0];
-  }
-}
-
 // Merge weights of one head over its `used` splits (one warp): wt[s] = e^(m_s - M) / sum_s l_s e^(m_s - M).
 // ml: the head's [splits, 2] (max, sum) partials, written by other blocks (read through L2). Every used split
 // holds keys, so m_s is finite and the sum positive.
@@ -6500,25 +6497,28 @@ __device__ __forceinline__ void attn_load_k_late(uint4 (&kf)[2][2][KCH], const h
     }
 }
 
-// V rows of a 32-key tile for lane (key phase kq, channel group): keys kq + KP i, 8 channels at off.
-template <int VI, int KP, bool CG>
+// V of a 32-key tile for lane (g, t), the P.V mma's A operands before their transpose: load i = CH o + c is key
+// 8 o + g, channels 32 c + 8 t .. + 7 of the warp's slice (off = kv head * D + warp's first channel + 8 t). Keys
+// past nt are zeros, never loaded.
+template <int VI, int CH, bool CG>
 __device__ __forceinline__ void attn_load_v(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
-                                            int nt, int cap, int kq) {
+                                            int nt, int cap, int g) {
 #pragma unroll
   for (int i = 0; i < VI; ++i) {
-    const int key = kq + KP * i;
-    const uint4* src = reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off);
+    const int key = 8 * (i / CH) + g;
+    const uint4* src = reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off + 32 * (i % CH));
     vf[i] = key < nt ? (CG ? __ldcg(src) : __ldg(src)) : make_uint4(0u, 0u, 0u, 0u);
   }
 }
 
-template <int VI, int KP>
+template <int VI, int CH>
 __device__ __forceinline__ void attn_load_v_late(uint4 (&vf)[VI], const half* __restrict__ V, int ld, int off, int t0,
-                                                 int klo, int khi, int cap, int kq) {
+                                                 int klo, int khi, int cap, int g) {
 #pragma unroll
   for (int i = 0; i < VI; ++i) {
-    const int key = kq + KP * i;
-    if (key >= klo && key < khi) vf[i] = __ldg(reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off));
+    const int key = 8 * (i / CH) + g;
+    if (key >= klo && key < khi)
+      vf[i] = __ldg(reinterpret_cast<const uint4*>(V + size_t((t0 + key) % cap) * ld + off + 32 * (i % CH)));
   }
 }
 
@@ -6535,11 +6535,11 @@ __device__ __forceinline__ void attn_own_k(uint4 (&kf)[2][2][KCH], const half* k
         for (int i = 0; i < KCH; ++i) kf[mt][hi][i] = *reinterpret_cast<const uint4*>(ks + 32 * i);
 }
 
-template <int VI, int KP>
-__device__ __forceinline__ void attn_own_v(uint4 (&vf)[VI], const half* vs, int key, int kq) {
+template <int VI, int CH>
+__device__ __forceinline__ void attn_own_v(uint4 (&vf)[VI], const half* vs, int key, int g) {
 #pragma unroll
   for (int i = 0; i < VI; ++i)
-    if (kq + KP * i == key) vf[i] = *reinterpret_cast<const uint4*>(vs);
+    if (8 * (i / CH) + g == key) vf[i] = *reinterpret_cast<const uint4*>(vs + 32 * (i % CH));
 }
 
 // ---- kernels ----
@@ -6547,10 +6547,11 @@ __device__ __forceinline__ void attn_own_v(uint4 (&vf)[VI], const half* vs, int 
 // Shared memory of one attention block (NW warps).
 template <int D, int G, int NW>
 struct AttnSmem {
-  float s_part[NW][8][kAttnTile + 4];     // [warp][head][key] partial scores over the warp's channels
-  __align__(16) float p_s[kAttnTile][G];  // [key][head] e^(s - m), fp32
-  float alpha_s[G], m_s[G], l_s[G];       // per-tile rescale; the split's final max and sum
-  float wt_s[G][kAttnFusedSplits];        // fused merge weights [head][split]
+  float s_part[NW][8][kAttnTile + 4];        // [warp][head][key] partial scores over the warp's channels
+  __align__(16) half p16[8][kAttnTile + 8];  // [head][key] e^(s - m) in fp16: P.V's B operand (8 n = heads; rows
+                                             // past the group stay 0; the pad spreads a fragment over 32 banks)
+  float alpha_s[8], m_s[G], l_s[G];          // per-tile rescale (heads past the group: 0); the split's max, sum
+  float wt_s[G][kAttnFusedSplits];           // fused merge weights [head][split]
   int last_s;
 };
 
@@ -6640,8 +6641,8 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
                                                 AttnHeadsSmem<D, G, NW>* hsm = nullptr) {
   constexpr int WS = D / NW, NT = 32 * NW;
   constexpr int KCH = WS / 32;                             // 32-channel K chunks per lane per key (16-byte loads)
-  constexpr int LPK = WS / 8, KP = 32 / LPK;               // P.V: lanes per key (8 channels each), keys per step
-  constexpr int VI = kAttnTile / KP;                       // P.V: keys per lane per tile
+  constexpr int CH = WS / 32;                              // P.V: 32-channel halves of the warp's slice
+  constexpr int VI = kAttnTile / 8 * CH;                   // P.V: 16-byte V loads per lane per tile
   constexpr int HPW = (G + NW - 1) / NW;                   // softmax: heads per warp
   constexpr int SLD = kAttnTile + 4;                       // partial-score row: fragment stores hit 32 banks
   constexpr int C4 = D / 4, CPT = (G * C4 + NT - 1) / NT;  // fused merge: float4 columns per thread
@@ -6651,7 +6652,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   static_assert(!(Heads && Persist), "heads mode is a launch of its own");
 
   auto& s_part = sm.s_part;
-  auto& p_s = sm.p_s;
+  auto& p16 = sm.p16;
   auto& alpha_s = sm.alpha_s;
   auto& m_s = sm.m_s;
   auto& l_s = sm.l_s;
@@ -6660,7 +6661,6 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   static_assert(SLD == sizeof(s_part[0][0]) / sizeof(float), "partial-score row");
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  const int kq = lane / LPK, cv = warp * WS + (lane % LPK) * 8;  // P.V: key phase, first of 8 channels
   const int hsplit = Persist ? 1 : a.head_split;
   const int group = a.heads / a.kv_heads / hsplit;                // this block's query heads
   const int hbase = row * a.heads + (kvh * hsplit + hs) * group;  // its first query head in [rows * heads]
@@ -6669,11 +6669,16 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   const AttnRange r = attn_range(a, row);
   const int begin = r.lo + sp * r.per, end = min(r.lo + r.n, begin + r.per);
 
-  float acc[G][8];  // P.V: heads x this lane's 8 channels, summed over its key phase
+  // P.V: O^T = V^T P^T on the tensor cores, per 32-channel half c two m16 x n8 tiles (16 channels x 8 heads):
+  // acc[c][m] = (row g: channel ch(2 m), row g + 8: ch(2 m + 1); cols: heads 2t, 2t + 1), where ch(r) = warp's
+  // first channel + 32 c + 8 (g / 2) + 2 r + g % 2 (the channel order the register transpose leaves, see phase 3)
+  float acc[CH][2][4];
 #pragma unroll
-  for (int h = 0; h < G; ++h)
+  for (int c = 0; c < CH; ++c)
 #pragma unroll
-    for (int c = 0; c < 8; ++c) acc[h][c] = 0.f;
+    for (int m = 0; m < 2; ++m)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[c][m][e] = 0.f;
   float m_run[HPW], l_run[HPW];  // softmax warps: running max (warp-uniform) and this lane's share of the sum
 #pragma unroll
   for (int k = 0; k < HPW; ++k) {
@@ -6686,14 +6691,14 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     const half* __restrict__ K = a.kbase[idx];
     const half* __restrict__ V = a.vbase[idx];
     const int cap = a.capacity[idx], ld = a.kv_heads * D;
-    const int koff = kvh * D + warp * WS + 8 * t, voff = kvh * D + cv;
+    const int koff = kvh * D + warp * WS + 8 * t, voff = koff;
 
     uint4 kf[2][2][KCH], vf[VI];
     int t0 = begin, nt = min(kAttnTile, end - t0);
     // keys [0, pre) of the first tile now; with a prologue, the ones the previous launch wrote after the wait
     const int pre = early ? max(0, min(nt, r.lo + r.n - a.late_keys - t0)) : nt;
     attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, pre, cap, g);
-    attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t0, pre, cap, kq);
+    attn_load_v<VI, CH, Persist>(vf, V, ld, voff, t0, pre, cap, g);
     // Heads mode: own -- this block's split holds the row's own key (the last key, r.lo + r.n - 1 = pos[row]),
     // whose K and V this launch makes; the head-slice-0 block writes them to the caches.
     const bool own = Heads && hn->k && sp == r.used - 1;
@@ -6718,13 +6723,13 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
                            vdst);
       if (pre < nt) {  // a.late_keys 1 and the first tile ends at the row's end: key nt - 1 is the own key
         attn_own_k<KCH>(kf, hsm->k + warp * WS + 8 * t, nt - 1, g);
-        attn_own_v<VI, KP>(vf, hsm->v + cv, nt - 1, kq);
+        attn_own_v<VI, CH>(vf, hsm->v + warp * WS + 8 * t, nt - 1, g);
       }
     } else if (early) {
       pdl_enter();
       if (pre < nt) {
         attn_load_k_late<KCH>(kf, K, ld, koff, t0, pre, nt, cap, g);
-        attn_load_v_late<VI, KP>(vf, V, ld, voff, t0, pre, nt, cap, kq);
+        attn_load_v_late<VI, CH>(vf, V, ld, voff, t0, pre, nt, cap, g);
       }
     }
 
@@ -6739,8 +6744,8 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       else
         qf[i] = __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + c));
     }
-    for (int i = tid; i < kAttnTile * G; i += NT) (&p_s[0][0])[i] = 0.f;  // padding heads keep p = 0 ...
-    if (tid < G) alpha_s[tid] = 0.f;                                      // ... and alpha = 0
+    for (int i = tid; i < 8 * (kAttnTile + 8); i += NT) (&p16[0][0])[i] = __float2half_rn(0.f);  // padding heads
+    if (tid < 8) alpha_s[tid] = 0.f;  // keep p = 0 and alpha = 0
 
     while (nt > 0) {
       // 1. partial scores: keys 16 mt + g (+ 8) x heads 2t, 2t + 1 over this warp's channels
@@ -6778,50 +6783,50 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
           s = lane < nt ? s : -INFINITY;
           const float mx = fmaxf(m_run[k], warp_max(s));  // finite: key 0 of the tile is valid
           const float alpha = __expf(m_run[k] - mx);      // 0 on the first tile (m = -inf)
-          const float e = __expf(s - mx);                 // 0 past the last key
-          l_run[k] = fmaf(l_run[k], alpha, e);
+          // p in fp16 (P.V's operand), and l sums the rounded p: the weights P.V applies sum to l exactly
+          const half e = __float2half_rn(__expf(s - mx));  // 0 past the last key
+          l_run[k] = fmaf(l_run[k], alpha, __half2float(e));
           m_run[k] = mx;
-          p_s[lane][h] = e;
+          p16[h][lane] = e;
           if (lane == 0) alpha_s[h] = alpha;
         }
       }
       __syncthreads();
 
-      // 3. o = o * alpha + P.V (keys past nt: p = 0 and v = 0)
-      float al[G];
+      // 3. o = o * alpha + P.V on the tensor cores (keys past nt: p = 0 and v = 0). Register r of load (o, c) is, over
+      // the warp, the 8 x 8 matrix X_r[key g][2 t + e] = V[8 o + g][32 c + 8 t + 2 r + e]; its transpose gives lane
+      // (g, t) X_r[2 t, 2 t + 1][g]: rows of V^T for channel 32 c + 8 (g / 2) + 2 r + g % 2 over keys 2t, 2t + 1 of the
+      // octet, the m16n8k8 A fragment rows g (r even) and g + 8 (r odd). B: p16[head g][keys 8 o + 2 t, + 1].
+      const float al0 = alpha_s[2 * t], al1 = alpha_s[2 * t + 1];
 #pragma unroll
-      for (int h = 0; h < G; ++h) al[h] = alpha_s[h];
+      for (int c = 0; c < CH; ++c)
 #pragma unroll
-      for (int h = 0; h < G; ++h)
+        for (int m = 0; m < 2; ++m) {
+          acc[c][m][0] *= al0;
+          acc[c][m][1] *= al1;
+          acc[c][m][2] *= al0;
+          acc[c][m][3] *= al1;
+        }
 #pragma unroll
-        for (int c = 0; c < 8; ++c) acc[h][c] *= al[h];
+      for (int o = 0; o < kAttnTile / 8; ++o) {
+        const uint32_t b = *reinterpret_cast<const uint32_t*>(&p16[g][8 * o + 2 * t]);
 #pragma unroll
-      for (int i = 0; i < VI; ++i) {
-        float p[G], v[8];
-        attn_load_p<G>(&p_s[kq + KP * i][0], p);
-        unpack8(vf[i], v);
-#pragma unroll
-        for (int h = 0; h < G; ++h)
-#pragma unroll
-          for (int c = 0; c < 8; ++c) acc[h][c] = fmaf(p[h], v[c], acc[h][c]);
+        for (int c = 0; c < CH; ++c) {
+          const uint4 v = vf[o * CH + c];
+          mma_16x8x8(acc[c][0], movmatrix_trans(v.x), movmatrix_trans(v.y), b);
+          mma_16x8x8(acc[c][1], movmatrix_trans(v.z), movmatrix_trans(v.w), b);
+        }
       }
       if constexpr (Heads) {
         const bool own1 = own && nt1 > 0 && t1 + nt1 == r.lo + r.n;
-        if (nt1 > 0) attn_load_v<VI, KP, false>(vf, V, ld, voff, t1, own1 ? nt1 - 1 : nt1, cap, kq);
-        if (own1) attn_own_v<VI, KP>(vf, hsm->v + cv, nt1 - 1, kq);
+        if (nt1 > 0) attn_load_v<VI, CH, false>(vf, V, ld, voff, t1, own1 ? nt1 - 1 : nt1, cap, g);
+        if (own1) attn_own_v<VI, CH>(vf, hsm->v + warp * WS + 8 * t, nt1 - 1, g);
       } else {
-        if (nt1 > 0) attn_load_v<VI, KP, Persist>(vf, V, ld, voff, t1, nt1, cap, kq);
+        if (nt1 > 0) attn_load_v<VI, CH, Persist>(vf, V, ld, voff, t1, nt1, cap, g);
       }
       t0 = t1;
       nt = nt1;
     }
-    // o over the key phases (lanes differing in kq)
-#pragma unroll
-    for (int o = LPK; o < 32; o <<= 1)
-#pragma unroll
-      for (int h = 0; h < G; ++h)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) acc[h][c] += __shfl_xor_sync(0xffffffffu, acc[h][c], o);
   } else if (early) {
     pdl_enter();  // an empty split writes nothing of its own, but every block passes the wait before it stores
   }
@@ -6838,28 +6843,43 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
   }
   __syncthreads();
 
-  // Lane (kq, channel group) writes heads kq, kq + KP, ... (compile-time indices into acc).
-  if (a.splits == 1) {  // the only split holds every key: l > 0
+  // Lanes g and g ^ 1 (lane ^ 4) hold the even and the odd channels of 8 (heads 2t, 2t + 1): they swap half, so that
+  // lane (g, t) holds head oh = 2 t + g % 2, channels oc + 32 c .. + 7 in order.
+  const int oh = 2 * t + (g & 1), oc = warp * WS + 8 * (g >> 1);
+  float o8[CH][8];
 #pragma unroll
-    for (int h = 0; h < G; ++h)
-      if (h % KP == kq && h < group) {
-        const float inv = 1.f / l_s[h];
+  for (int c = 0; c < CH; ++c)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const float even_h = acc[c][r >> 1][2 * (r & 1)], odd_h = acc[c][r >> 1][2 * (r & 1) + 1];  // channel ch(r)
+      const float keep = (g & 1) ? odd_h : even_h;
+      const float got = __shfl_xor_sync(0xffffffffu, (g & 1) ? even_h : odd_h, 4);
+      o8[c][2 * r] = (g & 1) ? got : keep;
+      o8[c][2 * r + 1] = (g & 1) ? keep : got;
+    }
+  if (a.splits == 1) {  // the only split holds every key: l > 0
+    if (oh < group) {
+      const float inv = 1.f / l_s[oh];
+#pragma unroll
+      for (int c = 0; c < CH; ++c) {
         half2 o2[4];
 #pragma unroll
-        for (int c = 0; c < 4; ++c)
-          o2[c] = __halves2half2(to_half_sat(acc[h][2 * c] * inv), to_half_sat(acc[h][2 * c + 1] * inv));
-        *reinterpret_cast<uint4*>(a.out + size_t(hbase + h) * D + cv) = *reinterpret_cast<const uint4*>(o2);
+        for (int e = 0; e < 4; ++e)
+          o2[e] = __halves2half2(to_half_sat(o8[c][2 * e] * inv), to_half_sat(o8[c][2 * e + 1] * inv));
+        *reinterpret_cast<uint4*>(a.out + size_t(hbase + oh) * D + oc + 32 * c) = *reinterpret_cast<const uint4*>(o2);
       }
+    }
     return;
   }
   if (begin < end) {
+    if (oh < group) {
+      float* dst = a.part_o + (size_t(hbase + oh) * a.splits + sp) * D + oc;
 #pragma unroll
-    for (int h = 0; h < G; ++h)
-      if (h % KP == kq && h < group) {
-        float4* dst = reinterpret_cast<float4*>(a.part_o + (size_t(hbase + h) * a.splits + sp) * D + cv);
-        dst[0] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-        dst[1] = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
+      for (int c = 0; c < CH; ++c) {
+        reinterpret_cast<float4*>(dst + 32 * c)[0] = make_float4(o8[c][0], o8[c][1], o8[c][2], o8[c][3]);
+        reinterpret_cast<float4*>(dst + 32 * c)[1] = make_float4(o8[c][4], o8[c][5], o8[c][6], o8[c][7]);
       }
+    }
     if (tid < group) {
       float* ml = a.part_ml + (size_t(hbase + tid) * a.splits + sp) * 2;
       ml[0] = m_s[tid];
