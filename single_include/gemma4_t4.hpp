@@ -5690,14 +5690,14 @@ class CpuBackend : public BackendModel {
 //      loads (the channel order inside a step is free, so a lane's 8 contiguous channels are its k-slots;
 //      q uses the same order) -> shared; the next tile's K loads issued                           | barrier
 //   2. warp h' takes heads h', h' + warps, ...: lane j sums the warps' partials of key j, online softmax in
-//      fp32 (running max m, sum l), p = e^(s - m) rounded to fp16 -> shared [head][key], and l sums the rounded
-//      p (the weights P.V applies sum to l exactly, as in flash_attention.cuh); rescale factor -> shared | barrier
-//   3. P.V on the tensor cores: O^T (channels x heads) += V^T (channels x keys) P^T (keys x heads), m16n8k8 with
-//      fp32 accumulators. The V rows are loaded as they lie in the cache (lane (g, t): key 8 o + g, 8 channels
-//      from 8 t: 16 bytes) and each register is transposed in place (movmatrix, sm_75) into the A fragment of
-//      V^T; the channels then come in a fixed permutation, undone by one exchange between lane pairs at the end.
-//      16 mma + 32 movmatrix + 4 shared loads per warp and tile where fp32 FMAs took 512 per lane, and a lane
-//      accumulates 16 fp32 instead of 64; the next tile's V loads issued
+//      fp32 (running max m, sum l), p = e^(s - m) -> shared [head][key] as two fp16, hi = fp16(p) and lo =
+//      fp16(p - hi) (hi + lo is p to ~2^-22: P.V keeps the fp32 weights), rescale factor -> shared  | barrier
+//   3. P.V on the tensor cores: O^T (channels x heads) += V^T (channels x keys) (P_lo + P_hi)^T (keys x heads),
+//      m16n8k8 with fp32 accumulators. The V rows are loaded as they lie in the cache (lane (g, t): key 8 o + g,
+//      8 channels from 8 t: 16 bytes) and each register is transposed in place (movmatrix, sm_75) into the A
+//      fragment of V^T; the channels then come in a fixed permutation, undone by one exchange between lane pairs
+//      at the end. 32 mma + 32 movmatrix + 8 shared loads per warp and tile where fp32 FMAs took 512 per lane,
+//      and a lane accumulates 16 fp32 instead of 64; the next tile's V loads issued
 // Merge. One split: the block writes out itself. More: each split stores (o, m, l) in fp32 scratch; then
 //   fused (counters given and splits x group x D small, attention_fused_splits): __threadfence, one atomic
 //       ticket per (row, KV head); the last block to arrive resets the counter to 0 (a replayed graph finds
@@ -5705,8 +5705,8 @@ class CpuBackend : public BackendModel {
 //       hold keys (a prefix), re-reading the partials through L2;
 //   else attention_merge_kernel, a second launch spread over (rows, heads, 64-channel slices): at long
 //       contexts one block re-reading every split's partials would take longer than a launch.
-// Shared memory (static): warps x 8 x 36 fp32 partial scores + 8 x 40 fp16 p + G x 64 fp32 merge weights:
-// 11.7 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
+// Shared memory (static): warps x 8 x 36 fp32 partial scores + 2 x 8 x 40 fp16 p + G x 64 fp32 merge weights:
+// 12.4 KiB at D = 512, G = 8. Block: D / 2 threads (32 at D = 32).
 //
 // Heads mode (launch_attention_heads; decode passes, one row per sequence): the launch also does the layer's
 // head_norm_rope (rope_kv.cuh), one launch instead of two. Its input is the q/k/v GEMV's fp32 output: each block
@@ -6547,11 +6547,12 @@ __device__ __forceinline__ void attn_own_v(uint4 (&vf)[VI], const half* vs, int 
 // Shared memory of one attention block (NW warps).
 template <int D, int G, int NW>
 struct AttnSmem {
-  float s_part[NW][8][kAttnTile + 4];        // [warp][head][key] partial scores over the warp's channels
-  __align__(16) half p16[8][kAttnTile + 8];  // [head][key] e^(s - m) in fp16: P.V's B operand (8 n = heads; rows
-                                             // past the group stay 0; the pad spreads a fragment over 32 banks)
-  float alpha_s[8], m_s[G], l_s[G];          // per-tile rescale (heads past the group: 0); the split's max, sum
-  float wt_s[G][kAttnFusedSplits];           // fused merge weights [head][split]
+  float s_part[NW][8][kAttnTile + 4];  // [warp][head][key] partial scores over the warp's channels
+  // [hi / lo][head][key] e^(s - m) as two fp16, hi = fp16(p), lo = fp16(p - hi): P.V's B operands (8 n = heads;
+  // rows past the group stay 0; the pad spreads a fragment over 32 banks)
+  __align__(16) half p16[2][8][kAttnTile + 8];
+  float alpha_s[8], m_s[G], l_s[G];  // per-tile rescale (heads past the group: 0); the split's max, sum
+  float wt_s[G][kAttnFusedSplits];   // fused merge weights [head][split]
   int last_s;
 };
 
@@ -6744,7 +6745,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       else
         qf[i] = __ldg(reinterpret_cast<const uint4*>(a.q + size_t(hbase + g) * D + c));
     }
-    for (int i = tid; i < 8 * (kAttnTile + 8); i += NT) (&p16[0][0])[i] = __float2half_rn(0.f);  // padding heads
+    for (int i = tid; i < 2 * 8 * (kAttnTile + 8); i += NT) (&p16[0][0][0])[i] = __float2half_rn(0.f);  // padding
     if (tid < 8) alpha_s[tid] = 0.f;  // keep p = 0 and alpha = 0
 
     while (nt > 0) {
@@ -6783,11 +6784,13 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
           s = lane < nt ? s : -INFINITY;
           const float mx = fmaxf(m_run[k], warp_max(s));  // finite: key 0 of the tile is valid
           const float alpha = __expf(m_run[k] - mx);      // 0 on the first tile (m = -inf)
-          // p in fp16 (P.V's operand), and l sums the rounded p: the weights P.V applies sum to l exactly
-          const half e = __float2half_rn(__expf(s - mx));  // 0 past the last key
-          l_run[k] = fmaf(l_run[k], alpha, __half2float(e));
+          // p as hi + lo fp16 (P.V's operands): their sum is p to ~2^-22, so P.V keeps fp32's precision
+          const float e = __expf(s - mx);  // 0 past the last key
+          const half hi = __float2half_rn(e);
+          l_run[k] = fmaf(l_run[k], alpha, e);
           m_run[k] = mx;
-          p16[h][lane] = e;
+          p16[0][h][lane] = hi;
+          p16[1][h][lane] = __float2half_rn(e - __half2float(hi));
           if (lane == 0) alpha_s[h] = alpha;
         }
       }
@@ -6809,12 +6812,17 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
         }
 #pragma unroll
       for (int o = 0; o < kAttnTile / 8; ++o) {
-        const uint32_t b = *reinterpret_cast<const uint32_t*>(&p16[g][8 * o + 2 * t]);
+        const uint32_t bh = *reinterpret_cast<const uint32_t*>(&p16[0][g][8 * o + 2 * t]);
+        const uint32_t bl = *reinterpret_cast<const uint32_t*>(&p16[1][g][8 * o + 2 * t]);
 #pragma unroll
         for (int c = 0; c < CH; ++c) {
           const uint4 v = vf[o * CH + c];
-          mma_16x8x8(acc[c][0], movmatrix_trans(v.x), movmatrix_trans(v.y), b);
-          mma_16x8x8(acc[c][1], movmatrix_trans(v.z), movmatrix_trans(v.w), b);
+          const uint32_t a0 = movmatrix_trans(v.x), a1 = movmatrix_trans(v.y);
+          const uint32_t a2 = movmatrix_trans(v.z), a3 = movmatrix_trans(v.w);
+          mma_16x8x8(acc[c][0], a0, a1, bl);  // the small part first
+          mma_16x8x8(acc[c][0], a0, a1, bh);
+          mma_16x8x8(acc[c][1], a2, a3, bl);
+          mma_16x8x8(acc[c][1], a2, a3, bh);
         }
       }
       if constexpr (Heads) {
