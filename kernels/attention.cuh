@@ -783,9 +783,9 @@ inline bool attention_supported(int d, int group) {
   return (d == 32 || d == 64 || d == 128 || d == 256 || d == 512) && group >= 1 && group <= 8;
 }
 
-// Blocks of attention_split_kernel<D, group> one SM holds at once (registers, shared memory: the runtime's occupancy
-// calculator), for attention_splits_for; 0 for head dims and groups attention does not take, or on an error. Asked
-// once per (head dim, group) and remembered.
+// Blocks of attention_split_kernel<D, group> one SM holds at once on the current device (registers, shared memory:
+// the runtime's occupancy calculator), for attention_splits_for; 0 for head dims and groups attention does not take,
+// or on an error. Asked once per (device, head dim, group) and remembered (devices past the table: asked every time).
 template <int D, int G>
 inline cudaError_t attention_occupancy(int* blocks) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -812,9 +812,16 @@ inline int attention_blocks_per_sm_d(int group) {
 
 inline int attention_blocks_per_sm(int head_dim, int group) {
   if (!attention_supported(head_dim, group)) return 0;
-  static std::atomic<int> known[5][9];  // [log2(D / 32)][group]: blocks + 1, 0 = not asked yet
+  constexpr int kDevices = 16;
+  static std::atomic<int> known[kDevices][5][9];  // [device][log2(D / 32)][group]: blocks + 1, 0 = not asked yet
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
   const int di = head_dim == 32 ? 0 : head_dim == 64 ? 1 : head_dim == 128 ? 2 : head_dim == 256 ? 3 : 4;
-  std::atomic<int>& k = known[di][group];
+  std::atomic<int> none{0};
+  std::atomic<int>& k = dev >= 0 && dev < kDevices ? known[dev][di][group] : none;
   int v = k.load(std::memory_order_relaxed);
   if (v == 0) {
     switch (head_dim) {
