@@ -310,9 +310,9 @@ step_prof() {  # ncu sections of the kernels matching PROF_K (regex) in one quic
   local S=(--section SpeedOfLight --section WarpStateStats --section SchedulerStats --section Occupancy
     --section LaunchStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio")
-  # shellcheck disable=SC2086
   # PROF_NVTX: only launches inside that NVTX range (e.g. "decode/": quick_bench's timed decode steps)
   [ -n "${PROF_NVTX:-}" ] && S+=(--nvtx --nvtx-include "$PROF_NVTX")
+  # shellcheck disable=SC2086
   timeout "${NCU_S:-200}" ncu -k "regex:${PROF_K:-gemm_w4_kernel}" -s "${PROF_SKIP:-0}" -c "${PROF_COUNT:-12}" "${S[@]}" \
     "$(native_bin quick_bench)" --model "$MODELS/e2b-w4a16" ${PROF_Q:---prompt 64 --tokens 8 --batch 1} > "$OUT/prof.txt" 2>&1
   note "ncu prof rc=$?"
