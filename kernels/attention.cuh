@@ -403,14 +403,15 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
     const half* __restrict__ K = a.kbase[idx];
     const half* __restrict__ V = a.vbase[idx];
     const int cap = a.capacity[idx], ld = a.kv_heads * D;
-    const int koff = kvh * D + warp * WS + 8 * t, voff = koff;
+    // this lane's first channel of its K fragments and V rows in the head (lc) and in a cache row (off)
+    const int lc = warp * WS + 8 * t, off = kvh * D + lc;
 
     uint4 kf[2][2][KCH], vf[VI];
     int t0 = begin, nt = min(kAttnTile, end - t0);
     // keys [0, pre) of the first tile now; with a prologue, the ones the previous launch wrote after the wait
     const int pre = early ? max(0, min(nt, r.lo + r.n - a.late_keys - t0)) : nt;
-    attn_load_k<KCH, Persist>(kf, K, ld, koff, t0, pre, cap, g);
-    attn_load_v<VI, CH, Persist>(vf, V, ld, voff, t0, pre, cap, g);
+    attn_load_k<KCH, Persist>(kf, K, ld, off, t0, pre, cap, g);
+    attn_load_v<VI, CH, Persist>(vf, V, ld, off, t0, pre, cap, g);
     // Heads mode: own -- this block's split holds the row's own key (the last key, r.lo + r.n - 1 = pos[row]),
     // whose K and V this launch makes; the head-slice-0 block writes them to the caches.
     const bool own = Heads && hn->k && sp == r.used - 1;
@@ -434,14 +435,14 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       attn_heads<D, G, NW>(*hn, *hsm, pq, pk, size_t(hbase), group, (size_t(row) * a.kv_heads + kvh) * D, own, kdst,
                            vdst);
       if (pre < nt) {  // a.late_keys 1 and the first tile ends at the row's end: key nt - 1 is the own key
-        attn_own_k<KCH>(kf, hsm->k + warp * WS + 8 * t, nt - 1, g);
-        attn_own_v<VI, CH>(vf, hsm->v + warp * WS + 8 * t, nt - 1, g);
+        attn_own_k<KCH>(kf, hsm->k + lc, nt - 1, g);
+        attn_own_v<VI, CH>(vf, hsm->v + lc, nt - 1, g);
       }
     } else if (early) {
       pdl_enter();
       if (pre < nt) {
-        attn_load_k_late<KCH>(kf, K, ld, koff, t0, pre, nt, cap, g);
-        attn_load_v_late<VI, CH>(vf, V, ld, voff, t0, pre, nt, cap, g);
+        attn_load_k_late<KCH>(kf, K, ld, off, t0, pre, nt, cap, g);
+        attn_load_v_late<VI, CH>(vf, V, ld, off, t0, pre, nt, cap, g);
       }
     }
 
@@ -477,10 +478,10 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       const int t1 = t0 + kAttnTile, nt1 = min(kAttnTile, end - t1);
       if constexpr (Heads) {  // the own key, when in tile t1, from shared memory
         const bool own1 = own && nt1 > 0 && t1 + nt1 == r.lo + r.n;
-        if (nt1 > 0) attn_load_k<KCH, false>(kf, K, ld, koff, t1, own1 ? nt1 - 1 : nt1, cap, g);
-        if (own1) attn_own_k<KCH>(kf, hsm->k + warp * WS + 8 * t, nt1 - 1, g);
+        if (nt1 > 0) attn_load_k<KCH, false>(kf, K, ld, off, t1, own1 ? nt1 - 1 : nt1, cap, g);
+        if (own1) attn_own_k<KCH>(kf, hsm->k + lc, nt1 - 1, g);
       } else {
-        if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, koff, t1, nt1, cap, g);
+        if (nt1 > 0) attn_load_k<KCH, Persist>(kf, K, ld, off, t1, nt1, cap, g);
       }
       __syncthreads();
 
@@ -538,10 +539,10 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
       }
       if constexpr (Heads) {
         const bool own1 = own && nt1 > 0 && t1 + nt1 == r.lo + r.n;
-        if (nt1 > 0) attn_load_v<VI, CH, false>(vf, V, ld, voff, t1, own1 ? nt1 - 1 : nt1, cap, g);
-        if (own1) attn_own_v<VI, CH>(vf, hsm->v + warp * WS + 8 * t, nt1 - 1, g);
+        if (nt1 > 0) attn_load_v<VI, CH, false>(vf, V, ld, off, t1, own1 ? nt1 - 1 : nt1, cap, g);
+        if (own1) attn_own_v<VI, CH>(vf, hsm->v + lc, nt1 - 1, g);
       } else {
-        if (nt1 > 0) attn_load_v<VI, CH, Persist>(vf, V, ld, voff, t1, nt1, cap, g);
+        if (nt1 > 0) attn_load_v<VI, CH, Persist>(vf, V, ld, off, t1, nt1, cap, g);
       }
       t0 = t1;
       nt = nt1;
