@@ -8940,6 +8940,8 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that skip L1);
 // x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
+// Past 16 rows a launch runs as two 16-row halves (gemv_halves_kernel: twice the blocks, each at U = 4), except
+// the LM head's (more than kGemvHalvesMaxBlocks blocks), which takes all 32 rows per block at U = 2.
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
 // only on column n of B; kw on `in` and the outputs), so batched decode equals one-row decode bit for bit
 // (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
@@ -8970,6 +8972,10 @@ constexpr int kGemvMaxSplit = 4;  // blocks splitting one row tile's k-tiles (Ge
 // bandwidth), 216 / 250 at 1; w4a16 101 / 105 at 4 warps, 95 / 100 at 2. Matrices of up to 12,288 outputs lose at
 // 2 warps (fp16 gate/up 12288: 22.5 -> 26.6 us), so they keep gemv_split's choice.
 constexpr int kGemvManyBlocks = 4096;
+// Launches of 17..32 rows with at most this many blocks run as two 16-row halves (gemv_halves_kernel): every layer
+// matrix (E2B's largest, the double-wide gate/up, takes 384 blocks). The LM head (4,096 blocks at 2 warps per row
+// tile) keeps one NT 4 block per row tile: its 805 MB would pass twice through L2.
+constexpr int kGemvHalvesMaxBlocks = 1024;
 
 // One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
 struct GemvMat {
@@ -9304,6 +9310,30 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
   gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
 
+// A launch of 17..32 rows as two 16-row halves: block b runs x rows [16 h, 16 h + 16), h = b & 1, of block b / 2 of
+// the launch's partition (gemv_block at NT 2). The two halves of a weight tile are neighbours in the grid, so they run
+// side by side and the second reads the tile from L2. What it buys over one NT 4 block: twice the blocks and warps
+// on the SMs (a launch of E2B's shapes at 32 rows fills 8..384 blocks: the PLE gate's 8 run on 8 SMs), and NT 2's
+// weight loads in flight (U k-tiles per warp, halved at NT 4). The sums are NT 4's bit for bit: a row's result
+// depends only on its x row, the weights and the k order, and the k order (kw, ksplit) is the shape's alone.
+template <int WL, GemvEpilogue E>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const GemvArgs a) {
+  __shared__ float red[gemv_red_floats<2>()];
+  GemvArgs b = a;  // constant indices only (gemv_block's rule), so this copy stays in registers
+  if (blockIdx.x & 1u) {
+    b.x += size_t(16) * a.in;
+    b.n = a.n - 16;
+#pragma unroll
+    for (int i = 0; i < kGemvMaxMats; ++i)
+      if (b.mat[i].y) b.mat[i].y += size_t(16) * a.mat[i].ldy;
+    if (b.out16) b.out16 += size_t(16) * a.ld16;
+    if (b.ple) b.ple += size_t(16) * a.ple_ld;
+  } else {
+    b.n = 16;
+  }
+  gemv_block<2, WL, E, GemvX::Global>(b, int(blockIdx.x >> 1), red, nullptr, nullptr);
+}
+
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
 // idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above); gemv_plan
 // caps it at 2 for launches of more than kGemvManyBlocks blocks.
@@ -9319,6 +9349,8 @@ template <int WL, GemvEpilogue E>
 inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launch& launch) {
   if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, launch, a);
   if (a.n <= 16) return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, launch, a);
+  if (blocks <= unsigned(kGemvHalvesMaxBlocks))
+    return launch_kernel(gemv_halves_kernel<WL, E>, 2 * blocks, kGemvWarps * 32, launch, a);
   return launch_kernel(gemv_kernel<4, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
 
