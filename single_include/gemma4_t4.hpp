@@ -5761,6 +5761,7 @@ class CpuBackend : public BackendModel {
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -5898,6 +5899,25 @@ inline bool pdl_supported(int device) {
   (void)cudaGetLastError();
   return ok;
 #endif
+}
+
+// The current device's SM count (0 when it cannot be asked), asked once per device: launch policies that count a
+// wave of blocks (gemv_halves) run per launch.
+inline int device_sms() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  constexpr int kDevices = 16;
+  static std::atomic<int> known[kDevices];  // SMs + 1; 0: not asked yet
+  if (dev >= 0 && dev < kDevices && (sms = known[dev].load(std::memory_order_relaxed)) > 0) return sms - 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    sms = 0;
+  }
+  if (dev >= 0 && dev < kDevices) known[dev].store(sms + 1, std::memory_order_relaxed);
+  return sms;
 }
 
 // How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).
@@ -8940,8 +8960,8 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that skip L1);
 // x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
-// Past 16 rows a launch runs as two 16-row halves (gemv_halves_kernel: twice the blocks, each at U = 4), except
-// the LM head's (more than kGemvHalvesMaxBlocks blocks), which takes all 32 rows per block at U = 2.
+// Past 16 rows a launch that leaves SMs short (gemv_halves) runs as two 16-row halves (gemv_halves_kernel: twice
+// the blocks, each at U = 4); larger ones take all 32 rows per block at U = 2.
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
 // only on column n of B; kw on `in` and the outputs), so batched decode equals one-row decode bit for bit
 // (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
@@ -8972,10 +8992,6 @@ constexpr int kGemvMaxSplit = 4;  // blocks splitting one row tile's k-tiles (Ge
 // bandwidth), 216 / 250 at 1; w4a16 101 / 105 at 4 warps, 95 / 100 at 2. Matrices of up to 12,288 outputs lose at
 // 2 warps (fp16 gate/up 12288: 22.5 -> 26.6 us), so they keep gemv_split's choice.
 constexpr int kGemvManyBlocks = 4096;
-// Launches of 17..32 rows with at most this many blocks run as two 16-row halves (gemv_halves_kernel): every layer
-// matrix (E2B's largest, the double-wide gate/up, takes 384 blocks). The LM head (4,096 blocks at 2 warps per row
-// tile) keeps one NT 4 block per row tile: its 805 MB would pass twice through L2.
-constexpr int kGemvHalvesMaxBlocks = 1024;
 
 // One weight matrix of a launch: w16 xor (wq, s) xor (w8, rs).
 struct GemvMat {
@@ -9019,7 +9035,15 @@ struct GemvArgs {
   int ple_ld = 0, ple_off = 0;
   int ldx = 0;          // GemvX::Shared: x row stride (halves)
   float softcap = 0.f;  // Head: x = tanh(x / softcap) * softcap (0: none)
+  int halves = -1;      // 17..32 rows: -1 gemv_halves decides, 0 one block per row tile, 1 two 16-row halves
 };
+
+// Whether a launch of 17..32 rows in `blocks` blocks (its partition) runs as two 16-row halves (gemv_halves_kernel)
+// on a GPU of `sms` SMs: where the launch alone fills at most a wave of two blocks per SM (gemv_store_splits' count).
+// Measured on an H100 (132 SMs; E2B at 24 and 32 sessions, quick_bench, bench/RESULTS.md 2026-12-05 (g)): halving the
+// 8..192-block launches +5% (w4a16) and +7.5% (fp16) at 32 sessions; halving the 384..768-block gate/up launches as
+// well lost 2-10% against that (the second half's weights come back through L2 a wave later).
+inline bool gemv_halves(unsigned blocks, int sms) { return sms > 0 && blocks <= 2u * unsigned(sms); }
 
 // Packed (order-preserving key of v, ~index): the larger logit wins, the first index on a tie.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
@@ -9349,7 +9373,7 @@ template <int WL, GemvEpilogue E>
 inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launch& launch) {
   if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, launch, a);
   if (a.n <= 16) return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, launch, a);
-  if (blocks <= unsigned(kGemvHalvesMaxBlocks))
+  if (a.halves == 1 || (a.halves < 0 && gemv_halves(blocks, device_sms())))
     return launch_kernel(gemv_halves_kernel<WL, E>, 2 * blocks, kGemvWarps * 32, launch, a);
   return launch_kernel(gemv_kernel<4, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
@@ -9379,7 +9403,8 @@ inline unsigned gemv_partition(GemvArgs& a) {
 inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_given, unsigned* blocks) {
   *blocks = 0;
   if (a.n <= 0) return cudaSuccess;
-  if (a.n > kGemvMaxRows || nmats < 1 || nmats > kGemvMaxMats || a.count < 1 || a.count > nmats)
+  if (a.n > kGemvMaxRows || nmats < 1 || nmats > kGemvMaxMats || a.count < 1 || a.count > nmats || a.halves < -1 ||
+      a.halves > 1)
     return cudaErrorInvalidValue;
   int total_out = 0;
   for (int i = 0; i < nmats; ++i) {
