@@ -9028,14 +9028,14 @@ struct GemvArgs {
   int first_block[kGemvMaxMats + 1] = {};  // blocks of output i: [first_block[i], first_block[i + 1])
   int kw = 1;                              // warps splitting the k-tiles of one 16-row tile: 1, 2, 4, 8
   int ksplit = 1;                          // blocks splitting them further (Store of one matrix)
-  size_t split_ld = 0;                     // ksplit > 1: part p of the sums at y + p * split_ld floats
-  half* out16 = nullptr;                   // GeluMul, GeluPle: [n, ld16] fp16
+  int halves = -1;        // 17..32 rows: -1 gemv_halves decides, 0 one block per row tile, 1 two 16-row halves
+  size_t split_ld = 0;    // ksplit > 1: part p of the sums at y + p * split_ld floats
+  half* out16 = nullptr;  // GeluMul, GeluPle: [n, ld16] fp16
   int ld16 = 0;
   const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
   int ple_ld = 0, ple_off = 0;
   int ldx = 0;          // GemvX::Shared: x row stride (halves)
   float softcap = 0.f;  // Head: x = tanh(x / softcap) * softcap (0: none)
-  int halves = -1;      // 17..32 rows: -1 gemv_halves decides, 0 one block per row tile, 1 two 16-row halves
 };
 
 // Whether a launch of 17..32 rows in `blocks` blocks (its partition) runs as two 16-row halves (gemv_halves_kernel)
