@@ -24,6 +24,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <utility>
 
@@ -161,6 +162,25 @@ inline bool pdl_supported(int device) {
   (void)cudaGetLastError();
   return ok;
 #endif
+}
+
+// The current device's SM count (0 when it cannot be asked), asked once per device: launch policies that count a
+// wave of blocks (gemv_halves) run per launch.
+inline int device_sms() {
+  int dev = 0, sms = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  constexpr int kDevices = 16;
+  static std::atomic<int> known[kDevices];  // SMs + 1; 0: not asked yet
+  if (dev >= 0 && dev < kDevices && (sms = known[dev].load(std::memory_order_relaxed)) > 0) return sms - 1;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
+    (void)cudaGetLastError();
+    sms = 0;
+  }
+  if (dev >= 0 && dev < kDevices) known[dev].store(sms + 1, std::memory_order_relaxed);
+  return sms;
 }
 
 // How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).

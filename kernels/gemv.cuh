@@ -37,6 +37,8 @@
 // uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that skip L1);
 // x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
+// Past 16 rows a launch that leaves SMs short (gemv_halves) runs as two 16-row halves (gemv_halves_kernel: twice
+// the blocks, each at U = 4); larger ones take all 32 rows per block at U = 2.
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
 // only on column n of B; kw on `in` and the outputs), so batched decode equals one-row decode bit for bit
 // (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
@@ -104,14 +106,22 @@ struct GemvArgs {
   int first_block[kGemvMaxMats + 1] = {};  // blocks of output i: [first_block[i], first_block[i + 1])
   int kw = 1;                              // warps splitting the k-tiles of one 16-row tile: 1, 2, 4, 8
   int ksplit = 1;                          // blocks splitting them further (Store of one matrix)
-  size_t split_ld = 0;                     // ksplit > 1: part p of the sums at y + p * split_ld floats
-  half* out16 = nullptr;                   // GeluMul, GeluPle: [n, ld16] fp16
+  int halves = -1;        // 17..32 rows: -1 gemv_halves decides, 0 one block per row tile, 1 two 16-row halves
+  size_t split_ld = 0;    // ksplit > 1: part p of the sums at y + p * split_ld floats
+  half* out16 = nullptr;  // GeluMul, GeluPle: [n, ld16] fp16
   int ld16 = 0;
   const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
   int ple_ld = 0, ple_off = 0;
   int ldx = 0;          // GemvX::Shared: x row stride (halves)
   float softcap = 0.f;  // Head: x = tanh(x / softcap) * softcap (0: none)
 };
+
+// Whether a launch of 17..32 rows in `blocks` blocks (its partition) runs as two 16-row halves (gemv_halves_kernel)
+// on a GPU of `sms` SMs: where the launch alone fills at most a wave of two blocks per SM (gemv_store_splits' count).
+// Measured on an H100 (132 SMs; E2B at 24 and 32 sessions, quick_bench, bench/RESULTS.md 2026-12-05 (g)): halving the
+// 8..192-block launches +5% (w4a16) and +7.5% (fp16) at 32 sessions; halving the 384..768-block gate/up launches as
+// well lost 2-10% against that (the second half's weights come back through L2 a wave later).
+inline bool gemv_halves(unsigned blocks, int sms) { return sms > 0 && blocks <= 2u * unsigned(sms); }
 
 // Packed (order-preserving key of v, ~index): the larger logit wins, the first index on a tie.
 __device__ __forceinline__ unsigned long long argmax_key(float v, int index) {
@@ -402,6 +412,30 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
   gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
 
+// A launch of 17..32 rows as two 16-row halves: block b runs x rows [16 h, 16 h + 16), h = b & 1, of block b / 2 of
+// the launch's partition (gemv_block at NT 2). The two halves of a weight tile are neighbours in the grid, so they run
+// side by side and the second reads the tile from L2. What it buys over one NT 4 block: twice the blocks and warps
+// on the SMs (a launch of E2B's shapes at 32 rows fills 8..384 blocks: the PLE gate's 8 run on 8 SMs), and NT 2's
+// weight loads in flight (U k-tiles per warp, halved at NT 4). The sums are NT 4's bit for bit: a row's result
+// depends only on its x row, the weights and the k order, and the k order (kw, ksplit) is the shape's alone.
+template <int WL, GemvEpilogue E>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const GemvArgs a) {
+  __shared__ float red[gemv_red_floats<2>()];
+  GemvArgs b = a;  // constant indices only (gemv_block's rule), so this copy stays in registers
+  if (blockIdx.x & 1u) {
+    b.x += size_t(16) * a.in;
+    b.n = a.n - 16;
+#pragma unroll
+    for (int i = 0; i < kGemvMaxMats; ++i)
+      if (b.mat[i].y) b.mat[i].y += size_t(16) * a.mat[i].ldy;
+    if (b.out16) b.out16 += size_t(16) * a.ld16;
+    if (b.ple) b.ple += size_t(16) * a.ple_ld;
+  } else {
+    b.n = 16;
+  }
+  gemv_block<2, WL, E, GemvX::Global>(b, int(blockIdx.x >> 1), red, nullptr, nullptr);
+}
+
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
 // idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above); gemv_plan
 // caps it at 2 for launches of more than kGemvManyBlocks blocks.
@@ -417,6 +451,8 @@ template <int WL, GemvEpilogue E>
 inline cudaError_t launch_gemv_w(const GemvArgs& a, unsigned blocks, const Launch& launch) {
   if (a.n <= 8) return launch_kernel(gemv_kernel<1, WL, E>, blocks, kGemvWarps * 32, launch, a);
   if (a.n <= 16) return launch_kernel(gemv_kernel<2, WL, E>, blocks, kGemvWarps * 32, launch, a);
+  if (a.halves == 1 || (a.halves < 0 && gemv_halves(blocks, device_sms())))
+    return launch_kernel(gemv_halves_kernel<WL, E>, 2 * blocks, kGemvWarps * 32, launch, a);
   return launch_kernel(gemv_kernel<4, WL, E>, blocks, kGemvWarps * 32, launch, a);
 }
 
@@ -445,7 +481,8 @@ inline unsigned gemv_partition(GemvArgs& a) {
 inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_given, unsigned* blocks) {
   *blocks = 0;
   if (a.n <= 0) return cudaSuccess;
-  if (a.n > kGemvMaxRows || nmats < 1 || nmats > kGemvMaxMats || a.count < 1 || a.count > nmats)
+  if (a.n > kGemvMaxRows || nmats < 1 || nmats > kGemvMaxMats || a.count < 1 || a.count > nmats || a.halves < -1 ||
+      a.halves > 1)
     return cudaErrorInvalidValue;
   int total_out = 0;
   for (int i = 0; i < nmats; ++i) {

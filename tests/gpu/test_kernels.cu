@@ -956,6 +956,101 @@ TEST_CASE("gemv k-split policy: parts only where the row tiles leave the GPU sho
         }
 }
 
+// Past 16 rows a launch runs as two 16-row halves (gemv_halves_kernel) or as one block per row tile (NT 4), by the
+// policy. Both forms of every launch kind the engine makes at 17..32 rows, forced through GemvArgs::halves: the same
+// bits, nothing written past row n (the other tests here take the policy's form, the halves at their sizes).
+TEST_CASE("gemv halves: two 16-row halves equal one block per row tile bit for bit, every epilogue; the policy",
+          "[gpu]") {
+  for (int sms : {40, 132, 170}) {
+    REQUIRE(kn::gemv_halves(1, sms));
+    REQUIRE(kn::gemv_halves(2u * unsigned(sms), sms));
+    REQUIRE_FALSE(kn::gemv_halves(2u * unsigned(sms) + 1u, sms));
+  }
+  REQUIRE_FALSE(kn::gemv_halves(1, 0));  // the SM count unknown: one block per row tile
+  std::mt19937 rng(309);
+  Stream st;
+  constexpr int R = kn::kGemvMaxRows, L = 3, layer = 1;
+  for (bool w4 : {false, true})
+    for (int in : {w4 ? 416 : 376, w4 ? 6144 : 1536}) {
+      const int outs[3] = {1000, 33, 256};  // Store: three matrices; GeluMul: 0 and a twin; GeluPle: 2 (D)
+      std::vector<std::unique_ptr<GemvWeights>> W;
+      for (int out : outs) W.push_back(make_gemv_weights(rng, w4, out, in, w4 ? 1.f : 0.25f));
+      const auto up = make_gemv_weights(rng, w4, outs[0], in, w4 ? 1.f : 0.25f);
+      const std::vector<uint16_t> x = rand_f16(rng, size_t(R) * in, -1.f, 1.f);
+      const std::vector<float> ple = rand_f32(rng, size_t(R) * L * outs[2], -3.f, 3.f);
+      Dev<half> dx(x.size());
+      Dev<float> dple(ple.size());
+      dx.upload(x);
+      dple.upload(ple);
+      const int ktiles = (in / (w4 ? 32 : 8) + 3) / 4, parts = kn::gemv_split(ktiles) * 2 <= ktiles ? 2 : 1;
+      for (int n : {17, 24, 31, R}) {
+        // [form][launch]: fp32 y of the three Store matrices, the k-split's parts; fp16 out of GeluMul, GeluPle
+        std::vector<std::vector<float>> got[2];
+        for (int form = 0; form < 2; ++form) {
+          const std::string how = cat(w4 ? "w4a16" : "fp16", " in ", in, " n ", n, form ? " halves" : " one block");
+          std::vector<std::unique_ptr<Dev<float>>> y;
+          for (int i = 0; i < 3; ++i) {
+            y.push_back(std::make_unique<Dev<float>>(size_t(R) * (outs[i] + 1)));
+            y.back()->poison();
+          }
+          kn::GemvArgs a;
+          a.x = dx.get();
+          a.n = n;
+          a.in = in;
+          a.halves = form;
+          a.count = 3;
+          for (int i = 0; i < 3; ++i) a.mat[i] = W[size_t(i)]->mat(y[size_t(i)]->get(), outs[i] + 1);
+          REQUIRE_CUDA(kn::launch_gemv_args(a, 3, kn::GemvEpilogue::Store, st.s));
+          Dev<float> dparts(size_t(parts) * R * outs[0]);
+          dparts.poison();
+          kn::GemvArgs k = a;
+          k.count = 1;
+          k.mat[0] = W[0]->mat(dparts.get(), outs[0]);
+          k.mat[1] = k.mat[2] = kn::GemvMat{};
+          k.ksplit = parts;
+          k.split_ld = size_t(R) * outs[0];
+          REQUIRE_CUDA(kn::launch_gemv_args(k, 1, kn::GemvEpilogue::Store, st.s));
+          Dev<half> dmul(size_t(R) * (outs[0] + 3)), dple16(size_t(R) * outs[2]);
+          dmul.poison();
+          dple16.poison();
+          kn::GemvArgs g = a;
+          g.count = 1;
+          g.mat[0] = W[0]->mat(nullptr, 0);
+          g.mat[1] = up->mat(nullptr, 0);
+          g.mat[2] = kn::GemvMat{};
+          g.out16 = dmul.get();
+          g.ld16 = outs[0] + 3;
+          REQUIRE_CUDA(kn::launch_gemv_args(g, 2, kn::GemvEpilogue::GeluMul, st.s));
+          kn::GemvArgs p = g;
+          p.mat[0] = W[2]->mat(nullptr, 0);
+          p.mat[1] = kn::GemvMat{};
+          p.out16 = dple16.get();
+          p.ld16 = outs[2];
+          p.ple = dple.get();
+          p.ple_ld = L * outs[2];
+          p.ple_off = layer * outs[2];
+          REQUIRE_CUDA(kn::launch_gemv_args(p, 1, kn::GemvEpilogue::GeluPle, st.s));
+          st.sync();
+          for (int i = 0; i < 3; ++i)
+            got[form].push_back(
+                gemv_written(y[size_t(i)]->download<float>(), outs[i] + 1, n, outs[i], cat("store ", i, ", ", how)));
+          const std::vector<float> all_parts = dparts.download<float>();
+          for (int q = 0; q < parts; ++q)
+            got[form].push_back(
+                gemv_written(std::vector<float>(all_parts.begin() + std::ptrdiff_t(size_t(q) * R * outs[0]),
+                                                all_parts.begin() + std::ptrdiff_t(size_t(q + 1) * R * outs[0])),
+                             outs[0], n, outs[0], cat("k-split part ", q, ", ", how)));
+          got[form].push_back(gemv_written(dmul.download<uint16_t>(), outs[0] + 3, n, outs[0], cat("gelu_mul, ", how)));
+          got[form].push_back(gemv_written(dple16.download<uint16_t>(), outs[2], n, outs[2], cat("gelu_ple, ", how)));
+        }
+        REQUIRE(got[0].size() == got[1].size());
+        for (size_t i = 0; i < got[0].size(); ++i)
+          require_same_bits(got[1][i], got[0][i],
+                            cat("gemv halves ", w4 ? "w4a16" : "fp16", " in ", in, " n ", n, " launch ", i));
+      }
+    }
+}
+
 TEST_CASE("gemv multi: up to 3 matrices sharing x in one launch equal separate launches bit for bit", "[gpu]") {
   std::mt19937 rng(304);
   Stream st;
@@ -2894,6 +2989,9 @@ void add_gemv_e(std::vector<KernelUse>& ks) {
   const char* layouts[] = {"f16", "w4", "w8"};
   ks.push_back({cat("gemv_kernel<", NT, ",", layouts[WL], ",", names[int(E)], ">"),
                 reinterpret_cast<const void*>(&kn::gemv_kernel<NT, WL, E>), kn::kGemvWarps * 32});
+  if constexpr (NT == 4)
+    ks.push_back({cat("gemv_halves_kernel<", layouts[WL], ",", names[int(E)], ">"),
+                  reinterpret_cast<const void*>(&kn::gemv_halves_kernel<WL, E>), kn::kGemvWarps * 32});
 }
 
 template <int NT, int WL>
@@ -2918,6 +3016,9 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   add_gemv<2, kn::kGemvW4>(ks);
   add_gemv<1, kn::kGemvW8>(ks);
   add_gemv<2, kn::kGemvW8>(ks);
+  add_gemv<4, kn::kGemvF16>(ks);  // and the two-halves form of 17..32 rows
+  add_gemv<4, kn::kGemvW4>(ks);
+  add_gemv<4, kn::kGemvW8>(ks);
   ks.push_back({"dequant_w4_kernel", reinterpret_cast<const void*>(&kn::dequant_w4_kernel), 256});
   ks.push_back({"quantize_int8_kernel", reinterpret_cast<const void*>(&kn::quantize_int8_kernel), 256});
   ks.push_back({"quantize_int4_kernel", reinterpret_cast<const void*>(&kn::quantize_int4_kernel), 256});
