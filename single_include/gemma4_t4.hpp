@@ -13360,6 +13360,7 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_TRY(weights_.upload(cfg, w, opt_, stream_));
     GEMMA4_T4_TRY(ws_.alloc(cfg, weights_, opt.max_pass_rows, stream_));
     pdl_ = opt.programmatic_launch && kernels::pdl_supported(opt.device);
+    (void)kernels::device_sms();  // the launch policies' SM count, asked now: not first inside a graph capture
     exec_ = std::make_unique<PassExecutor>();
     return exec_->init(cfg, w, weights_, ws_, opt_, stream_, blas_, pdl_, opt.device, prop.multiProcessorCount);
   }
