@@ -12,6 +12,7 @@
 #   make_synthetic) are built where the device call keeps them, /tmp/gemma4_t4-build-PRESET, from the snapshot seen
 #   as /tmp/gemma4_t4-src (the paths compiled into the suite and written into ctest's files are the device's paths),
 #   gpu-native for sm_$ARCH, and packed into SNAPSHOT/prebuilt/builds.tar.xz; gpu_check.sh unpacks it there.
+#   LAB_TARGETS (e.g. "lab_gemm_w4"): kernel lab programs built into gpu-native as well, for gpu_check.sh's lab step.
 # TREE: a directory under SNAPSHOT holding `git archive REV include kernels src bench` (an AB_TREES tree); its
 #   quick_bench is built into it, packed as quick_bench.xz (gpu_check.sh unpacks it to /tmp/qb_TREE).
 # nvcc for sm_$ARCH (default 90: the H100 and the H200) with CMake's Release flags (-O3 -DNDEBUG: an A/B tree is built
@@ -20,7 +21,7 @@
 # (here: ~2-5 min a quick_bench, ~8 min both presets).
 # Then, on the device: cd SNAPSHOT && AB_TREES="TREE..." tools/gpu_check.sh ab suite ...
 set -euo pipefail
-[ $# -ge 1 ] || { sed -n '6,21s/^# \{0,1\}//p' "$0" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '6,22s/^# \{0,1\}//p' "$0" >&2; exit 2; }
 snap=$(cd "$1" && pwd)
 shift
 arch=${ARCH:-90}
@@ -40,7 +41,9 @@ preset() {  # preset NAME: configure and build it at the device's paths
   rm -rf "$b"
   cmake -S /tmp/gemma4_t4-src -B "$b" --preset "$1" -DGEMMA4_T4_CUDA_ARCHS="$archs" \
     -DCMAKE_PREFIX_PATH="$root/.deps/usr" -DCMAKE_EXE_LINKER_FLAGS="${static[*]}" > "$snap/prebuilt/configure-$1.log"
-  cmake --build "$b" -j "${JOBS:-1}" --target gemma4_t4_gpu_tests bench quick_bench make_synthetic \
+  local extra=()
+  [ "$1" = gpu-native ] && read -r -a extra <<< "${LAB_TARGETS:-}"
+  cmake --build "$b" -j "${JOBS:-1}" --target gemma4_t4_gpu_tests bench quick_bench make_synthetic "${extra[@]}" \
     > "$snap/prebuilt/build-$1.log"
 }
 
