@@ -813,28 +813,17 @@ inline int attention_blocks_per_sm_d(int group) {
 
 inline int attention_blocks_per_sm(int head_dim, int group) {
   if (!attention_supported(head_dim, group)) return 0;
-  constexpr int kDevices = 16;
-  static std::atomic<int> known[kDevices][5][9];  // [device][log2(D / 32)][group]: blocks + 1, 0 = not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
+  static std::atomic<int> known[5][9][kMemoDevices];  // [log2(D / 32)][group][device] (per_device_memo)
   const int di = head_dim == 32 ? 0 : head_dim == 64 ? 1 : head_dim == 128 ? 2 : head_dim == 256 ? 3 : 4;
-  std::atomic<int> none{0};
-  std::atomic<int>& k = dev >= 0 && dev < kDevices ? known[dev][di][group] : none;
-  int v = k.load(std::memory_order_relaxed);
-  if (v == 0) {
+  return per_device_memo(known[di][group], [&](int) {
     switch (head_dim) {
-      case 32: v = attention_blocks_per_sm_d<32>(group) + 1; break;
-      case 64: v = attention_blocks_per_sm_d<64>(group) + 1; break;
-      case 128: v = attention_blocks_per_sm_d<128>(group) + 1; break;
-      case 256: v = attention_blocks_per_sm_d<256>(group) + 1; break;
-      default: v = attention_blocks_per_sm_d<512>(group) + 1; break;
+      case 32: return attention_blocks_per_sm_d<32>(group);
+      case 64: return attention_blocks_per_sm_d<64>(group);
+      case 128: return attention_blocks_per_sm_d<128>(group);
+      case 256: return attention_blocks_per_sm_d<256>(group);
+      default: return attention_blocks_per_sm_d<512>(group);
     }
-    k.store(v, std::memory_order_relaxed);
-  }
-  return v - 1;
+  });
 }
 
 // launch_attention (hn null) and launch_attention_heads: the shape checks, then the kernels of head dim and group.

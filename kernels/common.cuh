@@ -164,23 +164,36 @@ inline bool pdl_supported(int device) {
 #endif
 }
 
-// The current device's SM count (0 when it cannot be asked), asked once per device: launch policies that count a
-// wave of blocks (gemv_halves) run per launch.
-inline int device_sms() {
-  int dev = 0, sms = 0;
+// A value a launch policy asks the runtime for (an SM count, an occupancy), remembered per device: `known` holds
+// value + 1 for each device (0: not asked yet); ask(device) gives the current device's value (>= 0; 0 on an
+// error). 0 when the current device cannot be named; devices past the table are asked every time.
+constexpr int kMemoDevices = 16;
+template <class F>
+inline int per_device_memo(std::atomic<int> (&known)[kMemoDevices], F&& ask) {
+  int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  constexpr int kDevices = 16;
-  static std::atomic<int> known[kDevices];  // SMs + 1; 0: not asked yet
-  if (dev >= 0 && dev < kDevices && (sms = known[dev].load(std::memory_order_relaxed)) > 0) return sms - 1;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    sms = 0;
+  if (dev < 0 || dev >= kMemoDevices) return ask(dev);
+  int v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = ask(dev) + 1;
+    known[dev].store(v, std::memory_order_relaxed);
   }
-  if (dev >= 0 && dev < kDevices) known[dev].store(sms + 1, std::memory_order_relaxed);
-  return sms;
+  return v - 1;
+}
+
+// The current device's SM count (0 when it cannot be asked), asked once per device: launch policies that count a
+// wave of blocks (gemv_halves) run per launch.
+inline int device_sms() {
+  static std::atomic<int> known[kMemoDevices];
+  return per_device_memo(known, [](int dev) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) return sms;
+    (void)cudaGetLastError();
+    return 0;
+  });
 }
 
 // How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).

@@ -5901,23 +5901,36 @@ inline bool pdl_supported(int device) {
 #endif
 }
 
-// The current device's SM count (0 when it cannot be asked), asked once per device: launch policies that count a
-// wave of blocks (gemv_halves) run per launch.
-inline int device_sms() {
-  int dev = 0, sms = 0;
+// A value a launch policy asks the runtime for (an SM count, an occupancy), remembered per device: `known` holds
+// value + 1 for each device (0: not asked yet); ask(device) gives the current device's value (>= 0; 0 on an
+// error). 0 when the current device cannot be named; devices past the table are asked every time.
+constexpr int kMemoDevices = 16;
+template <class F>
+inline int per_device_memo(std::atomic<int> (&known)[kMemoDevices], F&& ask) {
+  int dev = 0;
   if (cudaGetDevice(&dev) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0;
   }
-  constexpr int kDevices = 16;
-  static std::atomic<int> known[kDevices];  // SMs + 1; 0: not asked yet
-  if (dev >= 0 && dev < kDevices && (sms = known[dev].load(std::memory_order_relaxed)) > 0) return sms - 1;
-  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    sms = 0;
+  if (dev < 0 || dev >= kMemoDevices) return ask(dev);
+  int v = known[dev].load(std::memory_order_relaxed);
+  if (v == 0) {
+    v = ask(dev) + 1;
+    known[dev].store(v, std::memory_order_relaxed);
   }
-  if (dev >= 0 && dev < kDevices) known[dev].store(sms + 1, std::memory_order_relaxed);
-  return sms;
+  return v - 1;
+}
+
+// The current device's SM count (0 when it cannot be asked), asked once per device: launch policies that count a
+// wave of blocks (gemv_halves) run per launch.
+inline int device_sms() {
+  static std::atomic<int> known[kMemoDevices];
+  return per_device_memo(known, [](int dev) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) return sms;
+    (void)cudaGetLastError();
+    return 0;
+  });
 }
 
 // How a kernel is launched. Implicit from a stream: a plain launch (tests and tools pass a stream).
@@ -7122,28 +7135,17 @@ inline int attention_blocks_per_sm_d(int group) {
 
 inline int attention_blocks_per_sm(int head_dim, int group) {
   if (!attention_supported(head_dim, group)) return 0;
-  constexpr int kDevices = 16;
-  static std::atomic<int> known[kDevices][5][9];  // [device][log2(D / 32)][group]: blocks + 1, 0 = not asked yet
-  int dev = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
+  static std::atomic<int> known[5][9][kMemoDevices];  // [log2(D / 32)][group][device] (per_device_memo)
   const int di = head_dim == 32 ? 0 : head_dim == 64 ? 1 : head_dim == 128 ? 2 : head_dim == 256 ? 3 : 4;
-  std::atomic<int> none{0};
-  std::atomic<int>& k = dev >= 0 && dev < kDevices ? known[dev][di][group] : none;
-  int v = k.load(std::memory_order_relaxed);
-  if (v == 0) {
+  return per_device_memo(known[di][group], [&](int) {
     switch (head_dim) {
-      case 32: v = attention_blocks_per_sm_d<32>(group) + 1; break;
-      case 64: v = attention_blocks_per_sm_d<64>(group) + 1; break;
-      case 128: v = attention_blocks_per_sm_d<128>(group) + 1; break;
-      case 256: v = attention_blocks_per_sm_d<256>(group) + 1; break;
-      default: v = attention_blocks_per_sm_d<512>(group) + 1; break;
+      case 32: return attention_blocks_per_sm_d<32>(group);
+      case 64: return attention_blocks_per_sm_d<64>(group);
+      case 128: return attention_blocks_per_sm_d<128>(group);
+      case 256: return attention_blocks_per_sm_d<256>(group);
+      default: return attention_blocks_per_sm_d<512>(group);
     }
-    k.store(v, std::memory_order_relaxed);
-  }
-  return v - 1;
+  });
 }
 
 // launch_attention (hn null) and launch_attention_heads: the shape checks, then the kernels of head dim and group.
