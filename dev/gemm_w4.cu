@@ -6,7 +6,7 @@
 //   lab_gemm_w4 [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only]
 //               [--self-check]
 //
-// VERSIONS: a comma list (default 1..15; 16..18 when listed).
+// VERSIONS: a comma list (default 1..15; 16..19 when listed).
 //   1  what the CUDA backend does today for passes of more than 16 rows (cuda/layers.hpp mm()): the whole matrix
 //      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
 //   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
@@ -47,7 +47,11 @@
 //   18 what the engine does for those rows today, three launches (cuda/layers.hpp gate()): gate GEMM and up GEMM to
 //      fp32 through the shipped launch_gemm_w4 with the engine's split-K (= version 12 at 33..256 rows), then
 //      kernels/elementwise.cuh launch_gelu_mul into the fp16 act. The baseline of 17; gate/up shapes only.
-// Versions 17 and 18 print in the gate/up rows of the timing table, for the whole gate + up + GELU (twice the flops
+//   19 version 17 on a narrower, deeper tile (kernels/gemm_w4.cuh GluNarrow, shipped up to 64 rows): 64 rows x 32
+//      outputs of gate and the same 32 of up x 128 k, warps 1 x 2 x 4 (each warp version 17's math), 43 KiB smem. Twice
+//      the blocks of 17 (E2B's gate/up at <= 64 rows: 96 blocks of 17 on 132 SMs, 192 of these) and half the k-tiles
+//      per block; its output equals XNarrow unsplit + gelu_mul bit for bit (checked as 17's).
+// Versions 17..19 print in the gate/up rows of the timing table, for the whole gate + up + GELU (twice the flops
 // and weight bytes of a single GEMM column; the Y bytes are the fp16 act).
 // Versions 2..11 split K across blocks where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for).
 // The kernel, the layout's index maps and the configurations of versions 2, 3, 5 are kernels/gemm_w4.cuh's (moved
@@ -657,6 +661,8 @@ bool self_check() {
   ok = self_check_one<XWide>("v14", 130, 160, 96, &rng) && ok;
   ok = self_check_glu<GluSmall>("v17", 65, 96, 416, &rng) && ok;  // partial m, n (one super-row) and k tiles
   ok = self_check_glu<GluSmall>("v17", 17, 160, 96, &rng) && ok;
+  ok = self_check_glu<GluNarrow>("v19", 65, 96, 416, &rng) && ok;
+  ok = self_check_glu<GluNarrow>("v19", 17, 160, 96, &rng) && ok;
   ok = self_check_glu<GluSmall>("v17", 130, 32, 64, &rng) && ok;
   std::printf("  self-check: %s\n", ok ? "OK" : "FAILED");
   return ok;
@@ -777,9 +783,10 @@ const char* kAbout[] = {
     "v12 with split-K filling 2 blocks per SM (gemm_w4_splits_for at 2 x SMs)",
     "gate/up + GELU in one launch: v12's tile, 64 outputs of gate + the same 64 of up, fp16 act (gate/up rows)",
     "gate/up + GELU as the engine: launch_gemm_w4 gate, up (fp32, engine split-K), launch_gelu_mul (gate/up rows)",
+    "gate/up + GELU in one launch: 64 x 128 x 128 tile, warps 1 x 2 x 4, 32 outputs of gate + up (GluNarrow)",
 };
-constexpr int kVersions = 18;
-constexpr bool is_glu(int v) { return v == 17 || v == 18; }  // the gate/up + GELU versions
+constexpr int kVersions = 19;
+constexpr bool is_glu(int v) { return v >= 17; }  // the gate/up + GELU versions
 
 // Versions 2..11 split K across blocks as the engine does (kernels/gemm_w4.cuh gemm_w4_splits_for: when the tiles
 // leave SMs idle), into a partials buffer of the engine's size (cuda/workspace.hpp kGemmPartFloats).
@@ -821,34 +828,35 @@ cudaError_t launch_gemm_w4x(GemmW4Args a, const kn::Launch& l) {
 // ---- versions 17, 18: gate/up + GELU (17: kernels/gemm_w4.cuh's launch_gemm_w4_glu) ----
 
 // The gate or up GEMM of p (mat 0, 1) into yg / yu, weight copy c: the engine's (launch_gemm_w4, its split-K), or
-// version 12 unsplit (the sums version 17 makes).
-cudaError_t glu_gemm(GluProblem& p, int mat, size_t c, bool unsplit, const kn::Launch& l) {
+// unsplit at the base tile of version 17 (XSmall) or 19 (XNarrow, narrow): the sums that version makes.
+cudaError_t glu_gemm(GluProblem& p, int mat, size_t c, bool unsplit, const kn::Launch& l, bool narrow = false) {
   const size_t nk = size_t(p.N) * p.K;
   GemmW4Args a;
   a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
   a.wp = p.wp[mat].get() + nk / 8 * c, a.sp = p.sp[mat].get() + nk / 32 * c;
   a.y = (mat ? p.yu : p.yg).get(), a.ldy = p.N;
-  if (unsplit) return kn::launch_gemm_w4_cfg<XSmall>(a, l);
+  if (unsplit) return narrow ? kn::launch_gemm_w4_cfg<XNarrow>(a, l) : kn::launch_gemm_w4_cfg<XSmall>(a, l);
   a.splits = kn::gemm_w4_splits(a.m, a.n, a.k, g_sms, kPartFloats);  // as cuda/layers.hpp mm()
   a.part = g_part;
   return kn::launch_gemm_w4(a, l);
 }
 
-// Version v (17, 18) of p for its M rows on weight copy `copy`, into p.out. unsplit (18 only; the bit-identity
-// check): v12 without split-K, the sums version 17 makes, and the act into p.act ([M, N]; out untouched).
-cudaError_t run_glu(int v, GluProblem& p, int copy, const kn::Launch& l, bool unsplit = false) {
+// Version v (17, 18, 19) of p for its M rows on weight copy `copy`, into p.out. unsplit (18 only; the bit-identity
+// check): v12 (narrow: XNarrow) without split-K, the sums version 17 (19) makes, and the act into p.act ([M, N]; out
+// untouched).
+cudaError_t run_glu(int v, GluProblem& p, int copy, const kn::Launch& l, bool unsplit = false, bool narrow = false) {
   const size_t nk = size_t(p.N) * p.K, c = size_t(copy % p.copies);
-  if (v == 17) {
+  if (v == 17 || v == 19) {
     kn::GemmW4GluArgs a;
     a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
     for (int mat = 0; mat < 2; ++mat)
       a.wp[mat] = p.wp[mat].get() + nk / 8 * c, a.sp[mat] = p.sp[mat].get() + nk / 32 * c;
     a.out = p.out.get(), a.ld16 = p.ld16;
-    return kn::launch_gemm_w4_glu<GluSmall>(a, l);
+    return v == 17 ? kn::launch_gemm_w4_glu_cfg<GluSmall>(a, l) : kn::launch_gemm_w4_glu_cfg<GluNarrow>(a, l);
   }
   if (v != 18) return cudaErrorInvalidValue;
   for (int mat = 0; mat < 2; ++mat)
-    if (const cudaError_t e = glu_gemm(p, mat, c, unsplit, l); e != cudaSuccess) return e;
+    if (const cudaError_t e = glu_gemm(p, mat, c, unsplit, l, narrow); e != cudaSuccess) return e;
   // launch_gelu_mul writes [M, N] packed: straight into out at ld16 == N (every timed case), else into act and
   // copied (the validation's padded ld16 only)
   half* act = p.ld16 == p.N && !unsplit ? p.out.get() : p.act.get();
@@ -1016,8 +1024,8 @@ void validate_glu(GluProblem& p, const std::vector<int>& versions, std::vector<S
     check_out(
         p.name, p.M, p.N, p.K, p.ld16, v, [&](size_t i) { return double(h2f(out[i])); },
         [&](size_t i) { return out[i] == 0xFFFFu; }, ref, &st);
-    if (v != 17) continue;
-    LAB_CHECK(run_glu(18, p, 0, l, /*unsplit=*/true));
+    if (v != 17 && v != 19) continue;
+    LAB_CHECK(run_glu(18, p, 0, l, /*unsplit=*/true, /*narrow=*/v == 19));
     LAB_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> act = as_bits(p.act.download());
     for (int m = 0; m < p.M; ++m)
@@ -1081,7 +1089,7 @@ int main(int argc, char** argv) {
     return usage(argv[0]);
   }
   const std::vector<int>& versions = common.versions;
-  std::vector<int> single, glu;  // single GEMMs (1..16); gate/up + GELU (17, 18)
+  std::vector<int> single, glu;  // single GEMMs (1..16); gate/up + GELU (17..19)
   for (int v : versions) (is_glu(v) ? glu : single).push_back(v);
   const int reps = common.reps, samples = common.samples;
   const bool validate_only = common.validate_only;

@@ -223,6 +223,7 @@ using XSmallFill = XCfg<4, 4, 1, 4, 2, 1, 2, 2>;
 // one 16-byte and one 8-byte shared load (the dequant, ldmatrix and mma counts are XSmall's).
 template <class B>
 struct GluCfg : B {
+  using Base = B;
   static_assert(B::NT == 4, "a warp: n8 tiles j0, j0 + 1 of gate and of up");
   static constexpr int NTO = B::NT / 2;  // n8 tiles per matrix per warp
   static constexpr int BNO = B::BN / 2;  // outputs per block (columns of act; of gate and of up each)
@@ -234,6 +235,11 @@ struct GluCfg : B {
   GEMMA4_T4_GEMM_W4_HD static constexpr int oj0_of(int wn) { return wn * NTO % 4; }
 };
 using GluSmall = GluCfg<XSmall>;  // 64 rows x 64 outputs x 64 k (128 accumulator columns), 32 KiB smem (lab version 17)
+// Half as many outputs per block, a k-tile twice as deep (lab version 19): 64 rows x 32 outputs x 128 k, warps 1 x 2
+// x 4 (each warp XSmall's math), 43 KiB smem. For passes of at most 64 rows, where GluSmall's one row tile leaves
+// SMs idle: E2B's gate/up of 6144 outputs make 96 GluSmall blocks on an H100's or H200's 132 SMs, 192 of these.
+using XNarrow = XCfg<4, 4, 1, 2, 4, 1, 2>;
+using GluNarrow = GluCfg<XNarrow>;
 
 // A k-tile further along K, a unit's source moves by G groups: 32 16-byte W units (512 bytes) and 16 S words per
 // group (the kernel adds kb0 times these to the k-tile-0 source of glu_w_unit / glu_s_unit; the emulator too).
@@ -866,8 +872,8 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_glu_kern
 // out = half(gelu_tanh(x gate^T) * (x up^T)) in one launch (GluCfg C, no split-K). cudaErrorInvalidValue for shapes or
 // alignments the kernel does not take (launch_gemm_w4_cfg's for an XCfg, with ld16 % 2, ld16 < N and out 4-byte
 // aligned for Y's).
-template <class C = gemm_w4::GluSmall>
-inline cudaError_t launch_gemm_w4_glu(const GemmW4GluArgs& a, const Launch& l) {
+template <class C>
+inline cudaError_t launch_gemm_w4_glu_cfg(const GemmW4GluArgs& a, const Launch& l) {
   bool aligned = reinterpret_cast<uintptr_t>(a.x) % 16 == 0 && reinterpret_cast<uintptr_t>(a.out) % 4 == 0;
   for (int mat = 0; mat < 2; ++mat)
     aligned =
@@ -880,6 +886,11 @@ inline cudaError_t launch_gemm_w4_glu(const GemmW4GluArgs& a, const Launch& l) {
   const dim3 grid(ceil_div(size_t(a.n), C::BNO), ceil_div(size_t(a.m), C::BM));
   if (grid.y > 65535) return cudaErrorInvalidValue;
   return launch_kernel(gemm_w4x_glu_kernel<C>, grid, C::kThreads, l, a);
+}
+
+// The same with the configuration by rows: GluNarrow up to 64 rows, GluSmall past them.
+inline cudaError_t launch_gemm_w4_glu(const GemmW4GluArgs& a, const Launch& l) {
+  return a.m <= 64 ? launch_gemm_w4_glu_cfg<gemm_w4::GluNarrow>(a, l) : launch_gemm_w4_glu_cfg<gemm_w4::GluSmall>(a, l);
 }
 
 // One configuration C, a Cfg (gemm_w4_kernel) or an XCfg (gemm_w4x_kernel); the lab instantiates others. Returns

@@ -135,16 +135,57 @@ TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at o
     }
 }
 
-// launch_gemm_w4_glu (the MLP's gate and up with the GELU product, one launch): against the host (the two double
-// sums, gelu_tanh and the product in double) at odd sizes, and bit for bit against the unfused path at the same sums
-// (XSmall unsplit for gate and for up, then launch_gelu_mul); out [M + 1, ld16] poisoned, padding must stay so.
+// launch_gemm_w4_glu (the MLP's gate and up with the GELU product, one launch), each configuration (GluSmall,
+// GluNarrow) at every size: against the host (the two double sums, gelu_tanh and the product in double) at odd sizes,
+// and bit for bit against the unfused path at the same sums (the configuration's base tile unsplit for gate and for
+// up, then launch_gelu_mul); out [M + 1, ld16] poisoned, padding must stay so. launch_gemm_w4_glu equals the
+// configuration it takes for M (GluNarrow up to 64 rows) bit for bit.
+template <class C>
+void glu_one(const kn::GemmW4GluArgs& a0, const std::vector<double>& ref, half* yg_act, float* yg, float* yu,
+             Dev<half>& out, const std::string& name, gputest::Stream& st, std::vector<uint16_t>* got_bits) {
+  const int M = a0.m, N = a0.n, ld16 = a0.ld16;
+  out.poison();
+  kn::GemmW4GluArgs a = a0;
+  a.out = out.get();
+  REQUIRE_CUDA(kn::launch_gemm_w4_glu_cfg<C>(a, st.s));
+  kn::GemmW4Args b;  // the unfused path at the same sums
+  b.x = a.x, b.ldx = a.ldx, b.m = M, b.n = N, b.k = a.k, b.ldy = N;
+  b.wp = a.wp[0], b.sp = a.sp[0], b.y = yg;
+  REQUIRE_CUDA(kn::launch_gemm_w4_cfg<typename C::Base>(b, st.s));
+  b.wp = a.wp[1], b.sp = a.sp[1], b.y = yu;
+  REQUIRE_CUDA(kn::launch_gemm_w4_cfg<typename C::Base>(b, st.s));
+  REQUIRE_CUDA(kn::launch_gelu_mul(yg, yu, size_t(M) * N, yg_act, st.s));
+  st.sync();
+  const std::vector<uint16_t> o = out.download<uint16_t>();
+  std::vector<uint16_t> un(size_t(M) * N);
+  REQUIRE_CUDA(cudaMemcpy(un.data(), yg_act, un.size() * 2, cudaMemcpyDeviceToHost));
+  std::vector<float> got(size_t(M) * N);
+  size_t stray = 0, differ = 0;
+  for (int m = 0; m <= M; ++m)
+    for (int n = 0; n < ld16; ++n) {
+      const uint16_t v = o[size_t(m) * ld16 + n];
+      if (m < M && n < N) {
+        got[size_t(m) * N + n] = f16_to_f32(v);
+        differ += v != un[size_t(m) * N + n];
+      } else {
+        stray += v != 0xFFFFu;
+      }
+    }
+  const std::string what = gputest::cat("gemm_w4 glu ", name, " M ", M, " N ", N, " K ", a.k);
+  INFO(what << ": " << stray << " halves outside out [M, N] changed, " << differ << " differ from the unfused path");
+  CHECK(stray == 0);
+  CHECK(differ == 0);
+  gputest::check_max_rel(got, ref, 2e-3, what);
+  *got_bits = o;
+}
+
 TEST_CASE("gemm_w4 glu: gate, up and the GELU product in one launch, against the host and the unfused path",
           "[gpu][gemm_w4]") {
   gputest::Stream st;
   const struct { int n, k; } shapes[] = {{32, 32}, {96, 416}, {160, 96}, {1056, 1568}, {256, 1536}};
   unsigned seed = 1700;
   for (const auto& sh : shapes)
-    for (const int M : {1, 17, 33, 100, 257}) {
+    for (const int M : {1, 17, 33, 64, 65, 100, 257}) {
       const int ldx = sh.k + 8, ld16 = sh.n + 2;
       const Problem g = random_problem(M, sh.n, sh.k, ldx, sh.n, seed += 7);
       Problem u = random_problem(M, sh.n, sh.k, ldx, sh.n, seed += 7);
@@ -168,40 +209,19 @@ TEST_CASE("gemm_w4 glu: gate, up and the GELU product in one launch, against the
       wqu.upload(u.wq);
       REQUIRE_CUDA(kn::launch_repack_w4_gemm(wqg.get(), sg.get(), sh.n, sh.k, wpg.get(), spg.get(), st.s));
       REQUIRE_CUDA(kn::launch_repack_w4_gemm(wqu.get(), su.get(), sh.n, sh.k, wpu.get(), spu.get(), st.s));
-      out.poison();
       kn::GemmW4GluArgs a;
       a.x = x.get(), a.ldx = ldx, a.m = M, a.n = sh.n, a.k = sh.k;
       a.wp[0] = wpg.get(), a.sp[0] = spg.get(), a.wp[1] = wpu.get(), a.sp[1] = spu.get();
-      a.out = out.get(), a.ld16 = ld16;
-      REQUIRE_CUDA(kn::launch_gemm_w4_glu(a, st.s));
-      // the unfused path at the same sums
-      kn::GemmW4Args b;
-      b.x = x.get(), b.ldx = ldx, b.m = M, b.n = sh.n, b.k = sh.k, b.ldy = sh.n;
-      b.wp = wpg.get(), b.sp = spg.get(), b.y = yg.get();
-      REQUIRE_CUDA(kn::launch_gemm_w4_cfg<kn::gemm_w4::XSmall>(b, st.s));
-      b.wp = wpu.get(), b.sp = spu.get(), b.y = yu.get();
-      REQUIRE_CUDA(kn::launch_gemm_w4_cfg<kn::gemm_w4::XSmall>(b, st.s));
-      REQUIRE_CUDA(kn::launch_gelu_mul(yg.get(), yu.get(), size_t(M) * sh.n, act.get(), st.s));
+      a.ld16 = ld16;
+      std::vector<uint16_t> small, narrow;
+      glu_one<kn::gemm_w4::GluSmall>(a, ref, act.get(), yg.get(), yu.get(), out, "GluSmall", st, &small);
+      glu_one<kn::gemm_w4::GluNarrow>(a, ref, act.get(), yg.get(), yu.get(), out, "GluNarrow", st, &narrow);
+      out.poison();
+      a.out = out.get();
+      REQUIRE_CUDA(kn::launch_gemm_w4_glu(a, st.s));  // by rows
       st.sync();
-      const std::vector<uint16_t> o = out.download<uint16_t>(), un = act.download<uint16_t>();
-      std::vector<float> got(size_t(M) * sh.n);
-      size_t stray = 0, differ = 0;
-      for (int m = 0; m <= M; ++m)
-        for (int n = 0; n < ld16; ++n) {
-          const uint16_t v = o[size_t(m) * ld16 + n];
-          if (m < M && n < sh.n) {
-            got[size_t(m) * sh.n + n] = f16_to_f32(v);
-            differ += v != un[size_t(m) * sh.n + n];
-          } else {
-            stray += v != 0xFFFFu;
-          }
-        }
-      const std::string what = gputest::cat("gemm_w4 glu M ", M, " N ", sh.n, " K ", sh.k);
-      INFO(what << ": " << stray << " halves outside out [M, N] changed, " << differ
-                << " differ from the unfused path");
-      CHECK(stray == 0);
-      CHECK(differ == 0);
-      gputest::check_max_rel(got, ref, 2e-3, what);
+      INFO("gemm_w4 glu by rows, M " << M << " N " << sh.n << " K " << sh.k);
+      CHECK(out.download<uint16_t>() == (M <= 64 ? narrow : small));
     }
   // refused before any launch: ld16 < N, odd ld16, N or K not a multiple of 32
   kn::GemmW4GluArgs bad;
