@@ -25,6 +25,7 @@
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
 #     ncu       warp stall reasons of the persistent step and of per-kernel GEMVs (ncu sections, c=1)
 #     prof      ncu sections (stall reasons, occupancy, throughput) of PROF_K's launches in one quick_bench run
+#     sass      per-SASS-instruction warp stalls of one launch of SASS_K (ncu full set, source page as CSV)
 #     steps     per-kernel GPU time of decode steps at the GPU's own clocks, caches left warm (ncu, one kernel at a
 #               time: no PDL overlap), ~2 steps (quick_bench's NVTX range "decode") per concurrency of STEPS_BATCH
 #               (default "1 128"), prompt STEPS_PROMPT (512), w4a16 matmuls PROFILE_MATMULS past 32 rows; summed
@@ -319,6 +320,39 @@ step_prof() {  # ncu sections of the kernels matching PROF_K (regex) in one quic
   grep -E "^  [a-z_].*\(|Duration|Grid Size|Registers Per|Achieved Occupancy|Memory Throughput|Compute \(SM\) Th|Warp Cycles Per Issued|Issue Slots Busy|issue_stalled_(long_scoreboard|short_scoreboard|barrier|mio_throttle|math_pipe_throttle|wait|not_selected|lg_throttle|tex_throttle|dispatch_stall|no_instruction|imc_miss|membar|drain|selected|sleeping|branch_resolving)" \
     "$OUT/prof.txt" | cut -c1-150 | head -${PROF_LINES:-400} > "$OUT/prof-summary.txt"
   head -c 20000 "$OUT/prof-summary.txt" >> "$OUT/summary.txt"
+}
+
+step_sass() {  # where one kernel's warps stall, per SASS instruction: one launch of SASS_K (regex) inside quick_bench's
+  # timed decode steps (SASS_Q: its arguments after --model; SASS_SKIP launches skipped), ncu's full set with source
+  # counters -> $OUT/sass.ncu-rep, the per-instruction CSV and the details page; the summary keeps the top lines
+  synth w4a16 || { note "make_synthetic failed"; return 1; }
+  # shellcheck disable=SC2086
+  timeout "${NCU_S:-200}" ncu -k "regex:${SASS_K:-gemm_w4x_glu_kernel}" -s "${SASS_SKIP:-3}" -c 1 --set full \
+    --nvtx --nvtx-include "decode/" -f -o "$OUT/sass" "$(native_bin quick_bench)" --model "$MODELS/e2b-w4a16" \
+    ${SASS_Q:---prompt 64 --tokens 4 --batch 128} > "$OUT/sass-run.txt" 2>&1
+  note "ncu sass rc=$?"
+  ncu --import "$OUT/sass.ncu-rep" --page details > "$OUT/sass-details.txt" 2>&1
+  ncu --import "$OUT/sass.ncu-rep" --page source --csv --print-source sass > "$OUT/sass-source.csv" 2>&1
+  grep -E "^  [a-z_].*\(|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy" \
+    "$OUT/sass-details.txt" | cut -c1-150 | tee -a "$OUT/summary.txt"
+  python3 - "$OUT/sass-source.csv" << 'PY' | tee -a "$OUT/summary.txt"
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1], errors="replace")))
+head = next((i for i, r in enumerate(rows) if "Source" in r), None)
+if head is None:
+    sys.exit("sass: no Source column")
+h = rows[head]
+src = h.index("Source")
+col = next((i for i, c in enumerate(h) if c.startswith("Warp Stall Sampling (All")), None)
+if col is None:
+    sys.exit("sass: no stall sampling column: " + ", ".join(h))
+num = lambda v: float(v.replace(",", "") or 0) if v.replace(",", "").replace(".", "").isdigit() else 0.0
+body = [r for r in rows[head + 1:] if len(r) > col]
+total = sum(num(r[col]) for r in body) or 1
+print("sass: %d instructions, %d stall samples" % (len(body), total))
+for r in sorted(body, key=lambda r: -num(r[col]))[:40]:
+    print("%5.1f%%  %s" % (100 * num(r[col]) / total, r[src][:110]))
+PY
 }
 
 step_steps() {  # where a decode step's GPU time goes, per kernel name (issues 16, 17)
