@@ -8804,7 +8804,7 @@ inline cudaError_t launch_gemm_w4_glu_cfg(const GemmW4GluArgs& a, const Launch& 
 
 // launch_gemm_w4_glu's configuration: GluNarrow where GluSmall's grid would leave SMs idle at most 64 rows (E2B's
 // 6144-wide gate/up on an H100 or H200: 96 GluSmall blocks on 132 SMs, 192 GluNarrow), else GluSmall (its 12288-wide
-// one: 192 blocks; the lab, 2026-12-06, has GluNarrow 4-7% slower there and 9-20% slower at 128 rows).
+// one: 192 blocks; the lab has GluNarrow 4-7% slower there, bench/RESULTS.md 2026-12-05 (h)).
 inline bool gemm_w4_glu_narrow(int m, int n, int sms) {
   return m <= 64 && ceil_div(size_t(n), size_t(gemm_w4::GluSmall::BNO)) < size_t(sms);
 }
