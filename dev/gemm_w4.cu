@@ -47,10 +47,11 @@
 //   18 what the engine does for those rows today, three launches (cuda/layers.hpp gate()): gate GEMM and up GEMM to
 //      fp32 through the shipped launch_gemm_w4 with the engine's split-K (= version 12 at 33..256 rows), then
 //      kernels/elementwise.cuh launch_gelu_mul into the fp16 act. The baseline of 17; gate/up shapes only.
-//   19 version 17 on a narrower, deeper tile (kernels/gemm_w4.cuh GluNarrow, shipped up to 64 rows): 64 rows x 32
-//      outputs of gate and the same 32 of up x 128 k, warps 1 x 2 x 4 (each warp version 17's math), 43 KiB smem. Twice
-//      the blocks of 17 (E2B's gate/up at <= 64 rows: 96 blocks of 17 on 132 SMs, 192 of these) and half the k-tiles
-//      per block; its output equals XNarrow unsplit + gelu_mul bit for bit (checked as 17's).
+//   19 version 17 on a narrower, deeper tile (kernels/gemm_w4.cuh GluNarrow, shipped at <= 64 rows where 17 leaves
+//      SMs idle: gemm_w4_glu_narrow): 64 rows x 32 outputs of gate and the same 32 of up x 128 k, warps 1 x 2 x 4
+//      (each warp version 17's math), 43 KiB smem. Twice the blocks of 17 (E2B's gate/up at <= 64 rows: 96 blocks of 17
+//      on 132 SMs, 192 of these) and half the k-tiles per block; its output equals XNarrow unsplit + gelu_mul bit for
+//      bit (checked as 17's).
 // Versions 17..19 print in the gate/up rows of the timing table, for the whole gate + up + GELU (twice the flops
 // and weight bytes of a single GEMM column; the Y bytes are the fp16 act).
 // Versions 2..11 split K across blocks where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for).

@@ -237,7 +237,8 @@ struct GluCfg : B {
 using GluSmall = GluCfg<XSmall>;  // 64 rows x 64 outputs x 64 k (128 accumulator columns), 32 KiB smem (lab version 17)
 // Half as many outputs per block, a k-tile twice as deep (lab version 19): 64 rows x 32 outputs x 128 k, warps 1 x 2
 // x 4 (each warp XSmall's math), 43 KiB smem. For passes of at most 64 rows, where GluSmall's one row tile leaves
-// SMs idle: E2B's gate/up of 6144 outputs make 96 GluSmall blocks on an H100's or H200's 132 SMs, 192 of these.
+// SMs idle: E2B's gate/up of 6144 outputs make 96 GluSmall blocks on an H100's or H200's 132 SMs, 192 of these
+// (launch_gemm_w4_glu: gemm_w4_glu_narrow).
 using XNarrow = XCfg<4, 4, 1, 2, 4, 1, 2>;
 using GluNarrow = GluCfg<XNarrow>;
 
@@ -888,9 +889,17 @@ inline cudaError_t launch_gemm_w4_glu_cfg(const GemmW4GluArgs& a, const Launch& 
   return launch_kernel(gemm_w4x_glu_kernel<C>, grid, C::kThreads, l, a);
 }
 
-// The same with the configuration by rows: GluNarrow up to 64 rows, GluSmall past them.
+// launch_gemm_w4_glu's configuration: GluNarrow where GluSmall's grid would leave SMs idle at most 64 rows (E2B's
+// 6144-wide gate/up on an H100 or H200: 96 GluSmall blocks on 132 SMs, 192 GluNarrow), else GluSmall (its 12288-wide
+// one: 192 blocks; the lab has GluNarrow 4-7% slower there, bench/RESULTS.md 2026-12-05 (h)).
+inline bool gemm_w4_glu_narrow(int m, int n, int sms) {
+  return m <= 64 && ceil_div(size_t(n), size_t(gemm_w4::GluSmall::BNO)) < size_t(sms);
+}
+
+// The same with the configuration by shape and this device's SM count (gemm_w4_glu_narrow).
 inline cudaError_t launch_gemm_w4_glu(const GemmW4GluArgs& a, const Launch& l) {
-  return a.m <= 64 ? launch_gemm_w4_glu_cfg<gemm_w4::GluNarrow>(a, l) : launch_gemm_w4_glu_cfg<gemm_w4::GluSmall>(a, l);
+  return gemm_w4_glu_narrow(a.m, a.n, device_sms()) ? launch_gemm_w4_glu_cfg<gemm_w4::GluNarrow>(a, l)
+                                                    : launch_gemm_w4_glu_cfg<gemm_w4::GluSmall>(a, l);
 }
 
 // One configuration C, a Cfg (gemm_w4_kernel) or an XCfg (gemm_w4x_kernel); the lab instantiates others. Returns

@@ -139,7 +139,7 @@ TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at o
 // GluNarrow) at every size: against the host (the two double sums, gelu_tanh and the product in double) at odd sizes,
 // and bit for bit against the unfused path at the same sums (the configuration's base tile unsplit for gate and for
 // up, then launch_gelu_mul); out [M + 1, ld16] poisoned, padding must stay so. launch_gemm_w4_glu equals the
-// configuration it takes for M (GluNarrow up to 64 rows) bit for bit.
+// configuration it takes for the shape (gemm_w4_glu_narrow) bit for bit.
 template <class C>
 void glu_one(const kn::GemmW4GluArgs& a0, const std::vector<double>& ref, half* yg_act, float* yg, float* yu,
              Dev<half>& out, const std::string& name, gputest::Stream& st, std::vector<uint16_t>* got_bits) {
@@ -221,8 +221,15 @@ TEST_CASE("gemm_w4 glu: gate, up and the GELU product in one launch, against the
       REQUIRE_CUDA(kn::launch_gemm_w4_glu(a, st.s));  // by rows
       st.sync();
       INFO("gemm_w4 glu by rows, M " << M << " N " << sh.n << " K " << sh.k);
-      CHECK(out.download<uint16_t>() == (M <= 64 ? narrow : small));
+      CHECK(out.download<uint16_t>() == (kn::gemm_w4_glu_narrow(M, sh.n, kn::device_sms()) ? narrow : small));
     }
+  // the choice: GluNarrow only where GluSmall's blocks (N / 64 per 64 rows) would not reach every SM, at <= 64 rows
+  CHECK(kn::gemm_w4_glu_narrow(33, 6144, 132));  // E2B's gate/up on an H100 / H200: 96 blocks
+  CHECK(kn::gemm_w4_glu_narrow(64, 6144, 132));
+  CHECK_FALSE(kn::gemm_w4_glu_narrow(65, 6144, 132));   // two row tiles
+  CHECK_FALSE(kn::gemm_w4_glu_narrow(64, 12288, 132));  // 192 blocks
+  CHECK_FALSE(kn::gemm_w4_glu_narrow(33, 6144, 40));    // a T4: 96 blocks on 40 SMs
+  CHECK_FALSE(kn::gemm_w4_glu_narrow(33, 6144, 0));     // SM count unknown
   // refused before any launch: ld16 < N, odd ld16, N or K not a multiple of 32
   kn::GemmW4GluArgs bad;
   bad.m = 1, bad.n = 64, bad.k = 32, bad.ldx = 32, bad.ld16 = 62;
