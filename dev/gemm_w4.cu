@@ -6,7 +6,7 @@
 //   lab_gemm_w4 [VERSIONS] [--m 32,64,128,256,2048,4096] [--reps 20] [--samples 5] [--validate-only]
 //               [--self-check]
 //
-// VERSIONS: a comma list (default 1..15; 16..19 when listed).
+// VERSIONS: a comma list (default 1..15; 16..22 when listed).
 //   1  what the CUDA backend does today for passes of more than 16 rows (cuda/layers.hpp mm()): the whole matrix
 //      dequantised to fp16 (kernels/gemv.cuh launch_dequant_w4), then cublasGemmEx (fp16 in, fp32 compute and out).
 //   2  gemm_w4_kernel, tile 128 x 128 x 32: 8 warps as 2 (m) x 4 (n), warp tile 64 x 32; 24.5 KiB smem (2 blocks
@@ -52,14 +52,20 @@
 //      (each warp version 17's math), 43 KiB smem. Twice the blocks of 17 (E2B's gate/up at <= 64 rows: 96 blocks of 17
 //      on 132 SMs, 192 of these) and half the k-tiles per block; its output equals XNarrow unsplit + gelu_mul bit for
 //      bit (checked as 17's).
-// Versions 17..19 print in the gate/up rows of the timing table, for the whole gate + up + GELU (twice the flops
-// and weight bytes of a single GEMM column; the Y bytes are the fp16 act).
-// Versions 2..11 split K across blocks where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for).
-// The kernel, the layout's index maps and the configurations of versions 2, 3, 5 are kernels/gemm_w4.cuh's (moved
-// there; the versions call its launch_gemm_w4_cfg<C>, version 4 and 7..11 with this file's configurations);
-// the layout and kernel notes below are kept here for the lab's readers (the header has the same text).
-// Versions 2..6 read the weights in the GEMM layout below (built once from the checkpoint layout by
-// kernels/gemm_w4.cuh launch_repack_w4_gemm, the load-time repack) and never make an fp16 copy.
+//   20..22 versions 12, 17 and 19 with the other load form of the k loop (XCfg LEAN): 20, 21 = 12, 17 with every
+//      k-tile's loads predicated and zeroed past K (the form before 2026-12-06; 12, 17 now load the k-tiles inside K
+//      without predicates, rows past M and super-rows past N clamped to the last valid ones, the weight sources formed
+//      once), 22 = 19 lean (19 keeps the predicated form: lean it spills 76 bytes on sm_90, this way 28). The same sums
+//      bit for bit. Why: the ncu source profile of 17 at 128 rows (H100) has 12% of its instructions HMMA; per k-tile
+//      and warp ~234 instructions for 32 HMMA, ~140 of them address, predicate and zeroing work of the tile's loads.
+// Versions 17..19, 21, 22 print in the gate/up rows of the timing table, for the whole gate + up + GELU (twice the
+// flops and weight bytes of a single GEMM column; the Y bytes are the fp16 act). Versions 2..11 split K across blocks
+// where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for). The kernel, the layout's index maps and
+// the configurations of versions 2, 3, 5 are kernels/gemm_w4.cuh's (moved there; the versions call its
+// launch_gemm_w4_cfg<C>, version 4 and 7..11 with this file's configurations); the layout and kernel notes below are
+// kept here for the lab's readers (the header has the same text). Versions 2..6 read the weights in the GEMM layout
+// below (built once from the checkpoint layout by kernels/gemm_w4.cuh launch_repack_w4_gemm, the load-time repack) and
+// never make an fp16 copy.
 //
 // ---- the GEMM weight layout (the one-time repack; why not the checkpoint's) ----
 // The checkpoint's words (kept as they are on the GPU today: kernels/gemv.cuh, cuda/weights.hpp) hold 8
@@ -372,9 +378,12 @@ using CfgLarge2 = Cfg<4, 2, 4, 1, 1, 1, 2>;   // v11: v2 at one block per SM, tw
 // along m, n, k (8 in all); GPW: scale groups per warp per k-tile; MINB: __launch_bounds__ min blocks per SM;
 // SLOTS: blocks per SM that split-K fills (1: the engine's gemm_w4_splits_for; MINB: every resident slot).
 // v12: XSmall (64 x 128 x 64, 1 x 4 x 2: v5's warp tile, 2 blocks per SM) is kernels/gemm_w4.cuh's, shipped
-using XTall = XCfg<8, 2, 1, 4, 2, 1, 2>;         // v13: 128 x 64 x 64, 1 x 4 x 2, warp 128 x 16
-using XWide = XCfg<8, 2, 1, 8, 1, 1, 2>;         // v14: 128 x 128 x 32, 1 x 8 x 1, warp 128 x 16 (no k-warps)
-using XTallFill = XCfg<8, 2, 1, 4, 2, 1, 2, 2>;  // v15: v13, split-K to fill both blocks of every SM
+using XTall = XCfg<8, 2, 1, 4, 2, 1, 2>;                 // v13: 128 x 64 x 64, 1 x 4 x 2, warp 128 x 16
+using XWide = XCfg<8, 2, 1, 8, 1, 1, 2>;                 // v14: 128 x 128 x 32, 1 x 8 x 1, warp 128 x 16 (no k-warps)
+using XTallFill = XCfg<8, 2, 1, 4, 2, 1, 2, 2>;          // v15: v13, split-K to fill both blocks of every SM
+using XSmallPred = XCfg<4, 4, 1, 4, 2, 1, 2, 1, false>;  // v20: v12, every k-tile predicated
+using GluSmallPred = GluCfg<XSmallPred>;                 // v21: v17 likewise
+using GluNarrowLean = GluCfg<XCfg<4, 4, 1, 2, 4, 1, 2, 1, true>>;  // v22: v19 lean
 // v16: XSmallFill (v12 likewise) is kernels/gemm_w4.cuh's, shipped for N <= 2048 with a long K
 
 template <class C, class = void>
@@ -785,9 +794,13 @@ const char* kAbout[] = {
     "gate/up + GELU in one launch: v12's tile, 64 outputs of gate + the same 64 of up, fp16 act (gate/up rows)",
     "gate/up + GELU as the engine: launch_gemm_w4 gate, up (fp32, engine split-K), launch_gelu_mul (gate/up rows)",
     "gate/up + GELU in one launch: 64 x 128 x 128 tile, warps 1 x 2 x 4, 32 outputs of gate + up (GluNarrow)",
+    "v12 with every k-tile's loads predicated (XCfg LEAN false, the form before 2026-12-06)",
+    "v17 with every k-tile's loads predicated (gate/up rows)",
+    "v19 lean: the k-tiles inside K without predicates (gate/up rows)",
 };
-constexpr int kVersions = 19;
-constexpr bool is_glu(int v) { return v >= 17; }  // the gate/up + GELU versions
+constexpr int kVersions = 22;
+constexpr bool is_glu(int v) { return (v >= 17 && v <= 19) || v == 21 || v == 22; }  // the gate/up + GELU versions
+constexpr bool glu_narrow(int v) { return v == 19 || v == 22; }  // on XNarrow's tile (else XSmall's)
 
 // Versions 2..11 split K across blocks as the engine does (kernels/gemm_w4.cuh gemm_w4_splits_for: when the tiles
 // leave SMs idle), into a partials buffer of the engine's size (cuda/workspace.hpp kGemmPartFloats).
@@ -847,13 +860,18 @@ cudaError_t glu_gemm(GluProblem& p, int mat, size_t c, bool unsplit, const kn::L
 // untouched).
 cudaError_t run_glu(int v, GluProblem& p, int copy, const kn::Launch& l, bool unsplit = false, bool narrow = false) {
   const size_t nk = size_t(p.N) * p.K, c = size_t(copy % p.copies);
-  if (v == 17 || v == 19) {
+  if (v == 17 || v == 19 || v == 21 || v == 22) {
     kn::GemmW4GluArgs a;
     a.x = p.x.get(), a.ldx = p.ldx, a.m = p.M, a.n = p.N, a.k = p.K;
     for (int mat = 0; mat < 2; ++mat)
       a.wp[mat] = p.wp[mat].get() + nk / 8 * c, a.sp[mat] = p.sp[mat].get() + nk / 32 * c;
     a.out = p.out.get(), a.ld16 = p.ld16;
-    return v == 17 ? kn::launch_gemm_w4_glu_cfg<GluSmall>(a, l) : kn::launch_gemm_w4_glu_cfg<GluNarrow>(a, l);
+    switch (v) {
+      case 17: return kn::launch_gemm_w4_glu_cfg<GluSmall>(a, l);
+      case 19: return kn::launch_gemm_w4_glu_cfg<GluNarrow>(a, l);
+      case 21: return kn::launch_gemm_w4_glu_cfg<GluSmallPred>(a, l);
+      default: return kn::launch_gemm_w4_glu_cfg<GluNarrowLean>(a, l);
+    }
   }
   if (v != 18) return cudaErrorInvalidValue;
   for (int mat = 0; mat < 2; ++mat)
@@ -905,6 +923,7 @@ cudaError_t run(int v, Problem& p, int copy, cublasHandle_t blas, const kn::Laun
     case 14: return launch_gemm_w4x<XWide>(a, l);
     case 15: return launch_gemm_w4x<XTallFill>(a, l);
     case 16: return launch_gemm_w4x<XSmallFill>(a, l);
+    case 20: return launch_gemm_w4x<XSmallPred>(a, l);
     default: return cudaErrorInvalidValue;
   }
 }
@@ -1025,8 +1044,8 @@ void validate_glu(GluProblem& p, const std::vector<int>& versions, std::vector<S
     check_out(
         p.name, p.M, p.N, p.K, p.ld16, v, [&](size_t i) { return double(h2f(out[i])); },
         [&](size_t i) { return out[i] == 0xFFFFu; }, ref, &st);
-    if (v != 17 && v != 19) continue;
-    LAB_CHECK(run_glu(18, p, 0, l, /*unsplit=*/true, /*narrow=*/v == 19));
+    if (v == 18) continue;
+    LAB_CHECK(run_glu(18, p, 0, l, /*unsplit=*/true, /*narrow=*/glu_narrow(v)));
     LAB_CHECK(cudaDeviceSynchronize());
     const std::vector<uint16_t> act = as_bits(p.act.download());
     for (int m = 0; m < p.M; ++m)
@@ -1090,7 +1109,7 @@ int main(int argc, char** argv) {
     return usage(argv[0]);
   }
   const std::vector<int>& versions = common.versions;
-  std::vector<int> single, glu;  // single GEMMs (1..16); gate/up + GELU (17..19)
+  std::vector<int> single, glu;  // single GEMMs (1..16, 20); gate/up + GELU (17..19, 21, 22)
   for (int v : versions) (is_glu(v) ? glu : single).push_back(v);
   const int reps = common.reps, samples = common.samples;
   const bool validate_only = common.validate_only;

@@ -172,11 +172,14 @@ using CfgTiny = Cfg<2, 1, 2, 4, 1, 2>;   // 32 x 64 x 128, warps 1 x 2 x 4; 26 K
 // The reworked kernel's configuration (gemm_w4x_kernel; lab versions 12..15, dev/gemm_w4.cu): a warp computes MT
 // m16 tiles x NT n8 tiles (NT 2: half a super-row, n8 tiles j0, j0 + 1; 4: a whole one); WM, WN, WK: warps along m,
 // n, k (8 in all); GPW: scale groups per warp per k-tile; MINB: __launch_bounds__ min blocks per SM on sm_80+ (1 on
-// sm_75); SLOTS: blocks per SM that the lab's split-K fills (the engine: gemm_w4_splits_for at one).
-template <int MT_, int NT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int SLOTS_ = 1>
+// sm_75); SLOTS: blocks per SM that the lab's split-K fills (the engine: gemm_w4_splits_for at one); LEAN: kLean.
+template <int MT_, int NT_, int WM_, int WN_, int WK_, int GPW_, int MINB_, int SLOTS_ = 1, bool LEAN_ = true>
 struct XCfg {
   static constexpr bool kX = true;  // gemm_w4x_kernel's configuration
   static constexpr int MT = MT_, NT = NT_, WM = WM_, WN = WN_, WK = WK_, GPW = GPW_, MINB = MINB_, SLOTS = SLOTS_;
+  // The k-tiles inside K load without predicates (gemm_w4x_tile); false: every k-tile as the one that ends past K
+  // (predicated loads, zeros past K), the form before 2026-12-06 (lab versions 20..22)
+  static constexpr bool kLean = LEAN_;
   static_assert(NT == 2 || NT == 4, "half or all of a super-row per warp");
   static_assert(MT % 2 == 0, "the half-MT instantiation");
   static constexpr int kThreads = 256;
@@ -239,7 +242,9 @@ using GluSmall = GluCfg<XSmall>;  // 64 rows x 64 outputs x 64 k (128 accumulato
 // x 4 (each warp XSmall's math), 43 KiB smem. For passes of at most 64 rows, where GluSmall's one row tile leaves
 // SMs idle: E2B's gate/up of 6144 outputs make 96 GluSmall blocks on an H100's or H200's 132 SMs, 192 of these
 // (launch_gemm_w4_glu: gemm_w4_glu_narrow).
-using XNarrow = XCfg<4, 4, 1, 2, 4, 1, 2>;
+// Its loads stay predicated (kLean false): the lean form spills 76 bytes on sm_90 at 128 registers (28 this way; four X
+// units in flight per thread where XSmall has two).
+using XNarrow = XCfg<4, 4, 1, 2, 4, 1, 2, 1, false>;
 using GluNarrow = GluCfg<XNarrow>;
 
 // A k-tile further along K, a unit's source moves by G groups: 32 16-byte W units (512 bytes) and 16 S words per
@@ -532,6 +537,38 @@ __device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t*
   *b1 = h2_as_u32(__hmul2(q1, s));
 }
 
+// Unpredicated forms of ld_weights, ld_weights_u32 and ld_x (the same paths), for the k-tiles that lie wholly inside
+// K: no predicate and no zeroing moves (4 per 16-byte load), so the loop's issue slots go to the math.
+__device__ __forceinline__ uint4 ld_weights_all(const uint4* p) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
+  return *p;
+#else
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+#endif
+}
+__device__ __forceinline__ uint32_t ld_weights_u32_all(const uint32_t* p) {
+#ifdef GEMMA4_T4_EMU
+  return *p;
+#else
+  uint32_t v;
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
+  return v;
+#endif
+}
+__device__ __forceinline__ uint4 ld_x_all(const uint4* p) {
+#ifdef GEMMA4_T4_EMU
+  return *p;
+#else
+  uint4 v;
+  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#endif
+}
+
 // Min blocks per SM for __launch_bounds__: C::MINB on sm_80+; 1 on sm_75, whose 64 KiB of shared memory per SM
 // holds one block of these tiles anyway (v14's 25 KiB would fit two, but spills at 128 registers there).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
@@ -572,9 +609,48 @@ struct W4xWeights {
   uint32_t s[C::kSL > 0 ? C::kSL : 1];
 };
 
-// gemm_w4x_kernel's tile source: the block's BN / 32 super-rows of one matrix (the maps w_unit / s_unit evaluated per
-// k-tile, as lab version 12 was measured), a warp's NT n8 tiles from j0 in one super-row, split-K (launch_gemm_w4_cfg
-// sums the partial tiles), fp32 Y.
+// A thread's weight sources for gemm_w4x_tile (both tile sources): its units of the W tile (w[], with the S tile's
+// 16-byte units after W's when !kSSep) and its 4-byte S words (s[]) at k-tile 0, formed once and moved by kb0 groups
+// per k-tile. A unit of a super-row past N reads the last super-row instead (it feeds accumulators that are never
+// stored), so only the k-tile that ends past K needs a predicate (Tail).
+template <class C>
+struct W4xSources {
+  static constexpr int kW = C::kWLoads + (C::kSSep ? 0 : C::kSLoads);  // units of w[] over the block
+  static constexpr int kWStep = 32, kSUnitStep = 4, kSWordStep = 16;   // per group: W units, S units, S words
+  const uint4* wsrc[C::kWL];
+  const uint32_t* ssrc[C::kSL > 0 ? C::kSL : 1];
+  int wgi[C::kWL], sgi[C::kSL > 0 ? C::kSL : 1];  // the unit's group in the tile; -1: no unit for this thread
+  int KG;
+
+  template <bool Tail>
+  __device__ __forceinline__ void load(int kb0, W4xWeights<C>& r, int tid) const {
+#pragma unroll
+    for (int c = 0; c < C::kWL; ++c) {
+      const int step = C::kSSep || tid + c * C::kThreads < C::kWLoads ? kWStep : kSUnitStep;
+      const uint4* p = wsrc[c] + size_t(kb0) * step;
+      if constexpr (Tail) {
+        const bool ok = wgi[c] >= 0 && kb0 + wgi[c] < KG;
+        r.w[c] = ld_weights(ok ? p : wsrc[c], ok);
+      } else if (kW % C::kThreads == 0 || wgi[c] >= 0) {  // else the unit is never stored
+        r.w[c] = ld_weights_all(p);
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < C::kSL; ++c) {
+      const uint32_t* p = ssrc[c] + size_t(kb0) * kSWordStep;
+      if constexpr (Tail) {
+        const bool ok = sgi[c] >= 0 && kb0 + sgi[c] < KG;
+        r.s[c] = ld_weights_u32(ok ? p : ssrc[c], ok);
+      } else if (C::kSWords % C::kThreads == 0 || sgi[c] >= 0) {
+        r.s[c] = ld_weights_u32_all(p);
+      }
+    }
+  }
+};
+
+// gemm_w4x_kernel's tile source: the block's BN / 32 super-rows of one matrix (the maps w_unit / s_unit evaluated once,
+// W4xSources), a warp's NT n8 tiles from j0 in one super-row, split-K (launch_gemm_w4_cfg sums the partial tiles),
+// fp32 Y.
 template <class C>
 struct W4xOneMatrix {
   using Args = GemmW4Args;
@@ -583,31 +659,41 @@ struct W4xOneMatrix {
   __device__ static constexpr int sr_of(int wn) { return C::sr_of(wn); }
   __device__ static constexpr int j0_of(int wn) { return C::j0_of(wn); }
 
-  const Args& a;
-  const int tid, nb0, NB, KG;
-  __device__ __forceinline__ W4xOneMatrix(const Args& args, int t, int nb_first, int nb_all, int kg)
-      : a(args), tid(t), nb0(nb_first), NB(nb_all), KG(kg) {}
-
-  __device__ __forceinline__ void load(int kb0, W4xWeights<C>& r) const {
+  W4xSources<C> src;  // the maps (w_unit, s_unit) at k-tile 0, super-rows past N clamped
+  const int tid;
+  __device__ __forceinline__ W4xOneMatrix(const Args& a, int t, int nb0, int NB, int KG) : tid(t) {
+    src.KG = KG;
 #pragma unroll
     for (int c = 0; c < C::kWL; ++c) {
       const int idx = tid + c * C::kThreads;
       const bool is_w = idx < C::kWLoads;
+      auto map = [&](int nb_first, int* s_r, int* gi) {
+        return is_w ? gemm_w4::w_unit(idx, C::G, nb_first, 0, KG, s_r, gi)
+                    : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb_first, 0, KG, s_r, gi);
+      };
       int s_r, gi;
-      const size_t src = is_w ? gemm_w4::w_unit(idx, C::G, nb0, kb0, KG, &s_r, &gi)
-                              : gemm_w4::s_unit(idx - C::kWLoads, C::G, nb0, kb0, KG, &s_r, &gi);
-      const bool ok = idx < C::kWLoads + (C::kSSep ? 0 : C::kSLoads) && nb0 + s_r < NB && kb0 + gi < KG;
-      const uint4* base = is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp);
-      r.w[c] = ld_weights(base + (ok ? src : 0), ok);
+      map(nb0, &s_r, &gi);
+      const size_t at = map(min(nb0 + s_r, NB - 1) - s_r, &s_r, &gi);
+      const bool ok = idx < W4xSources<C>::kW;
+      src.wgi[c] = ok ? gi : -1;
+      src.wsrc[c] =
+          (is_w ? reinterpret_cast<const uint4*>(a.wp) : reinterpret_cast<const uint4*>(a.sp)) + (ok ? at : 0);
     }
 #pragma unroll
     for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
       const int idx = tid + c * C::kThreads;
       int s_r, gi;
-      const size_t src = gemm_w4::s_unit(idx / 4, C::G, nb0, kb0, KG, &s_r, &gi) * 4 + idx % 4;
-      const bool ok = idx < C::kSWords && nb0 + s_r < NB && kb0 + gi < KG;
-      r.s[c] = ld_weights_u32(reinterpret_cast<const uint32_t*>(a.sp) + (ok ? src : 0), ok);
+      gemm_w4::s_unit(idx / 4, C::G, nb0, 0, KG, &s_r, &gi);
+      const size_t at = gemm_w4::s_unit(idx / 4, C::G, min(nb0 + s_r, NB - 1) - s_r, 0, KG, &s_r, &gi) * 4 + idx % 4;
+      const bool ok = idx < C::kSWords;
+      src.sgi[c] = ok ? gi : -1;
+      src.ssrc[c] = reinterpret_cast<const uint32_t*>(a.sp) + (ok ? at : 0);
     }
+  }
+
+  template <bool Tail>
+  __device__ __forceinline__ void load(int kb0, W4xWeights<C>& r) const {
+    src.template load<Tail>(kb0, r, tid);
   }
 
   // NT 4: the whole super-row sr, one 16-byte word load and one 8-byte scale load; NT 2: n8 tiles j0, j0 + 1 (j0
@@ -658,44 +744,41 @@ struct W4xGateUp {
   __device__ static constexpr int sr_of(int wn) { return C::osr_of(wn); }
   __device__ static constexpr int j0_of(int wn) { return C::oj0_of(wn); }
 
-  // A thread's W units and S words at k-tile 0 (their matrix selected once), advanced by kb0 groups per k-tile: the
-  // maps per k-tile (W4xOneMatrix's way) spill 16 bytes here with two matrices (sm_90, 128 registers).
-  const uint4* wsrc[C::kWL];
-  const uint32_t* ssrc[C::kSL];
-  int wgi[C::kWL], sgi[C::kSL];  // the unit's group in the tile; -1: none (past N, or no unit for this thread)
-  const int KG;
-  __device__ __forceinline__ W4xGateUp(const Args& a, int tid, int nb0, int NB, int kg) : KG(kg) {
+  // A thread's W units and S words at k-tile 0 (their matrix selected once, super-rows past N clamped), advanced by
+  // kb0 groups per k-tile (W4xSources)
+  static_assert(gemm_w4::kGluWUnitsPerGroup == W4xSources<C>::kWStep &&
+                    gemm_w4::kGluSWordsPerGroup == W4xSources<C>::kSWordStep,
+                "a group further along K: the same unit steps as one matrix");
+  W4xSources<C> src;
+  const int tid;
+  __device__ __forceinline__ W4xGateUp(const Args& a, int t, int nb0, int NB, int KG) : tid(t) {
+    src.KG = KG;
 #pragma unroll
     for (int c = 0; c < C::kWL; ++c) {
       const int idx = tid + c * C::kThreads;
-      int mat, nb;
-      const size_t src = gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &wgi[c]);
-      const bool ok = idx < C::kWLoads && nb < NB;
-      wgi[c] = ok ? wgi[c] : -1;
-      wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? src : 0);
+      int mat, nb, gi;
+      gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi);
+      const size_t at = gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0 - max(0, nb - (NB - 1)), 0, KG, &mat, &nb, &gi);
+      const bool ok = idx < C::kWLoads;
+      src.wgi[c] = ok ? gi : -1;
+      src.wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? at : 0);
     }
 #pragma unroll
     for (int c = 0; c < C::kSL; ++c) {  // word idx of the S tile = word idx % 4 of its 16-byte unit idx / 4
       const int idx = tid + c * C::kThreads;
-      int mat, nb;
-      const size_t src = gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &sgi[c]) * 4 + idx % 4;
-      const bool ok = idx < C::kSWords && nb < NB;
-      sgi[c] = ok ? sgi[c] : -1;
-      ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? src : 0);
+      int mat, nb, gi;
+      gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi);
+      const size_t at =
+          gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0 - max(0, nb - (NB - 1)), 0, KG, &mat, &nb, &gi) * 4 + idx % 4;
+      const bool ok = idx < C::kSWords;
+      src.sgi[c] = ok ? gi : -1;
+      src.ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? at : 0);
     }
   }
 
+  template <bool Tail>
   __device__ __forceinline__ void load(int kb0, W4xWeights<C>& r) const {
-#pragma unroll
-    for (int c = 0; c < C::kWL; ++c) {
-      const bool ok = wgi[c] >= 0 && kb0 + wgi[c] < KG;
-      r.w[c] = ld_weights(wsrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluWUnitsPerGroup : 0), ok);
-    }
-#pragma unroll
-    for (int c = 0; c < C::kSL; ++c) {
-      const bool ok = sgi[c] >= 0 && kb0 + sgi[c] < KG;
-      r.s[c] = ld_weights_u32(ssrc[c] + (ok ? size_t(kb0) * gemm_w4::kGluSWordsPerGroup : 0), ok);
-    }
+    src.template load<Tail>(kb0, r, tid);
   }
 
   // n8 tiles j0, j0 + 1 of tile super-row osr (gate) and SRM + osr (up): two 8-byte word and two 4-byte scale loads
@@ -754,20 +837,31 @@ __device__ __forceinline__ void gemm_w4x_tile(const typename Src::Args& a, unsig
 
   uint4 xa[C::kXL];  // the next k-tile, in flight in registers
   W4xWeights<C> wa;  // its weights and scales
-  // this thread's X units (x_unit): rows xrow0 + c kXRowStep, column xcol of the tile (one register, not kXL)
+  // this thread's X units (x_unit): rows xrow0 + c kXRowStep, column xcol of the tile (one register pair, not kXL:
+  // kXL offsets spill GluNarrow on sm_90). A row past M reads row M - 1 instead: it feeds accumulators that are never
+  // stored, so the loads need no row predicate; only the k-tile that ends past K (K % BK != 0: kt_tail) needs one.
   static_assert(C::kThreads % (C::BK / 8) == 0, "X units of a thread: one column");
   constexpr int kXRowStep = C::kThreads / (C::BK / 8);
-  const int xrow0 = tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  const int xrow0 = m0 + tid / (C::BK / 8), xcol = tid % (C::BK / 8) * 8;
+  auto xoff = [&](int c) { return min(xrow0 + c * kXRowStep, a.m - 1) * a.ldx + xcol; };  // M ldx < 2^31
+  const int kt_tail = a.k % C::BK != 0 ? KT_all - 1 : -1;
   const Src src(a, tid, nb0, NB, KG);
   auto load = [&](int kt) {
     const int kb0 = kt * C::G;
+    if (C::kLean && kt != kt_tail) {  // block-uniform
 #pragma unroll
-    for (int c = 0; c < C::kXL; ++c) {
-      const int row = m0 + xrow0 + c * kXRowStep;
-      const bool ok = tid + c * C::kThreads < C::kXLoads && row < a.m && kb0 * 32 + xcol < a.k;
-      xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + (ok ? row * a.ldx + kb0 * 32 + xcol : 0)), ok);
+      for (int c = 0; c < C::kXL; ++c)
+        if (C::kXLoads % C::kThreads == 0 || tid + c * C::kThreads < C::kXLoads)  // else never stored
+          xa[c] = ld_x_all(reinterpret_cast<const uint4*>(a.x + xoff(c) + kb0 * 32));
+      src.template load<false>(kb0, wa);
+    } else {
+#pragma unroll
+      for (int c = 0; c < C::kXL; ++c) {
+        const bool ok = tid + c * C::kThreads < C::kXLoads && kb0 * 32 + xcol < a.k;
+        xa[c] = ld_x(reinterpret_cast<const uint4*>(a.x + xoff(c) + (ok ? kb0 * 32 : 0)), ok);
+      }
+      src.template load<true>(kb0, wa);
     }
-    src.load(kb0, wa);
   };
   auto store = [&](int stage) {
     unsigned char* base = smem + stage * C::kStage;

@@ -336,22 +336,37 @@ step_sass() {  # where one kernel's warps stall, per SASS instruction: one launc
   grep -E "^  [a-z_].*\(|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy" \
     "$OUT/sass-details.txt" | cut -c1-150 | tee -a "$OUT/summary.txt"
   python3 - "$OUT/sass-source.csv" << 'PY' | tee -a "$OUT/summary.txt"
-import csv, sys
+import collections, csv, sys
 rows = list(csv.reader(open(sys.argv[1], errors="replace")))
 head = next((i for i, r in enumerate(rows) if "Source" in r), None)
 if head is None:
     sys.exit("sass: no Source column")
 h = rows[head]
-src = h.index("Source")
+src, ie = h.index("Source"), h.index("Instructions Executed")
 col = next((i for i, c in enumerate(h) if c.startswith("Warp Stall Sampling (All")), None)
 if col is None:
     sys.exit("sass: no stall sampling column: " + ", ".join(h))
-num = lambda v: float(v.replace(",", "") or 0) if v.replace(",", "").replace(".", "").isdigit() else 0.0
+def num(v):
+    try:
+        return float(v.replace(",", ""))
+    except ValueError:
+        return 0.0
 body = [r for r in rows[head + 1:] if len(r) > col]
 total = sum(num(r[col]) for r in body) or 1
-print("sass: %d instructions, %d stall samples" % (len(body), total))
-for r in sorted(body, key=lambda r: -num(r[col]))[:40]:
-    print("%5.1f%%  %s" % (100 * num(r[col]) / total, r[src][:110]))
+print("sass: %d instructions, %d stall samples; by reason:" % (len(body), total))
+reasons = {c: sum(num(r[i]) for r in body) for i, c in enumerate(h) if c.startswith("stall_") and "Not Issued" not in c}
+for c, v in sorted(reasons.items(), key=lambda kv: -kv[1])[:10]:
+    print("  %-24s %5.1f%%" % (c, 100 * v / total))
+mix = collections.Counter()
+for r in body:
+    op = r[src].split()
+    if op:
+        mix[(op[1] if op[0].startswith("@") else op[0]).split(".")[0]] += num(r[ie])
+executed = sum(mix.values()) or 1
+print("sass: %d warp instructions executed; by opcode:" % executed)
+print("  " + ", ".join("%s %.1f%%" % (k, 100 * v / executed) for k, v in mix.most_common(16)))
+for r in sorted(body, key=lambda r: -num(r[col]))[:30]:
+    print("%5.1f%% %9d x  %s" % (100 * num(r[col]) / total, num(r[ie]), r[src][:100]))
 PY
 }
 

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <type_traits>
 #include <vector>
 
 #include "../../kernels/elementwise.cuh"
@@ -73,8 +74,9 @@ Problem random_problem(int M, int N, int K, int ldx, int ldy, unsigned seed) {
   return p;
 }
 
-// Repack on the device, run launch_gemm_w4 (with `splits` blocks along K), return Y [M + 1, ldy] as downloaded
-// (poisoned beforehand).
+// Repack on the device, run launch_gemm_w4 (with `splits` blocks along K; C: launch_gemm_w4_cfg<C> instead), return
+// Y [M + 1, ldy] as downloaded (poisoned beforehand).
+template <class C = void>
 std::vector<float> run(const Problem& p, const gputest::Stream& st, int splits = 1) {
   Dev<half> x(p.x.size()), s(p.s.size()), sp(p.s.size());
   Dev<uint32_t> wq(p.wq.size()), wp(p.wq.size());
@@ -93,7 +95,10 @@ std::vector<float> run(const Problem& p, const gputest::Stream& st, int splits =
   a.splits = splits;
   a.part = part.get();
   part.poison();  // every partial the reduction reads is written first
-  REQUIRE_CUDA(kn::launch_gemm_w4(a, st.s));
+  if constexpr (std::is_void_v<C>)
+    REQUIRE_CUDA(kn::launch_gemm_w4(a, st.s));
+  else
+    REQUIRE_CUDA(kn::launch_gemm_w4_cfg<C>(a, st.s));
   st.sync();
   return y.download<float>();
 }
@@ -131,6 +136,31 @@ TEST_CASE("gemm_w4: launch_repack_w4_gemm + launch_gemm_w4 against the host at o
         INFO(what << ": " << stray << " elements outside Y [M, N] changed");
         CHECK(stray == 0);
         gputest::check_max_rel(got, ref, kTol, what);
+      }
+    }
+}
+
+// XCfg's two load forms (kLean: the k-tiles inside K without predicates, rows past M and super-rows past N clamped;
+// else every k-tile predicated and zeroed past K) change how a k-tile is loaded, not the sums: Y bit for bit the same,
+// at partial m, n and k tiles, k-tile counts 1, 2, odd and even, and split-K (1- and 2-tile splits, odd and even first
+// k-tiles).
+TEST_CASE("gemm_w4: the lean and the predicated loads make the same Y bit for bit", "[gpu][gemm_w4]") {
+  namespace g = kn::gemm_w4;
+  using Pred = g::XCfg<4, 4, 1, 4, 2, 1, 2, 1, false>;
+  static_assert(g::XSmall::kLean && !Pred::kLean, "the two forms");
+  gputest::Stream st;
+  const struct { int n, k; } shapes[] = {{32, 32}, {160, 96}, {96, 416}, {224, 2080}};
+  unsigned seed = 900;
+  for (const auto& sh : shapes)
+    for (const int M : {17, 64, 100}) {
+      const Problem p = random_problem(M, sh.n, sh.k, sh.k + 8, sh.n + 2, seed += 7);
+      const int kt = (sh.k + g::XSmall::BK - 1) / g::XSmall::BK;
+      for (const int splits : {1, 2, 3, kt}) {
+        if (splits > kt) continue;
+        INFO("M " << M << " N " << sh.n << " K " << sh.k << ", " << splits << " splits");
+        const std::vector<float> lean = run<g::XSmall>(p, st, splits), pred = run<Pred>(p, st, splits);
+        REQUIRE(lean.size() == pred.size());  // bits: the poisoned padding is NaN in both
+        CHECK(std::memcmp(lean.data(), pred.data(), pred.size() * sizeof(float)) == 0);
       }
     }
 }
@@ -216,6 +246,16 @@ TEST_CASE("gemm_w4 glu: gate, up and the GELU product in one launch, against the
       std::vector<uint16_t> small, narrow;
       glu_one<kn::gemm_w4::GluSmall>(a, ref, act.get(), yg.get(), yu.get(), out, "GluSmall", st, &small);
       glu_one<kn::gemm_w4::GluNarrow>(a, ref, act.get(), yg.get(), yu.get(), out, "GluNarrow", st, &narrow);
+      {  // the other load form of each (XCfg kLean): the same act bit for bit
+        namespace g = kn::gemm_w4;
+        std::vector<uint16_t> small2, narrow2;
+        glu_one<g::GluCfg<g::XCfg<4, 4, 1, 4, 2, 1, 2, 1, false>>>(a, ref, act.get(), yg.get(), yu.get(), out,
+                                                                   "GluSmall predicated", st, &small2);
+        glu_one<g::GluCfg<g::XCfg<4, 4, 1, 2, 4, 1, 2, 1, true>>>(a, ref, act.get(), yg.get(), yu.get(), out,
+                                                                  "GluNarrow lean", st, &narrow2);
+        CHECK(small2 == small);
+        CHECK(narrow2 == narrow);
+      }
       out.poison();
       a.out = out.get();
       REQUIRE_CUDA(kn::launch_gemm_w4_glu(a, st.s));  // by rows
