@@ -537,34 +537,13 @@ __device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t*
   *b1 = h2_as_u32(__hmul2(q1, s));
 }
 
-// Unpredicated forms of ld_weights, ld_weights_u32 and ld_x (the same paths), for the k-tiles that lie wholly inside
-// K: no predicate and no zeroing moves (4 per 16-byte load), so the loop's issue slots go to the math.
-__device__ __forceinline__ uint4 ld_weights_all(const uint4* p) {
-#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
-  return *p;
-#else
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-#endif
-}
+// ld_weights_u32 without a predicate (see ld16_all)
 __device__ __forceinline__ uint32_t ld_weights_u32_all(const uint32_t* p) {
-#ifdef GEMMA4_T4_EMU
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
   return *p;
 #else
   uint32_t v;
   asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-  return v;
-#endif
-}
-__device__ __forceinline__ uint4 ld_x_all(const uint4* p) {
-#ifdef GEMMA4_T4_EMU
-  return *p;
-#else
-  uint4 v;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 #endif
 }

@@ -6103,6 +6103,27 @@ __device__ __forceinline__ uint4 ld_weights(const uint4* p, bool ok) { return ld
 // Activations written by an earlier kernel: 16 bytes through the read-only path (kept in L1).
 __device__ __forceinline__ uint4 ld_x(const uint4* p, bool ok) { return ld16<Ld16::kX>(p, ok); }
 
+// ld_weights and ld_x without a predicate, for addresses known to be in bounds (the int4 GEMM's k-tiles inside K): no
+// zeroing moves (4 per load) and no predicate setup.
+template <Ld16 kPath>
+__device__ __forceinline__ uint4 ld16_all(const uint4* p) {
+  static_assert(kPath != Ld16::kCoherent, "the weight and activation paths");
+#ifdef GEMMA4_T4_EMU
+  return *p;
+#else
+  uint4 v;
+  if constexpr (kPath == Ld16::kWeights)
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+        : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+        : "l"(p));
+  else
+    asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+#endif
+}
+__device__ __forceinline__ uint4 ld_weights_all(const uint4* p) { return ld16_all<Ld16::kWeights>(p); }
+__device__ __forceinline__ uint4 ld_x_all(const uint4* p) { return ld16_all<Ld16::kX>(p); }
+
 // Activations written earlier IN THE SAME KERNEL by another block (a persistent kernel's previous phase):
 // 16 bytes through L2 (ld.global.cg), never the non-coherent path, whose L1 lines may be stale.
 __device__ __forceinline__ uint4 ld_cg(const uint4* p, bool ok) { return ld16<Ld16::kCoherent>(p, ok); }
@@ -8450,34 +8471,13 @@ __device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t*
   *b1 = h2_as_u32(__hmul2(q1, s));
 }
 
-// Unpredicated forms of ld_weights, ld_weights_u32 and ld_x (the same paths), for the k-tiles that lie wholly inside
-// K: no predicate and no zeroing moves (4 per 16-byte load), so the loop's issue slots go to the math.
-__device__ __forceinline__ uint4 ld_weights_all(const uint4* p) {
-#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
-  return *p;
-#else
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-#endif
-}
+// ld_weights_u32 without a predicate (see ld16_all)
 __device__ __forceinline__ uint32_t ld_weights_u32_all(const uint32_t* p) {
-#ifdef GEMMA4_T4_EMU
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
   return *p;
 #else
   uint32_t v;
   asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];\n" : "=r"(v) : "l"(p));
-  return v;
-#endif
-}
-__device__ __forceinline__ uint4 ld_x_all(const uint4* p) {
-#ifdef GEMMA4_T4_EMU
-  return *p;
-#else
-  uint4 v;
-  asm("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
   return v;
 #endif
 }
