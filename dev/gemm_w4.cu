@@ -57,7 +57,8 @@
 //      without predicates, rows past M and super-rows past N clamped to the last valid ones, the weight sources formed
 //      once), 22 = 19 lean (19 keeps the predicated form: lean it spills 76 bytes on sm_90, this way 28). The same sums
 //      bit for bit. Why: the ncu source profile of 17 at 128 rows (H100) has 12% of its instructions HMMA; per k-tile
-//      and warp ~234 instructions for 32 HMMA, ~140 of them address, predicate and zeroing work of the tile's loads.
+//      and warp ~231 instructions for 32 HMMA, ~85 of them the next k-tile's loads and stores (addresses, selects,
+//      predicates, zeroing moves; bench/RESULTS.md 2026-12-06).
 // Versions 17..19, 21, 22 print in the gate/up rows of the timing table, for the whole gate + up + GELU (twice the
 // flops and weight bytes of a single GEMM column; the Y bytes are the fp16 act). Versions 2..11 split K across blocks
 // where their tiles leave SMs idle, as the engine does (gemm_w4_splits_for). The kernel, the layout's index maps and

@@ -8075,6 +8075,9 @@ GEMMA4_T4_GEMM_W4_HD inline size_t w_unit(int idx, int G, int nb0, int kb0, int 
   *gi = r / 32;
   return (size_t(nb0 + *sr) * KG + kb0) * 32 + r;
 }
+// The first super-row to pass w_unit / s_unit (or glu_w_unit / glu_s_unit) for a unit of tile super-row sr so that it
+// reads super-row min(nb0 + sr, NB - 1): a super-row past N reads the last one instead (W4xSources).
+GEMMA4_T4_GEMM_W4_HD inline int clamp_nb0(int nb0, int sr, int NB) { return (nb0 + sr < NB ? nb0 + sr : NB - 1) - sr; }
 GEMMA4_T4_GEMM_W4_HD inline size_t s_unit(int idx, int G, int nb0, int kb0, int KG, int* sr, int* gi) {
   *sr = idx / (G * 4);
   const int r = idx % (G * 4);
@@ -8586,7 +8589,7 @@ struct W4xOneMatrix {
       };
       int s_r, gi;
       map(nb0, &s_r, &gi);
-      const size_t at = map(min(nb0 + s_r, NB - 1) - s_r, &s_r, &gi);
+      const size_t at = map(gemm_w4::clamp_nb0(nb0, s_r, NB), &s_r, &gi);
       const bool ok = idx < W4xSources<C>::kW;
       src.wgi[c] = ok ? gi : -1;
       src.wsrc[c] =
@@ -8597,7 +8600,8 @@ struct W4xOneMatrix {
       const int idx = tid + c * C::kThreads;
       int s_r, gi;
       gemm_w4::s_unit(idx / 4, C::G, nb0, 0, KG, &s_r, &gi);
-      const size_t at = gemm_w4::s_unit(idx / 4, C::G, min(nb0 + s_r, NB - 1) - s_r, 0, KG, &s_r, &gi) * 4 + idx % 4;
+      const size_t at =
+          gemm_w4::s_unit(idx / 4, C::G, gemm_w4::clamp_nb0(nb0, s_r, NB), 0, KG, &s_r, &gi) * 4 + idx % 4;
       const bool ok = idx < C::kSWords;
       src.sgi[c] = ok ? gi : -1;
       src.ssrc[c] = reinterpret_cast<const uint32_t*>(a.sp) + (ok ? at : 0);
@@ -8671,7 +8675,8 @@ struct W4xGateUp {
       const int idx = tid + c * C::kThreads;
       int mat, nb, gi;
       gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi);
-      const size_t at = gemm_w4::glu_w_unit(idx, C::G, C::SRM, nb0 - max(0, nb - (NB - 1)), 0, KG, &mat, &nb, &gi);
+      const int nbc = gemm_w4::clamp_nb0(nb0, nb - nb0, NB);
+      const size_t at = gemm_w4::glu_w_unit(idx, C::G, C::SRM, nbc, 0, KG, &mat, &nb, &gi);
       const bool ok = idx < C::kWLoads;
       src.wgi[c] = ok ? gi : -1;
       src.wsrc[c] = reinterpret_cast<const uint4*>(mat ? a.wp[1] : a.wp[0]) + (ok ? at : 0);
@@ -8681,8 +8686,8 @@ struct W4xGateUp {
       const int idx = tid + c * C::kThreads;
       int mat, nb, gi;
       gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0, 0, KG, &mat, &nb, &gi);
-      const size_t at =
-          gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nb0 - max(0, nb - (NB - 1)), 0, KG, &mat, &nb, &gi) * 4 + idx % 4;
+      const int nbc = gemm_w4::clamp_nb0(nb0, nb - nb0, NB);
+      const size_t at = gemm_w4::glu_s_unit(idx / 4, C::G, C::SRM, nbc, 0, KG, &mat, &nb, &gi) * 4 + idx % 4;
       const bool ok = idx < C::kSWords;
       src.sgi[c] = ok ? gi : -1;
       src.ssrc[c] = reinterpret_cast<const uint32_t*>(mat ? a.sp[1] : a.sp[0]) + (ok ? at : 0);

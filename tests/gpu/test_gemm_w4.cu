@@ -258,7 +258,7 @@ TEST_CASE("gemm_w4 glu: gate, up and the GELU product in one launch, against the
       }
       out.poison();
       a.out = out.get();
-      REQUIRE_CUDA(kn::launch_gemm_w4_glu(a, st.s));  // by rows
+      REQUIRE_CUDA(kn::launch_gemm_w4_glu(a, st.s));  // by shape and this GPU's SM count
       st.sync();
       INFO("gemm_w4 glu by rows, M " << M << " N " << sh.n << " K " << sh.k);
       CHECK(out.download<uint16_t>() == (kn::gemm_w4_glu_narrow(M, sh.n, kn::device_sms()) ? narrow : small));
