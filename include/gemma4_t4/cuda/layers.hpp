@@ -367,7 +367,9 @@ class LayerEncoder {
 
   // y = x W^T of a residual projection, its norm-and-add left pending. A decode GEMV whose row tiles leave the GPU
   // short of blocks (o_proj, down_proj: 96 on an H200's 132 SMs) splits its k-tiles over blocks
-  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order.
+  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order. So
+  // does a split-K int4 GEMM (o_proj, down_proj at 33..256 rows): its partial tiles stay in ws.gemm_part for the
+  // residual norm to add in split order, the sums its reduce kernel would have made (one launch fewer).
   Status project(const DevLinear& w, const half* x, float* y, const char* what, const float* norm_w,
                  const char* norm_what) {
     const int n = p_.rows, H = c_.hidden_size;
@@ -381,6 +383,15 @@ class LayerEncoder {
                          what);
       pending_ = Pending{ws_.gemv_parts, norm_w, 1.f, norm_what, parts, ld};
       return Status::ok();
+    }
+    if (n > kernels::kGemvMaxRows && w.out == H && !via_cublas(w)) {
+      kernels::GemmW4Args a = gemm_w4_args(w, x, y);
+      if (a.splits > 1) {
+        a.keep_parts = true;
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+        pending_ = Pending{ws_.gemm_part, norm_w, 1.f, norm_what, a.splits, size_t(n) * size_t(H)};
+        return Status::ok();
+      }
     }
     GEMMA4_T4_TRY(mm(w, x, y, what));
     pending_ = Pending{y, norm_w, 1.f, norm_what};
@@ -453,16 +464,21 @@ class LayerEncoder {
       return Status::ok();
     }
     if (!via_cublas(w)) {  // W4Matmul: the int4 weights straight into the tensor cores (gemm_w4.cuh)
-      kernels::GemmW4Args a;
-      a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
-      a.wp = w.wp, a.sp = w.sp;
-      a.y = y, a.ldy = w.out;
-      a.splits = kernels::gemm_w4_splits(n, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
-      a.part = ws_.gemm_part;
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(gemm_w4_args(w, x, y), ln_), what);
       return Status::ok();
     }
     return mm_cublas(w, x, y, what);
+  }
+
+  // The int4 GEMM's arguments for y [rows, w.out] = x W^T, split-K by the shape (partials in ws.gemm_part).
+  kernels::GemmW4Args gemm_w4_args(const DevLinear& w, const half* x, float* y) const {
+    kernels::GemmW4Args a;
+    a.x = x, a.ldx = w.in, a.m = p_.rows, a.n = w.out, a.k = w.in;
+    a.wp = w.wp, a.sp = w.sp;
+    a.y = y, a.ldy = w.out;
+    a.splits = kernels::gemm_w4_splits(p_.rows, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
+    a.part = ws_.gemm_part;
+    return a;
   }
 
   // y = x W^T through cuBLAS (w4a16 dequantised to fp16 first), y fp32 or fp16.
