@@ -311,7 +311,7 @@ TEST_CASE("gemm_w4 keep_parts: residual_norm adds the partial tiles, bit for bit
         Dev<half> x(p.x.size()), s(p.s.size()), sp(p.s.size()), out_a(size_t(M) * N), out_b(size_t(M) * N);
         Dev<uint32_t> wq(p.wq.size()), wp(p.wq.size());
         Dev<float> y(size_t(M) * N), part(size_t(splits) * M * N), h_a(size_t(M) * N), h_b(size_t(M) * N),
-            w_post(size_t(N)), w_next(size_t(N));
+            w_post(static_cast<size_t>(N)), w_next(static_cast<size_t>(N));
         x.upload(p.x);
         s.upload(p.s);
         wq.upload(p.wq);
