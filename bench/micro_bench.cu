@@ -1,6 +1,6 @@
 // micro_bench: the kernels of one Gemma 4 E2B step, one at a time, against measured ceilings.
 //
-//   micro_bench [--quick]
+//   micro_bench [--quick | --attention]
 //
 // Ceilings first: stream bandwidth (a read-only kernel over 1 GiB) and copy bandwidth (cudaMemcpy device to
 // device, bytes read + written), medians of repeats. Then, at E2B shapes:
@@ -9,7 +9,8 @@
 //     + cuBLAS path split into its two parts: TFLOP/s, and the dequantisation's share of the time;
 //   - decode attention (1 row) at 512, 4096 and 32768 keys, sliding (head dim 256, window 512) and full
 //     (head dim 512): GB/s of the K/V bytes the row must read, at the backend's split count and at half and
-//     twice it; then 16 rows of 16 sessions at staggered positions (batched decode);
+//     twice it; then 16 rows of 16 sessions at staggered positions (batched decode); then 8..128 sessions of 576
+//     positions by split count (`--attention`: the ceilings and this sweep only);
 //   - prefill attention for a 512-row chunk (rows at positions 0..511 and 3584..4095), the tensor-core flash
 //     kernel next to the CUDA-core split kernel: TFLOP/s of the unmasked QK^T and PV work.
 // Weights rotate over enough copies to exceed the L2 cache, so GEMV numbers are DRAM numbers.
@@ -122,10 +123,111 @@ const Shape kShapes[] = {
     {"PLE proj", 1536, 256},
 };
 
+// Batched decode attention as a many-session decode step runs it: `rows` sessions of 576 positions (a 512-token
+// prompt and 64 steps; positions staggered by up to 7), each with caches of its own (1,024 slots), by split count:
+// the planner's (planner.hpp attention_plan: its head slices too, marked *), then others around it. Sessions rotate
+// over enough copies to exceed the L2 cache three times, as in a step whose 35 layers read different caches. GB/s:
+// the K/V bytes the rows must read.
+void batched_attention_sweep(const cudaDeviceProp& prop) {
+  const int heads = 8, kvh = 1, cap = 1024, sms = prop.multiProcessorCount;
+  std::printf("\nbatched decode attention by split count, us per launch (GB/s); * = the planner's count\n");
+  std::printf("%-20s %5s %6s %3s %6s  %s\n", "layer", "rows", "keys", "hs", "blocks", "splits: us (GB/s)");
+  const size_t pool_bytes = size_t(3) << 29;  // 1.5 GiB of caches
+  half* pool = dev_alloc<half>(pool_bytes / sizeof(half));
+  fill(pool, pool_bytes / sizeof(half), 0.5f, 21);
+  constexpr int kMaxRowSplits = 4096;  // rows x splits the scratch holds
+  float* part_o = dev_alloc<float>(size_t(kMaxRowSplits) * heads * 512);
+  float* part_ml = dev_alloc<float>(size_t(kMaxRowSplits) * heads * 2);
+  unsigned* counters = dev_alloc<unsigned>(1024 * 8);
+  CK(cudaMemset(counters, 0, 1024 * 8 * sizeof(unsigned)));
+  half* q = dev_alloc<half>(size_t(128) * heads * 512);
+  fill(q, size_t(128) * heads * 512, 1.f, 22);
+  half* out = dev_alloc<half>(size_t(128) * heads * 512);
+  int* meta = dev_alloc<int>(3 * 128);                   // seq, pos, capacity
+  half** ptrs = dev_alloc<half*>(size_t(64) * 2 * 128);  // [copy][K rows, V rows]
+  for (int D : {256, 512}) {
+    const int window = D == 256 ? 512 : 0;
+    const size_t cache = size_t(cap) * kvh * D;  // halves per K or V cache
+    const int sessions = int(pool_bytes / sizeof(half) / (2 * cache));
+    for (int rows : {8, 16, 32, 48, 64, 128}) {
+      std::vector<int> hmeta(3 * 128, 0);
+      double bytes = 0;
+      int max_keys = 0;
+      for (int r = 0; r < rows; ++r) {
+        const int p = 575 - r % 8, keys = window ? std::min(window, p + 1) : p + 1;
+        hmeta[r] = r;
+        hmeta[128 + r] = p;
+        hmeta[256 + r] = cap;
+        bytes += 2.0 * keys * kvh * D * 2;
+        max_keys = std::max(max_keys, keys);
+      }
+      const int copies = std::min(64, std::max(2, std::min(sessions / rows, int(3.0 * prop.l2CacheSize / bytes) + 1)));
+      std::vector<half*> hp(size_t(copies) * 2 * 128);
+      for (int c = 0; c < copies; ++c)
+        for (int r = 0; r < rows; ++r) {
+          const size_t s = size_t(c) * rows + r;
+          hp[size_t(c) * 256 + r] = pool + 2 * cache * s;
+          hp[size_t(c) * 256 + 128 + r] = pool + 2 * cache * s + cache;
+        }
+      CK(cudaMemcpy(meta, hmeta.data(), hmeta.size() * sizeof(int), cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(ptrs, hp.data(), hp.size() * sizeof(half*), cudaMemcpyHostToDevice));
+      const int hs = attention_head_split_for(rows, kvh, heads / kvh, max_keys, sms);
+      const int per_sm = attention_blocks_per_sm(D, heads / kvh / hs);
+      const int policy = attention_splits_for(rows, kvh, heads / kvh, D, max_keys, sms, 1024, hs, per_sm);
+      std::printf("%-20s %5d %6d %3d %6d ", window ? "sliding D=256 w=512" : "full D=512", rows, max_keys, hs,
+                  rows * kvh * hs * policy);
+      std::vector<int> counts = {policy};
+      for (int sp : {policy / 2, policy - 1, policy + 1, policy * 2, policy * 4})
+        if (sp >= 1 && sp * rows <= kMaxRowSplits && sp <= kAttnMaxSplits &&
+            std::find(counts.begin(), counts.end(), sp) == counts.end())
+          counts.push_back(sp);
+      std::sort(counts.begin(), counts.end());
+      for (int sp : counts) {
+        AttnArgs a;
+        a.q = q;
+        a.capacity = meta + 256;
+        a.seq = meta;
+        a.pos = meta + 128;
+        a.layer = 0;
+        a.layers = 1;
+        a.rows = rows;
+        a.heads = heads;
+        a.kv_heads = kvh;
+        a.window = window;
+        a.splits = sp;
+        a.head_split = hs;
+        a.part_o = part_o;
+        a.part_ml = part_ml;
+        a.out = out;
+        a.counters = counters;
+        const double us = time_us(
+            [&](int i) {
+              AttnArgs b = a;
+              b.kbase = ptrs + size_t(i % copies) * 256;
+              b.vbase = b.kbase + 128;
+              CK(launch_attention(b, D, 0));
+            },
+            4 * copies);
+        std::printf(" %3d%s %6.1f (%4.0f)", sp, sp == policy ? "*" : ":", us, bytes / us / 1e3);
+      }
+      std::printf("\n");
+    }
+  }
+  CK(cudaFree(pool));
+  CK(cudaFree(part_o));
+  CK(cudaFree(part_ml));
+  CK(cudaFree(counters));
+  CK(cudaFree(q));
+  CK(cudaFree(out));
+  CK(cudaFree(meta));
+  CK(cudaFree(ptrs));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::strcmp(argv[1], "--quick") == 0;
+  const bool attention_only = argc > 1 && std::strcmp(argv[1], "--attention") == 0;
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s (sm_%d%d, %d SMs, L2 %d MiB)\n", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
@@ -144,6 +246,10 @@ int main(int argc, char** argv) {
   const double stream_gbs = big / read_us / 1e3, copy_gbs = 2.0 * big / copy_us / 1e3;
   std::printf("stream read %.0f GB/s, copy %.0f GB/s (read + write), 1 GiB, median of 5\n\n", stream_gbs, copy_gbs);
   CK(cudaFree(buf));
+  if (attention_only) {
+    batched_attention_sweep(prop);
+    return 0;
+  }
 
   // ---- decode GEMVs
   const int max_rows = 16;
@@ -371,6 +477,7 @@ int main(int argc, char** argv) {
     CK(cudaFree(bptr));
     CK(cudaFree(bmeta));
   }
+  if (!quick) batched_attention_sweep(prop);
   std::printf("\nprefill attention, 512-row chunk (causal; TFLOP/s of QK^T + PV over the unmasked keys)\n");
   std::printf("%-22s %10s %10s %8s\n", "layer", "positions", "us", "TFLOP/s");
   for (int D : {256, 512}) {

@@ -173,19 +173,27 @@ inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const
                        ple);
 }
 
-static __global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L,
-                                       int D, int layer, half* __restrict__ out) {
+static __global__ void ple_gate_kernel(const float* __restrict__ g, int parts, size_t part_ld,
+                                       const float* __restrict__ ple, int rows, int L, int D, int layer,
+                                       half* __restrict__ out) {
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
   const size_t r = i / D, k = i % D;
-  out[i] = to_half_sat(gelu_tanh(g[i]) * ple[(r * L + layer) * D + k]);
+  float v = g[i];
+#pragma unroll 4
+  for (int p = 1; p < parts; ++p) v += g[size_t(p) * part_ld + i];  // a split-K GEMM's partial tiles, in split order
+  out[i] = to_half_sat(gelu_tanh(v) * ple[(r * L + layer) * D + k]);
 }
 
+// parts (>= 1): g is the sum of that many [rows, D] arrays, part p at g + p * part_ld floats (a split-K int4 GEMM's
+// partial tiles, gemm_w4.cuh keep_parts: the sums its reduce kernel would have written).
 inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, int L, int D, int layer, half* out,
-                                   const Launch& launch) {
+                                   const Launch& launch, int parts = 1, size_t part_ld = 0) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, ple, rows, L, D, layer, out);
+  if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(D))) return cudaErrorInvalidValue;
+  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, parts, part_ld, ple, rows, L,
+                       D, layer, out);
 }
 
 // V = 4: each thread caps 4 consecutive floats (one 16-byte load and store; n and x aligned for it), else one.

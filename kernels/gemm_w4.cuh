@@ -291,9 +291,12 @@ struct GemmW4Args {
   float* y = nullptr;            // [M, ldy] fp32, ldy % 2 == 0
   int ldy = 0;
   // Split-K (gemm_w4_splits): `splits` blocks along K per output tile, each writing its partial tile to part
-  // ([splits][M][N] fp32, 16-byte aligned), summed in split order by a second kernel (deterministic).
+  // ([splits][M][N] fp32, 16-byte aligned), summed in split order by a second kernel (deterministic) into y, or --
+  // keep_parts -- left there for the reader to add in split order (launch_residual_norm's parts: part p at
+  // part + p M N, rows of N), y unused.
   int splits = 1;
   float* part = nullptr;
+  bool keep_parts = false;
 };
 
 // ---- the kernels' common tail ----
@@ -1004,7 +1007,7 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
     e = launch_kernel(gemm_w4x_kernel<C>, grid, C::kThreads, l, a);
   else
     e = launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
-  if (e != cudaSuccess || a.splits == 1) return e;
+  if (e != cudaSuccess || a.splits == 1 || a.keep_parts) return e;
   return launch_kernel(gemm_w4_reduce_kernel, ceil_div(size_t(a.m) * (a.n / 4), 256), 256, l, a.part, a.splits, a.m,
                        a.n, a.y, a.ldy);
 }

@@ -4,8 +4,8 @@
 //
 // rmsnorm:        out16[r] = half(norm(x[src(r)]) * w)  x: fp32, row stride ldx; src(r) = row_index[r] or r
 // residual_norm:  h[r] = (h[r] + norm(y[r]) * w_post) * scalar         h: [rows, cols] fp32 residual
-//                 y[r] = y_0[r] + y_1[r] + ... in part order: a k-split GEMV's parts (gemv.cuh ksplit),
-//                 part p at y + p * part_ld
+//                 y[r] = y_0[r] + y_1[r] + ... in part order: a k-split GEMV's parts (gemv.cuh ksplit) or a
+//                 split-K int4 GEMM's partial tiles (gemm_w4.cuh keep_parts), part p at y + p * part_ld
 //                 then, by `next`: out16[r] = half(norm(h[r]) * w_next)  (NextNorm::Norm)
 //                                   out16[r] = half(h[r])                (NextNorm::Copy, PLE gate input)
 //                                   nothing                              (NextNorm::None)
@@ -73,23 +73,27 @@ static __global__ void residual_norm_kernel(float* __restrict__ h, const float* 
   for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(hr[c] * r2 * w_next[c]);
 }
 
-constexpr int kNormVec = 8;  // float4 chunks per thread, vectorised kernels
+constexpr int kNormVec = 8;         // float4 chunks per thread, vectorised kernels (at most)
+constexpr int kNormPartsAhead = 4;  // residual_norm: a k-split's parts loaded at once
 
-// Thread t owns chunks t, t + T, ..., t + (kNormVec - 1) T of the row (4 floats each; zeros past the end,
-// and everywhere for a null row).
-__device__ __forceinline__ void norm_load(const float* row, int n4, float4 (&v)[kNormVec]) {
+// Thread t owns chunks t, t + T, ..., t + (KV - 1) T of the row (4 floats each; zeros past the end, and everywhere
+// for a null row). KV (<= kNormVec): the launch's chunks per thread (norm_chunks); chunks past the row are zeros,
+// which add nothing to a sum, so every KV that covers the row gives the same results bit for bit.
+template <int KV>
+__device__ __forceinline__ void norm_load(const float* row, int n4, float4 (&v)[KV]) {
   const float4* p = reinterpret_cast<const float4*>(row);
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     const int j = int(threadIdx.x) + k * int(blockDim.x);
     v[k] = p && j < n4 ? p[j] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
-__device__ __forceinline__ float norm_sumsq(const float4 (&v)[kNormVec]) {
+template <int KV>
+__device__ __forceinline__ float norm_sumsq(const float4 (&v)[KV]) {
   float ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     ss += v[k].x * v[k].x;
     ss += v[k].y * v[k].y;
     ss += v[k].z * v[k].z;
@@ -99,10 +103,11 @@ __device__ __forceinline__ float norm_sumsq(const float4 (&v)[kNormVec]) {
 }
 
 // out[j] = half4(v[k] * r * w[k]) (or half4(v[k]) when w is null) for the thread's chunks.
-__device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[kNormVec], float r,
-                                           const float4 (&w)[kNormVec], bool weighted) {
+template <int KV>
+__device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[KV], float r, const float4 (&w)[KV],
+                                           bool weighted) {
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     const int j = int(threadIdx.x) + k * int(blockDim.x);
     if (j >= n4) continue;
     const float4 a = v[k];
@@ -129,29 +134,39 @@ static __global__ void __launch_bounds__(256)
   norm_store(out16 + size_t(blockIdx.x) * cols, n4, v, r, wv, true);
 }
 
+// KV: chunks per thread (norm_chunks); the row's 4-float chunks are KV x blockDim at most.
+template <int KV>
 static __global__ void __launch_bounds__(256)
     residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, int parts, size_t part_ld,
                              const float* __restrict__ w_post, int cols, float eps, float scalar, NextNorm next,
                              const float* __restrict__ w_next, half* __restrict__ out16) {
   const int n4 = cols / 4;
-  float4 wp[kNormVec], wn[kNormVec];
+  float4 wp[KV], wn[KV];
   norm_load(w_post, n4, wp);  // constants: before pdl_enter
   norm_load(next == NextNorm::Norm ? w_next : nullptr, n4, wn);
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
-  float4 yv[kNormVec], hv[kNormVec];
+  float4 yv[KV], hv[KV];
   norm_load(y + size_t(blockIdx.x) * cols, n4, yv);
   norm_load(hr, n4, hv);
-  for (int p = 1; p < parts; ++p) {  // a k-split GEMV's further parts, added in part order
-    float4 t[kNormVec];
-    norm_load(y + size_t(p) * part_ld + size_t(blockIdx.x) * cols, n4, t);
+  // a k-split's further parts (a GEMV's 2..4, an int4 GEMM's up to ~20), added in part order; loaded PA at a time, so
+  // that a block waits one L2 round trip per group of parts, not per part (PA 2 at 8 chunks: no spills)
+  constexpr int PA = KV >= kNormVec ? 2 : kNormPartsAhead;
+  for (int p0 = 1; p0 < parts; p0 += PA) {
+    float4 t[PA][KV];
 #pragma unroll
-    for (int k = 0; k < kNormVec; ++k)
-      yv[k] = make_float4(yv[k].x + t[k].x, yv[k].y + t[k].y, yv[k].z + t[k].z, yv[k].w + t[k].w);
+    for (int q = 0; q < PA; ++q)
+      if (p0 + q < parts) norm_load(y + size_t(p0 + q) * part_ld + size_t(blockIdx.x) * cols, n4, t[q]);
+#pragma unroll
+    for (int q = 0; q < PA; ++q)
+      if (p0 + q < parts)
+#pragma unroll
+        for (int k = 0; k < KV; ++k)
+          yv[k] = make_float4(yv[k].x + t[q][k].x, yv[k].y + t[q][k].y, yv[k].z + t[q][k].z, yv[k].w + t[q][k].w);
   }
   const float r = rsqrtf(block_sum(norm_sumsq(yv)) / cols + eps);
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     const int j = int(threadIdx.x) + k * int(blockDim.x);
     if (j >= n4) continue;
     const float4 a = hv[k], b = yv[k], c = wp[k];
@@ -177,6 +192,13 @@ inline int norm_vec_threads(int cols) {
   return n4 <= 32 * kNormVec ? 32 : (n4 <= 128 * kNormVec ? 128 : 256);
 }
 
+// The vectorised kernels' chunks per thread for a row of cols at norm_vec_threads(cols) threads: the fewest of 1, 2, 4
+// and kNormVec that cover the row (registers: a residual_norm with k-split parts holds kNormPartsAhead more rows).
+inline int norm_chunks(int cols) {
+  const int n4 = cols / 4, t = norm_vec_threads(cols);
+  return n4 <= t ? 1 : n4 <= 2 * t ? 2 : n4 <= 4 * t ? 4 : kNormVec;
+}
+
 inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const void* c) {
   return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && is_aligned(a, 16) && is_aligned(b, 16) &&
          is_aligned(c, 16);
@@ -200,8 +222,20 @@ inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w
   if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(cols))) return cudaErrorInvalidValue;
   if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr) &&
       (parts == 1 || part_ld % 4 == 0))
-    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld, w_post,
-                         cols, eps, scalar, next, w_next, out16);
+    switch (norm_chunks(cols)) {
+      case 1:
+        return launch_kernel(residual_norm_vec_kernel<1>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
+                             w_post, cols, eps, scalar, next, w_next, out16);
+      case 2:
+        return launch_kernel(residual_norm_vec_kernel<2>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
+                             w_post, cols, eps, scalar, next, w_next, out16);
+      case 4:
+        return launch_kernel(residual_norm_vec_kernel<4>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
+                             w_post, cols, eps, scalar, next, w_next, out16);
+      default:
+        return launch_kernel(residual_norm_vec_kernel<kNormVec>, rows, norm_vec_threads(cols), launch, h, y, parts,
+                             part_ld, w_post, cols, eps, scalar, next, w_next, out16);
+    }
   return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps,
                        scalar, next, w_next, out16);
 }

@@ -10,6 +10,8 @@
 //   (full layers have capacity >= every position, so the slot is the position; sliding layers use a ring).
 // One launch serves up to three targets of the same head dim (a layer's q, k and v: 8 + 1 + 1 heads on
 // E2B), each with its own input, weight, RoPE table and destination: grid (rows, total heads).
+// parts > 1 (a split-K int4 GEMM's partial tiles, gemm_w4.cuh keep_parts): x = in_0 + in_1 + ... in part order,
+// part p at in + p * part_ld for every target -- the sums the GEMM's reduce kernel would have written.
 // Block: max(32, d/2) threads, one channel pair each. sm_75 safe; static shared memory 132 B.
 //
 // The arithmetic of one channel pair (head_pair_*) is shared with attention.cuh's heads mode (AttnHeads), which
@@ -56,6 +58,8 @@ struct HeadNormArgs {
   int d = 0;
   float eps = 0.f;
   const int* pos = nullptr;  // [rows]
+  int parts = 1;             // the targets' inputs: sums of `parts` arrays, part p at in + p * part_ld floats
+  size_t part_ld = 0;
 };
 
 // ---- one channel pair (i, i + d/2) of a head ----
@@ -141,6 +145,13 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   pdl_enter();
   const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
   float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
+  if (active) {
+#pragma unroll 4
+    for (int p = 1; p < a.parts; ++p) {  // a split-K GEMM's further partial tiles, in split order
+      va += x[size_t(p) * a.part_ld + i];
+      vb += x[size_t(p) * a.part_ld + i + half_d];
+    }
+  }
   const float r = head_norm_scale(block_sum(head_pair_ss(va, vb)), d, a.eps);
   if (!active) return;
   head_pair_apply(hp, r, va, vb);
@@ -151,10 +162,13 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
 inline int head_norm_threads(int d) { return ((d / 2 + 31) / 32) * 32; }
 
 // Up to kHeadNormMaxTargets targets of one head dim d (q, k and v of a layer) in one launch.
+// parts (>= 1): every target's input is the sum of that many arrays, part p at in + p * part_ld floats.
 inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, int count, int rows, int d, float eps,
-                                               const int* pos, const Launch& launch) {
+                                               const int* pos, const Launch& launch, int parts = 1,
+                                               size_t part_ld = 0) {
   if (rows <= 0) return cudaSuccess;
-  if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0) return cudaErrorInvalidValue;
+  if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0 || parts < 1 || (parts > 1 && part_ld == 0))
+    return cudaErrorInvalidValue;
   HeadNormArgs a;
   int heads = 0;
   for (int i = 0; i < count; ++i) {
@@ -167,6 +181,8 @@ inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, in
   a.d = d;
   a.eps = eps;
   a.pos = pos;
+  a.parts = parts;
+  a.part_ld = part_ld;
   return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), launch, a);
 }
 

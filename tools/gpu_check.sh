@@ -20,6 +20,7 @@
 #     buckets   quick_bench past 16 sessions (c = BUCKETS_BATCH, default 16..128), both w4a16 matmuls and fp16,
 #               this tree and tmp_base's (dequant only; BUCKETS_BASE_ALL=1: every matmul) (issue 17)
 #     lab       every lab_* program of the native build (dev/), default arguments
+#     micro     bench/micro_bench of the native build (MICRO_ARGS, e.g. --attention: the batched-attention sweep)
 #     serve     the server against the in-process bench, and prefix reuse (bench/serve_h200.sh, issue 18)
 #     sanitize  compute-sanitizer memcheck and racecheck over the persistent-decode and kernel tests
 #     ptxas     registers / spills / shared memory of every sm_75 kernel
@@ -254,6 +255,16 @@ step_lab() {  # the kernel lab's programs that exist in this build (dev/README.m
     note "rc=$?"
     tail -25 "$OUT/$(basename "$l").log" | tee -a "$OUT/summary.txt"
   done
+}
+
+step_micro() {  # bench/micro_bench of the native build (MICRO_ARGS, default --quick; prebuild: LAB_TARGETS=micro_bench)
+  local m=build-gpu-native/micro_bench
+  [ -x "$m" ] || { note "micro: no $m"; return 1; }
+  note "== micro_bench ${MICRO_ARGS:---quick}"
+  # shellcheck disable=SC2086
+  timeout "${MICRO_S:-240}" "$m" ${MICRO_ARGS:---quick} > "$OUT/micro_bench.log" 2>&1
+  note "rc=$?"
+  tail -"${MICRO_LINES:-30}" "$OUT/micro_bench.log" | tee -a "$OUT/summary.txt"
 }
 
 step_bench() {

@@ -22,6 +22,7 @@
 
 #include "../../kernels/elementwise.cuh"
 #include "../../kernels/gemm_w4.cuh"
+#include "../../kernels/rmsnorm.cuh"
 #include "gemma4_t4.hpp"
 #include "gemma4_t4/common.hpp"
 #include "harness.hpp"
@@ -291,6 +292,66 @@ TEST_CASE("gemm_w4: the same call twice is bit-identical", "[gpu][gemm_w4]") {
       INFO("M " << M << ", " << splits << " splits");
       CHECK(std::memcmp(a.data(), b.data(), size_t(M) * 192 * 4) == 0);
     }
+}
+
+// The engine's residual projections past 32 rows (layers.hpp project): a split-K GEMM keeps its partial tiles and the
+// residual norm adds them in split order -- the sums gemm_w4_reduce_kernel makes, so h and the next norm's fp16 row
+// equal the reduce-then-norm path's bit for bit; y is left alone. Rows of 1536 (E2B's hidden size: 4 chunks per
+// thread) and 4096 (8 chunks: the 2-parts-at-a-time form), split counts with and without a partial group of 4.
+TEST_CASE("gemm_w4 keep_parts: residual_norm adds the partial tiles, bit for bit the reduce + residual_norm",
+          "[gpu][gemm_w4]") {
+  gputest::Stream st;
+  std::mt19937 rng(77);
+  std::uniform_real_distribution<float> u(-1.f, 1.f), uw(0.5f, 1.5f);
+  for (const int N : {1536, 4096})
+    for (const int M : {33, 100})
+      for (const int splits : {2, 5, 11}) {
+        const int K = 2048;
+        const Problem p = random_problem(M, N, K, K, N, 1000u + unsigned(M * 7 + splits));
+        Dev<half> x(p.x.size()), s(p.s.size()), sp(p.s.size()), out_a(size_t(M) * N), out_b(size_t(M) * N);
+        Dev<uint32_t> wq(p.wq.size()), wp(p.wq.size());
+        Dev<float> y(size_t(M) * N), part(size_t(splits) * M * N), h_a(size_t(M) * N), h_b(size_t(M) * N),
+            w_post(static_cast<size_t>(N)), w_next(static_cast<size_t>(N));
+        x.upload(p.x);
+        s.upload(p.s);
+        wq.upload(p.wq);
+        std::vector<float> h0(size_t(M) * N), wpost(static_cast<size_t>(N)), wnext(static_cast<size_t>(N));
+        for (float& v : h0) v = u(rng);
+        for (float& v : wpost) v = uw(rng);
+        for (float& v : wnext) v = uw(rng);
+        h_a.upload(h0);
+        h_b.upload(h0);
+        w_post.upload(wpost);
+        w_next.upload(wnext);
+        REQUIRE_CUDA(kn::launch_repack_w4_gemm(wq.get(), s.get(), N, K, wp.get(), sp.get(), st.s));
+        kn::GemmW4Args a;
+        a.x = x.get(), a.ldx = K, a.m = M, a.n = N, a.k = K;
+        a.wp = wp.get(), a.sp = sp.get();
+        a.y = y.get(), a.ldy = N;
+        a.splits = splits;
+        a.part = part.get();
+        // the reduce, then the norm of its sums
+        REQUIRE_CUDA(kn::launch_gemm_w4(a, st.s));
+        REQUIRE_CUDA(kn::launch_residual_norm(h_a.get(), y.get(), w_post.get(), M, N, 1e-6f, 0.75f, kn::NextNorm::Norm,
+                                              w_next.get(), out_a.get(), st.s));
+        // the partial tiles into the norm; y poisoned, and left so
+        y.poison();
+        part.poison();
+        a.keep_parts = true;
+        REQUIRE_CUDA(kn::launch_gemm_w4(a, st.s));
+        REQUIRE_CUDA(kn::launch_residual_norm(h_b.get(), part.get(), w_post.get(), M, N, 1e-6f, 0.75f,
+                                              kn::NextNorm::Norm, w_next.get(), out_b.get(), st.s, splits,
+                                              size_t(M) * N));
+        st.sync();
+        INFO("M " << M << " N " << N << ", " << splits << " splits");
+        const std::vector<float> ha = h_a.download<float>(), hb = h_b.download<float>();
+        const std::vector<uint16_t> oa = out_a.download<uint16_t>(), ob = out_b.download<uint16_t>();
+        CHECK(std::memcmp(ha.data(), hb.data(), ha.size() * 4) == 0);
+        CHECK(oa == ob);
+        CHECK(ha != h0);
+        const std::vector<uint32_t> yb = y.download<uint32_t>();
+        CHECK(size_t(std::count(yb.begin(), yb.end(), yb[0])) == yb.size());  // still the poison pattern
+      }
 }
 
 TEST_CASE("gemm_w4: shapes and alignments the kernel does not take -> cudaErrorInvalidValue", "[gpu][gemm_w4]") {

@@ -2450,6 +2450,87 @@ TEST_CASE("ple_gate: half(gelu_tanh(g) * ple[:, layer])", "[gpu]") {
       }
 }
 
+// The consumers of a split-K int4 GEMM's partial tiles past 32 rows (layers.hpp mm_parts; gemm_w4.cuh keep_parts):
+// head_norm_rope (a joint q/k/v product: three targets in one [rows, ld] buffer) and ple_gate add `parts` arrays in
+// part order -- the sums the GEMM's reduce kernel writes -- so their outputs equal a launch on the host-summed input
+// bit for bit (fp32 additions in the same order, on both sides).
+TEST_CASE("head_norm_rope and ple_gate: partial tiles added in part order equal the summed input bit for bit",
+          "[gpu]") {
+  std::mt19937 rng(508);
+  Stream st;
+  constexpr int rows = 5, L = 3;
+  for (int parts : {2, 3, 7}) {
+    const auto summed = [&](const std::vector<float>& pa, size_t n) {  // ((p0 + p1) + p2) + ... in fp32
+      std::vector<float> s(pa.begin(), pa.begin() + std::ptrdiff_t(n));
+      for (int p = 1; p < parts; ++p)
+        for (size_t i = 0; i < n; ++i) s[i] += pa[size_t(p) * n + i];
+      return s;
+    };
+    for (int d : {64, 256}) {
+      const int qh = 3, kvh = 1, ld = (qh + 2 * kvh) * d + 8;  // [q | k | v | padding] per row
+      const size_t n = size_t(rows) * ld;
+      const std::vector<float> pa = rand_f32(rng, n * parts, -2.f, 2.f);
+      const std::vector<float> sum = summed(pa, n);
+      const std::vector<float> qw = rand_f32(rng, size_t(d), 0.5f, 1.5f), kw = rand_f32(rng, size_t(d), 0.5f, 1.5f);
+      const std::vector<float> inv = rand_f32(rng, size_t(d / 2), 0.f, 0.5f);
+      const std::vector<int> pos = {0, 7, 100, 3, 511};
+      Dev<float> dparts(pa.size()), dsum(sum.size()), dqw(qw.size()), dkw(kw.size()), dinv(inv.size());
+      Dev<int> dpos(pos.size());
+      dparts.upload(pa);
+      dsum.upload(sum);
+      dqw.upload(qw);
+      dkw.upload(kw);
+      dinv.upload(inv);
+      dpos.upload(pos);
+      std::vector<uint16_t> outs[2];
+      for (int run = 0; run < 2; ++run) {
+        Dev<half> out(size_t(rows) * (qh + 2 * kvh) * d);
+        out.poison();
+        const float* base = run == 0 ? dsum.get() : dparts.get();
+        kn::HeadNormTarget t[3];
+        t[0].in = base, t[0].ld_in = ld, t[0].heads = qh, t[0].w = dqw.get(), t[0].inv_freq = dinv.get();
+        t[0].out = out.get();
+        t[1].in = base + qh * d, t[1].ld_in = ld, t[1].heads = kvh, t[1].w = dkw.get(), t[1].inv_freq = dinv.get();
+        t[1].out = out.get() + size_t(rows) * qh * d;
+        t[2].in = base + (qh + kvh) * d, t[2].ld_in = ld, t[2].heads = kvh;
+        t[2].out = out.get() + size_t(rows) * (qh + kvh) * d;
+        REQUIRE_CUDA(kn::launch_head_norm_rope_multi(t, 3, rows, d, 1e-6f, dpos.get(), st.s, run == 0 ? 1 : parts,
+                                                     run == 0 ? 0 : n));
+        st.sync();
+        outs[run] = out.download<uint16_t>();
+      }
+      INFO("head_norm_rope d " << d << ", " << parts << " parts");
+      REQUIRE(outs[0] == outs[1]);
+    }
+    for (int D : {256, 300}) {
+      const size_t n = size_t(rows) * D;
+      const std::vector<float> pa = rand_f32(rng, n * parts, -3.f, 3.f);
+      const std::vector<float> sum = summed(pa, n);
+      const std::vector<float> ple = rand_f32(rng, size_t(rows) * L * D, -3.f, 3.f);
+      Dev<float> dparts(pa.size()), dsum(sum.size()), dple(ple.size());
+      dparts.upload(pa);
+      dsum.upload(sum);
+      dple.upload(ple);
+      std::vector<uint16_t> outs[2];
+      for (int run = 0; run < 2; ++run) {
+        Dev<half> out(n);
+        out.poison();
+        REQUIRE_CUDA(kn::launch_ple_gate(run == 0 ? dsum.get() : dparts.get(), dple.get(), rows, L, D, 1, out.get(),
+                                         st.s, run == 0 ? 1 : parts, run == 0 ? 0 : n));
+        st.sync();
+        outs[run] = out.download<uint16_t>();
+      }
+      INFO("ple_gate D " << D << ", " << parts << " parts");
+      REQUIRE(outs[0] == outs[1]);
+    }
+  }
+  // parts past part_ld's reach are refused before launching
+  REQUIRE(kn::launch_ple_gate(nullptr, nullptr, rows, L, 8, 0, nullptr, st.s, 2, 8) == cudaErrorInvalidValue);
+  kn::HeadNormTarget t;
+  t.heads = 1;
+  REQUIRE(kn::launch_head_norm_rope_multi(&t, 1, rows, 64, 1e-6f, nullptr, st.s, 2, 0) == cudaErrorInvalidValue);
+}
+
 TEST_CASE("softcap: x = tanh(x / cap) * cap in place; cap <= 0 leaves x alone", "[gpu]") {
   std::mt19937 rng(506);
   Stream st;

@@ -177,10 +177,16 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     const int qw = c_.num_heads * lc.head_dim, kvw = lc.num_kv_heads * lc.head_dim;
     qkv_ = Qkv{ws_.proj_a, ws_.proj_b, lc.k_eq_v ? ws_.proj_b : ws_.proj_c, qw, kvw};
-    if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    Parts r;
+    if (lc.kv_shared) {
+      GEMMA4_T4_TRY(mm_parts(d.q, ws_.x16, ws_.proj_a, "q_proj", &r));
+      qkv_ = Qkv{r.y, nullptr, nullptr, qw, kvw, r.n, r.ld};
+      return Status::ok();
+    }
     if (p_.rows > kernels::kGemvMaxRows && d.qkv.out) {  // one matmul: [n, q | k | v] in proj_a and proj_b's memory
-      qkv_ = Qkv{ws_.proj_a, ws_.proj_a + qw, ws_.proj_a + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out};
-      return mm(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj");
+      GEMMA4_T4_TRY(mm_parts(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj", &r));
+      qkv_ = Qkv{r.y, r.y + qw, r.y + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out, r.n, r.ld};
+      return Status::ok();
     }
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
@@ -223,9 +229,9 @@ class LayerEncoder {
       hn[2].kv = kt;
       hn[2].kv.base = ws_.dev.v;
     }
-    GEMMA4_T4_CUDA_TRY(
-        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, pos_, ln_),
-        "q/k/v norm + RoPE");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps,
+                                                            pos_, ln_, qkv_.parts, qkv_.part_ld),
+                       "q/k/v norm + RoPE");
     return Status::ok();
   }
 
@@ -328,8 +334,9 @@ class LayerEncoder {
       act_ = ws_.act16;
       return Status::ok();
     }
-    GEMMA4_T4_TRY(mm(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate"));
-    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ple_, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
+    Parts r;
+    GEMMA4_T4_TRY(mm_parts(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate", &r));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(r.y, ple_, p_.rows, L, D, l, ws_.x16, ln_, r.n, r.ld), "PLE gate");
     act_ = ws_.x16;
     return Status::ok();
   }
@@ -354,6 +361,9 @@ class LayerEncoder {
   struct Qkv {
     const float *q = nullptr, *k = nullptr, *v = nullptr;
     int ld_q = 0, ld_kv = 0;
+    int parts =
+        1;  // a split-K GEMM's partial tiles (mm_parts): q, k and v each the sum of `parts` arrays, part_ld apart
+    size_t part_ld = 0;
   };
 
   struct Pending {
@@ -367,7 +377,9 @@ class LayerEncoder {
 
   // y = x W^T of a residual projection, its norm-and-add left pending. A decode GEMV whose row tiles leave the GPU
   // short of blocks (o_proj, down_proj: 96 on an H200's 132 SMs) splits its k-tiles over blocks
-  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order.
+  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order. So
+  // does a split-K int4 GEMM (o_proj, down_proj at 33..256 rows): its partial tiles stay in ws.gemm_part for the
+  // residual norm to add in split order, the sums its reduce kernel would have made (one launch fewer).
   Status project(const DevLinear& w, const half* x, float* y, const char* what, const float* norm_w,
                  const char* norm_what) {
     const int n = p_.rows, H = c_.hidden_size;
@@ -382,8 +394,9 @@ class LayerEncoder {
       pending_ = Pending{ws_.gemv_parts, norm_w, 1.f, norm_what, parts, ld};
       return Status::ok();
     }
-    GEMMA4_T4_TRY(mm(w, x, y, what));
-    pending_ = Pending{y, norm_w, 1.f, norm_what};
+    Parts r;
+    GEMMA4_T4_TRY(mm_parts(w, x, y, what, &r));
+    pending_ = Pending{r.y, norm_w, 1.f, norm_what, r.n, r.ld};
     return Status::ok();
   }
 
@@ -417,7 +430,7 @@ class LayerEncoder {
   static constexpr int kHeadsFoldRows = 2;
   bool heads_fold(int l) const {
     const LayerConfig& lc = c_.layers[l];
-    return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && !flash(l) &&
+    return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && qkv_.parts == 1 && !flash(l) &&
            kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
            (lc.kv_shared || lc.kv_source == l);
   }
@@ -453,16 +466,45 @@ class LayerEncoder {
       return Status::ok();
     }
     if (!via_cublas(w)) {  // W4Matmul: the int4 weights straight into the tensor cores (gemm_w4.cuh)
-      kernels::GemmW4Args a;
-      a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
-      a.wp = w.wp, a.sp = w.sp;
-      a.y = y, a.ldy = w.out;
-      a.splits = kernels::gemm_w4_splits(n, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
-      a.part = ws_.gemm_part;
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(gemm_w4_args(w, x, y), ln_), what);
       return Status::ok();
     }
     return mm_cublas(w, x, y, what);
+  }
+
+  // Where mm_parts left a product: y, or the sum of n arrays at y + p ld (a split-K int4 GEMM's partial tiles).
+  struct Parts {
+    float* y = nullptr;
+    int n = 1;
+    size_t ld = 0;
+  };
+
+  // mm() for a consumer that adds a split-K int4 GEMM's partial tiles itself, in split order (residual_norm,
+  // head_norm_rope, ple_gate: the sums the GEMM's reduce kernel would have written, one launch fewer): the tiles stay
+  // in ws.gemm_part ([splits][rows][w.out]); any other product goes to y as mm() writes it.
+  Status mm_parts(const DevLinear& w, const half* x, float* y, const char* what, Parts* out) const {
+    if (p_.rows > kernels::kGemvMaxRows && !via_cublas(w)) {
+      kernels::GemmW4Args a = gemm_w4_args(w, x, y);
+      if (a.splits > 1) {
+        a.keep_parts = true;
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+        *out = Parts{ws_.gemm_part, a.splits, size_t(p_.rows) * size_t(w.out)};
+        return Status::ok();
+      }
+    }
+    *out = Parts{y};
+    return mm(w, x, y, what);
+  }
+
+  // The int4 GEMM's arguments for y [rows, w.out] = x W^T, split-K by the shape (partials in ws.gemm_part).
+  kernels::GemmW4Args gemm_w4_args(const DevLinear& w, const half* x, float* y) const {
+    kernels::GemmW4Args a;
+    a.x = x, a.ldx = w.in, a.m = p_.rows, a.n = w.out, a.k = w.in;
+    a.wp = w.wp, a.sp = w.sp;
+    a.y = y, a.ldy = w.out;
+    a.splits = kernels::gemm_w4_splits(p_.rows, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
+    a.part = ws_.gemm_part;
+    return a;
   }
 
   // y = x W^T through cuBLAS (w4a16 dequantised to fp16 first), y fp32 or fp16.
