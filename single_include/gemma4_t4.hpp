@@ -6241,6 +6241,8 @@ __device__ __forceinline__ void mma_16x8x16(float (&c)[4], const uint32_t (&a)[4
 //   (full layers have capacity >= every position, so the slot is the position; sliding layers use a ring).
 // One launch serves up to three targets of the same head dim (a layer's q, k and v: 8 + 1 + 1 heads on
 // E2B), each with its own input, weight, RoPE table and destination: grid (rows, total heads).
+// parts > 1 (a split-K int4 GEMM's partial tiles, gemm_w4.cuh keep_parts): x = in_0 + in_1 + ... in part order,
+// part p at in + p * part_ld for every target -- the sums the GEMM's reduce kernel would have written.
 // Block: max(32, d/2) threads, one channel pair each. sm_75 safe; static shared memory 132 B.
 //
 // The arithmetic of one channel pair (head_pair_*) is shared with attention.cuh's heads mode (AttnHeads), which
@@ -6286,6 +6288,8 @@ struct HeadNormArgs {
   int d = 0;
   float eps = 0.f;
   const int* pos = nullptr;  // [rows]
+  int parts = 1;             // the targets' inputs: sums of `parts` arrays, part p at in + p * part_ld floats
+  size_t part_ld = 0;
 };
 
 // ---- one channel pair (i, i + d/2) of a head ----
@@ -6371,6 +6375,13 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   pdl_enter();
   const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
   float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
+  if (active) {
+#pragma unroll 4
+    for (int p = 1; p < a.parts; ++p) {  // a split-K GEMM's further partial tiles, in split order
+      va += x[size_t(p) * a.part_ld + i];
+      vb += x[size_t(p) * a.part_ld + i + half_d];
+    }
+  }
   const float r = head_norm_scale(block_sum(head_pair_ss(va, vb)), d, a.eps);
   if (!active) return;
   head_pair_apply(hp, r, va, vb);
@@ -6381,10 +6392,13 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
 inline int head_norm_threads(int d) { return ((d / 2 + 31) / 32) * 32; }
 
 // Up to kHeadNormMaxTargets targets of one head dim d (q, k and v of a layer) in one launch.
+// parts (>= 1): every target's input is the sum of that many arrays, part p at in + p * part_ld floats.
 inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, int count, int rows, int d, float eps,
-                                               const int* pos, const Launch& launch) {
+                                               const int* pos, const Launch& launch, int parts = 1,
+                                               size_t part_ld = 0) {
   if (rows <= 0) return cudaSuccess;
-  if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0) return cudaErrorInvalidValue;
+  if (count < 1 || count > kHeadNormMaxTargets || d < 2 || d % 2 != 0 || parts < 1 || (parts > 1 && part_ld == 0))
+    return cudaErrorInvalidValue;
   HeadNormArgs a;
   int heads = 0;
   for (int i = 0; i < count; ++i) {
@@ -6397,6 +6411,8 @@ inline cudaError_t launch_head_norm_rope_multi(const HeadNormTarget* targets, in
   a.d = d;
   a.eps = eps;
   a.pos = pos;
+  a.parts = parts;
+  a.part_ld = part_ld;
   return launch_kernel(head_norm_rope_kernel, dim3(rows, heads), head_norm_threads(d), launch, a);
 }
 
@@ -7384,19 +7400,27 @@ inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const
                        ple);
 }
 
-static __global__ void ple_gate_kernel(const float* __restrict__ g, const float* __restrict__ ple, int rows, int L,
-                                       int D, int layer, half* __restrict__ out) {
+static __global__ void ple_gate_kernel(const float* __restrict__ g, int parts, size_t part_ld,
+                                       const float* __restrict__ ple, int rows, int L, int D, int layer,
+                                       half* __restrict__ out) {
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
   const size_t r = i / D, k = i % D;
-  out[i] = to_half_sat(gelu_tanh(g[i]) * ple[(r * L + layer) * D + k]);
+  float v = g[i];
+#pragma unroll 4
+  for (int p = 1; p < parts; ++p) v += g[size_t(p) * part_ld + i];  // a split-K GEMM's partial tiles, in split order
+  out[i] = to_half_sat(gelu_tanh(v) * ple[(r * L + layer) * D + k]);
 }
 
+// parts (>= 1): g is the sum of that many [rows, D] arrays, part p at g + p * part_ld floats (a split-K int4 GEMM's
+// partial tiles, gemm_w4.cuh keep_parts: the sums its reduce kernel would have written).
 inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, int L, int D, int layer, half* out,
-                                   const Launch& launch) {
+                                   const Launch& launch, int parts = 1, size_t part_ld = 0) {
   if (rows <= 0) return cudaSuccess;
-  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, ple, rows, L, D, layer, out);
+  if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(D))) return cudaErrorInvalidValue;
+  return launch_kernel(ple_gate_kernel, ceil_div(size_t(rows) * D, 256), 256, launch, g, parts, part_ld, ple, rows, L,
+                       D, layer, out);
 }
 
 // V = 4: each thread caps 4 consecutive floats (one 16-byte load and store; n and x aligned for it), else one.
@@ -8225,9 +8249,12 @@ struct GemmW4Args {
   float* y = nullptr;            // [M, ldy] fp32, ldy % 2 == 0
   int ldy = 0;
   // Split-K (gemm_w4_splits): `splits` blocks along K per output tile, each writing its partial tile to part
-  // ([splits][M][N] fp32, 16-byte aligned), summed in split order by a second kernel (deterministic).
+  // ([splits][M][N] fp32, 16-byte aligned), summed in split order by a second kernel (deterministic) into y, or --
+  // keep_parts -- left there for the reader to add in split order (launch_residual_norm's parts: part p at
+  // part + p M N, rows of N), y unused.
   int splits = 1;
   float* part = nullptr;
+  bool keep_parts = false;
 };
 
 // ---- the kernels' common tail ----
@@ -8938,7 +8965,7 @@ inline cudaError_t launch_gemm_w4_cfg(const GemmW4Args& a, const Launch& l) {
     e = launch_kernel(gemm_w4x_kernel<C>, grid, C::kThreads, l, a);
   else
     e = launch_kernel(gemm_w4_kernel<C>, grid, C::kThreads, l, a);
-  if (e != cudaSuccess || a.splits == 1) return e;
+  if (e != cudaSuccess || a.splits == 1 || a.keep_parts) return e;
   return launch_kernel(gemm_w4_reduce_kernel, ceil_div(size_t(a.m) * (a.n / 4), 256), 256, l, a.part, a.splits, a.m,
                        a.n, a.y, a.ldy);
 }
@@ -9783,8 +9810,8 @@ inline cudaError_t launch_dequant_w4(const uint32_t* Wq, const half* S, int out,
 //
 // rmsnorm:        out16[r] = half(norm(x[src(r)]) * w)  x: fp32, row stride ldx; src(r) = row_index[r] or r
 // residual_norm:  h[r] = (h[r] + norm(y[r]) * w_post) * scalar         h: [rows, cols] fp32 residual
-//                 y[r] = y_0[r] + y_1[r] + ... in part order: a k-split GEMV's parts (gemv.cuh ksplit),
-//                 part p at y + p * part_ld
+//                 y[r] = y_0[r] + y_1[r] + ... in part order: a k-split GEMV's parts (gemv.cuh ksplit) or a
+//                 split-K int4 GEMM's partial tiles (gemm_w4.cuh keep_parts), part p at y + p * part_ld
 //                 then, by `next`: out16[r] = half(norm(h[r]) * w_next)  (NextNorm::Norm)
 //                                   out16[r] = half(h[r])                (NextNorm::Copy, PLE gate input)
 //                                   nothing                              (NextNorm::None)
@@ -9851,23 +9878,27 @@ static __global__ void residual_norm_kernel(float* __restrict__ h, const float* 
   for (int c = threadIdx.x; c < cols; c += blockDim.x) o[c] = to_half_sat(hr[c] * r2 * w_next[c]);
 }
 
-constexpr int kNormVec = 8;  // float4 chunks per thread, vectorised kernels
+constexpr int kNormVec = 8;         // float4 chunks per thread, vectorised kernels (at most)
+constexpr int kNormPartsAhead = 4;  // residual_norm: a k-split's parts loaded at once
 
-// Thread t owns chunks t, t + T, ..., t + (kNormVec - 1) T of the row (4 floats each; zeros past the end,
-// and everywhere for a null row).
-__device__ __forceinline__ void norm_load(const float* row, int n4, float4 (&v)[kNormVec]) {
+// Thread t owns chunks t, t + T, ..., t + (KV - 1) T of the row (4 floats each; zeros past the end, and everywhere
+// for a null row). KV (<= kNormVec): the launch's chunks per thread (norm_chunks); chunks past the row are zeros,
+// which add nothing to a sum, so every KV that covers the row gives the same results bit for bit.
+template <int KV>
+__device__ __forceinline__ void norm_load(const float* row, int n4, float4 (&v)[KV]) {
   const float4* p = reinterpret_cast<const float4*>(row);
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     const int j = int(threadIdx.x) + k * int(blockDim.x);
     v[k] = p && j < n4 ? p[j] : make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
-__device__ __forceinline__ float norm_sumsq(const float4 (&v)[kNormVec]) {
+template <int KV>
+__device__ __forceinline__ float norm_sumsq(const float4 (&v)[KV]) {
   float ss = 0.f;
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     ss += v[k].x * v[k].x;
     ss += v[k].y * v[k].y;
     ss += v[k].z * v[k].z;
@@ -9877,10 +9908,11 @@ __device__ __forceinline__ float norm_sumsq(const float4 (&v)[kNormVec]) {
 }
 
 // out[j] = half4(v[k] * r * w[k]) (or half4(v[k]) when w is null) for the thread's chunks.
-__device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[kNormVec], float r,
-                                           const float4 (&w)[kNormVec], bool weighted) {
+template <int KV>
+__device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[KV], float r, const float4 (&w)[KV],
+                                           bool weighted) {
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     const int j = int(threadIdx.x) + k * int(blockDim.x);
     if (j >= n4) continue;
     const float4 a = v[k];
@@ -9907,29 +9939,39 @@ static __global__ void __launch_bounds__(256)
   norm_store(out16 + size_t(blockIdx.x) * cols, n4, v, r, wv, true);
 }
 
+// KV: chunks per thread (norm_chunks); the row's 4-float chunks are KV x blockDim at most.
+template <int KV>
 static __global__ void __launch_bounds__(256)
     residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, int parts, size_t part_ld,
                              const float* __restrict__ w_post, int cols, float eps, float scalar, NextNorm next,
                              const float* __restrict__ w_next, half* __restrict__ out16) {
   const int n4 = cols / 4;
-  float4 wp[kNormVec], wn[kNormVec];
+  float4 wp[KV], wn[KV];
   norm_load(w_post, n4, wp);  // constants: before pdl_enter
   norm_load(next == NextNorm::Norm ? w_next : nullptr, n4, wn);
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
-  float4 yv[kNormVec], hv[kNormVec];
+  float4 yv[KV], hv[KV];
   norm_load(y + size_t(blockIdx.x) * cols, n4, yv);
   norm_load(hr, n4, hv);
-  for (int p = 1; p < parts; ++p) {  // a k-split GEMV's further parts, added in part order
-    float4 t[kNormVec];
-    norm_load(y + size_t(p) * part_ld + size_t(blockIdx.x) * cols, n4, t);
+  // a k-split's further parts (a GEMV's 2..4, an int4 GEMM's up to ~20), added in part order; loaded PA at a time, so
+  // that a block waits one L2 round trip per group of parts, not per part (PA 2 at 8 chunks: no spills)
+  constexpr int PA = KV >= kNormVec ? 2 : kNormPartsAhead;
+  for (int p0 = 1; p0 < parts; p0 += PA) {
+    float4 t[PA][KV];
 #pragma unroll
-    for (int k = 0; k < kNormVec; ++k)
-      yv[k] = make_float4(yv[k].x + t[k].x, yv[k].y + t[k].y, yv[k].z + t[k].z, yv[k].w + t[k].w);
+    for (int q = 0; q < PA; ++q)
+      if (p0 + q < parts) norm_load(y + size_t(p0 + q) * part_ld + size_t(blockIdx.x) * cols, n4, t[q]);
+#pragma unroll
+    for (int q = 0; q < PA; ++q)
+      if (p0 + q < parts)
+#pragma unroll
+        for (int k = 0; k < KV; ++k)
+          yv[k] = make_float4(yv[k].x + t[q][k].x, yv[k].y + t[q][k].y, yv[k].z + t[q][k].z, yv[k].w + t[q][k].w);
   }
   const float r = rsqrtf(block_sum(norm_sumsq(yv)) / cols + eps);
 #pragma unroll
-  for (int k = 0; k < kNormVec; ++k) {
+  for (int k = 0; k < KV; ++k) {
     const int j = int(threadIdx.x) + k * int(blockDim.x);
     if (j >= n4) continue;
     const float4 a = hv[k], b = yv[k], c = wp[k];
@@ -9955,6 +9997,13 @@ inline int norm_vec_threads(int cols) {
   return n4 <= 32 * kNormVec ? 32 : (n4 <= 128 * kNormVec ? 128 : 256);
 }
 
+// The vectorised kernels' chunks per thread for a row of cols at norm_vec_threads(cols) threads: the fewest of 1, 2, 4
+// and kNormVec that cover the row (registers: a residual_norm with k-split parts holds kNormPartsAhead more rows).
+inline int norm_chunks(int cols) {
+  const int n4 = cols / 4, t = norm_vec_threads(cols);
+  return n4 <= t ? 1 : n4 <= 2 * t ? 2 : n4 <= 4 * t ? 4 : kNormVec;
+}
+
 inline bool norm_vec_ok(int cols, int ld, const void* a, const void* b, const void* c) {
   return cols % 4 == 0 && ld % 4 == 0 && cols / 4 <= 256 * kNormVec && is_aligned(a, 16) && is_aligned(b, 16) &&
          is_aligned(c, 16);
@@ -9978,8 +10027,20 @@ inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w
   if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(cols))) return cudaErrorInvalidValue;
   if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr) &&
       (parts == 1 || part_ld % 4 == 0))
-    return launch_kernel(residual_norm_vec_kernel, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld, w_post,
-                         cols, eps, scalar, next, w_next, out16);
+    switch (norm_chunks(cols)) {
+      case 1:
+        return launch_kernel(residual_norm_vec_kernel<1>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
+                             w_post, cols, eps, scalar, next, w_next, out16);
+      case 2:
+        return launch_kernel(residual_norm_vec_kernel<2>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
+                             w_post, cols, eps, scalar, next, w_next, out16);
+      case 4:
+        return launch_kernel(residual_norm_vec_kernel<4>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
+                             w_post, cols, eps, scalar, next, w_next, out16);
+      default:
+        return launch_kernel(residual_norm_vec_kernel<kNormVec>, rows, norm_vec_threads(cols), launch, h, y, parts,
+                             part_ld, w_post, cols, eps, scalar, next, w_next, out16);
+    }
   return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps,
                        scalar, next, w_next, out16);
 }
@@ -11593,10 +11654,16 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     const int qw = c_.num_heads * lc.head_dim, kvw = lc.num_kv_heads * lc.head_dim;
     qkv_ = Qkv{ws_.proj_a, ws_.proj_b, lc.k_eq_v ? ws_.proj_b : ws_.proj_c, qw, kvw};
-    if (lc.kv_shared) return mm(d.q, ws_.x16, ws_.proj_a, "q_proj");
+    Parts r;
+    if (lc.kv_shared) {
+      GEMMA4_T4_TRY(mm_parts(d.q, ws_.x16, ws_.proj_a, "q_proj", &r));
+      qkv_ = Qkv{r.y, nullptr, nullptr, qw, kvw, r.n, r.ld};
+      return Status::ok();
+    }
     if (p_.rows > kernels::kGemvMaxRows && d.qkv.out) {  // one matmul: [n, q | k | v] in proj_a and proj_b's memory
-      qkv_ = Qkv{ws_.proj_a, ws_.proj_a + qw, ws_.proj_a + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out};
-      return mm(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj");
+      GEMMA4_T4_TRY(mm_parts(d.qkv, ws_.x16, ws_.proj_a, "q/k/v_proj", &r));
+      qkv_ = Qkv{r.y, r.y + qw, r.y + qw + (lc.k_eq_v ? 0 : kvw), d.qkv.out, d.qkv.out, r.n, r.ld};
+      return Status::ok();
     }
     const DevLinear* mats[3] = {&d.q, &d.k, &d.v};
     float* const ys[3] = {ws_.proj_a, ws_.proj_b, ws_.proj_c};
@@ -11639,9 +11706,9 @@ class LayerEncoder {
       hn[2].kv = kt;
       hn[2].kv.base = ws_.dev.v;
     }
-    GEMMA4_T4_CUDA_TRY(
-        kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps, pos_, ln_),
-        "q/k/v norm + RoPE");
+    GEMMA4_T4_CUDA_TRY(kernels::launch_head_norm_rope_multi(hn, lc.kv_shared ? 1 : 3, p_.rows, hd, c_.rms_norm_eps,
+                                                            pos_, ln_, qkv_.parts, qkv_.part_ld),
+                       "q/k/v norm + RoPE");
     return Status::ok();
   }
 
@@ -11744,8 +11811,9 @@ class LayerEncoder {
       act_ = ws_.act16;
       return Status::ok();
     }
-    GEMMA4_T4_TRY(mm(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate"));
-    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(ws_.proj_a, ple_, p_.rows, L, D, l, ws_.x16, ln_), "PLE gate");
+    Parts r;
+    GEMMA4_T4_TRY(mm_parts(d.ple_gate, ws_.x16, ws_.proj_a, "per_layer_input_gate", &r));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_ple_gate(r.y, ple_, p_.rows, L, D, l, ws_.x16, ln_, r.n, r.ld), "PLE gate");
     act_ = ws_.x16;
     return Status::ok();
   }
@@ -11770,6 +11838,9 @@ class LayerEncoder {
   struct Qkv {
     const float *q = nullptr, *k = nullptr, *v = nullptr;
     int ld_q = 0, ld_kv = 0;
+    int parts =
+        1;  // a split-K GEMM's partial tiles (mm_parts): q, k and v each the sum of `parts` arrays, part_ld apart
+    size_t part_ld = 0;
   };
 
   struct Pending {
@@ -11783,7 +11854,9 @@ class LayerEncoder {
 
   // y = x W^T of a residual projection, its norm-and-add left pending. A decode GEMV whose row tiles leave the GPU
   // short of blocks (o_proj, down_proj: 96 on an H200's 132 SMs) splits its k-tiles over blocks
-  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order.
+  // (kernels::gemv_store_splits): the parts go to ws.gemv_parts, and the residual norm adds them in part order. So
+  // does a split-K int4 GEMM (o_proj, down_proj at 33..256 rows): its partial tiles stay in ws.gemm_part for the
+  // residual norm to add in split order, the sums its reduce kernel would have made (one launch fewer).
   Status project(const DevLinear& w, const half* x, float* y, const char* what, const float* norm_w,
                  const char* norm_what) {
     const int n = p_.rows, H = c_.hidden_size;
@@ -11798,8 +11871,9 @@ class LayerEncoder {
       pending_ = Pending{ws_.gemv_parts, norm_w, 1.f, norm_what, parts, ld};
       return Status::ok();
     }
-    GEMMA4_T4_TRY(mm(w, x, y, what));
-    pending_ = Pending{y, norm_w, 1.f, norm_what};
+    Parts r;
+    GEMMA4_T4_TRY(mm_parts(w, x, y, what, &r));
+    pending_ = Pending{r.y, norm_w, 1.f, norm_what, r.n, r.ld};
     return Status::ok();
   }
 
@@ -11833,7 +11907,7 @@ class LayerEncoder {
   static constexpr int kHeadsFoldRows = 2;
   bool heads_fold(int l) const {
     const LayerConfig& lc = c_.layers[l];
-    return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && !flash(l) &&
+    return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && qkv_.parts == 1 && !flash(l) &&
            kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
            (lc.kv_shared || lc.kv_source == l);
   }
@@ -11869,16 +11943,45 @@ class LayerEncoder {
       return Status::ok();
     }
     if (!via_cublas(w)) {  // W4Matmul: the int4 weights straight into the tensor cores (gemm_w4.cuh)
-      kernels::GemmW4Args a;
-      a.x = x, a.ldx = w.in, a.m = n, a.n = w.out, a.k = w.in;
-      a.wp = w.wp, a.sp = w.sp;
-      a.y = y, a.ldy = w.out;
-      a.splits = kernels::gemm_w4_splits(n, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
-      a.part = ws_.gemm_part;
-      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(gemm_w4_args(w, x, y), ln_), what);
       return Status::ok();
     }
     return mm_cublas(w, x, y, what);
+  }
+
+  // Where mm_parts left a product: y, or the sum of n arrays at y + p ld (a split-K int4 GEMM's partial tiles).
+  struct Parts {
+    float* y = nullptr;
+    int n = 1;
+    size_t ld = 0;
+  };
+
+  // mm() for a consumer that adds a split-K int4 GEMM's partial tiles itself, in split order (residual_norm,
+  // head_norm_rope, ple_gate: the sums the GEMM's reduce kernel would have written, one launch fewer): the tiles stay
+  // in ws.gemm_part ([splits][rows][w.out]); any other product goes to y as mm() writes it.
+  Status mm_parts(const DevLinear& w, const half* x, float* y, const char* what, Parts* out) const {
+    if (p_.rows > kernels::kGemvMaxRows && !via_cublas(w)) {
+      kernels::GemmW4Args a = gemm_w4_args(w, x, y);
+      if (a.splits > 1) {
+        a.keep_parts = true;
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+        *out = Parts{ws_.gemm_part, a.splits, size_t(p_.rows) * size_t(w.out)};
+        return Status::ok();
+      }
+    }
+    *out = Parts{y};
+    return mm(w, x, y, what);
+  }
+
+  // The int4 GEMM's arguments for y [rows, w.out] = x W^T, split-K by the shape (partials in ws.gemm_part).
+  kernels::GemmW4Args gemm_w4_args(const DevLinear& w, const half* x, float* y) const {
+    kernels::GemmW4Args a;
+    a.x = x, a.ldx = w.in, a.m = p_.rows, a.n = w.out, a.k = w.in;
+    a.wp = w.wp, a.sp = w.sp;
+    a.y = y, a.ldy = w.out;
+    a.splits = kernels::gemm_w4_splits(p_.rows, w.out, w.in, p_.sms, ws_.gemm_part ? kGemmPartFloats : 0);
+    a.part = ws_.gemm_part;
+    return a;
   }
 
   // y = x W^T through cuBLAS (w4a16 dequantised to fp16 first), y fp32 or fp16.
