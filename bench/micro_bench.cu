@@ -123,6 +123,29 @@ const Shape kShapes[] = {
     {"PLE proj", 1536, 256},
 };
 
+// Decode-attention arguments for one layer (table index 0 of 1) over the row tables seq / pos / capacity; the caches
+// (kbase, vbase) are the caller's to set.
+AttnArgs attn_args(const half* q, const int* seq, const int* pos, const int* capacity, int rows, int heads, int kvh,
+                   int window, int splits, float* part_o, float* part_ml, half* out, unsigned* counters) {
+  AttnArgs a;
+  a.q = q;
+  a.capacity = capacity;
+  a.seq = seq;
+  a.pos = pos;
+  a.layer = 0;
+  a.layers = 1;
+  a.rows = rows;
+  a.heads = heads;
+  a.kv_heads = kvh;
+  a.window = window;
+  a.splits = splits;
+  a.part_o = part_o;
+  a.part_ml = part_ml;
+  a.out = out;
+  a.counters = counters;
+  return a;
+}
+
 // Batched decode attention as a many-session decode step runs it: `rows` sessions of 576 positions (a 512-token
 // prompt and 64 steps; positions staggered by up to 7), each with caches of its own (1,024 slots), by split count:
 // the planner's (planner.hpp attention_plan: its head slices too, marked *), then others around it. Sessions rotate
@@ -183,23 +206,9 @@ void batched_attention_sweep(const cudaDeviceProp& prop) {
           counts.push_back(sp);
       std::sort(counts.begin(), counts.end());
       for (int sp : counts) {
-        AttnArgs a;
-        a.q = q;
-        a.capacity = meta + 256;
-        a.seq = meta;
-        a.pos = meta + 128;
-        a.layer = 0;
-        a.layers = 1;
-        a.rows = rows;
-        a.heads = heads;
-        a.kv_heads = kvh;
-        a.window = window;
-        a.splits = sp;
+        AttnArgs a =
+            attn_args(q, meta, meta + 128, meta + 256, rows, heads, kvh, window, sp, part_o, part_ml, out, counters);
         a.head_split = hs;
-        a.part_o = part_o;
-        a.part_ml = part_ml;
-        a.out = out;
-        a.counters = counters;
         const double us = time_us(
             [&](int i) {
               AttnArgs b = a;
@@ -385,24 +394,10 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(meta, h.data(), h.size() * sizeof(int), cudaMemcpyHostToDevice));
   };
   auto args = [&](int rows, int window, int splits) {
-    AttnArgs a;
-    a.q = q;
+    AttnArgs a = attn_args(q, meta, meta + 1024, meta + 3 * 1024, rows, heads, kvh, window, splits, part_o, part_ml,
+                           out, counters);
     a.kbase = kv_ptrs;
     a.vbase = kv_ptrs + 1;
-    a.capacity = meta + 3 * 1024;
-    a.seq = meta;
-    a.pos = meta + 1024;
-    a.layer = 0;
-    a.layers = 1;
-    a.rows = rows;
-    a.heads = heads;
-    a.kv_heads = kvh;
-    a.window = window;
-    a.splits = splits;
-    a.part_o = part_o;
-    a.part_ml = part_ml;
-    a.out = out;
-    a.counters = counters;
     return a;
   };
   // the backend's split policy (cuda_backend.hpp attention_splits -> attention_splits_for)
