@@ -11838,8 +11838,8 @@ class LayerEncoder {
   struct Qkv {
     const float *q = nullptr, *k = nullptr, *v = nullptr;
     int ld_q = 0, ld_kv = 0;
-    int parts =
-        1;  // a split-K GEMM's partial tiles (mm_parts): q, k and v each the sum of `parts` arrays, part_ld apart
+    // a split-K GEMM's partial tiles (mm_parts): q, k and v each the sum of `parts` arrays, part_ld floats apart
+    int parts = 1;
     size_t part_ld = 0;
   };
 
