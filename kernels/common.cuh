@@ -108,6 +108,15 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+// x[0] + x[ld] + ... + x[(parts - 1) ld], added in that order: a k-split's partial results (a GEMV's ksplit parts, an
+// int4 GEMM's split-K tiles) summed as their reader must add them, the same float whichever kernel does it.
+__device__ __forceinline__ float sum_parts(const float* x, int parts, size_t ld) {
+  float v = x[0];
+#pragma unroll 4
+  for (int p = 1; p < parts; ++p) v += x[size_t(p) * ld];
+  return v;
+}
+
 // 8 halves packed in 16 bytes -> floats
 __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
   const half2* h = reinterpret_cast<const half2*>(&u);

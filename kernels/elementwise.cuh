@@ -180,10 +180,7 @@ static __global__ void ple_gate_kernel(const float* __restrict__ g, int parts, s
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
   const size_t r = i / D, k = i % D;
-  float v = g[i];
-#pragma unroll 4
-  for (int p = 1; p < parts; ++p) v += g[size_t(p) * part_ld + i];  // a split-K GEMM's partial tiles, in split order
-  out[i] = to_half_sat(gelu_tanh(v) * ple[(r * L + layer) * D + k]);
+  out[i] = to_half_sat(gelu_tanh(sum_parts(g + i, parts, part_ld)) * ple[(r * L + layer) * D + k]);
 }
 
 // parts (>= 1): g is the sum of that many [rows, D] arrays, part p at g + p * part_ld floats (a split-K int4 GEMM's

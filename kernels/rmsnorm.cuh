@@ -46,11 +46,7 @@ static __global__ void residual_norm_kernel(float* __restrict__ h, const float* 
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
-  const auto yat = [&](int c) {  // the parts' sum, in part order
-    float v = yr[c];
-    for (int p = 1; p < parts; ++p) v += yr[size_t(p) * part_ld + c];
-    return v;
-  };
+  const auto yat = [&](int c) { return sum_parts(yr + c, parts, part_ld); };
   float ss = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
     const float v = yat(c);
@@ -221,21 +217,15 @@ inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w
   if (rows <= 0) return cudaSuccess;
   if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(cols))) return cudaErrorInvalidValue;
   if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr) &&
-      (parts == 1 || part_ld % 4 == 0))
-    switch (norm_chunks(cols)) {
-      case 1:
-        return launch_kernel(residual_norm_vec_kernel<1>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
-                             w_post, cols, eps, scalar, next, w_next, out16);
-      case 2:
-        return launch_kernel(residual_norm_vec_kernel<2>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
-                             w_post, cols, eps, scalar, next, w_next, out16);
-      case 4:
-        return launch_kernel(residual_norm_vec_kernel<4>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
-                             w_post, cols, eps, scalar, next, w_next, out16);
-      default:
-        return launch_kernel(residual_norm_vec_kernel<kNormVec>, rows, norm_vec_threads(cols), launch, h, y, parts,
-                             part_ld, w_post, cols, eps, scalar, next, w_next, out16);
-    }
+      (parts == 1 || part_ld % 4 == 0)) {
+    const int kv = norm_chunks(cols);
+    const auto kernel = kv == 1   ? residual_norm_vec_kernel<1>
+                        : kv == 2 ? residual_norm_vec_kernel<2>
+                        : kv == 4 ? residual_norm_vec_kernel<4>
+                                  : residual_norm_vec_kernel<kNormVec>;
+    return launch_kernel(kernel, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps, scalar,
+                         next, w_next, out16);
+  }
   return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps,
                        scalar, next, w_next, out16);
 }

@@ -144,14 +144,8 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   }
   pdl_enter();
   const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
-  float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
-  if (active) {
-#pragma unroll 4
-    for (int p = 1; p < a.parts; ++p) {  // a split-K GEMM's further partial tiles, in split order
-      va += x[size_t(p) * a.part_ld + i];
-      vb += x[size_t(p) * a.part_ld + i + half_d];
-    }
-  }
+  float va = active ? sum_parts(x + i, a.parts, a.part_ld) : 0.f;
+  float vb = active ? sum_parts(x + i + half_d, a.parts, a.part_ld) : 0.f;
   const float r = head_norm_scale(block_sum(head_pair_ss(va, vb)), d, a.eps);
   if (!active) return;
   head_pair_apply(hp, r, va, vb);

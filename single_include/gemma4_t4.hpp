@@ -5845,6 +5845,15 @@ __device__ __forceinline__ float gelu_tanh(float x) {
   return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+// x[0] + x[ld] + ... + x[(parts - 1) ld], added in that order: a k-split's partial results (a GEMV's ksplit parts, an
+// int4 GEMM's split-K tiles) summed as their reader must add them, the same float whichever kernel does it.
+__device__ __forceinline__ float sum_parts(const float* x, int parts, size_t ld) {
+  float v = x[0];
+#pragma unroll 4
+  for (int p = 1; p < parts; ++p) v += x[size_t(p) * ld];
+  return v;
+}
+
 // 8 halves packed in 16 bytes -> floats
 __device__ __forceinline__ void unpack8(const uint4& u, float* f) {
   const half2* h = reinterpret_cast<const half2*>(&u);
@@ -6374,14 +6383,8 @@ static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
   }
   pdl_enter();
   const float* x = t.in + size_t(row) * t.ld_in + size_t(hh) * d;
-  float va = active ? x[i] : 0.f, vb = active ? x[i + half_d] : 0.f;
-  if (active) {
-#pragma unroll 4
-    for (int p = 1; p < a.parts; ++p) {  // a split-K GEMM's further partial tiles, in split order
-      va += x[size_t(p) * a.part_ld + i];
-      vb += x[size_t(p) * a.part_ld + i + half_d];
-    }
-  }
+  float va = active ? sum_parts(x + i, a.parts, a.part_ld) : 0.f;
+  float vb = active ? sum_parts(x + i + half_d, a.parts, a.part_ld) : 0.f;
   const float r = head_norm_scale(block_sum(head_pair_ss(va, vb)), d, a.eps);
   if (!active) return;
   head_pair_apply(hp, r, va, vb);
@@ -7407,10 +7410,7 @@ static __global__ void ple_gate_kernel(const float* __restrict__ g, int parts, s
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
   const size_t r = i / D, k = i % D;
-  float v = g[i];
-#pragma unroll 4
-  for (int p = 1; p < parts; ++p) v += g[size_t(p) * part_ld + i];  // a split-K GEMM's partial tiles, in split order
-  out[i] = to_half_sat(gelu_tanh(v) * ple[(r * L + layer) * D + k]);
+  out[i] = to_half_sat(gelu_tanh(sum_parts(g + i, parts, part_ld)) * ple[(r * L + layer) * D + k]);
 }
 
 // parts (>= 1): g is the sum of that many [rows, D] arrays, part p at g + p * part_ld floats (a split-K int4 GEMM's
@@ -9851,11 +9851,7 @@ static __global__ void residual_norm_kernel(float* __restrict__ h, const float* 
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
-  const auto yat = [&](int c) {  // the parts' sum, in part order
-    float v = yr[c];
-    for (int p = 1; p < parts; ++p) v += yr[size_t(p) * part_ld + c];
-    return v;
-  };
+  const auto yat = [&](int c) { return sum_parts(yr + c, parts, part_ld); };
   float ss = 0.f;
   for (int c = threadIdx.x; c < cols; c += blockDim.x) {
     const float v = yat(c);
@@ -10026,21 +10022,15 @@ inline cudaError_t launch_residual_norm(float* h, const float* y, const float* w
   if (rows <= 0) return cudaSuccess;
   if (parts < 1 || (parts > 1 && part_ld < size_t(rows) * size_t(cols))) return cudaErrorInvalidValue;
   if (norm_vec_ok(cols, cols, h, y, w_post) && norm_vec_ok(cols, cols, w_next, out16, nullptr) &&
-      (parts == 1 || part_ld % 4 == 0))
-    switch (norm_chunks(cols)) {
-      case 1:
-        return launch_kernel(residual_norm_vec_kernel<1>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
-                             w_post, cols, eps, scalar, next, w_next, out16);
-      case 2:
-        return launch_kernel(residual_norm_vec_kernel<2>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
-                             w_post, cols, eps, scalar, next, w_next, out16);
-      case 4:
-        return launch_kernel(residual_norm_vec_kernel<4>, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld,
-                             w_post, cols, eps, scalar, next, w_next, out16);
-      default:
-        return launch_kernel(residual_norm_vec_kernel<kNormVec>, rows, norm_vec_threads(cols), launch, h, y, parts,
-                             part_ld, w_post, cols, eps, scalar, next, w_next, out16);
-    }
+      (parts == 1 || part_ld % 4 == 0)) {
+    const int kv = norm_chunks(cols);
+    const auto kernel = kv == 1   ? residual_norm_vec_kernel<1>
+                        : kv == 2 ? residual_norm_vec_kernel<2>
+                        : kv == 4 ? residual_norm_vec_kernel<4>
+                                  : residual_norm_vec_kernel<kNormVec>;
+    return launch_kernel(kernel, rows, norm_vec_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps, scalar,
+                         next, w_next, out16);
+  }
   return launch_kernel(residual_norm_kernel, rows, norm_threads(cols), launch, h, y, parts, part_ld, w_post, cols, eps,
                        scalar, next, w_next, out16);
 }
@@ -11962,12 +11952,10 @@ class LayerEncoder {
   Status mm_parts(const DevLinear& w, const half* x, float* y, const char* what, Parts* out) const {
     if (p_.rows > kernels::kGemvMaxRows && !via_cublas(w)) {
       kernels::GemmW4Args a = gemm_w4_args(w, x, y);
-      if (a.splits > 1) {
-        a.keep_parts = true;
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
-        *out = Parts{ws_.gemm_part, a.splits, size_t(p_.rows) * size_t(w.out)};
-        return Status::ok();
-      }
+      a.keep_parts = a.splits > 1;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+      *out = a.keep_parts ? Parts{ws_.gemm_part, a.splits, size_t(p_.rows) * size_t(w.out)} : Parts{y};
+      return Status::ok();
     }
     *out = Parts{y};
     return mm(w, x, y, what);

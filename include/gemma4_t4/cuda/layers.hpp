@@ -485,12 +485,10 @@ class LayerEncoder {
   Status mm_parts(const DevLinear& w, const half* x, float* y, const char* what, Parts* out) const {
     if (p_.rows > kernels::kGemvMaxRows && !via_cublas(w)) {
       kernels::GemmW4Args a = gemm_w4_args(w, x, y);
-      if (a.splits > 1) {
-        a.keep_parts = true;
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
-        *out = Parts{ws_.gemm_part, a.splits, size_t(p_.rows) * size_t(w.out)};
-        return Status::ok();
-      }
+      a.keep_parts = a.splits > 1;
+      GEMMA4_T4_CUDA_TRY(kernels::launch_gemm_w4(a, ln_), what);
+      *out = a.keep_parts ? Parts{ws_.gemm_part, a.splits, size_t(p_.rows) * size_t(w.out)} : Parts{y};
+      return Status::ok();
     }
     *out = Parts{y};
     return mm(w, x, y, what);
