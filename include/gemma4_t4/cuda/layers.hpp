@@ -327,6 +327,14 @@ class LayerEncoder {
       return Status::ok();
     }
     const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
+    if (decode && ple_fused(d)) {  // the gate and the projection in one launch, its parts left to residual()
+      GEMMA4_T4_CUDA_TRY(kernels::launch_ple_fused(gemv_mat(d.ple_gate, nullptr), gemv_mat(d.ple_proj, nullptr),
+                                                   ws_.x16, p_.rows, c_.hidden_size, ple_, L, l, ws_.gemv_parts,
+                                                   size_t(kernels::kGemvMaxRows) * c_.hidden_size, ln_),
+                         "per_layer_input_gate + GELU + per_layer_projection");
+      ple_parts_ = D / kernels::kPleSlice;
+      return Status::ok();
+    }
     if (decode) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
                                                        ple_, L, l, ws_.act16, ln_),
@@ -346,6 +354,12 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     if (b == Branch::Attention) return project(d.o, ws_.x16, ws_.proj_a, "o_proj", d.post_attn, "post-attention norm");
     if (b == Branch::Mlp) return project(d.down, act_, ws_.proj_c, "down_proj", d.post_ff, "post-MLP norm");
+    if (ple_parts_ > 0) {  // gate(Ple) launched the projection too (ple_fused): its slices' parts
+      pending_ = Pending{ws_.gemv_parts, d.post_ple, 1.f,
+                         "PLE norm",     ple_parts_, size_t(kernels::kGemvMaxRows) * c_.hidden_size};
+      ple_parts_ = 0;
+      return Status::ok();
+    }
     return project(d.ple_proj, act_, ws_.proj_c, "per_layer_projection", d.post_ple, "PLE norm");
   }
 
@@ -433,6 +447,15 @@ class LayerEncoder {
     return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && qkv_.parts == 1 && !flash(l) &&
            kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
            (lc.kv_shared || lc.kv_source == l);
+  }
+
+  // Whether a decode pass's PLE branch runs as one launch (kernels::launch_ple_fused): the gate [D, H] and the
+  // projection [H, D] in one layout, D in its slices, and ws.gemv_parts holding D / 32 parts.
+  bool ple_fused(const DevLayer& d) const {
+    const int D = c_.hidden_size_per_layer_input, H = c_.hidden_size;
+    return kernels::ple_fused_shape(D) && D / kernels::kPleSlice <= ws_.gemv_part_sets &&
+           same_layout(d.ple_gate, d.ple_proj) && d.ple_gate.out == D && d.ple_gate.in == H && d.ple_proj.out == H &&
+           d.ple_proj.in == D;
   }
 
   static constexpr int kGluMaxRows = 256;  // the fused gate/up GEMM's rows (its 64-row tile's range, gemm_w4.cuh)
@@ -561,6 +584,7 @@ class LayerEncoder {
   Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
   int folded_ = -1;            // the layer whose heads(l) left its norms to attend(l) (heads_fold), or -1
+  int ple_parts_ = 0;          // > 0: gate(Ple) left the PLE projection in this many parts (ple_fused)
 };
 
 }  // namespace detail
