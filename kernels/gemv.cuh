@@ -668,10 +668,10 @@ inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* 
 // gate's. Lane (gid, tig) of warp w, output tile i: weight rows o = 256 p + 16 (2 w + i) + gid (+ 8); w4a16: word tig
 // of the slice's scale group (8 columns: step st uses nibbles st, st + 4, as gemv_block's w4a16 steps), fp16: 16 bytes
 // at column 8 tig (step st: the half2 st); the act pairs come from shared memory in the same order.
-constexpr int kPleSlice = 32;    // act columns per block: one w4a16 scale group of Wp (a multiple of 32, <= 64)
-constexpr int kPleOutTiles = 2;  // 16-output tiles of the projection per warp
+constexpr int kPleSlice = 32;                                 // act columns per block: one w4a16 scale group of Wp
+constexpr int kPleOutTiles = 2;                               // 16-output tiles of the projection per warp
 constexpr int kPleBlockOut = kGemvWarps * 16 * kPleOutTiles;  // projection outputs per block (256)
-constexpr int kPleMaxSlices = 16;                             // parts of a launch: D <= 16 kPleSlice
+constexpr int kPleMaxSlices = 16;                             // D <= 512
 
 struct PleFusedArgs {
   GemvArgs gate;  // launch_gemv_gelu_ple's arguments: x, n, in = H, mat[0] = the gate [D, H], ple, ple_ld, ple_off
@@ -725,12 +725,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
   g.first_block[0] = 0;
   g.first_block[1] = 1;
 
-  // the projection's weights of this block (constants: before gemv_block's pdl_enter): per output row, a 32-column
-  // group's word tig (w4a16) or 16 bytes at column 8 tig (fp16) of each of the slice's PG groups
-  constexpr int PG = kPleSlice / 32;
+  // the projection's weights of this block (constants: before gemv_block's pdl_enter)
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, gid = lane >> 2, tig = lane & 3;
-  uint4 pw[kPleOutTiles][2][PG];
-  uint32_t ps[kPleOutTiles][2][PG];
+  uint4 pw[kPleOutTiles][2];
+  uint32_t ps[kPleOutTiles][2];
 #pragma unroll
   for (int i = 0; i < kPleOutTiles; ++i)
 #pragma unroll
@@ -738,18 +736,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
       const int o = kPleBlockOut * p + 16 * (warp * kPleOutTiles + i) + gid + 8 * h;
       const bool ok = o < a.proj.out;
       const size_t row = size_t(ok ? o : 0);
-#pragma unroll
-      for (int q = 0; q < PG; ++q) {
-        const int grp = PG * s + q;  // the group's index in the row (D / 32 of them)
-        if constexpr (W4) {
-          const uint32_t* w = a.proj.wq + row * (D / 8) + 4 * grp + tig;
-          pw[i][h][q] = make_uint4(ok ? __ldg(w) : 0u, 0u, 0u, 0u);
-          const uint32_t sc = ld_u16(reinterpret_cast<const unsigned short*>(a.proj.s) + row * (D / 32) + grp, ok);
-          ps[i][h][q] = sc | (sc << 16);
-        } else {
-          pw[i][h][q] = ld_weights(reinterpret_cast<const uint4*>(a.proj.w16 + row * D + 32 * grp + 8 * tig), ok);
-          ps[i][h][q] = 0u;
-        }
+      if constexpr (W4) {
+        const uint32_t* w = a.proj.wq + row * (D / 8) + (kPleSlice / 8) * s + tig;
+        pw[i][h] = make_uint4(ok ? __ldg(w) : 0u, 0u, 0u, 0u);
+        const uint32_t sc = ld_u16(reinterpret_cast<const unsigned short*>(a.proj.s) + row * (D / 32) + s, ok);
+        ps[i][h] = sc | (sc << 16);
+      } else {
+        pw[i][h] = ld_weights(reinterpret_cast<const uint4*>(a.proj.w16 + row * D + kPleSlice * s + 8 * tig), ok);
+        ps[i][h] = 0u;
       }
     }
   // rows past n stay zero (B columns whose products are never stored); gemv_block's reduction barrier orders this
@@ -761,6 +755,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
   gemv_block<NT, WL, GemvEpilogue::GeluPle, GemvX::Global>(g, 0, red, nullptr, nullptr);
   __syncthreads();  // the slice's act rows are in shared memory
 
+  uint32_t xb[NT][4];  // act pairs of step st for B column gid of each 8-row tile
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const uint4 v = *reinterpret_cast<const uint4*>(&act[8 * t + gid][8 * tig]);
+    if constexpr (W4) {  // columns (8 tig + st, 8 tig + st + 4), as gemv_block's w4a16 x pairs
+      xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
+      xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
+      xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
+      xb[t][3] = __byte_perm(v.y, v.w, 0x7632);
+    } else {  // columns (8 tig + 2 st, 8 tig + 2 st + 1)
+      xb[t][0] = v.x, xb[t][1] = v.y, xb[t][2] = v.z, xb[t][3] = v.w;
+    }
+  }
   float acc[kPleOutTiles][NT][4];
 #pragma unroll
   for (int i = 0; i < kPleOutTiles; ++i)
@@ -769,30 +776,14 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
 #pragma unroll
       for (int c = 0; c < 4; ++c) acc[i][t][c] = 0.f;
 #pragma unroll
-  for (int q = 0; q < PG; ++q) {
-    uint32_t xb[NT][4];  // act pairs of step st for B column gid of each 8-row tile, group q of the slice
+  for (int st = 0; st < 4; ++st)
 #pragma unroll
-    for (int t = 0; t < NT; ++t) {
-      const uint4 v = *reinterpret_cast<const uint4*>(&act[8 * t + gid][32 * q + 8 * tig]);
-      if constexpr (W4) {  // columns (8 tig + st, 8 tig + st + 4) of the group, as gemv_block's w4a16 x pairs
-        xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
-        xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
-        xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
-        xb[t][3] = __byte_perm(v.y, v.w, 0x7632);
-      } else {  // columns (8 tig + 2 st, 8 tig + 2 st + 1)
-        xb[t][0] = v.x, xb[t][1] = v.y, xb[t][2] = v.z, xb[t][3] = v.w;
-      }
+    for (int i = 0; i < kPleOutTiles; ++i) {
+      const uint32_t a0 = W4 ? w4_pair(pw[i][0].x, st, ps[i][0]) : u4_word(pw[i][0], st);
+      const uint32_t a1 = W4 ? w4_pair(pw[i][1].x, st, ps[i][1]) : u4_word(pw[i][1], st);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) mma_16x8x8(acc[i][t], a0, a1, xb[t][st]);
     }
-#pragma unroll
-    for (int st = 0; st < 4; ++st)
-#pragma unroll
-      for (int i = 0; i < kPleOutTiles; ++i) {
-        const uint32_t a0 = W4 ? w4_pair(pw[i][0][q].x, st, ps[i][0][q]) : u4_word(pw[i][0][q], st);
-        const uint32_t a1 = W4 ? w4_pair(pw[i][1][q].x, st, ps[i][1][q]) : u4_word(pw[i][1][q], st);
-#pragma unroll
-        for (int t = 0; t < NT; ++t) mma_16x8x8(acc[i][t], a0, a1, xb[t][st]);
-      }
-  }
   float* const part = a.parts + size_t(s) * a.part_ld;
 #pragma unroll
   for (int i = 0; i < kPleOutTiles; ++i)
