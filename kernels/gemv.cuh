@@ -112,10 +112,8 @@ struct GemvArgs {
   int ld16 = 0;
   const float* ple = nullptr;  // GeluPle: [n, ple_ld] fp32; row r's gate multiplier at ple_off + o
   int ple_ld = 0, ple_off = 0;
-  int ldx = 0;  // GemvX::Shared: x row stride (halves)
-  // Head, and Store of one unsplit matrix (the LM head's GEMV): y = tanh(y / softcap) * softcap (0: none), the
-  // expression of elementwise.cuh's softcap_kernel, so the same floats as a separate launch_softcap
-  float softcap = 0.f;
+  int ldx = 0;          // GemvX::Shared: x row stride (halves)
+  float softcap = 0.f;  // Head: x = tanh(x / softcap) * softcap (0: none)
 };
 
 // Whether a launch of 17..32 rows in `blocks` blocks (its partition) runs as two 16-row halves (gemv_halves_kernel)
@@ -377,9 +375,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
         if (o >= out || r >= a.n) continue;
         const float v = acc[0][t][2 * h + j];
         if (E == GemvEpilogue::Store) {
-          const float y = W8 ? v * g0.rs[o] : v;
-          g0.y[size_t(part) * a.split_ld + size_t(r) * g0.ldy + o] =
-              a.softcap > 0.f ? tanhf(y / a.softcap) * a.softcap : y;
+          g0.y[size_t(part) * a.split_ld + size_t(r) * g0.ldy + o] = W8 ? v * g0.rs[o] : v;
         } else if (E == GemvEpilogue::GeluMul) {
           a.out16[size_t(r) * a.ld16 + o] = to_half_sat(gelu_tanh(v) * acc[M - 1][t][2 * h + j]);
         } else if (E == GemvEpilogue::GeluPle) {
@@ -520,9 +516,6 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;
-  if (a.softcap != 0.f && (!(a.softcap > 0.f) || e == GemvEpilogue::GeluMul || e == GemvEpilogue::GeluPle ||
-                           (e == GemvEpilogue::Store && (a.ksplit > 1 || a.count > 1))))
-    return cudaErrorInvalidValue;  // a soft-cap only on whole logits of one matrix
   *blocks = gemv_partition(a);
   return cudaSuccess;
 }
@@ -569,13 +562,10 @@ inline cudaError_t launch_gemv_args(GemvArgs& a, int nmats, GemvEpilogue e, cons
 
 // y = x W^T for one matrix. W16 xor (Wq, S): exactly one weight layout is set. y: [n, ldy] fp32. ksplit > 1: the
 // sum in ksplit parts, part p into y + p * split_ld (split_ld >= n * ldy floats), for the reader to add in part
-// order (launch_residual_norm's parts). softcap > 0 (ksplit 1 only): y = tanh(y / softcap) * softcap, as
-// launch_softcap would make it (the LM head).
+// order (launch_residual_norm's parts).
 inline cudaError_t launch_gemv(const half* W16, const uint32_t* Wq, const half* S, const half* x, int n, int out,
-                               int in, float* y, int ldy, const Launch& launch, int ksplit = 1, size_t split_ld = 0,
-                               float softcap = 0.f) {
+                               int in, float* y, int ldy, const Launch& launch, int ksplit = 1, size_t split_ld = 0) {
   GemvArgs a;
-  a.softcap = softcap;
   a.x = x;
   a.n = n;
   a.in = in;
@@ -635,11 +625,9 @@ inline cudaError_t launch_gemv_gelu_ple(const GemvMat& gate, const half* x, int 
 }
 
 // y = R[o] * (x . W8[o]) for one int8 matrix with per-row scales (the quantized LM head). y: [n, ldy] fp32.
-// softcap > 0: then soft-capped, as launch_gemv.
 inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* x, int n, int out, int in, float* y,
-                                  int ldy, const Launch& launch, float softcap = 0.f) {
+                                  int ldy, const Launch& launch) {
   GemvArgs a;
-  a.softcap = softcap;
   a.x = x;
   a.n = n;
   a.in = in;

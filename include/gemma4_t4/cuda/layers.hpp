@@ -22,13 +22,12 @@
 //                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
 //                                                     passes: ONE matmul over [Wg; Wu], then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
-//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE launch for the gate and the projection
-//        h = (h + norm(ple_proj(act16))) * scalar,    (kernels::launch_ple_fused; act stays in shared memory, the
-//        x16 = next layer's input norm(h)             projection's 32-column slices are parts the norm adds)
+//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
+//        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
 // The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
 // leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
-// with that norm (or the layer scalar) folded in. 9 decode launches per layer (10 in layer 0; +1 on full
-// layers whose attention splits need the separate merge; 10 where the heads do not fold: passes of 3+ rows,
+// with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
+// layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
 // and head dims or groups attention does not take).
 // A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) goes on with those
 // rows only, as a pass of their own, once the last layer that writes a cache has written it (keep_selected;
@@ -103,30 +102,28 @@ class LayerEncoder {
     GEMMA4_T4_CUDA_TRY(kernels::launch_rmsnorm(h, H, sel_ ? sel_ + first : nullptr, w_.final_norm, k, H,
                                                c_.rms_norm_eps, ws_.head16, ln_),
                        "final norm");
-    if (w_.lm16 && k > kernels::kGemvMaxRows) {  // the fp16 head read once for every row
+    if (w_.lm16 && k > kernels::kGemvMaxRows)  // the fp16 head read once for every row
       GEMMA4_T4_TRY(gemm16(w_.lm16, V, H, ws_.head16, k, dst, "LM head"));
-      GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c_.final_logit_softcapping, ln_), "softcap");
-      return Status::ok();
-    }
-    return head_gemv(k, dst);
+    else
+      GEMMA4_T4_TRY(head_gemv(k, dst));
+    GEMMA4_T4_CUDA_TRY(kernels::launch_softcap(dst, size_t(k) * V, c_.final_logit_softcapping, ln_), "softcap");
+    return Status::ok();
   }
 
-  // The head's GEMVs over head16's first k rows, 32 at a time, the soft-cap in their epilogue.
+  // The head's GEMVs over head16's first k rows, 32 at a time.
   Status head_gemv(int k, float* dst) const {
     const int H = c_.hidden_size, V = c_.vocab_size;
-    const float cap = c_.final_logit_softcapping > 0.f ? c_.final_logit_softcapping : 0.f;
     for (int b = 0; b < k; b += kernels::kGemvMaxRows) {
       const int n = std::min(kernels::kGemvMaxRows, k - b);
       const half* x = ws_.head16 + size_t(b) * H;
       float* y = dst + size_t(b) * V;
       if (w_.lm8)
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, x, n, V, H, y, V, ln_, cap), "LM head (int8)");
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_w8(w_.lm8, w_.lm8_scale, x, n, V, H, y, V, ln_), "LM head (int8)");
       else if (w_.lm4)
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, x, n, V, H, y, V, ln_, 1, 0, cap),
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(nullptr, w_.lm4, w_.lm4_scale, x, n, V, H, y, V, ln_),
                            "LM head (int4)");
       else
-        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, x, n, V, H, y, V, ln_, 1, 0, cap),
-                           "LM head");
+        GEMMA4_T4_CUDA_TRY(kernels::launch_gemv(w_.lm16, nullptr, nullptr, x, n, V, H, y, V, ln_), "LM head");
     }
     return Status::ok();
   }
