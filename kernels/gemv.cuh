@@ -640,7 +640,8 @@ inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* 
   return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 
-// ---- the PLE branch in one launch (decode passes of <= 32 rows: cuda/layers.hpp gate(Ple) + residual(Ple)) ----
+// ---- the PLE branch in one launch (decode passes of <= 32 rows; the engine's gate(Ple) + residual(Ple) take it for
+// w4a16 at <= 16 rows, where it measured faster: cuda/layers.hpp ple_fused) ----
 // The per-layer input branch is two matmuls around a narrow middle: act = half(gelu_tanh(x Wg^T) * ple[l]) has D
 // columns (256 on E2B and E4B), and per_layer_projection y = act Wp^T takes them back to H. As two GEMV launches the
 // GPU drained and filled between two ~200 KB matrices (w4a16). Here block (s, p) computes act's columns

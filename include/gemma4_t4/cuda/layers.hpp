@@ -22,13 +22,14 @@
 //                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
 //                                                     passes: ONE matmul over [Wg; Wu], then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
-//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
-//        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
+//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue; w4a16 passes of <= 16
+//        h = (h + norm(ple_proj(act16))) * scalar,    rows: ONE launch for the gate and the projection (ple_fused:
+//        x16 = next layer's input norm(h)             act in shared memory, 32-column slices the norm adds)
 // The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
 // leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
 // with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
 // layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
-// and head dims or groups attention does not take).
+// and head dims or groups attention does not take); one fewer where the PLE branch is one launch (ple_fused).
 // A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) goes on with those
 // rows only, as a pass of their own, once the last layer that writes a cache has written it (keep_selected;
 // block.hpp): on E2B the other rows stop after layer 14's K/V, before the KV-shared layers 15..34.
@@ -449,13 +450,17 @@ class LayerEncoder {
            (lc.kv_shared || lc.kv_source == l);
   }
 
-  // Whether a decode pass's PLE branch runs as one launch (kernels::launch_ple_fused): the gate [D, H] and the
-  // projection [H, D] in one layout, D in its slices, and ws.gemv_parts holding D / 32 parts.
+  // Whether a decode pass's PLE branch runs as one launch (kernels::launch_ple_fused): passes of <= 16 rows with
+  // w4a16 weights, the gate [D, H] and the projection [H, D] in one layout, D in its slices, and ws.gemv_parts holding
+  // D / 32 parts. Measured (H100, E2B, quick_bench, two leases, bench/RESULTS.md 2026-12-06 (c)): w4a16 +1.0% at one
+  // session, +0.8% at 8, +1.5-1.9% at 16, none at 32 (the two-halves form); fp16 weights lose 1-2.4% at 1..32
+  // sessions (a block's slice of the gate is 96 KiB of fp16 against 27 KiB of int4), so they keep the two launches.
+  static constexpr int kPleFusedRows = 16;
   bool ple_fused(const DevLayer& d) const {
     const int D = c_.hidden_size_per_layer_input, H = c_.hidden_size;
-    return kernels::ple_fused_shape(D) && D / kernels::kPleSlice <= ws_.gemv_part_sets &&
-           same_layout(d.ple_gate, d.ple_proj) && d.ple_gate.out == D && d.ple_gate.in == H && d.ple_proj.out == H &&
-           d.ple_proj.in == D;
+    return p_.rows <= kPleFusedRows && d.ple_gate.wq && d.ple_proj.wq && kernels::ple_fused_shape(D) &&
+           D / kernels::kPleSlice <= ws_.gemv_part_sets && d.ple_gate.out == D && d.ple_gate.in == H &&
+           d.ple_proj.out == H && d.ple_proj.in == D;
   }
 
   static constexpr int kGluMaxRows = 256;  // the fused gate/up GEMM's rows (its 64-row tile's range, gemm_w4.cuh)
