@@ -640,6 +640,193 @@ inline cudaError_t launch_gemv_w8(const int8_t* W8, const float* R, const half* 
   return launch_gemv_args(a, 1, GemvEpilogue::Store, launch);
 }
 
+// ---- the PLE branch in one launch (decode passes of <= 32 rows; the engine's gate(Ple) + residual(Ple) take it for
+// w4a16 at <= 16 rows, where it measured faster: cuda/layers.hpp ple_fused) ----
+// The per-layer input branch is two matmuls around a narrow middle: act = half(gelu_tanh(x Wg^T) * ple[l]) has D
+// columns (256 on E2B and E4B), and per_layer_projection y = act Wp^T takes them back to H. As two GEMV launches the
+// GPU drained and filled between two ~200 KB matrices (w4a16). Here block (s, p) computes act's columns
+// [32 s, 32 s + 32) -- gemv_block's GeluPle on the gate's rows [32 s, 32 s + 32) as a matrix of its own, its act rows
+// into shared memory -- and then that K-slice's share of the projection for outputs [256 p, 256 p + 256):
+//   part_s[r, o] = sum_{i in [32 s, 32 s + 32)} act[r, i] Wp[o, i]         (fp32, tensor cores, 4 m16n8k8 steps)
+// at parts + s part_ld. The residual norm adds the D / 32 parts in slice order (launch_residual_norm's parts), so a
+// row's y depends on its own x row only: batched decode equals one-row decode bit for bit. Against the two launches:
+// the same act where the GEMV's gemv_split picks 4 warps per row tile (w4a16 with H a multiple of 512: E2B's 1536),
+// and y summed as D / 32 slice sums instead of one k-loop (rounding only). Every block of slice s recomputes the
+// slice's act (32 x H gate weights, from L2 after the first block), so a block costs what one GeluPle block of the
+// two-launch path did, plus the projection's 256 x 32 weights, which it loads into registers before pdl_enter with the
+// gate's. Lane (gid, tig) of warp w, output tile i: weight rows o = 256 p + 16 (2 w + i) + gid (+ 8); w4a16: word tig
+// of the slice's scale group (8 columns: step st uses nibbles st, st + 4, as gemv_block's w4a16 steps), fp16: 16 bytes
+// at column 8 tig (step st: the half2 st); the act pairs come from shared memory in the same order.
+constexpr int kPleSlice = 32;                                 // act columns per block: one w4a16 scale group of Wp
+constexpr int kPleOutTiles = 2;                               // 16-output tiles of the projection per warp
+constexpr int kPleBlockOut = kGemvWarps * 16 * kPleOutTiles;  // projection outputs per block (256)
+constexpr int kPleMaxSlices = 16;                             // D <= 512
+
+struct PleFusedArgs {
+  GemvArgs gate;  // launch_gemv_gelu_ple's arguments: x, n, in = H, mat[0] = the gate [D, H], ple, ple_ld, ple_off
+  GemvMat proj;   // per_layer_projection [H, D] in the gate's layout (out = H; y unused)
+  int d = 0;      // D
+  float* parts = nullptr;  // slice s's partial products [n, H] at parts + s part_ld
+  size_t part_ld = 0;
+};
+
+// Whether launch_ple_fused takes a branch of D per-layer columns.
+inline bool ple_fused_shape(int d) { return d > 0 && d % kPleSlice == 0 && d / kPleSlice <= kPleMaxSlices; }
+
+// NT: 8-row tiles of x (1: n <= 8, 2: n <= 16); Halves: n 17..32 as two 16-row halves (block b: rows [16 (b & 1),
+// ...) of block b / 2), as gemv_halves_kernel.
+template <int NT, int WL, bool Halves>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const PleFusedArgs a) {
+  constexpr bool W4 = WL == kGemvW4;
+  constexpr int R = NT * 8, AS = kPleSlice + 8;  // act rows; act row stride in halves (16-byte aligned rows)
+  __shared__ float red[gemv_red_floats<NT>()];
+  __shared__ __align__(16) half act[R][AS];
+  GemvArgs g = a.gate;  // constant indices only (gemv_block's rule)
+  unsigned bx = blockIdx.x;
+  int r0 = 0;  // the block's first row of the pass
+  if constexpr (Halves) {
+    if (bx & 1u) {
+      r0 = 16;
+      g.x += size_t(16) * g.in;
+      g.n -= 16;
+      g.ple += size_t(16) * g.ple_ld;
+    } else {
+      g.n = 16;
+    }
+    bx >>= 1;
+  }
+  const int H = g.in, D = a.d, slices = D / kPleSlice;
+  const int s = int(bx % unsigned(slices)), p = int(bx / unsigned(slices));
+  // the gate's slice s as a matrix of kPleSlice rows: two 16-row tiles of 4 warps each
+  if constexpr (W4) {
+    g.mat[0].wq += size_t(kPleSlice) * s * (H / 8);
+    g.mat[0].s += size_t(kPleSlice) * s * (H / 32);
+  } else {
+    g.mat[0].w16 += size_t(kPleSlice) * s * H;
+  }
+  g.mat[0].out = kPleSlice;
+  g.ple_off += kPleSlice * s;
+  g.out16 = &act[0][0];
+  g.ld16 = AS;
+  g.kw = kGemvWarps * 16 / kPleSlice;
+  g.count = 1;
+  g.ksplit = 1;
+  g.first_block[0] = 0;
+  g.first_block[1] = 1;
+
+  // the projection's weights of this block (constants: before gemv_block's pdl_enter)
+  const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, gid = lane >> 2, tig = lane & 3;
+  uint4 pw[kPleOutTiles][2];
+  uint32_t ps[kPleOutTiles][2];
+#pragma unroll
+  for (int i = 0; i < kPleOutTiles; ++i)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int o = kPleBlockOut * p + 16 * (warp * kPleOutTiles + i) + gid + 8 * h;
+      const bool ok = o < a.proj.out;
+      const size_t row = size_t(ok ? o : 0);
+      if constexpr (W4) {
+        const uint32_t* w = a.proj.wq + row * (D / 8) + (kPleSlice / 8) * s + tig;
+        pw[i][h] = make_uint4(ok ? __ldg(w) : 0u, 0u, 0u, 0u);
+        const uint32_t sc = ld_u16(reinterpret_cast<const unsigned short*>(a.proj.s) + row * (D / 32) + s, ok);
+        ps[i][h] = sc | (sc << 16);
+      } else {
+        pw[i][h] = ld_weights(reinterpret_cast<const uint4*>(a.proj.w16 + row * D + kPleSlice * s + 8 * tig), ok);
+        ps[i][h] = 0u;
+      }
+    }
+  // rows past n stay zero (B columns whose products are never stored); gemv_block's reduction barrier orders this
+  // before its epilogue writes the act rows
+  for (int i = int(threadIdx.x); i < R * AS / 8; i += int(blockDim.x))
+    reinterpret_cast<uint4*>(&act[0][0])[i] = make_uint4(0u, 0u, 0u, 0u);
+  static_assert(kGemvWarps * 16 / kPleSlice > 1, "gemv_block's k-warp reduction is the barrier before its epilogue");
+
+  gemv_block<NT, WL, GemvEpilogue::GeluPle, GemvX::Global>(g, 0, red, nullptr, nullptr);
+  __syncthreads();  // the slice's act rows are in shared memory
+
+  uint32_t xb[NT][4];  // act pairs of step st for B column gid of each 8-row tile
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const uint4 v = *reinterpret_cast<const uint4*>(&act[8 * t + gid][8 * tig]);
+    if constexpr (W4) {  // columns (8 tig + st, 8 tig + st + 4), as gemv_block's w4a16 x pairs
+      xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
+      xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
+      xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
+      xb[t][3] = __byte_perm(v.y, v.w, 0x7632);
+    } else {  // columns (8 tig + 2 st, 8 tig + 2 st + 1)
+      xb[t][0] = v.x, xb[t][1] = v.y, xb[t][2] = v.z, xb[t][3] = v.w;
+    }
+  }
+  float acc[kPleOutTiles][NT][4];
+#pragma unroll
+  for (int i = 0; i < kPleOutTiles; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[i][t][c] = 0.f;
+#pragma unroll
+  for (int st = 0; st < 4; ++st)
+#pragma unroll
+    for (int i = 0; i < kPleOutTiles; ++i) {
+      const uint32_t a0 = W4 ? w4_pair(pw[i][0].x, st, ps[i][0]) : u4_word(pw[i][0], st);
+      const uint32_t a1 = W4 ? w4_pair(pw[i][1].x, st, ps[i][1]) : u4_word(pw[i][1], st);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) mma_16x8x8(acc[i][t], a0, a1, xb[t][st]);
+    }
+  float* const part = a.parts + size_t(s) * a.part_ld;
+#pragma unroll
+  for (int i = 0; i < kPleOutTiles; ++i)
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int o = kPleBlockOut * p + 16 * (warp * kPleOutTiles + i) + gid + 8 * h, r = 8 * t + 2 * tig + j;
+          if (o < H && r < g.n) part[size_t(r0 + r) * H + o] = acc[i][t][2 * h + j];
+        }
+}
+
+// The PLE branch of a decode pass: parts + s part_ld ([n, in] fp32, s < gate.out / 32) = slice s's share of
+// per_layer_projection(half(gelu_tanh(x gate^T) * ple[:, layer])), for the reader to add in slice order. gate: [D, in],
+// proj: [in, D], one layout (fp16 or w4a16; their y unused); ple: [n, L, D] fp32 (launch_ple_gate's layout).
+inline cudaError_t launch_ple_fused(const GemvMat& gate, const GemvMat& proj, const half* x, int n, int in,
+                                    const float* ple, int L, int layer, float* parts, size_t part_ld,
+                                    const Launch& launch) {
+  if (n <= 0) return cudaSuccess;
+  const int D = gate.out;
+  const bool w4 = gate.wq != nullptr;
+  const bool layouts = w4 ? (gate.s && proj.wq && proj.s && !gate.w16 && !proj.w16)
+                          : (gate.w16 && proj.w16 && !gate.s && !proj.wq && !proj.s);
+  if (n > kGemvMaxRows || !layouts || gate.w8 || proj.w8 || !ple_fused_shape(D) || proj.out != in || in <= 0 ||
+      in % gemv_unit_cols(w4 ? kGemvW4 : kGemvF16) != 0 || layer < 0 || layer >= L || !ple || !parts || !x ||
+      !gemv_aligned(x) || !gemv_aligned(w4 ? static_cast<const void*>(gate.wq) : gate.w16) ||
+      !gemv_aligned(w4 ? static_cast<const void*>(proj.wq) : proj.w16) || part_ld < size_t(n) * size_t(in))
+    return cudaErrorInvalidValue;
+  PleFusedArgs a;
+  a.gate.x = x;
+  a.gate.n = n;
+  a.gate.in = in;
+  a.gate.mat[0] = gate;
+  a.gate.ple = ple;
+  a.gate.ple_ld = L * D;
+  a.gate.ple_off = layer * D;
+  a.proj = proj;
+  a.d = D;
+  a.parts = parts;
+  a.part_ld = part_ld;
+  const unsigned blocks = unsigned(D / kPleSlice) * ceil_div(size_t(in), size_t(kPleBlockOut));
+  const dim3 block(kGemvWarps * 32);
+  if (w4) {
+    if (n <= 8) return launch_kernel(ple_fused_kernel<1, kGemvW4, false>, blocks, block, launch, a);
+    if (n <= 16) return launch_kernel(ple_fused_kernel<2, kGemvW4, false>, blocks, block, launch, a);
+    return launch_kernel(ple_fused_kernel<2, kGemvW4, true>, 2 * blocks, block, launch, a);
+  }
+  if (n <= 8) return launch_kernel(ple_fused_kernel<1, kGemvF16, false>, blocks, block, launch, a);
+  if (n <= 16) return launch_kernel(ple_fused_kernel<2, kGemvF16, false>, blocks, block, launch, a);
+  return launch_kernel(ple_fused_kernel<2, kGemvF16, true>, 2 * blocks, block, launch, a);
+}
+
 // ---- quantizing fp16 rows at load (LoadOptions::lm_head): the arithmetic of weights.hpp's
 // quantize_row_int8 / quantize_row_int4 (IEEE division and rint, so host and device agree bit for bit) ----
 

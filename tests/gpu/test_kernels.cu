@@ -1163,6 +1163,114 @@ TEST_CASE("gemv gelu_ple: half(gelu_tanh(x Wg^T) * ple[:, layer]) in one launch,
         }
 }
 
+// launch_ple_fused: the PLE gate (GELU times the per-layer inputs, act rounded to fp16) and per_layer_projection in one
+// launch, its D / 32 slice parts summed on the host in slice order against the double reference of the two matmuls
+// and against the two-launch path (launch_gemv_gelu_ple, then launch_gemv); rows 17..32 as two halves; every n < 32
+// bit for bit the same parts as n = 32 (batch independence); nothing written outside the parts' [n, H] rows.
+TEST_CASE("ple_fused: gate + GELU * ple + projection in one launch, parts in slice order; fp16 and w4a16",
+          "[gpu][ple_fused]") {
+  std::mt19937 rng(311);
+  Stream st;
+  constexpr int L = 5, R = kn::kGemvMaxRows;
+  for (bool w4 : {false, true})
+    for (int H : {w4 ? 96 : 40, 1536, w4 ? 608 : 264})  // partial projection blocks (256 outputs each) but at 1536
+      for (int D : {32, 96, 256}) {
+        const int layer = (H + D) % L, slices = D / kn::kPleSlice;
+        const auto Wg = make_gemv_weights(rng, w4, D, H, w4 ? 1.f : 0.25f);          // [D, H]
+        const auto Wp = make_gemv_weights(rng, w4, H, D, w4 ? 1.f : 0.25f);          // [H, D]
+        const std::vector<uint16_t> x = rand_f16(rng, size_t(R) * H, -1.f, 1.f);     // [32, H]
+        const std::vector<float> ple = rand_f32(rng, size_t(R) * L * D, -3.f, 3.f);  // [32, L, D]
+        // the reference: act rounded to fp16 as the kernels store it, then the projection in double
+        const std::vector<double> g = gemv_ref(Wg->dense, widen(x), R, D, H);
+        std::vector<float> act(size_t(R) * D);
+        for (int r = 0; r < R; ++r)
+          for (int k = 0; k < D; ++k)
+            act[size_t(r) * D + k] = f16_to_f32(f32_to_f16_sat(
+                gemma4_t4::detail::gelu_tanh_ref(float(g[size_t(r) * D + k])) * ple[(size_t(r) * L + layer) * D + k]));
+        const std::vector<double> ref_all = gemv_ref(Wp->dense, act, R, H, D);  // [32, H]
+        const size_t part_ld = size_t(R) * H + 5;
+        Dev<half> dx(x.size()), dact(size_t(R) * D);
+        Dev<float> dple(ple.size()), dparts(size_t(slices) * part_ld), dy(size_t(R) * H);
+        dx.upload(x);
+        dple.upload(ple);
+        std::vector<float> got32;
+        for (int n : {R, 31, 17, 16, 9, 8, 3, 1}) {
+          const std::string what = cat("ple_fused ", w4 ? "w4a16" : "fp16", " n ", n, " H ", H, " D ", D);
+          dparts.poison();
+          REQUIRE_CUDA(kn::launch_ple_fused(Wg->mat(nullptr, 0), Wp->mat(nullptr, 0), dx.get(), n, H, dple.get(), L,
+                                            layer, dparts.get(), part_ld, st.s));
+          st.sync();
+          const std::vector<float> parts = dparts.download<float>();
+          std::vector<float> sum(size_t(n) * H), rows;  // the parts added in slice order, as residual_norm does
+          size_t stray = 0;
+          for (int s = 0; s < slices; ++s)
+            for (size_t i = 0; i < part_ld; ++i) {
+              const float v = parts[size_t(s) * part_ld + i];
+              if (i >= size_t(n) * H) {
+                stray += !is_poison(v);
+                continue;
+              }
+              REQUIRE(!is_poison(v));
+              sum[i] = s == 0 ? v : sum[i] + v;
+              rows.push_back(v);
+            }
+          INFO(what << ": " << stray << " floats written outside the parts' rows");
+          REQUIRE(stray == 0);
+          check_max_rel(sum, head_rows(ref_all, n, H), kTolF32Half, what);
+          // the two-launch path: the same act (to fp16 rounding of the gate's sums), the projection in one k-loop
+          dact.poison();
+          dy.poison();
+          REQUIRE_CUDA(
+              kn::launch_gemv_gelu_ple(Wg->mat(nullptr, 0), dx.get(), n, H, dple.get(), L, layer, dact.get(), st.s));
+          const kn::GemvMat pm = Wp->mat(dy.get(), H);
+          REQUIRE_CUDA(kn::launch_gemv(pm.w16, pm.wq, pm.s, dact.get(), n, H, D, dy.get(), H, st.s));
+          st.sync();
+          std::vector<float> two = dy.download<float>();
+          two.resize(size_t(n) * H);
+          std::vector<double> two_d(two.begin(), two.end());
+          check_max_rel(sum, two_d, 2 * kTolF32Half, what + " vs the two launches");
+          if (n == R) {
+            got32 = rows;
+          } else {  // slice s's rows [0, n) of the n = 32 launch
+            std::vector<float> same;
+            for (int s = 0; s < slices; ++s)
+              same.insert(same.end(), got32.begin() + std::ptrdiff_t(size_t(s) * R * H),
+                          got32.begin() + std::ptrdiff_t(size_t(s) * R * H + size_t(n) * H));
+            require_same_bits(rows, same, what + " vs the same rows of n = 32");
+          }
+        }
+      }
+}
+
+// What launch_ple_fused refuses, before launching: D not in 32-column slices (or too many), layouts that differ, a
+// projection that is not [H, D], parts too short, more than 32 rows; nothing to do for n = 0.
+TEST_CASE("ple_fused: shapes the launcher does not take -> cudaErrorInvalidValue", "[gpu][ple_fused]") {
+  std::mt19937 rng(313);
+  Stream st;
+  constexpr int H = 96, L = 2;
+  const auto g4 = make_gemv_weights(rng, true, 64, H, 1.f), p4 = make_gemv_weights(rng, true, H, 64, 1.f);
+  const auto p16 = make_gemv_weights(rng, false, H, 64, 1.f), g48 = make_gemv_weights(rng, true, 48, H, 1.f);
+  const auto p4w = make_gemv_weights(rng, true, H + 32, 64, 1.f);
+  Dev<half> dx(size_t(kn::kGemvMaxRows) * H);
+  Dev<float> dple(size_t(kn::kGemvMaxRows) * L * 64), dparts(size_t(2) * kn::kGemvMaxRows * H);
+  const size_t ld = size_t(kn::kGemvMaxRows) * H;
+  auto launch = [&](const GemvWeights& g, const GemvWeights& p, int n, size_t part_ld, int layer = 0) {
+    return kn::launch_ple_fused(g.mat(nullptr, 0), p.mat(nullptr, 0), dx.get(), n, H, dple.get(), L, layer,
+                                dparts.get(), part_ld, st.s);
+  };
+  REQUIRE(launch(*g4, *p4, 0, ld) == cudaSuccess);  // nothing to do
+  REQUIRE(launch(*g4, *p4, kn::kGemvMaxRows + 1, ld) == cudaErrorInvalidValue);
+  REQUIRE(launch(*g48, *p4, 4, ld) == cudaErrorInvalidValue);        // D = 48: not whole 32-column slices
+  REQUIRE(launch(*g4, *p16, 4, ld) == cudaErrorInvalidValue);        // the gate w4a16, the projection fp16
+  REQUIRE(launch(*g4, *p4w, 4, ld) == cudaErrorInvalidValue);        // projection of 128 outputs, not H
+  REQUIRE(launch(*g4, *p4, 4, 4 * H - 1) == cudaErrorInvalidValue);  // parts shorter than [n, H]
+  REQUIRE(launch(*g4, *p4, 4, ld, L) == cudaErrorInvalidValue);      // layer past L
+  REQUIRE(launch(*g4, *p4, 4, ld) == cudaSuccess);
+  st.sync();
+  REQUIRE_FALSE(kn::ple_fused_shape(kn::kPleSlice * (kn::kPleMaxSlices + 1)));
+  REQUIRE(kn::ple_fused_shape(256));
+}
+
 template <int NT, int WL, kn::GemvEpilogue E>
 void launch_gemv_items(kn::GemvArgs a, int nmats, bool shared, unsigned grid, cudaStream_t s) {
   unsigned blocks = 0;
@@ -3100,6 +3208,18 @@ TEST_CASE("every kernel fits Turing limits (64 KiB shared memory, block size, re
   add_gemv<4, kn::kGemvF16>(ks);  // and the two-halves form of 17..32 rows
   add_gemv<4, kn::kGemvW4>(ks);
   add_gemv<4, kn::kGemvW8>(ks);
+  ks.push_back({"ple_fused_kernel<1, F16>",
+                reinterpret_cast<const void*>(&kn::ple_fused_kernel<1, kn::kGemvF16, false>), kn::kGemvWarps * 32});
+  ks.push_back({"ple_fused_kernel<2, F16>",
+                reinterpret_cast<const void*>(&kn::ple_fused_kernel<2, kn::kGemvF16, false>), kn::kGemvWarps * 32});
+  ks.push_back({"ple_fused_kernel<2, F16, halves>",
+                reinterpret_cast<const void*>(&kn::ple_fused_kernel<2, kn::kGemvF16, true>), kn::kGemvWarps * 32});
+  ks.push_back({"ple_fused_kernel<1, W4>", reinterpret_cast<const void*>(&kn::ple_fused_kernel<1, kn::kGemvW4, false>),
+                kn::kGemvWarps * 32});
+  ks.push_back({"ple_fused_kernel<2, W4>", reinterpret_cast<const void*>(&kn::ple_fused_kernel<2, kn::kGemvW4, false>),
+                kn::kGemvWarps * 32});
+  ks.push_back({"ple_fused_kernel<2, W4, halves>",
+                reinterpret_cast<const void*>(&kn::ple_fused_kernel<2, kn::kGemvW4, true>), kn::kGemvWarps * 32});
   ks.push_back({"dequant_w4_kernel", reinterpret_cast<const void*>(&kn::dequant_w4_kernel), 256});
   ks.push_back({"quantize_int8_kernel", reinterpret_cast<const void*>(&kn::quantize_int8_kernel), 256});
   ks.push_back({"quantize_int4_kernel", reinterpret_cast<const void*>(&kn::quantize_int4_kernel), 256});

@@ -22,13 +22,14 @@
 //                                                     passes of 33..256 rows: ONE int4 GEMM with it; other
 //                                                     passes: ONE matmul over [Wg; Wu], then gelu_mul
 //   h += norm(down(act16)) [, x16 = half(h)]          PLE only: the copy feeds the gate
-//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue
-//        h = (h + norm(ple_proj(act16))) * scalar, x16 = next layer's input norm(h)
+//   PLE: act16 = gelu_tanh(x16 Wpg^T) * ple[l]        decode: ONE GEMV with the PLE epilogue; w4a16 passes of <= 16
+//        h = (h + norm(ple_proj(act16))) * scalar,    rows: ONE launch for the gate and the projection (ple_fused:
+//        x16 = next layer's input norm(h)             act in shared memory, 32-column slices the norm adds)
 // The folding is the residual() / norm() / scale() contract below: residual() launches the projection and
 // leaves its norm-and-add pending; the next norm() (or scale(), or finish()) launches it as one residual_norm
 // with that norm (or the layer scalar) folded in. 10 decode launches per layer (11 in layer 0; +1 on full
 // layers whose attention splits need the separate merge; 11 where the heads do not fold: passes of 3+ rows,
-// and head dims or groups attention does not take).
+// and head dims or groups attention does not take); one fewer where the PLE branch is one launch (ple_fused).
 // A pass that wants fewer rows' logits than it holds (a prompt chunk: its last row or none) goes on with those
 // rows only, as a pass of their own, once the last layer that writes a cache has written it (keep_selected;
 // block.hpp): on E2B the other rows stop after layer 14's K/V, before the KV-shared layers 15..34.
@@ -327,6 +328,14 @@ class LayerEncoder {
       return Status::ok();
     }
     const int L = c_.num_layers, D = c_.hidden_size_per_layer_input;
+    if (decode && ple_fused(d)) {  // the gate and the projection in one launch, its parts left to residual()
+      GEMMA4_T4_CUDA_TRY(kernels::launch_ple_fused(gemv_mat(d.ple_gate, nullptr), gemv_mat(d.ple_proj, nullptr),
+                                                   ws_.x16, p_.rows, c_.hidden_size, ple_, L, l, ws_.gemv_parts,
+                                                   size_t(kernels::kGemvMaxRows) * c_.hidden_size, ln_),
+                         "per_layer_input_gate + GELU + per_layer_projection");
+      ple_parts_ = D / kernels::kPleSlice;
+      return Status::ok();
+    }
     if (decode) {
       GEMMA4_T4_CUDA_TRY(kernels::launch_gemv_gelu_ple(gemv_mat(d.ple_gate, nullptr), ws_.x16, p_.rows, c_.hidden_size,
                                                        ple_, L, l, ws_.act16, ln_),
@@ -346,6 +355,12 @@ class LayerEncoder {
     const DevLayer& d = w_.layers[l];
     if (b == Branch::Attention) return project(d.o, ws_.x16, ws_.proj_a, "o_proj", d.post_attn, "post-attention norm");
     if (b == Branch::Mlp) return project(d.down, act_, ws_.proj_c, "down_proj", d.post_ff, "post-MLP norm");
+    if (ple_parts_ > 0) {  // gate(Ple) launched the projection too (ple_fused): its slices' parts
+      pending_ = Pending{ws_.gemv_parts, d.post_ple, 1.f,
+                         "PLE norm",     ple_parts_, size_t(kernels::kGemvMaxRows) * c_.hidden_size};
+      ple_parts_ = 0;
+      return Status::ok();
+    }
     return project(d.ple_proj, act_, ws_.proj_c, "per_layer_projection", d.post_ple, "PLE norm");
   }
 
@@ -433,6 +448,19 @@ class LayerEncoder {
     return p_.decode_only && p_.keep < 0 && p_.rows <= kHeadsFoldRows && qkv_.parts == 1 && !flash(l) &&
            kernels::attention_supported(lc.head_dim, c_.num_heads / lc.num_kv_heads) &&
            (lc.kv_shared || lc.kv_source == l);
+  }
+
+  // Whether a decode pass's PLE branch runs as one launch (kernels::launch_ple_fused): passes of <= 16 rows with
+  // w4a16 weights, the gate [D, H] and the projection [H, D] in one layout, D in its slices, and ws.gemv_parts holding
+  // D / 32 parts. Measured (H100, E2B, quick_bench, two leases, bench/RESULTS.md 2026-12-06 (c)): w4a16 +1.0% at one
+  // session, +0.8% at 8, +1.5-1.9% at 16, none at 32 (the two-halves form); fp16 weights lose 1-2.4% at 1..32
+  // sessions (a block's slice of the gate is 96 KiB of fp16 against 27 KiB of int4), so they keep the two launches.
+  static constexpr int kPleFusedRows = 16;
+  bool ple_fused(const DevLayer& d) const {
+    const int D = c_.hidden_size_per_layer_input, H = c_.hidden_size;
+    return p_.rows <= kPleFusedRows && d.ple_gate.wq && d.ple_proj.wq && kernels::ple_fused_shape(D) &&
+           D / kernels::kPleSlice <= ws_.gemv_part_sets && d.ple_gate.out == D && d.ple_gate.in == H &&
+           d.ple_proj.out == H && d.ple_proj.in == D;
   }
 
   static constexpr int kGluMaxRows = 256;  // the fused gate/up GEMM's rows (its 64-row tile's range, gemm_w4.cuh)
@@ -561,6 +589,7 @@ class LayerEncoder {
   Qkv qkv_;
   const half* act_ = nullptr;  // the gate's output: act16 (GEMV epilogue) or x16 (element-wise kernel)
   int folded_ = -1;            // the layer whose heads(l) left its norms to attend(l) (heads_fold), or -1
+  int ple_parts_ = 0;          // > 0: gate(Ple) left the PLE projection in this many parts (ple_fused)
 };
 
 }  // namespace detail

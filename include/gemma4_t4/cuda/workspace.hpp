@@ -93,7 +93,10 @@ struct Workspace {
   unsigned* attn_counters = nullptr;  // [R, heads]: (row, KV head, head slice) of decode attention
   half* deq16 = nullptr;              // [largest w4a16 matrix or joint matmul] fp16: what large passes dequantise
   float* gemm_part = nullptr;         // [kGemmPartFloats] fp32: the w4a16 GEMM's split-K partial tiles (GEMM layout)
-  float* gemv_parts = nullptr;        // [kGemvMaxSplit, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project)
+  // [gemv_part_sets, 32, H] fp32: a k-split decode GEMV's parts (layers.hpp project), the PLE branch's slices
+  // (kernels::launch_ple_fused: D / 32 of them)
+  float* gemv_parts = nullptr;
+  int gemv_part_sets = 0;
   // the K / V a decode graph's padding rows write and read (planner.hpp fill_meta): one slot, every layer
   half* pad_k = nullptr;  // [max kv_heads * d] fp16
   half* pad_v = nullptr;  // [max kv_heads * d] fp16
@@ -140,8 +143,9 @@ struct Workspace {
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
     if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
-    GEMMA4_T4_TRY(m.alloc(size_t(kernels::kGemvMaxSplit) * kernels::kGemvMaxRows * H, "workspace: GEMV split-K parts",
-                          &gemv_parts));
+    gemv_part_sets = std::max(kernels::kGemvMaxSplit, kernels::ple_fused_shape(D) ? D / kernels::kPleSlice : 0);
+    GEMMA4_T4_TRY(
+        m.alloc(size_t(gemv_part_sets) * kernels::kGemvMaxRows * H, "workspace: GEMV split-K parts", &gemv_parts));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding K", &pad_k));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding V", &pad_v));
     GEMMA4_T4_TRY(m.alloc(size_t(std::max(kMaxSeqs, kernels::kGemvMaxRows)) * H, "workspace: head input", &head16));
