@@ -12110,9 +12110,10 @@ class LayerEncoder {
 
   // Whether a decode pass's PLE branch runs as one launch (kernels::launch_ple_fused): passes of <= 16 rows with
   // w4a16 weights, the gate [D, H] and the projection [H, D] in one layout, D in its slices, and ws.gemv_parts holding
-  // D / 32 parts. Measured (H100, E2B, quick_bench, two leases, bench/RESULTS.md 2026-12-06 (c)): w4a16 +1.0% at one
-  // session, +0.8% at 8, +1.5-1.9% at 16, none at 32 (the two-halves form); fp16 weights lose 1-2.4% at 1..32
-  // sessions (a block's slice of the gate is 96 KiB of fp16 against 27 KiB of int4), so they keep the two launches.
+  // D / 32 parts. Measured (H100, E2B, quick_bench, bench/RESULTS.md 2026-12-06 (c)): w4a16 +2.1 / +2.7 / +3.0% at 1 /
+  // 8 / 16 sessions (3 rounds; +1.0 / +0.8 / +1.6% in another lease), none at 32 (the two-halves form); fp16 weights
+  // lose 1-2.5% at 1..32 sessions (a block's slice of the gate is 96 KiB of fp16 against 27 KiB of int4), so they keep
+  // the two launches.
   static constexpr int kPleFusedRows = 16;
   bool ple_fused(const DevLayer& d) const {
     const int D = c_.hidden_size_per_layer_input, H = c_.hidden_size;
