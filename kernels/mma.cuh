@@ -209,6 +209,15 @@ __device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale
   return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
 }
 
+// The x pairs that w4_pair's weight pairs meet: 8 consecutive fp16 columns c..c+7 of x (one 16-byte load) ->
+// p[s] = (column c + s, column c + s + 4), s = 0..3.
+__device__ __forceinline__ void w4_x_pairs(const uint4& v, uint32_t (&p)[4]) {
+  p[0] = __byte_perm(v.x, v.z, 0x5410);
+  p[1] = __byte_perm(v.x, v.z, 0x7632);
+  p[2] = __byte_perm(v.y, v.w, 0x5410);
+  p[3] = __byte_perm(v.y, v.w, 0x7632);
+}
+
 // Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,
 // minus 1152.0.
 __device__ __forceinline__ uint32_t w8_pair(uint32_t word, int p) {

@@ -6197,6 +6197,15 @@ __device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale
   return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
 }
 
+// The x pairs that w4_pair's weight pairs meet: 8 consecutive fp16 columns c..c+7 of x (one 16-byte load) ->
+// p[s] = (column c + s, column c + s + 4), s = 0..3.
+__device__ __forceinline__ void w4_x_pairs(const uint4& v, uint32_t (&p)[4]) {
+  p[0] = __byte_perm(v.x, v.z, 0x5410);
+  p[1] = __byte_perm(v.x, v.z, 0x7632);
+  p[2] = __byte_perm(v.y, v.w, 0x5410);
+  p[3] = __byte_perm(v.y, v.w, 0x7632);
+}
+
 // Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,
 // minus 1152.0.
 __device__ __forceinline__ uint32_t w8_pair(uint32_t word, int p) {
@@ -9365,11 +9374,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
           uint32_t xb[NT][4];  // x pairs (columns 8w + s, 8w + s + 4 of the group) for steps s = 0..3
 #pragma unroll
           for (int t = 0; t < NT; ++t) {
-            const uint4 v = load_x(xr[t] + unit * 4 + w, ok && okx[t]);
-            xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
-            xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
-            xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
-            xb[t][3] = __byte_perm(v.y, v.w, 0x7632);
+            w4_x_pairs(load_x(xr[t] + unit * 4 + w, ok && okx[t]), xb[t]);
           }
 #pragma unroll
           for (int m = 0; m < M; ++m) {
@@ -9820,10 +9825,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
   for (int t = 0; t < NT; ++t) {
     const uint4 v = *reinterpret_cast<const uint4*>(&act[8 * t + gid][8 * tig]);
     if constexpr (W4) {  // columns (8 tig + st, 8 tig + st + 4), as gemv_block's w4a16 x pairs
-      xb[t][0] = __byte_perm(v.x, v.z, 0x5410);
-      xb[t][1] = __byte_perm(v.x, v.z, 0x7632);
-      xb[t][2] = __byte_perm(v.y, v.w, 0x5410);
-      xb[t][3] = __byte_perm(v.y, v.w, 0x7632);
+      w4_x_pairs(v, xb[t]);
     } else {  // columns (8 tig + 2 st, 8 tig + 2 st + 1)
       xb[t][0] = v.x, xb[t][1] = v.y, xb[t][2] = v.z, xb[t][3] = v.w;
     }
