@@ -356,8 +356,8 @@ class LayerEncoder {
     if (b == Branch::Attention) return project(d.o, ws_.x16, ws_.proj_a, "o_proj", d.post_attn, "post-attention norm");
     if (b == Branch::Mlp) return project(d.down, act_, ws_.proj_c, "down_proj", d.post_ff, "post-MLP norm");
     if (ple_parts_ > 0) {  // gate(Ple) launched the projection too (ple_fused): its slices' parts
-      pending_ = Pending{ws_.gemv_parts, d.post_ple, 1.f,
-                         "PLE norm",     ple_parts_, size_t(kernels::kGemvMaxRows) * c_.hidden_size};
+      const size_t ld = size_t(kernels::kGemvMaxRows) * c_.hidden_size;
+      pending_ = Pending{ws_.gemv_parts, d.post_ple, 1.f, "PLE norm", ple_parts_, ld};
       ple_parts_ = 0;
       return Status::ok();
     }
