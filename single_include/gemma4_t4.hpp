@@ -9494,11 +9494,11 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs
 // on the SMs (a launch of E2B's shapes at 32 rows fills 8..384 blocks: the PLE gate's 8 run on 8 SMs), and NT 2's
 // weight loads in flight (U k-tiles per warp, halved at NT 4). The sums are NT 4's bit for bit: a row's result
 // depends only on its x row, the weights and the k order, and the k order (kw, ksplit) is the shape's alone.
-template <int WL, GemvEpilogue E>
-__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const GemvArgs a) {
-  __shared__ float red[gemv_red_floats<2>()];
-  GemvArgs b = a;  // constant indices only (gemv_block's rule), so this copy stays in registers
-  if (blockIdx.x & 1u) {
+// b = a's arguments for half `second` (0: x rows [0, 16), 1: rows [16, n)) of a launch of 17..32 rows: x, the outputs
+// (y, out16) and the ple rows moved 16 rows on, n cut. Constant indices only (gemv_block's rule): b stays in registers.
+__device__ __forceinline__ void gemv_half_args(const GemvArgs& a, GemvArgs& b, bool second) {
+  b = a;
+  if (second) {
     b.x += size_t(16) * a.in;
     b.n = a.n - 16;
 #pragma unroll
@@ -9509,6 +9509,13 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const G
   } else {
     b.n = 16;
   }
+}
+
+template <int WL, GemvEpilogue E>
+__global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const GemvArgs a) {
+  __shared__ float red[gemv_red_floats<2>()];
+  GemvArgs b;
+  gemv_half_args(a, b, blockIdx.x & 1u);
   gemv_block<2, WL, E, GemvX::Global>(b, int(blockIdx.x >> 1), red, nullptr, nullptr);
 }
 
@@ -9746,8 +9753,9 @@ struct PleFusedArgs {
   size_t part_ld = 0;
 };
 
-// Whether launch_ple_fused takes a branch of D per-layer columns.
+// Whether launch_ple_fused takes a branch of D per-layer columns, and the parts it leaves for D (0: it does not).
 inline bool ple_fused_shape(int d) { return d > 0 && d % kPleSlice == 0 && d / kPleSlice <= kPleMaxSlices; }
+inline int ple_fused_parts(int d) { return ple_fused_shape(d) ? d / kPleSlice : 0; }
 
 // NT: 8-row tiles of x (1: n <= 8, 2: n <= 16); Halves: n 17..32 as two 16-row halves (block b: rows [16 (b & 1),
 // ...) of block b / 2), as gemv_halves_kernel.
@@ -9757,18 +9765,12 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
   constexpr int R = NT * 8, AS = kPleSlice + 8;  // act rows; act row stride in halves (16-byte aligned rows)
   __shared__ float red[gemv_red_floats<NT>()];
   __shared__ __align__(16) half act[R][AS];
-  GemvArgs g = a.gate;  // constant indices only (gemv_block's rule)
+  GemvArgs g = a.gate;  // constant indices only (gemv_block's rule); its out16 is set below, after the half's move
   unsigned bx = blockIdx.x;
   int r0 = 0;  // the block's first row of the pass
   if constexpr (Halves) {
-    if (bx & 1u) {
-      r0 = 16;
-      g.x += size_t(16) * g.in;
-      g.n -= 16;
-      g.ple += size_t(16) * g.ple_ld;
-    } else {
-      g.n = 16;
-    }
+    r0 = bx & 1u ? 16 : 0;
+    gemv_half_args(a.gate, g, bx & 1u);
     bx >>= 1;
   }
   const int H = g.in, D = a.d, slices = D / kPleSlice;
@@ -9792,13 +9794,15 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
 
   // the projection's weights of this block (constants: before gemv_block's pdl_enter)
   const int lane = int(threadIdx.x) & 31, warp = int(threadIdx.x) >> 5, gid = lane >> 2, tig = lane & 3;
+  // the projection's output row of this lane's output tile i, row half h
+  const auto out_row = [&](int i, int h) { return kPleBlockOut * p + 16 * (warp * kPleOutTiles + i) + gid + 8 * h; };
   uint4 pw[kPleOutTiles][2];
   uint32_t ps[kPleOutTiles][2];
 #pragma unroll
   for (int i = 0; i < kPleOutTiles; ++i)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int o = kPleBlockOut * p + 16 * (warp * kPleOutTiles + i) + gid + 8 * h;
+      const int o = out_row(i, h);
       const bool ok = o < a.proj.out;
       const size_t row = size_t(ok ? o : 0);
       if constexpr (W4) {
@@ -9855,7 +9859,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
       for (int h = 0; h < 2; ++h)
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int o = kPleBlockOut * p + 16 * (warp * kPleOutTiles + i) + gid + 8 * h, r = 8 * t + 2 * tig + j;
+          const int o = out_row(i, h), r = 8 * t + 2 * tig + j;
           if (o < H && r < g.n) part[size_t(r0 + r) * H + o] = acc[i][t][2 * h + j];
         }
 }
@@ -9888,7 +9892,7 @@ inline cudaError_t launch_ple_fused(const GemvMat& gate, const GemvMat& proj, co
   a.d = D;
   a.parts = parts;
   a.part_ld = part_ld;
-  const unsigned blocks = unsigned(D / kPleSlice) * ceil_div(size_t(in), size_t(kPleBlockOut));
+  const unsigned blocks = unsigned(ple_fused_parts(D)) * ceil_div(size_t(in), size_t(kPleBlockOut));
   const dim3 block(kGemvWarps * 32);
   if (w4) {
     if (n <= 8) return launch_kernel(ple_fused_kernel<1, kGemvW4, false>, blocks, block, launch, a);
@@ -11360,7 +11364,7 @@ struct Workspace {
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
     if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
-    gemv_part_sets = std::max(kernels::kGemvMaxSplit, kernels::ple_fused_shape(D) ? D / kernels::kPleSlice : 0);
+    gemv_part_sets = std::max(kernels::kGemvMaxSplit, kernels::ple_fused_parts(D));
     GEMMA4_T4_TRY(
         m.alloc(size_t(gemv_part_sets) * kernels::kGemvMaxRows * H, "workspace: GEMV split-K parts", &gemv_parts));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding K", &pad_k));
@@ -11993,7 +11997,7 @@ class LayerEncoder {
                                                    ws_.x16, p_.rows, c_.hidden_size, ple_, L, l, ws_.gemv_parts,
                                                    size_t(kernels::kGemvMaxRows) * c_.hidden_size, ln_),
                          "per_layer_input_gate + GELU + per_layer_projection");
-      ple_parts_ = D / kernels::kPleSlice;
+      ple_parts_ = kernels::ple_fused_parts(D);
       return Status::ok();
     }
     if (decode) {
@@ -12120,7 +12124,7 @@ class LayerEncoder {
   bool ple_fused(const DevLayer& d) const {
     const int D = c_.hidden_size_per_layer_input, H = c_.hidden_size;
     return p_.rows <= kPleFusedRows && d.ple_gate.wq && d.ple_proj.wq && kernels::ple_fused_shape(D) &&
-           D / kernels::kPleSlice <= ws_.gemv_part_sets && d.ple_gate.out == D && d.ple_gate.in == H &&
+           kernels::ple_fused_parts(D) <= ws_.gemv_part_sets && d.ple_gate.out == D && d.ple_gate.in == H &&
            d.ple_proj.out == H && d.ple_proj.in == D;
   }
 

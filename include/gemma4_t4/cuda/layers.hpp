@@ -333,7 +333,7 @@ class LayerEncoder {
                                                    ws_.x16, p_.rows, c_.hidden_size, ple_, L, l, ws_.gemv_parts,
                                                    size_t(kernels::kGemvMaxRows) * c_.hidden_size, ln_),
                          "per_layer_input_gate + GELU + per_layer_projection");
-      ple_parts_ = D / kernels::kPleSlice;
+      ple_parts_ = kernels::ple_fused_parts(D);
       return Status::ok();
     }
     if (decode) {
@@ -460,7 +460,7 @@ class LayerEncoder {
   bool ple_fused(const DevLayer& d) const {
     const int D = c_.hidden_size_per_layer_input, H = c_.hidden_size;
     return p_.rows <= kPleFusedRows && d.ple_gate.wq && d.ple_proj.wq && kernels::ple_fused_shape(D) &&
-           D / kernels::kPleSlice <= ws_.gemv_part_sets && d.ple_gate.out == D && d.ple_gate.in == H &&
+           kernels::ple_fused_parts(D) <= ws_.gemv_part_sets && d.ple_gate.out == D && d.ple_gate.in == H &&
            d.ple_proj.out == H && d.ple_proj.in == D;
   }
 

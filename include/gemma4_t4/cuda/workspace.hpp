@@ -143,7 +143,7 @@ struct Workspace {
                        "attention counters");
     if (w.max_deq) GEMMA4_T4_TRY(m.alloc(w.max_deq, "workspace: dequantised tile", &deq16));
     if (w.gemm_layout) GEMMA4_T4_TRY(m.alloc(kGemmPartFloats, "workspace: GEMM split-K partials", &gemm_part));
-    gemv_part_sets = std::max(kernels::kGemvMaxSplit, kernels::ple_fused_shape(D) ? D / kernels::kPleSlice : 0);
+    gemv_part_sets = std::max(kernels::kGemvMaxSplit, kernels::ple_fused_parts(D));
     GEMMA4_T4_TRY(
         m.alloc(size_t(gemv_part_sets) * kernels::kGemvMaxRows * H, "workspace: GEMV split-K parts", &gemv_parts));
     GEMMA4_T4_TRY(m.alloc(size_t(kvw), "workspace: decode padding K", &pad_k));
