@@ -661,6 +661,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 
 template <int D, int G>
 static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtAttnSplit, D * 10 + G);
   constexpr int NW = attn_block<D>() / 32;
   __shared__ AttnSmem<D, G, NW> sm;
   const int y = int(blockIdx.y);
@@ -671,6 +672,7 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
 // Heads mode (see the header): the same blocks, q, k and v from the q/k/v GEMV.
 template <int D, int G>
 static __global__ void __launch_bounds__(attn_block<D>()) attention_heads_kernel(AttnArgs a, AttnHeads hn, int fused) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtAttnHeads, D * 10 + G);
   constexpr int NW = attn_block<D>() / 32;
   __shared__ AttnSmem<D, G, NW> sm;
   __shared__ AttnHeadsSmem<D, G, NW> hsm;
@@ -683,6 +685,7 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_heads_kernel
 // keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
 static __global__ void __launch_bounds__(32) attention_merge_kernel(AttnArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtAttnMerge, D);
   pdl_enter();
   constexpr int CB = D < 64 ? D : 64;  // channels per block
   __shared__ float wt[kAttnMaxSplits];

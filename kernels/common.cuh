@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <utility>
 
+#include "ktrace.cuh"
+
 namespace gemma4_t4 {
 namespace kernels {
 
@@ -139,6 +141,9 @@ __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+#ifdef GEMMA4_T4_KTRACE
+  ktrace_enter();
 #endif
 }
 

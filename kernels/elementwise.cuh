@@ -29,6 +29,7 @@ namespace kernels {
 
 static __global__ void embed_kernel(const half* __restrict__ E, const int* __restrict__ ids, int H, float scale,
                                     float* __restrict__ h) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtEmbed, 0);
   pdl_enter();
   const half* e = E + size_t(ids[blockIdx.x]) * H;
   float* o = h + size_t(blockIdx.x) * H;
@@ -46,6 +47,7 @@ inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, 
 template <typename T>
 static __global__ void gather_rows_kernel(const T* __restrict__ src, size_t ld_src, const int* __restrict__ idx,
                                           int width, T* __restrict__ dst, size_t ld_dst) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 3);
   pdl_enter();
   const T* s = src + size_t(idx ? idx[blockIdx.x] : int(blockIdx.x)) * ld_src;
   T* d = dst + size_t(blockIdx.x) * ld_dst;
@@ -61,6 +63,7 @@ inline cudaError_t launch_gather_rows(const T* src, size_t ld_src, const int* id
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 2);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = to_half_sat(x[i]);
@@ -75,6 +78,7 @@ inline cudaError_t launch_to_half(const float* x, size_t n, half* out, const Lau
 enum class RawFloat { F32, F16, BF16 };
 
 static __global__ void widen_kernel(const void* __restrict__ x, RawFloat type, size_t n, float* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 1);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -111,6 +115,7 @@ __device__ __forceinline__ float4 gelu_in4(const half* p) {
 template <int V, typename T>
 static __global__ void gelu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 4);
   pdl_enter();
   const size_t c = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= size_t(cols)) return;
@@ -152,6 +157,7 @@ inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, hal
 static __global__ void ple_combine_kernel(const float* __restrict__ proj, const float* __restrict__ tok,
                                           const float* __restrict__ w, int L, int D, float pscale, float tscale,
                                           float mix, float eps, float* __restrict__ ple) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 5);
   pdl_enter();
   const size_t off = (size_t(blockIdx.x) * L + blockIdx.y) * D;
   float ss = 0.f;
@@ -176,6 +182,7 @@ inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const
 static __global__ void ple_gate_kernel(const float* __restrict__ g, int parts, size_t part_ld,
                                        const float* __restrict__ ple, int rows, int L, int D, int layer,
                                        half* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 6);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
@@ -196,6 +203,7 @@ inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, i
 // V = 4: each thread caps 4 consecutive floats (one 16-byte load and store; n and x aligned for it), else one.
 template <int V>
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtSoftcap, 0);
   pdl_enter();
   const size_t i = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
@@ -220,6 +228,7 @@ inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& l
 
 // One block (256 threads) per row.
 static __global__ void argmax_rows_kernel(const float* __restrict__ x, int V, int* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtArgmax, 0);
   pdl_enter();
   __shared__ float bv[256];
   __shared__ int bi[256];

@@ -345,6 +345,7 @@ __device__ __forceinline__ void gemm_w4_store(const GemmW4Args& a, const float (
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const GemmW4Args a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 0);
   __shared__ __align__(16) unsigned char smem[2 * C::kStage];  // 2 stages of [X tile | W tile | S tile]
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
@@ -484,6 +485,7 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
 // y = sum of the splits' partial tiles, in split order. One thread per 4 outputs (N % 4 == 0).
 static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int splits, int m, int n,
                                              float* __restrict__ y, int ldy) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 3);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x, q = size_t(n) / 4;
   if (i >= size_t(m) * q) return;
@@ -940,6 +942,7 @@ __device__ __forceinline__ void gemm_w4x_tile(const typename Src::Args& a, unsig
 // Y = X W^T (or split z's partial tile) for an XCfg C: W4xOneMatrix.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(const GemmW4Args a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 1);
   __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
   gemm_w4x_tile<C, W4xOneMatrix<C>>(a, smem);
 }
@@ -947,6 +950,7 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
 // act = half(gelu_tanh(X gate^T) * (X up^T)) for a GluCfg C: W4xGateUp.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_glu_kernel(const GemmW4GluArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 2);
   __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
   gemm_w4x_tile<C, W4xGateUp<C>>(a, smem);
 }

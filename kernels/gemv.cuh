@@ -404,6 +404,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
 // NT: 8-row tiles of x (1: n <= 8, 2: n <= 16, 4: n <= 32). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
 template <int NT, int WL, GemvEpilogue E>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemv, NT * 100 + WL * 10 + int(E));
   __shared__ float red[gemv_red_floats<NT>()];  // partial tiles of the kw - 1 helper warps
   gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
@@ -433,6 +434,7 @@ __device__ __forceinline__ void gemv_half_args(const GemvArgs& a, GemvArgs& b, b
 
 template <int WL, GemvEpilogue E>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const GemvArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemvHalves, WL * 10 + int(E));
   __shared__ float red[gemv_red_floats<2>()];
   GemvArgs b;
   gemv_half_args(a, b, blockIdx.x & 1u);
@@ -681,6 +683,7 @@ inline int ple_fused_parts(int d) { return ple_fused_shape(d) ? d / kPleSlice : 
 // ...) of block b / 2), as gemv_halves_kernel.
 template <int NT, int WL, bool Halves>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const PleFusedArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtPleFused, NT * 100 + WL * 10 + int(Halves));
   constexpr bool W4 = WL == kGemvW4;
   constexpr int R = NT * 8, AS = kPleSlice + 8;  // act rows; act row stride in halves (16-byte aligned rows)
   __shared__ float red[gemv_red_floats<NT>()];

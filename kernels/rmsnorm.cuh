@@ -30,6 +30,7 @@ enum class NextNorm { None, Norm, Copy };
 
 static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
                                       const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtRmsNorm, 0);
   pdl_enter();
   const float* xr = x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx;
   float ss = 0.f;
@@ -43,6 +44,7 @@ static __global__ void residual_norm_kernel(float* __restrict__ h, const float* 
                                             size_t part_ld, const float* __restrict__ w_post, int cols, float eps,
                                             float scalar, NextNorm next, const float* __restrict__ w_next,
                                             half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtResNorm, 0);
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
@@ -120,6 +122,7 @@ __device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[
 static __global__ void __launch_bounds__(256)
     rmsnorm_vec_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
                        const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtRmsNorm, 1);
   const int n4 = cols / 4;
   float4 wv[kNormVec];
   norm_load(w, n4, wv);  // a constant: before pdl_enter
@@ -136,6 +139,7 @@ static __global__ void __launch_bounds__(256)
     residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, int parts, size_t part_ld,
                              const float* __restrict__ w_post, int cols, float eps, float scalar, NextNorm next,
                              const float* __restrict__ w_next, half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtResNorm, KV);
   const int n4 = cols / 4;
   float4 wp[KV], wn[KV];
   norm_load(w_post, n4, wp);  // constants: before pdl_enter

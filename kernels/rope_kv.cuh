@@ -112,6 +112,7 @@ __device__ __forceinline__ void head_pair_apply(const HeadPair& h, float r, floa
 // written by the host or by kernels at least two launches back (common.cuh) -- is read, and the rotation
 // computed, before pdl_enter; after it only x's loads and the block's one reduction.
 static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtHeadNorm, 0);
   const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
   // Target and head of this block; constant indices only (a dynamic index into the parameter array would
   // copy it to local memory).

@@ -99,6 +99,7 @@ __device__ __forceinline__ void visit_sample_row(const float* x, int V, F&& f) {
 static __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(float* __restrict__ logits, int V, const SampleParams* __restrict__ params,
                   const int* __restrict__ seen, int* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtSample, 0);
   pdl_enter();
   __shared__ float scan[kSampleThreads];  // full-row path: per-thread chunk masses, scanned
   __shared__ int cand[kSampleCand];       // candidate ids; sorted ascending before use

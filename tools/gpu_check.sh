@@ -31,6 +31,9 @@
 #               time: no PDL overlap), ~2 steps (quick_bench's NVTX range "decode") per concurrency of STEPS_BATCH
 #               (default "1 128"), prompt STEPS_PROMPT (512), w4a16 matmuls PROFILE_MATMULS past 32 rows; summed
 #               per kernel name
+#     ktrace    per-block timeline of decode steps (kernels/ktrace.cuh; prebuilt/quick_bench_ktrace, tools/prebuild.sh
+#               KTRACE=1): per concurrency of KTRACE_BATCH (default "1 8 16 32"), the untraced quick_bench, then the
+#               traced one and tools/ktrace.py's split of its last steps into kernel boundaries and kernel work
 # Environment: PRESETS (the builds of build and suite, default "gpu-native gpu-turing"), SUITE_SPEC (suite), AB_EXTRA
 # (ab), SWEEP (bench arguments),
 # FORMATS (the bench step's checkpoints, default "w4a16 bf16"), BENCH_BUILDS (its builds, default "native turing"), JOBS
@@ -399,6 +402,22 @@ step_steps() {  # where a decode step's GPU time goes, per kernel name (issues 1
         /gpu__time_duration.sum/{printf "%9.1f us total %5d x %7.2f us  %s\n", inv * $NF, inv, $NF, name}' "$f" |
         sort -g -r | head -30 | tee -a "$OUT/summary.txt"
     done
+  done
+}
+
+step_ktrace() {
+  synth w4a16 || { note "make_synthetic failed"; return 1; }
+  [ -x prebuilt/quick_bench_ktrace ] || { [ -f prebuilt/quick_bench_ktrace.xz ] &&
+    unxz_to prebuilt/quick_bench_ktrace.xz > prebuilt/quick_bench_ktrace && chmod +x prebuilt/quick_bench_ktrace; }
+  [ -x prebuilt/quick_bench_ktrace ] || { note "no prebuilt/quick_bench_ktrace"; return 1; }
+  local c Q
+  for c in ${KTRACE_BATCH:-1 8 16 32}; do
+    Q=(--model "$MODELS/e2b-w4a16" --prompt 512 --tokens "${KTRACE_TOKENS:-48}" --batch "$c")
+    note "== c=$c untraced: $("$(native_bin quick_bench)" "${Q[@]}" 2>&1 | tail -2 | head -1)"
+    note "== c=$c traced: $(GEMMA4_T4_KTRACE=/tmp/ktrace-c$c.bin prebuilt/quick_bench_ktrace "${Q[@]}" 2>&1 |
+      tee "$OUT/ktrace-c$c.log" | grep -E "^ +[0-9]+ +512")"
+    python3 tools/ktrace.py /tmp/ktrace-c$c.bin --steps "${KTRACE_STEPS:-8}" > "$OUT/ktrace-c$c.txt" 2>&1
+    head -40 "$OUT/ktrace-c$c.txt" | tee -a "$OUT/summary.txt"
   done
 }
 

@@ -13,6 +13,8 @@
 #   as /tmp/gemma4_t4-src (the paths compiled into the suite and written into ctest's files are the device's paths),
 #   gpu-native for sm_$ARCH, and packed into SNAPSHOT/prebuilt/builds.tar.xz; gpu_check.sh unpacks it there.
 #   LAB_TARGETS (e.g. "lab_gemm_w4"): kernel lab programs built into gpu-native as well, for gpu_check.sh's lab step.
+# KTRACE=1 (PRESETS unset): prebuilt/quick_bench_ktrace.xz as well, built with -DGEMMA4_T4_KTRACE (kernels/ktrace.cuh;
+#   gpu_check.sh's ktrace step).
 # TREE: a directory under SNAPSHOT holding `git archive REV include kernels src bench` (an AB_TREES tree); its
 #   quick_bench is built into it, packed as quick_bench.xz (gpu_check.sh unpacks it to /tmp/qb_TREE).
 # nvcc for sm_$ARCH (default 90: the H100 and the H200) with CMake's Release flags (-O3 -DNDEBUG: an A/B tree is built
@@ -30,8 +32,8 @@ inc=()
 [ -d "$root/.deps/usr/include" ] && inc=(-I"$root/.deps/usr/include")
 static=(-static-libstdc++ -static-libgcc)
 
-quick_bench() {  # quick_bench TREE OUT
-  nvcc -std=c++17 -O3 -DNDEBUG -gencode "arch=compute_$arch,code=sm_$arch" -I"$1/include" -I"$1" "${inc[@]}" -x cu -o "$2" \
+quick_bench() {  # quick_bench TREE OUT [NVCC FLAGS...]
+  nvcc -std=c++17 -O3 -DNDEBUG "${@:3}" -gencode "arch=compute_$arch,code=sm_$arch" -I"$1/include" -I"$1" "${inc[@]}" -x cu -o "$2" \
     "$1/bench/quick_bench.cpp" "$1/src/impl.cu" -lcublas -Xcompiler "$(IFS=,; echo "${static[*]}")"
 }
 
@@ -60,6 +62,11 @@ else
     "${static[@]}"
   quick_bench "$snap" "$snap/prebuilt/quick_bench" &
   pids+=($!)
+  if [ "${KTRACE:-0}" = 1 ]; then  # the per-block timeline build (kernels/ktrace.cuh; gpu_check.sh ktrace)
+    (quick_bench "$snap" "$snap/prebuilt/quick_bench_ktrace" -DGEMMA4_T4_KTRACE &&
+      xz -f -T1 "$snap/prebuilt/quick_bench_ktrace") &
+    pids+=($!)
+  fi
 fi
 for t in "$@"; do  # xz: the device call carries at most 64 MiB (a quick_bench is 10 MB, 1.6 MB packed)
   (quick_bench "$snap/$t" "$snap/$t/quick_bench" && xz -f -T1 "$snap/$t/quick_bench") &
@@ -73,7 +80,7 @@ if [ -n "${PRESETS:-}" ] && [ $rc -eq 0 ]; then
   for p in $PRESETS; do dirs+=("gemma4_t4-build-$p"); done
   tar -C /tmp --exclude='*.o' --exclude='*/CMakeFiles/*' -cJf "$snap/prebuilt/builds.tar.xz" "${dirs[@]}"
 fi
-outs=("$snap"/prebuilt/{quick_bench,make_synthetic,builds.tar.xz})
+outs=("$snap"/prebuilt/{quick_bench,quick_bench_ktrace.xz,make_synthetic,builds.tar.xz})
 for t in "$@"; do outs+=("$snap/$t/quick_bench.xz"); done
 for f in "${outs[@]}"; do [ ! -e "$f" ] || ls -l "$f"; done
 exit $rc

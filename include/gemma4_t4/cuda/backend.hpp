@@ -26,6 +26,9 @@ namespace detail {
 class CudaBackend : public BackendModel {
  public:
   ~CudaBackend() override {
+#ifdef GEMMA4_T4_KTRACE
+    kernels::ktrace_close(ktrace_);  // development builds: kernels/ktrace.cuh
+#endif
     exec_.reset();  // graphs before the handle and the stream
     if (blas_) cublasDestroy(blas_);
     if (blas_ws_) cuda_free(Mem::Device, blas_ws_);
@@ -53,6 +56,9 @@ class CudaBackend : public BackendModel {
                  prop.minor, "; gemma4_t4 needs 7.5 (Turing) or newer");
     GEMMA4_T4_TRY(check_shapes(where));
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+#ifdef GEMMA4_T4_KTRACE
+    if (!kernels::ktrace_open(ktrace_)) return err(Code::BackendError, where, ": GEMMA4_T4_KTRACE: cannot open the trace");
+#endif
     if (alloc_fault(0, "cuBLAS handle"))
       return err(Code::OutOfMemory, where, ": cuBLAS handle: cublasCreate failed (allocation fault hook)");
     if (const cublasStatus_t bs = cublasCreate(&blas_); bs != CUBLAS_STATUS_SUCCESS) {
@@ -242,6 +248,9 @@ class CudaBackend : public BackendModel {
   Workspace ws_;
   mutable std::mutex mu_;
   std::unique_ptr<PassExecutor> exec_;  // its state is guarded by mu_ (pointer: the const methods use it)
+#ifdef GEMMA4_T4_KTRACE
+  kernels::KTraceHost ktrace_;
+#endif
 };
 
 }  // namespace detail
