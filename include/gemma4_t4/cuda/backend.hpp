@@ -57,7 +57,8 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_TRY(check_shapes(where));
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 #ifdef GEMMA4_T4_KTRACE
-    if (!kernels::ktrace_open(ktrace_)) return err(Code::BackendError, where, ": GEMMA4_T4_KTRACE: cannot open the trace");
+    if (!kernels::ktrace_open(ktrace_))
+      return err(Code::BackendError, where, ": GEMMA4_T4_KTRACE: cannot open the trace");
 #endif
     if (alloc_fault(0, "cuBLAS handle"))
       return err(Code::OutOfMemory, where, ": cuBLAS handle: cublasCreate failed (allocation fault hook)");
