@@ -12,8 +12,8 @@
 // the first release after the previous launch's last return -- and splits a decode step into, per launch:
 //   gap   release - the previous launch's last return: what a kernel boundary costs on the critical path;
 //   span  the last return - the release: the launch's own work after its wait.
-// The stamps cost each block a barrier, two shared atomics per thread and one global atomic: they move the step
-// by a few percent, which tools/ktrace.py reports beside the untraced step.
+// The stamps cost each block a barrier, a global atomic at its start (thread 0), two shared atomics per thread at its
+// end and one 40-byte store: gpu_check.sh's ktrace step prints the untraced step beside the traced one.
 // Tags: kind << 16 | variant (KTraceKind; the variant is the kernel's template arguments, kind-specific).
 #pragma once
 
@@ -69,7 +69,7 @@ __device__ __forceinline__ unsigned long long ktrace_ns() {
 }
 
 struct KTraceShared {
-  unsigned long long start, enter, end;
+  unsigned long long start, enter, end, slot;
   unsigned done;
 };
 
@@ -85,9 +85,12 @@ __device__ __forceinline__ void ktrace_enter() {
 
 struct KTraceScope {
   unsigned tag;
+  unsigned long long slot = 0;  // thread 0: the record's index, taken at the start (its latency hides in the block's
+                                // work; the end pays only shared atomics and one store)
   __device__ explicit KTraceScope(unsigned t) : tag(t) {
     KTraceShared& s = ktrace_shared();
     if (threadIdx.x + threadIdx.y + threadIdx.z == 0) {
+      if (g_ktrace.rec) slot = atomicAdd(g_ktrace.next, 1ull);
       s.start = ktrace_ns();
       s.enter = 0;
       s.end = 0;
@@ -97,7 +100,9 @@ struct KTraceScope {
   }
   __device__ ~KTraceScope() {
     KTraceShared& s = ktrace_shared();
-    atomicMax(&s.end, ktrace_ns());
+    const unsigned long long t = ktrace_ns();
+    if (threadIdx.x + threadIdx.y + threadIdx.z == 0) s.slot = slot;
+    atomicMax(&s.end, t);
     __threadfence_block();
     if (atomicAdd(&s.done, 1u) != blockDim.x * blockDim.y * blockDim.z - 1) return;
     const KTraceBuf b = g_ktrace;  // the last thread of the block writes the record
@@ -106,14 +111,13 @@ struct KTraceScope {
     asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
     const unsigned long long grid = gridDim.x * gridDim.y * gridDim.z;
     const unsigned long long blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
-    const unsigned long long end = atomicAdd(&s.end, 0ull);
     KTraceRec r;
     r.tag_grid = (static_cast<unsigned long long>(tag) << 32) | grid;
     r.sm_block = (static_cast<unsigned long long>(sm) << 32) | blk;
     r.start = s.start;
     r.enter = s.enter ? s.enter : s.start;
-    r.end = end;
-    b.rec[atomicAdd(b.next, 1ull) % b.cap] = r;
+    r.end = atomicAdd(&s.end, 0ull);
+    b.rec[atomicAdd(&s.slot, 0ull) % b.cap] = r;
   }
 };
 
