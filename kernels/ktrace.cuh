@@ -132,8 +132,9 @@ struct KTraceHost {
   std::FILE* file = nullptr;
 };
 
-// Opens the ring when GEMMA4_T4_KTRACE names a file; false with a message on stderr when that fails.
-inline bool ktrace_open(KTraceHost& h) {
+// Opens the ring when GEMMA4_T4_KTRACE names a file; false with a message on stderr when that fails. stream: the
+// backend's (every copy here is ordered on it).
+inline bool ktrace_open(KTraceHost& h, cudaStream_t stream) {
   const char* path = std::getenv("GEMMA4_T4_KTRACE");
   if (!path || !*path) return true;
   const char* cap = std::getenv("GEMMA4_T4_KTRACE_CAP");
@@ -141,7 +142,7 @@ inline bool ktrace_open(KTraceHost& h) {
   h.file = std::fopen(path, "wb");
   if (!h.file || h.cap == 0 || cudaMalloc(&h.rec, h.cap * sizeof(KTraceRec)) != cudaSuccess ||
       cudaMalloc(&h.next, sizeof(unsigned long long)) != cudaSuccess ||
-      cudaMemset(h.next, 0, sizeof(unsigned long long)) != cudaSuccess) {
+      cudaMemsetAsync(h.next, 0, sizeof(unsigned long long), stream) != cudaSuccess) {
     std::fprintf(stderr, "ktrace: cannot open %s with %llu records\n", path, h.cap);
     return false;
   }
@@ -149,19 +150,21 @@ inline bool ktrace_open(KTraceHost& h) {
   b.rec = h.rec;
   b.cap = h.cap;
   b.next = h.next;
-  if (cudaMemcpyToSymbol(g_ktrace, &b, sizeof(b)) != cudaSuccess) return false;
+  if (cudaMemcpyToSymbolAsync(g_ktrace, &b, sizeof(b), 0, cudaMemcpyHostToDevice, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess)
+    return false;
   std::fprintf(stderr, "ktrace: recording the last %llu blocks into %s\n", h.cap, path);
   return true;
 }
 
 // Writes the ring, oldest record first: u64 count, u64 cap, then min(count, cap) records.
-inline void ktrace_close(KTraceHost& h) {
+inline void ktrace_close(KTraceHost& h, cudaStream_t stream) {
   if (!h.file) return;
-  cudaDeviceSynchronize();
   unsigned long long n = 0;
-  cudaMemcpy(&n, h.next, sizeof(n), cudaMemcpyDeviceToHost);
   std::vector<KTraceRec> all(size_t(h.cap));
-  cudaMemcpy(all.data(), h.rec, size_t(h.cap) * sizeof(KTraceRec), cudaMemcpyDeviceToHost);
+  cudaMemcpyAsync(&n, h.next, sizeof(n), cudaMemcpyDeviceToHost, stream);
+  cudaMemcpyAsync(all.data(), h.rec, size_t(h.cap) * sizeof(KTraceRec), cudaMemcpyDeviceToHost, stream);
+  cudaStreamSynchronize(stream);
   const unsigned long long kept = n < h.cap ? n : h.cap, first = n < h.cap ? 0 : n % h.cap;
   std::fwrite(&n, sizeof(n), 1, h.file);
   std::fwrite(&h.cap, sizeof(h.cap), 1, h.file);
@@ -170,7 +173,8 @@ inline void ktrace_close(KTraceHost& h) {
   std::fclose(h.file);
   h.file = nullptr;
   KTraceBuf none;
-  cudaMemcpyToSymbol(g_ktrace, &none, sizeof(none));
+  cudaMemcpyToSymbolAsync(g_ktrace, &none, sizeof(none), 0, cudaMemcpyHostToDevice, stream);
+  cudaStreamSynchronize(stream);
   cudaFree(h.rec);
   cudaFree(h.next);
   std::fprintf(stderr, "ktrace: %llu blocks recorded, %llu written\n", n, kept);

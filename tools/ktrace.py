@@ -71,31 +71,23 @@ def launches(recs):
     return [l for l in out if l[2] == l[1]]  # a launch the ring cut is dropped
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("trace")
-    ap.add_argument("--steps", type=int, default=8, help="the last N complete decode steps")
-    args = ap.parse_args()
-    n, cap, recs = load(args.trace)
+def analyse(recs, last):
+    """The last `last` complete decode steps of the records: (steps, totals, per), totals (ns, summed over the steps:
+    wall, launches, gap, span) and per[(kernel name, grid)] (summed: n, gap, span, lead, spread)."""
     ls = launches(recs)
-    print("%s: %d blocks recorded, %d kept, %d complete launches" % (args.trace, n, len(recs), len(ls)))
     starts = [i for i, l in enumerate(ls) if l[0] >> 16 == 12]  # embed: a decode step's first launch
-    steps = [(a, b) for a, b in zip(starts, starts[1:])][-args.steps:]
-    if not steps:
-        sys.exit("no complete decode step (embed launch to embed launch) in the trace")
+    steps = [(a, b) for a, b in zip(starts, starts[1:])][-last:]
     per = collections.OrderedDict()
     tot = collections.Counter()
     for a, b in steps:
         # a step: launches a .. b - 1; its wall time from the first block start to the last return
-        wall = max(l[6] for l in ls[a:b]) - ls[a][3]
-        tot["wall"] += wall
+        tot["wall"] += max(l[6] for l in ls[a:b]) - ls[a][3]
         tot["launches"] += b - a
         for i in range(a, b):
             l = ls[i]
             gap = l[4] - ls[i - 1][6] if i > a else 0
             span = l[6] - l[4]
-            key = (name(l[0]), l[1])
-            e = per.setdefault(key, collections.Counter())
+            e = per.setdefault((name(l[0]), l[1]), collections.Counter())
             e["n"] += 1
             e["gap"] += gap
             e["span"] += span
@@ -103,6 +95,19 @@ def main():
             e["spread"] += l[5] - l[4]
             tot["gap"] += gap
             tot["span"] += span
+    return steps, tot, per
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("trace")
+    ap.add_argument("--steps", type=int, default=8, help="the last N complete decode steps")
+    args = ap.parse_args()
+    n, cap, recs = load(args.trace)
+    steps, tot, per = analyse(recs, args.steps)
+    print("%s: %d blocks recorded, %d kept" % (args.trace, n, len(recs)))
+    if not steps:
+        sys.exit("no complete decode step (embed launch to embed launch) in the trace")
     k = len(steps)
     us = 1e-3 / k
     print("last %d decode steps: %.1f us a step, %.1f launches; critical path: gaps %.1f us + spans %.1f us"

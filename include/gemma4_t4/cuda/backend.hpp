@@ -27,7 +27,7 @@ class CudaBackend : public BackendModel {
  public:
   ~CudaBackend() override {
 #ifdef GEMMA4_T4_KTRACE
-    kernels::ktrace_close(ktrace_);  // development builds: kernels/ktrace.cuh
+    kernels::ktrace_close(ktrace_, stream_);  // development builds: kernels/ktrace.cuh
 #endif
     exec_.reset();  // graphs before the handle and the stream
     if (blas_) cublasDestroy(blas_);
@@ -57,7 +57,7 @@ class CudaBackend : public BackendModel {
     GEMMA4_T4_TRY(check_shapes(where));
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
 #ifdef GEMMA4_T4_KTRACE
-    if (!kernels::ktrace_open(ktrace_))
+    if (!kernels::ktrace_open(ktrace_, stream_))
       return err(Code::BackendError, where, ": GEMMA4_T4_KTRACE: cannot open the trace");
 #endif
     if (alloc_fault(0, "cuBLAS handle"))
