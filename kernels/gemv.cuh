@@ -517,7 +517,12 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
   gemv_partition(a);  // the row-tile blocks at that split
-  if (a.first_block[a.count] > kGemvManyBlocks) a.kw = std::min(a.kw, 2);
+  if (a.first_block[a.count] > kGemvManyBlocks) {
+    a.kw = std::min(a.kw, 2);
+  } else if (const int sms = device_sms(); sms > 0 && a.kw > 1 && a.first_block[a.count] > 2 * sms &&
+                                           a.first_block[a.count] <= 4 * sms) {
+    a.kw /= 2;  // one wave of two blocks per SM instead of a second, partial one (gate/up of 12,288 on E2B)
+  }
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;
