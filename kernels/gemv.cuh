@@ -31,16 +31,16 @@
 //   int8   k-tile = 64 columns; unit u = 4 * tile + tig holds columns 16u..16u+15; step s (8 steps) uses
 //          bytes (2s, 2s + 1) and the x half2 at columns 16u + 2s (x read as two 16-byte loads).
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
-// chosen from `in` alone); a block of 8 warps owns 8 / kw row tiles; blocks are partitioned over the
-// matrices' row tiles. Each warp issues the weight loads of U k-tiles (U = 4; 2 for gate/up, which loads
-// two matrices; halved past 16 rows, where the accumulators need the registers: no spills at 128) before it
-// uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that skip L1);
-// x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
+// chosen from `in`, halved where that fits a launch into one wave: gemv_wave_kw); a block of 8 warps owns
+// 8 / kw row tiles; blocks are partitioned over the matrices' row tiles. Each warp issues the weight loads of U k-tiles
+// (U = 4; 2 for gate/up, which loads two matrices; halved past 16 rows, where the accumulators need the registers: no
+// spills at 128) before it uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that
+// skip L1); x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
 // Past 16 rows a launch that leaves SMs short (gemv_halves) runs as two 16-row halves (gemv_halves_kernel: twice
 // the blocks, each at U = 4); larger ones take all 32 rows per block at U = 2.
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
-// only on column n of B; kw on `in` and the outputs), so batched decode equals one-row decode bit for bit
+// only on column n of B; kw on `in`, the outputs and the SM count), so batched decode equals one-row decode bit for bit
 // (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
 // the expression of gelu_mul / ple_gate (elementwise.cuh) on the fp32 dot products.
 // Precision vs the CUDA-core GEMV this replaced: w4a16 weights are rounded to fp16 once (as prefill always
@@ -443,7 +443,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const G
 
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
 // idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above); gemv_plan
-// caps it at 2 for launches of more than kGemvManyBlocks blocks.
+// caps it at 2 for launches of more than kGemvManyBlocks blocks and halves it where the launch would take a second,
+// partial wave (gemv_wave_kw).
 inline int gemv_split(int ktiles) {
   for (int kw = kGemvWarps; kw > 1; kw /= 2)
     if (ktiles % kw == 0) return kw;
@@ -477,6 +478,16 @@ inline unsigned gemv_partition(GemvArgs& a) {
   for (int i = 0; i < kGemvMaxMats; ++i)
     a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
   return unsigned(a.first_block[a.count]) * unsigned(a.ksplit);
+}
+
+// Warps per row tile for a launch of `blocks` row-tile blocks at gemv_split's kw on a GPU of `sms` SMs: half as many
+// where the blocks fill more than one and at most two waves of two blocks per SM (one wave of twice the rows per block
+// instead of a second, partial wave), else kw. Measured on an H100 (bench/RESULTS.md 2026-12-06 (f); E2B w4a16
+// gate/up of 12,288 outputs: 384 -> 192 blocks): +1.0 / +1.9 / +3.0 / -0.2% total tok/s at 1 / 8 / 16 / 32 sessions;
+// the per-block timeline showed that launch's second wave released 7-10 us after its first. A function of the shape
+// and the GPU only (Determinism above).
+inline int gemv_wave_kw(int kw, int blocks, int sms) {
+  return sms > 0 && kw > 1 && blocks > 2 * sms && blocks <= 4 * sms ? kw / 2 : kw;
 }
 
 // Checks the shapes and fills kw and the block partition of a launch (or of the persistent decode kernel's
@@ -517,12 +528,10 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
   gemv_partition(a);  // the row-tile blocks at that split
-  if (a.first_block[a.count] > kGemvManyBlocks) {
+  if (a.first_block[a.count] > kGemvManyBlocks)
     a.kw = std::min(a.kw, 2);
-  } else if (const int sms = device_sms(); sms > 0 && a.kw > 1 && a.first_block[a.count] > 2 * sms &&
-                                           a.first_block[a.count] <= 4 * sms) {
-    a.kw /= 2;  // one wave of two blocks per SM instead of a second, partial one (gate/up of 12,288 on E2B)
-  }
+  else
+    a.kw = gemv_wave_kw(a.kw, a.first_block[a.count], device_sms());
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;

@@ -5766,6 +5766,198 @@ class CpuBackend : public BackendModel {
 #include <cstdint>
 #include <utility>
 
+// ---- begin kernels/ktrace.cuh ----
+// gemma4_t4 kernels: a per-block timeline of the per-kernel decode path, for development builds only.
+//
+// Built in only with -DGEMMA4_T4_KTRACE (never by CMake; tools/prebuild.sh KTRACE=1 builds a quick_bench with it).
+// Without the macro GEMMA4_T4_KTRACE_SCOPE expands to nothing and this file declares only the tags.
+//
+// With it, every kernel that opens a GEMMA4_T4_KTRACE_SCOPE(tag) stamps, per block, the global timer (ns) when the
+// block starts, when it first passes pdl_enter() (the predecessor grid has completed: the release) and when its
+// last thread returns, and appends one KTraceRec to a ring buffer in device memory. The CUDA backend opens the ring
+// when the environment names a file (GEMMA4_T4_KTRACE=FILE; GEMMA4_T4_KTRACE_CAP records, default 1M) and writes it
+// when it closes (oldest record first). tools/ktrace.py groups the records into launches -- under PDL a launch's
+// blocks pass pdl_enter only after every block of the launch before it has returned, so a new launch begins at
+// the first release after the previous launch's last return -- and splits a decode step into, per launch:
+//   gap   release - the previous launch's last return: what a kernel boundary costs on the critical path;
+//   span  the last return - the release: the launch's own work after its wait.
+// The stamps cost each block a barrier, a global atomic at its start (thread 0), two shared atomics per thread at its
+// end and one 40-byte store: gpu_check.sh's ktrace step prints the untraced step beside the traced one.
+// Tags: kind << 16 | variant (KTraceKind; the variant is the kernel's template arguments, kind-specific).
+
+#ifdef GEMMA4_T4_KTRACE
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+#endif
+
+namespace gemma4_t4 {
+namespace kernels {
+
+enum KTraceKind : unsigned {
+  kKtGemv = 1,          // gemv_kernel: NT * 100 + WL * 10 + epilogue
+  kKtGemvHalves = 2,    // gemv_halves_kernel: WL * 10 + epilogue
+  kKtPleFused = 3,      // ple_fused_kernel: NT * 100 + WL * 10 + halves
+  kKtResNorm = 4,       // residual_norm(_vec)_kernel: chunks per thread (0: scalar)
+  kKtRmsNorm = 5,       // rmsnorm(_vec)_kernel: 1 vectorised
+  kKtAttnSplit = 6,     // attention_split_kernel: D * 10 + G
+  kKtAttnHeads = 7,     // attention_heads_kernel: D * 10 + G
+  kKtAttnMerge = 8,     // attention_merge_kernel
+  kKtHeadNorm = 9,      // head_norm_rope_kernel
+  kKtSoftcap = 10,      // softcap_kernel
+  kKtSample = 11,       // sample kernels
+  kKtEmbed = 12,        // embed_kernel
+  kKtGemmW4 = 13,       // gemm_w4 kernels: 0 plain, 1 x, 2 x glu, 3 reduce
+  kKtElementwise = 14,  // widen, to_half, gather_rows, gelu_mul, ple_combine, ple_gate: 1..6
+  kKtArgmax = 15,       // argmax_rows_kernel
+};
+
+#ifdef GEMMA4_T4_KTRACE
+
+struct KTraceRec {
+  unsigned long long tag_grid;  // tag << 32 | blocks in the grid
+  unsigned long long sm_block;  // SM id << 32 | linear block index
+  unsigned long long start, enter, end;
+};
+
+struct KTraceBuf {
+  KTraceRec* rec = nullptr;
+  unsigned long long cap = 0;
+  unsigned long long* next = nullptr;
+};
+
+static __device__ KTraceBuf g_ktrace;
+
+__device__ __forceinline__ unsigned long long ktrace_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+
+struct KTraceShared {
+  unsigned long long start, enter, end, slot;
+  unsigned done;
+};
+
+__device__ __forceinline__ KTraceShared& ktrace_shared() {
+  __shared__ KTraceShared s;
+  return s;
+}
+
+// pdl_enter()'s stamp: the first warp through it sets the release.
+__device__ __forceinline__ void ktrace_enter() {
+  if ((threadIdx.x & 31u) == 0) atomicCAS(&ktrace_shared().enter, 0ull, ktrace_ns());
+}
+
+struct KTraceScope {
+  unsigned tag;
+  unsigned long long slot = 0;  // thread 0: the record's index, taken at the start (its latency hides in the block's
+                                // work; the end pays only shared atomics and one store)
+  __device__ explicit KTraceScope(unsigned t) : tag(t) {
+    KTraceShared& s = ktrace_shared();
+    if (threadIdx.x + threadIdx.y + threadIdx.z == 0) {
+      if (g_ktrace.rec) slot = atomicAdd(g_ktrace.next, 1ull);
+      s.start = ktrace_ns();
+      s.enter = 0;
+      s.end = 0;
+      s.done = 0;
+    }
+    __syncthreads();
+  }
+  __device__ ~KTraceScope() {
+    KTraceShared& s = ktrace_shared();
+    const unsigned long long t = ktrace_ns();
+    if (threadIdx.x + threadIdx.y + threadIdx.z == 0) s.slot = slot;
+    atomicMax(&s.end, t);
+    __threadfence_block();
+    if (atomicAdd(&s.done, 1u) != blockDim.x * blockDim.y * blockDim.z - 1) return;
+    const KTraceBuf b = g_ktrace;  // the last thread of the block writes the record
+    if (!b.rec || b.cap == 0) return;
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;\n" : "=r"(sm));
+    const unsigned long long grid = gridDim.x * gridDim.y * gridDim.z;
+    const unsigned long long blk = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    KTraceRec r;
+    r.tag_grid = (static_cast<unsigned long long>(tag) << 32) | grid;
+    r.sm_block = (static_cast<unsigned long long>(sm) << 32) | blk;
+    r.start = s.start;
+    r.enter = s.enter ? s.enter : s.start;
+    r.end = atomicAdd(&s.end, 0ull);
+    b.rec[atomicAdd(&s.slot, 0ull) % b.cap] = r;
+  }
+};
+
+#define GEMMA4_T4_KTRACE_SCOPE(kind, variant) \
+  ::gemma4_t4::kernels::KTraceScope ktrace_scope_((unsigned(kind) << 16) | unsigned(variant))
+
+// Host side (the CUDA backend, in the translation unit that holds the kernels).
+struct KTraceHost {
+  KTraceRec* rec = nullptr;
+  unsigned long long* next = nullptr;
+  unsigned long long cap = 0;
+  std::FILE* file = nullptr;
+};
+
+// Opens the ring when GEMMA4_T4_KTRACE names a file; false with a message on stderr when that fails. stream: the
+// backend's (every copy here is ordered on it).
+inline bool ktrace_open(KTraceHost& h, cudaStream_t stream) {
+  const char* path = std::getenv("GEMMA4_T4_KTRACE");
+  if (!path || !*path) return true;
+  const char* cap = std::getenv("GEMMA4_T4_KTRACE_CAP");
+  h.cap = cap ? std::strtoull(cap, nullptr, 10) : (1ull << 20);
+  h.file = std::fopen(path, "wb");
+  if (!h.file || h.cap == 0 || cudaMalloc(&h.rec, h.cap * sizeof(KTraceRec)) != cudaSuccess ||
+      cudaMalloc(&h.next, sizeof(unsigned long long)) != cudaSuccess ||
+      cudaMemsetAsync(h.next, 0, sizeof(unsigned long long), stream) != cudaSuccess) {
+    std::fprintf(stderr, "ktrace: cannot open %s with %llu records\n", path, h.cap);
+    return false;
+  }
+  KTraceBuf b;
+  b.rec = h.rec;
+  b.cap = h.cap;
+  b.next = h.next;
+  if (cudaMemcpyToSymbolAsync(g_ktrace, &b, sizeof(b), 0, cudaMemcpyHostToDevice, stream) != cudaSuccess ||
+      cudaStreamSynchronize(stream) != cudaSuccess)
+    return false;
+  std::fprintf(stderr, "ktrace: recording the last %llu blocks into %s\n", h.cap, path);
+  return true;
+}
+
+// Writes the ring, oldest record first: u64 count, u64 cap, then min(count, cap) records.
+inline void ktrace_close(KTraceHost& h, cudaStream_t stream) {
+  if (!h.file) return;
+  unsigned long long n = 0;
+  std::vector<KTraceRec> all(size_t(h.cap));
+  cudaMemcpyAsync(&n, h.next, sizeof(n), cudaMemcpyDeviceToHost, stream);
+  cudaMemcpyAsync(all.data(), h.rec, size_t(h.cap) * sizeof(KTraceRec), cudaMemcpyDeviceToHost, stream);
+  cudaStreamSynchronize(stream);
+  const unsigned long long kept = n < h.cap ? n : h.cap, first = n < h.cap ? 0 : n % h.cap;
+  std::fwrite(&n, sizeof(n), 1, h.file);
+  std::fwrite(&h.cap, sizeof(h.cap), 1, h.file);
+  for (unsigned long long i = 0; i < kept; ++i)
+    std::fwrite(&all[size_t((first + i) % h.cap)], sizeof(KTraceRec), 1, h.file);
+  std::fclose(h.file);
+  h.file = nullptr;
+  KTraceBuf none;
+  cudaMemcpyToSymbolAsync(g_ktrace, &none, sizeof(none), 0, cudaMemcpyHostToDevice, stream);
+  cudaStreamSynchronize(stream);
+  cudaFree(h.rec);
+  cudaFree(h.next);
+  std::fprintf(stderr, "ktrace: %llu blocks recorded, %llu written\n", n, kept);
+}
+
+#else
+
+#define GEMMA4_T4_KTRACE_SCOPE(kind, variant) ((void)0)
+
+#endif
+
+}  // namespace kernels
+}  // namespace gemma4_t4
+// ---- end kernels/ktrace.cuh ----
+
 namespace gemma4_t4 {
 namespace kernels {
 
@@ -5877,6 +6069,9 @@ __device__ __forceinline__ void pdl_enter() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+#ifdef GEMMA4_T4_KTRACE
+  ktrace_enter();
 #endif
 }
 
@@ -6361,6 +6556,7 @@ __device__ __forceinline__ void head_pair_apply(const HeadPair& h, float r, floa
 // written by the host or by kernels at least two launches back (common.cuh) -- is read, and the rotation
 // computed, before pdl_enter; after it only x's loads and the block's one reduction.
 static __global__ void head_norm_rope_kernel(const HeadNormArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtHeadNorm, 0);
   const int row = blockIdx.x, half_d = a.d / 2, d = a.d;
   // Target and head of this block; constant indices only (a dynamic index into the parameter array would
   // copy it to local memory).
@@ -7033,6 +7229,7 @@ __device__ __forceinline__ void attention_block(const AttnArgs& a, int row, int 
 
 template <int D, int G>
 static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel(AttnArgs a, int fused) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtAttnSplit, D * 10 + G);
   constexpr int NW = attn_block<D>() / 32;
   __shared__ AttnSmem<D, G, NW> sm;
   const int y = int(blockIdx.y);
@@ -7043,6 +7240,7 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_split_kernel
 // Heads mode (see the header): the same blocks, q, k and v from the q/k/v GEMV.
 template <int D, int G>
 static __global__ void __launch_bounds__(attn_block<D>()) attention_heads_kernel(AttnArgs a, AttnHeads hn, int fused) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtAttnHeads, D * 10 + G);
   constexpr int NW = attn_block<D>() / 32;
   __shared__ AttnSmem<D, G, NW> sm;
   __shared__ AttnHeadsSmem<D, G, NW> hsm;
@@ -7055,6 +7253,7 @@ static __global__ void __launch_bounds__(attn_block<D>()) attention_heads_kernel
 // keys. Grid (rows, heads, ceil(D / 64)), 32 threads, 2 channels each.
 template <int D>
 static __global__ void __launch_bounds__(32) attention_merge_kernel(AttnArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtAttnMerge, D);
   pdl_enter();
   constexpr int CB = D < 64 ? D : 64;  // channels per block
   __shared__ float wt[kAttnMaxSplits];
@@ -7269,6 +7468,7 @@ namespace kernels {
 
 static __global__ void embed_kernel(const half* __restrict__ E, const int* __restrict__ ids, int H, float scale,
                                     float* __restrict__ h) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtEmbed, 0);
   pdl_enter();
   const half* e = E + size_t(ids[blockIdx.x]) * H;
   float* o = h + size_t(blockIdx.x) * H;
@@ -7286,6 +7486,7 @@ inline cudaError_t launch_embed(const half* E, const int* ids, int rows, int H, 
 template <typename T>
 static __global__ void gather_rows_kernel(const T* __restrict__ src, size_t ld_src, const int* __restrict__ idx,
                                           int width, T* __restrict__ dst, size_t ld_dst) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 3);
   pdl_enter();
   const T* s = src + size_t(idx ? idx[blockIdx.x] : int(blockIdx.x)) * ld_src;
   T* d = dst + size_t(blockIdx.x) * ld_dst;
@@ -7301,6 +7502,7 @@ inline cudaError_t launch_gather_rows(const T* src, size_t ld_src, const int* id
 }
 
 static __global__ void to_half_kernel(const float* __restrict__ x, size_t n, half* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 2);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = to_half_sat(x[i]);
@@ -7315,6 +7517,7 @@ inline cudaError_t launch_to_half(const float* x, size_t n, half* out, const Lau
 enum class RawFloat { F32, F16, BF16 };
 
 static __global__ void widen_kernel(const void* __restrict__ x, RawFloat type, size_t n, float* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 1);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -7351,6 +7554,7 @@ __device__ __forceinline__ float4 gelu_in4(const half* p) {
 template <int V, typename T>
 static __global__ void gelu_mul_kernel(const T* __restrict__ g, const T* __restrict__ u, size_t ld, int cols,
                                        half* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 4);
   pdl_enter();
   const size_t c = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (c >= size_t(cols)) return;
@@ -7392,6 +7596,7 @@ inline cudaError_t launch_gelu_mul(const float* g, const float* u, size_t n, hal
 static __global__ void ple_combine_kernel(const float* __restrict__ proj, const float* __restrict__ tok,
                                           const float* __restrict__ w, int L, int D, float pscale, float tscale,
                                           float mix, float eps, float* __restrict__ ple) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 5);
   pdl_enter();
   const size_t off = (size_t(blockIdx.x) * L + blockIdx.y) * D;
   float ss = 0.f;
@@ -7416,6 +7621,7 @@ inline cudaError_t launch_ple_combine(const float* proj, const float* tok, const
 static __global__ void ple_gate_kernel(const float* __restrict__ g, int parts, size_t part_ld,
                                        const float* __restrict__ ple, int rows, int L, int D, int layer,
                                        half* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtElementwise, 6);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= size_t(rows) * D) return;
@@ -7436,6 +7642,7 @@ inline cudaError_t launch_ple_gate(const float* g, const float* ple, int rows, i
 // V = 4: each thread caps 4 consecutive floats (one 16-byte load and store; n and x aligned for it), else one.
 template <int V>
 static __global__ void softcap_kernel(float* __restrict__ x, size_t n, float cap) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtSoftcap, 0);
   pdl_enter();
   const size_t i = (size_t(blockIdx.x) * blockDim.x + threadIdx.x) * V;
   if (i >= n) return;
@@ -7460,6 +7667,7 @@ inline cudaError_t launch_softcap(float* x, size_t n, float cap, const Launch& l
 
 // One block (256 threads) per row.
 static __global__ void argmax_rows_kernel(const float* __restrict__ x, int V, int* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtArgmax, 0);
   pdl_enter();
   __shared__ float bv[256];
   __shared__ int bi[256];
@@ -8313,6 +8521,7 @@ __device__ __forceinline__ void gemm_w4_store(const GemmW4Args& a, const float (
 
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const GemmW4Args a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 0);
   __shared__ __align__(16) unsigned char smem[2 * C::kStage];  // 2 stages of [X tile | W tile | S tile]
   const int tid = int(threadIdx.x), lane = tid & 31, warp = tid >> 5;
   const int wmn = warp % (C::WM * C::WN), ks = warp / (C::WM * C::WN), wm = wmn / C::WN, wn = wmn % C::WN;
@@ -8452,6 +8661,7 @@ __global__ void __launch_bounds__(C::kThreads, C::MINB) gemm_w4_kernel(const Gem
 // y = sum of the splits' partial tiles, in split order. One thread per 4 outputs (N % 4 == 0).
 static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int splits, int m, int n,
                                              float* __restrict__ y, int ldy) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 3);
   pdl_enter();
   const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x, q = size_t(n) / 4;
   if (i >= size_t(m) * q) return;
@@ -8908,6 +9118,7 @@ __device__ __forceinline__ void gemm_w4x_tile(const typename Src::Args& a, unsig
 // Y = X W^T (or split z's partial tile) for an XCfg C: W4xOneMatrix.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(const GemmW4Args a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 1);
   __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
   gemm_w4x_tile<C, W4xOneMatrix<C>>(a, smem);
 }
@@ -8915,6 +9126,7 @@ __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_kernel(c
 // act = half(gelu_tanh(X gate^T) * (X up^T)) for a GluCfg C: W4xGateUp.
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, kXMinBlocks<C>) gemm_w4x_glu_kernel(const GemmW4GluArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemmW4, 2);
   __shared__ __align__(16) unsigned char smem[C::kSmem];  // 2 stages of [X tile | W tile | S tile]; the reduction
   gemm_w4x_tile<C, W4xGateUp<C>>(a, smem);
 }
@@ -9112,16 +9324,16 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 //   int8   k-tile = 64 columns; unit u = 4 * tile + tig holds columns 16u..16u+15; step s (8 steps) uses
 //          bytes (2s, 2s + 1) and the x half2 at columns 16u + 2s (x read as two 16-byte loads).
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
-// chosen from `in` alone); a block of 8 warps owns 8 / kw row tiles; blocks are partitioned over the
-// matrices' row tiles. Each warp issues the weight loads of U k-tiles (U = 4; 2 for gate/up, which loads
-// two matrices; halved past 16 rows, where the accumulators need the registers: no spills at 128) before it
-// uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that skip L1);
-// x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
+// chosen from `in`, halved where that fits a launch into one wave: gemv_wave_kw); a block of 8 warps owns
+// 8 / kw row tiles; blocks are partitioned over the matrices' row tiles. Each warp issues the weight loads of U k-tiles
+// (U = 4; 2 for gate/up, which loads two matrices; halved past 16 rows, where the accumulators need the registers: no
+// spills at 128) before it uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that
+// skip L1); x (tiny, re-read by every row tile) stays in L1. The kw warps' partial tiles are summed through shared
 // memory in warp order. __launch_bounds__(256, 2) caps registers at 128 (2 blocks = 16 warps per sm_75 SM).
 // Past 16 rows a launch that leaves SMs short (gemv_halves) runs as two 16-row halves (gemv_halves_kernel: twice
 // the blocks, each at U = 4); larger ones take all 32 rows per block at U = 2.
 // Determinism: a row's result depends only on its own x row and the weights (column n of an mma depends
-// only on column n of B; kw on `in` and the outputs), so batched decode equals one-row decode bit for bit
+// only on column n of B; kw on `in`, the outputs and the SM count), so batched decode equals one-row decode bit for bit
 // (tested), and a matrix of a multi-matrix launch equals its own launch_gemv. The GELU epilogues compute
 // the expression of gelu_mul / ple_gate (elementwise.cuh) on the fp32 dot products.
 // Precision vs the CUDA-core GEMV this replaced: w4a16 weights are rounded to fp16 once (as prefill always
@@ -9484,6 +9696,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
 // NT: 8-row tiles of x (1: n <= 8, 2: n <= 16, 4: n <= 32). WL: weight layout (kGemvF16 / W4 / W8). E: epilogue.
 template <int NT, int WL, GemvEpilogue E>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_kernel(const GemvArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemv, NT * 100 + WL * 10 + int(E));
   __shared__ float red[gemv_red_floats<NT>()];  // partial tiles of the kw - 1 helper warps
   gemv_block<NT, WL, E, GemvX::Global>(a, int(blockIdx.x), red, nullptr, nullptr);
 }
@@ -9513,6 +9726,7 @@ __device__ __forceinline__ void gemv_half_args(const GemvArgs& a, GemvArgs& b, b
 
 template <int WL, GemvEpilogue E>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const GemvArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtGemvHalves, WL * 10 + int(E));
   __shared__ float red[gemv_red_floats<2>()];
   GemvArgs b;
   gemv_half_args(a, b, blockIdx.x & 1u);
@@ -9521,7 +9735,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) gemv_halves_kernel(const G
 
 // Warps splitting one row tile's k-tiles: a power of two <= 8 that divides them if one does (no warp
 // idles at the end), else the largest one <= ktiles. A function of `in` only (see Determinism above); gemv_plan
-// caps it at 2 for launches of more than kGemvManyBlocks blocks.
+// caps it at 2 for launches of more than kGemvManyBlocks blocks and halves it where the launch would take a second,
+// partial wave (gemv_wave_kw).
 inline int gemv_split(int ktiles) {
   for (int kw = kGemvWarps; kw > 1; kw /= 2)
     if (ktiles % kw == 0) return kw;
@@ -9555,6 +9770,16 @@ inline unsigned gemv_partition(GemvArgs& a) {
   for (int i = 0; i < kGemvMaxMats; ++i)
     a.first_block[i + 1] = a.first_block[i] + (i < a.count ? int(ceil_div(size_t(a.mat[i].out), rows_per_block)) : 0);
   return unsigned(a.first_block[a.count]) * unsigned(a.ksplit);
+}
+
+// Warps per row tile for a launch of `blocks` row-tile blocks at gemv_split's kw on a GPU of `sms` SMs: half as many
+// where the blocks fill more than one and at most two waves of two blocks per SM (one wave of twice the rows per block
+// instead of a second, partial wave), else kw. Measured on an H100 (bench/RESULTS.md 2026-12-06 (f); E2B w4a16
+// gate/up of 12,288 outputs: 384 -> 192 blocks): +1.0 / +1.9 / +3.0 / -0.2% total tok/s at 1 / 8 / 16 / 32 sessions;
+// the per-block timeline showed that launch's second wave released 7-10 us after its first. A function of the shape
+// and the GPU only (Determinism above).
+inline int gemv_wave_kw(int kw, int blocks, int sms) {
+  return sms > 0 && kw > 1 && blocks > 2 * sms && blocks <= 4 * sms ? kw / 2 : kw;
 }
 
 // Checks the shapes and fills kw and the block partition of a launch (or of the persistent decode kernel's
@@ -9595,7 +9820,10 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   const int ktiles = gemv_ktiles(a.in, wl);
   a.kw = gemv_split(ktiles);
   gemv_partition(a);  // the row-tile blocks at that split
-  if (a.first_block[a.count] > kGemvManyBlocks) a.kw = std::min(a.kw, 2);
+  if (a.first_block[a.count] > kGemvManyBlocks)
+    a.kw = std::min(a.kw, 2);
+  else
+    a.kw = gemv_wave_kw(a.kw, a.first_block[a.count], device_sms());
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;
@@ -9761,6 +9989,7 @@ inline int ple_fused_parts(int d) { return ple_fused_shape(d) ? d / kPleSlice : 
 // ...) of block b / 2), as gemv_halves_kernel.
 template <int NT, int WL, bool Halves>
 __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const PleFusedArgs a) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtPleFused, NT * 100 + WL * 10 + int(Halves));
   constexpr bool W4 = WL == kGemvW4;
   constexpr int R = NT * 8, AS = kPleSlice + 8;  // act rows; act row stride in halves (16-byte aligned rows)
   __shared__ float red[gemv_red_floats<NT>()];
@@ -10029,6 +10258,7 @@ enum class NextNorm { None, Norm, Copy };
 
 static __global__ void rmsnorm_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
                                       const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtRmsNorm, 0);
   pdl_enter();
   const float* xr = x + size_t(row_index ? row_index[blockIdx.x] : blockIdx.x) * ldx;
   float ss = 0.f;
@@ -10042,6 +10272,7 @@ static __global__ void residual_norm_kernel(float* __restrict__ h, const float* 
                                             size_t part_ld, const float* __restrict__ w_post, int cols, float eps,
                                             float scalar, NextNorm next, const float* __restrict__ w_next,
                                             half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtResNorm, 0);
   pdl_enter();
   float* hr = h + size_t(blockIdx.x) * cols;
   const float* yr = y + size_t(blockIdx.x) * cols;
@@ -10119,6 +10350,7 @@ __device__ __forceinline__ void norm_store(half* out, int n4, const float4 (&v)[
 static __global__ void __launch_bounds__(256)
     rmsnorm_vec_kernel(const float* __restrict__ x, int ldx, const int* __restrict__ row_index,
                        const float* __restrict__ w, int cols, float eps, half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtRmsNorm, 1);
   const int n4 = cols / 4;
   float4 wv[kNormVec];
   norm_load(w, n4, wv);  // a constant: before pdl_enter
@@ -10135,6 +10367,7 @@ static __global__ void __launch_bounds__(256)
     residual_norm_vec_kernel(float* __restrict__ h, const float* __restrict__ y, int parts, size_t part_ld,
                              const float* __restrict__ w_post, int cols, float eps, float scalar, NextNorm next,
                              const float* __restrict__ w_next, half* __restrict__ out16) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtResNorm, KV);
   const int n4 = cols / 4;
   float4 wp[KV], wn[KV];
   norm_load(w_post, n4, wp);  // constants: before pdl_enter
@@ -10414,6 +10647,7 @@ __device__ __forceinline__ void visit_sample_row(const float* x, int V, F&& f) {
 static __global__ void __launch_bounds__(kSampleThreads)
     sample_kernel(float* __restrict__ logits, int V, const SampleParams* __restrict__ params,
                   const int* __restrict__ seen, int* __restrict__ out) {
+  GEMMA4_T4_KTRACE_SCOPE(kKtSample, 0);
   pdl_enter();
   __shared__ float scan[kSampleThreads];  // full-row path: per-thread chunk masses, scanned
   __shared__ int cand[kSampleCand];       // candidate ids; sorted ascending before use
@@ -13755,6 +13989,9 @@ namespace detail {
 class CudaBackend : public BackendModel {
  public:
   ~CudaBackend() override {
+#ifdef GEMMA4_T4_KTRACE
+    kernels::ktrace_close(ktrace_, stream_);  // development builds: kernels/ktrace.cuh
+#endif
     exec_.reset();  // graphs before the handle and the stream
     if (blas_) cublasDestroy(blas_);
     if (blas_ws_) cuda_free(Mem::Device, blas_ws_);
@@ -13782,6 +14019,10 @@ class CudaBackend : public BackendModel {
                  prop.minor, "; gemma4_t4 needs 7.5 (Turing) or newer");
     GEMMA4_T4_TRY(check_shapes(where));
     GEMMA4_T4_CUDA_TRY(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+#ifdef GEMMA4_T4_KTRACE
+    if (!kernels::ktrace_open(ktrace_, stream_))
+      return err(Code::BackendError, where, ": GEMMA4_T4_KTRACE: cannot open the trace");
+#endif
     if (alloc_fault(0, "cuBLAS handle"))
       return err(Code::OutOfMemory, where, ": cuBLAS handle: cublasCreate failed (allocation fault hook)");
     if (const cublasStatus_t bs = cublasCreate(&blas_); bs != CUBLAS_STATUS_SUCCESS) {
@@ -13971,6 +14212,9 @@ class CudaBackend : public BackendModel {
   Workspace ws_;
   mutable std::mutex mu_;
   std::unique_ptr<PassExecutor> exec_;  // its state is guarded by mu_ (pointer: the const methods use it)
+#ifdef GEMMA4_T4_KTRACE
+  kernels::KTraceHost ktrace_;
+#endif
 };
 
 }  // namespace detail

@@ -808,6 +808,46 @@ TEST_CASE("gemv: launches of many row tiles take 2 warps per row tile, same resu
   }
 }
 
+// A launch whose row-tile blocks at gemv_split's warps would fill more than one and at most two waves of two blocks per
+// SM takes half the warps (gemv_wave_kw): one wave of blocks of twice the rows. The policy on several SM counts; on
+// this GPU's, the plan of such a launch and its results (x W^T, batch-independent), both layouts.
+TEST_CASE("gemv: launches of one to two extra waves take half the warps per row tile, same results", "[gpu]") {
+  for (int sms : {0, 4, 40, 132, 170})
+    for (int kw : {1, 2, 4, 8})
+      for (int blocks : {1, 2 * sms, 2 * sms + 1, 3 * sms, 4 * sms, 4 * sms + 1, 8 * sms + 3}) {
+        const int got = kn::gemv_wave_kw(kw, blocks, sms);
+        INFO("kw " << kw << " blocks " << blocks << " on " << sms << " SMs: " << got);
+        REQUIRE((got == kw || (kw > 1 && got == kw / 2)));
+        const int rows_before = 16 * (kn::kGemvWarps / kw), out = blocks * rows_before;
+        const int after = (out + 16 * (kn::kGemvWarps / got) - 1) / (16 * (kn::kGemvWarps / got));
+        if (sms <= 0 || blocks <= 2 * sms) REQUIRE(got == kw);  // one wave already, or the GPU unknown
+        if (got != kw) REQUIRE(after <= 2 * sms);               // halved: one wave
+        if (got == kw && kw > 1 && blocks > 2 * sms && sms > 0) REQUIRE(blocks > 4 * sms);  // kept: would not fit
+      }
+  const int sms = kn::device_sms();
+  REQUIRE(sms > 0);
+  std::mt19937 rng(308);
+  Stream st;
+  for (bool w4 : {false, true}) {
+    const int in = w4 ? 416 : 104;  // 4 k-tiles: gemv_split gives 4 warps, 32 rows per block
+    REQUIRE(kn::gemv_split((in / (w4 ? 32 : 8) + 3) / 4) == 4);
+    const int out = 3 * sms * 32 + 5;  // 3 sms + 1 blocks at 4 warps
+    const auto W = make_gemv_weights(rng, w4, out, in, 1.f);
+    const std::vector<int> ns = {32, 9, 1};
+    Dev<half> px(size_t(kn::kGemvMaxRows) * in);
+    Dev<float> py(size_t(kn::kGemvMaxRows) * out);
+    for (int n : ns) {
+      kn::GemvArgs a;
+      a.x = px.get(), a.n = n, a.in = in, a.mat[0] = W->mat(py.get(), out), a.count = 1;
+      unsigned blocks = 0;
+      REQUIRE_CUDA(kn::gemv_plan(a, 1, kn::GemvEpilogue::Store, true, &blocks));
+      REQUIRE(a.kw == 2);
+      REQUIRE(blocks == unsigned((out + 63) / 64));
+    }
+    check_gemv_rows(*W, out, ns, rng, st);
+  }
+}
+
 // The residual projections' k-split (layers.hpp project): ksplit blocks per row tile write ksplit parts, and
 // launch_residual_norm adds them in part order. Each part stays batch-independent, the parts' sum is the GEMV, and
 // the residual norm over the parts equals the residual norm of their sum (taken in part order) bit for bit.
