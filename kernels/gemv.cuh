@@ -31,7 +31,7 @@
 //   int8   k-tile = 64 columns; unit u = 4 * tile + tig holds columns 16u..16u+15; step s (8 steps) uses
 //          bytes (2s, 2s + 1) and the x half2 at columns 16u + 2s (x read as two 16-byte loads).
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
-// chosen from `in`, halved where that fits a launch into one wave: gemv_wave_kw); a block of 8 warps owns
+// chosen from `in`, halved where that fits a w4a16 launch into one wave: gemv_wave_kw); a block of 8 warps owns
 // 8 / kw row tiles; blocks are partitioned over the matrices' row tiles. Each warp issues the weight loads of U k-tiles
 // (U = 4; 2 for gate/up, which loads two matrices; halved past 16 rows, where the accumulators need the registers: no
 // spills at 128) before it uses any: 128 B per lane, 4 KiB per warp in flight (2 KiB past 16 rows; 16-byte loads that
@@ -480,14 +480,15 @@ inline unsigned gemv_partition(GemvArgs& a) {
   return unsigned(a.first_block[a.count]) * unsigned(a.ksplit);
 }
 
-// Warps per row tile for a launch of `blocks` row-tile blocks at gemv_split's kw on a GPU of `sms` SMs: half as many
-// where the blocks fill more than one and at most two waves of two blocks per SM (one wave of twice the rows per block
-// instead of a second, partial wave), else kw. Measured on an H100 (bench/RESULTS.md 2026-12-06 (f); E2B w4a16
-// gate/up of 12,288 outputs: 384 -> 192 blocks): +1.0 / +1.9 / +3.0 / -0.2% total tok/s at 1 / 8 / 16 / 32 sessions;
-// the per-block timeline showed that launch's second wave released 7-10 us after its first. A function of the shape
-// and the GPU only (Determinism above).
-inline int gemv_wave_kw(int kw, int blocks, int sms) {
-  return sms > 0 && kw > 1 && blocks > 2 * sms && blocks <= 4 * sms ? kw / 2 : kw;
+// Warps per row tile for a w4a16 launch of `blocks` row-tile blocks at gemv_split's kw on a GPU of `sms` SMs: half as
+// many where the blocks fill more than one and at most two waves of two blocks per SM (one wave of twice the rows per
+// block instead of a second, partial wave), else kw. Measured on H100s (bench/RESULTS.md 2026-12-06 (f); E2B w4a16
+// gate/up of 12,288 outputs: 384 -> 192 blocks): +1.0 / +1.9 / +3.0 / -0.2% and +1.5 / +3.3 / +2.7 / 0.0% total tok/s
+// at 1 / 8 / 16 / 32 sessions in two leases; the per-block timeline (kernels/ktrace.cuh) had shown that launch's second
+// wave released 7-14 us after its first. fp16 weights keep kw (their gate/up of 6,144, 384 -> 192 blocks: +0.1 / 0.0 /
+// +1.0 / -1.4%). A function of the shape and the GPU only (Determinism above).
+inline int gemv_wave_kw(int kw, int wl, int blocks, int sms) {
+  return wl == kGemvW4 && sms > 0 && kw > 1 && blocks > 2 * sms && blocks <= 4 * sms ? kw / 2 : kw;
 }
 
 // Checks the shapes and fills kw and the block partition of a launch (or of the persistent decode kernel's
@@ -531,7 +532,7 @@ inline cudaError_t gemv_plan(GemvArgs& a, int nmats, GemvEpilogue e, bool x_give
   if (a.first_block[a.count] > kGemvManyBlocks)
     a.kw = std::min(a.kw, 2);
   else
-    a.kw = gemv_wave_kw(a.kw, a.first_block[a.count], device_sms());
+    a.kw = gemv_wave_kw(a.kw, wl, a.first_block[a.count], device_sms());
   if (a.ksplit < 1 || (a.ksplit > 1 && (e != GemvEpilogue::Store || a.count != 1 || a.kw * a.ksplit > ktiles ||
                                         a.split_ld < size_t(a.n) * size_t(a.mat[0].ldy))))
     return cudaErrorInvalidValue;

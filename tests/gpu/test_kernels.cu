@@ -808,22 +808,26 @@ TEST_CASE("gemv: launches of many row tiles take 2 warps per row tile, same resu
   }
 }
 
-// A launch whose row-tile blocks at gemv_split's warps would fill more than one and at most two waves of two blocks per
-// SM takes half the warps (gemv_wave_kw): one wave of blocks of twice the rows. The policy on several SM counts; on
-// this GPU's, the plan of such a launch and its results (x W^T, batch-independent), both layouts.
-TEST_CASE("gemv: launches of one to two extra waves take half the warps per row tile, same results", "[gpu]") {
-  for (int sms : {0, 4, 40, 132, 170})
-    for (int kw : {1, 2, 4, 8})
-      for (int blocks : {1, 2 * sms, 2 * sms + 1, 3 * sms, 4 * sms, 4 * sms + 1, 8 * sms + 3}) {
-        const int got = kn::gemv_wave_kw(kw, blocks, sms);
-        INFO("kw " << kw << " blocks " << blocks << " on " << sms << " SMs: " << got);
-        REQUIRE((got == kw || (kw > 1 && got == kw / 2)));
-        const int rows_before = 16 * (kn::kGemvWarps / kw), out = blocks * rows_before;
-        const int after = (out + 16 * (kn::kGemvWarps / got) - 1) / (16 * (kn::kGemvWarps / got));
-        if (sms <= 0 || blocks <= 2 * sms) REQUIRE(got == kw);  // one wave already, or the GPU unknown
-        if (got != kw) REQUIRE(after <= 2 * sms);               // halved: one wave
-        if (got == kw && kw > 1 && blocks > 2 * sms && sms > 0) REQUIRE(blocks > 4 * sms);  // kept: would not fit
-      }
+// A w4a16 launch whose row-tile blocks at gemv_split's warps would fill more than one and at most two waves of two
+// blocks per SM takes half the warps (gemv_wave_kw): one wave of blocks of twice the rows; fp16 launches keep theirs.
+// The policy on several SM counts; on this GPU's, the plan of such a launch and its results (x W^T,
+// batch-independent), both layouts.
+TEST_CASE("gemv: w4a16 launches of one to two extra waves take half the warps per row tile, same results", "[gpu]") {
+  for (int wl : {kn::kGemvF16, kn::kGemvW4, kn::kGemvW8})
+    for (int sms : {0, 4, 40, 132, 170})
+      for (int kw : {1, 2, 4, 8})
+        for (int blocks : {1, 2 * sms, 2 * sms + 1, 3 * sms, 4 * sms, 4 * sms + 1, 8 * sms + 3}) {
+          const int got = kn::gemv_wave_kw(kw, wl, blocks, sms);
+          INFO("layout " << wl << " kw " << kw << " blocks " << blocks << " on " << sms << " SMs: " << got);
+          REQUIRE((got == kw || (kw > 1 && got == kw / 2)));
+          if (wl != kn::kGemvW4) REQUIRE(got == kw);
+          const int rows_before = 16 * (kn::kGemvWarps / kw), out = blocks * rows_before;
+          const int after = (out + 16 * (kn::kGemvWarps / got) - 1) / (16 * (kn::kGemvWarps / got));
+          if (sms <= 0 || blocks <= 2 * sms) REQUIRE(got == kw);  // one wave already, or the GPU unknown
+          if (got != kw) REQUIRE(after <= 2 * sms);               // halved: one wave
+          if (wl == kn::kGemvW4 && got == kw && kw > 1 && blocks > 2 * sms && sms > 0)
+            REQUIRE(blocks > 4 * sms);  // kept: halving would not fit one wave
+        }
   const int sms = kn::device_sms();
   REQUIRE(sms > 0);
   std::mt19937 rng(308);
@@ -841,8 +845,8 @@ TEST_CASE("gemv: launches of one to two extra waves take half the warps per row 
       a.x = px.get(), a.n = n, a.in = in, a.mat[0] = W->mat(py.get(), out), a.count = 1;
       unsigned blocks = 0;
       REQUIRE_CUDA(kn::gemv_plan(a, 1, kn::GemvEpilogue::Store, true, &blocks));
-      REQUIRE(a.kw == 2);
-      REQUIRE(blocks == unsigned((out + 63) / 64));
+      REQUIRE(a.kw == (w4 ? 2 : 4));
+      REQUIRE(blocks == unsigned(w4 ? (out + 63) / 64 : (out + 31) / 32));
     }
     check_gemv_rows(*W, out, ns, rng, st);
   }
