@@ -144,17 +144,10 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
 #ifdef GEMMA4_T4_EMU
 __device__ __forceinline__ void fence_acq_rel_gpu() {}
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) { *p += n; }
-__device__ __forceinline__ unsigned long long global_ns() { return 0; }
 #else
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
 }
 #endif
 

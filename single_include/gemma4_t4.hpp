@@ -5770,7 +5770,7 @@ class CpuBackend : public BackendModel {
 // gemma4_t4 kernels: a per-block timeline of the per-kernel decode path, for development builds only.
 //
 // Built in only with -DGEMMA4_T4_KTRACE (never by CMake; tools/prebuild.sh KTRACE=1 builds a quick_bench with it).
-// Without the macro GEMMA4_T4_KTRACE_SCOPE expands to nothing and this file declares only the tags.
+// Without the macro GEMMA4_T4_KTRACE_SCOPE expands to nothing and this file declares only the tags and global_ns.
 //
 // With it, every kernel that opens a GEMMA4_T4_KTRACE_SCOPE(tag) stamps, per block, the global timer (ns) when the
 // block starts, when it first passes pdl_enter() (the predecessor grid has completed: the release) and when its
@@ -5795,6 +5795,17 @@ class CpuBackend : public BackendModel {
 
 namespace gemma4_t4 {
 namespace kernels {
+
+// The GPU's global timer in ns (this timeline's stamps, and the persistent decode step's: kernels/decode_step.cuh).
+#ifdef GEMMA4_T4_EMU
+__device__ __forceinline__ unsigned long long global_ns() { return 0; }
+#else
+__device__ __forceinline__ unsigned long long global_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+  return t;
+}
+#endif
 
 enum KTraceKind : unsigned {
   kKtGemv = 1,          // gemv_kernel: NT * 100 + WL * 10 + epilogue
@@ -5830,12 +5841,6 @@ struct KTraceBuf {
 
 static __device__ KTraceBuf g_ktrace;
 
-__device__ __forceinline__ unsigned long long ktrace_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
-}
-
 struct KTraceShared {
   unsigned long long start, enter, end, slot;
   unsigned done;
@@ -5848,7 +5853,7 @@ __device__ __forceinline__ KTraceShared& ktrace_shared() {
 
 // pdl_enter()'s stamp: the first warp through it sets the release.
 __device__ __forceinline__ void ktrace_enter() {
-  if ((threadIdx.x & 31u) == 0) atomicCAS(&ktrace_shared().enter, 0ull, ktrace_ns());
+  if ((threadIdx.x & 31u) == 0) atomicCAS(&ktrace_shared().enter, 0ull, global_ns());
 }
 
 struct KTraceScope {
@@ -5859,7 +5864,7 @@ struct KTraceScope {
     KTraceShared& s = ktrace_shared();
     if (threadIdx.x + threadIdx.y + threadIdx.z == 0) {
       if (g_ktrace.rec) slot = atomicAdd(g_ktrace.next, 1ull);
-      s.start = ktrace_ns();
+      s.start = global_ns();
       s.enter = 0;
       s.end = 0;
       s.done = 0;
@@ -5868,7 +5873,7 @@ struct KTraceScope {
   }
   __device__ ~KTraceScope() {
     KTraceShared& s = ktrace_shared();
-    const unsigned long long t = ktrace_ns();
+    const unsigned long long t = global_ns();
     if (threadIdx.x + threadIdx.y + threadIdx.z == 0) s.slot = slot;
     atomicMax(&s.end, t);
     __threadfence_block();
@@ -5907,20 +5912,26 @@ inline bool ktrace_open(KTraceHost& h, cudaStream_t stream) {
   if (!path || !*path) return true;
   const char* cap = std::getenv("GEMMA4_T4_KTRACE_CAP");
   h.cap = cap ? std::strtoull(cap, nullptr, 10) : (1ull << 20);
+  const auto fail = [&]() {  // releases what it took: nothing for ktrace_close to write
+    std::fprintf(stderr, "ktrace: cannot open %s with %llu records\n", path, h.cap);
+    if (h.file) std::fclose(h.file);
+    cudaFree(h.rec);
+    cudaFree(h.next);
+    h = KTraceHost();
+    return false;
+  };
   h.file = std::fopen(path, "wb");
   if (!h.file || h.cap == 0 || cudaMalloc(&h.rec, h.cap * sizeof(KTraceRec)) != cudaSuccess ||
       cudaMalloc(&h.next, sizeof(unsigned long long)) != cudaSuccess ||
-      cudaMemsetAsync(h.next, 0, sizeof(unsigned long long), stream) != cudaSuccess) {
-    std::fprintf(stderr, "ktrace: cannot open %s with %llu records\n", path, h.cap);
-    return false;
-  }
+      cudaMemsetAsync(h.next, 0, sizeof(unsigned long long), stream) != cudaSuccess)
+    return fail();
   KTraceBuf b;
   b.rec = h.rec;
   b.cap = h.cap;
   b.next = h.next;
   if (cudaMemcpyToSymbolAsync(g_ktrace, &b, sizeof(b), 0, cudaMemcpyHostToDevice, stream) != cudaSuccess ||
       cudaStreamSynchronize(stream) != cudaSuccess)
-    return false;
+    return fail();
   std::fprintf(stderr, "ktrace: recording the last %llu blocks into %s\n", h.cap, path);
   return true;
 }
@@ -12661,17 +12672,10 @@ __device__ __forceinline__ unsigned ld_relaxed(const unsigned* p) {
 #ifdef GEMMA4_T4_EMU
 __device__ __forceinline__ void fence_acq_rel_gpu() {}
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) { *p += n; }
-__device__ __forceinline__ unsigned long long global_ns() { return 0; }
 #else
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 __device__ __forceinline__ void red_release_add(unsigned* p, unsigned n) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;\n" ::"l"(p), "r"(n) : "memory");
-}
-
-__device__ __forceinline__ unsigned long long global_ns() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-  return t;
 }
 #endif
 
