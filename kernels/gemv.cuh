@@ -14,7 +14,8 @@
 //   GeluMul   out16[r, o] = half(gelu_tanh(x Wg[o]) * (x Wu[o]))        (MLP gate/up; Wg, Wu: [I, in])
 //   GeluPle   out16[r, o] = half(gelu_tanh(x Wg[o]) * ple[r, layer, o])  (PLE gate; ple: [n, L, D], D = out)
 //
-// Math: m16n8k8 tensor-core mma (sm_75's tensor-core shape; sm_80+ run it too), A = 16 weight rows x 8 columns
+// Math: m16n8k8 tensor-core mma (sm_75's tensor-core shape; sm_80+ run it too; w4a16 takes two steps as one
+// m16n8k16 on sm_80+, mma_16x8x16), A = 16 weight rows x 8 columns
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
 // dequant_w4 builds; int8: two bytes, offset by 128, into the mantissa of 1024.0 minus 1152.0 -- exact, the
@@ -27,7 +28,11 @@
 //          mma step s (0..3) uses the half2 (8u + 2s, 8u + 2s + 1) of the weight rows and of x.
 //   w4a16  k-tile = 128 columns; unit u = 4 * tile + tig = scale group u, columns 32u..32u+31; word w,
 //          step s (16 steps) uses nibbles (s, s + 4) = columns (32u + 8w + s, 32u + 8w + s + 4); the
-//          x pair is gathered with one byte_perm.
+//          x pair is gathered with one byte_perm. On sm_80+ steps s and s + 1 of a word are one m16n8k16 (k 0..7
+//          step s, k 8..15 step s + 1): half the mma instructions. Measured on an H100 (E2B, bench/RESULTS.md
+//          2026-12-06 (g)): +2.4 / +1.2 / +2.2 / +1.9% total tok/s at 1 / 8 / 16 / 32 sessions; the same pairs in
+//          the fp16 layout lost (-2.9% at 16 sessions, -1.6% at 32), so fp16 and int8 stay m16n8k8. The sums round
+//          differently from two m16n8k8 (the Turing-only build's), the same way at every row count.
 //   int8   k-tile = 64 columns; unit u = 4 * tile + tig holds columns 16u..16u+15; step s (8 steps) uses
 //          bytes (2s, 2s + 1) and the x half2 at columns 16u + 2s (x read as two 16-byte loads).
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
@@ -300,10 +305,11 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
           for (int m = 0; m < M; ++m) {
             const uint32_t wda = u4_word(qa[u][m], w), wdb = u4_word(qb[u][m], w);
 #pragma unroll
-            for (int s = 0; s < 4; ++s) {
-              const uint32_t a0 = w4_pair(wda, s, sca[u][m]), a1 = w4_pair(wdb, s, scb[u][m]);
+            for (int s = 0; s < 4; s += 2) {  // steps s, s + 1 as one k16 mma (two k8 on sm_75, in that order)
+              const uint32_t a4[4] = {w4_pair(wda, s, sca[u][m]), w4_pair(wdb, s, scb[u][m]),
+                                      w4_pair(wda, s + 1, sca[u][m]), w4_pair(wdb, s + 1, scb[u][m])};
 #pragma unroll
-              for (int t = 0; t < NT; ++t) mma_16x8x8(acc[m][t], a0, a1, xb[t][s]);
+              for (int t = 0; t < NT; ++t) mma_16x8x16(acc[m][t], a4, xb[t][s], xb[t][s + 1]);
             }
           }
         }
