@@ -502,18 +502,6 @@ static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int
 
 // ---- the reworked kernel (gemm_w4x; lab version 12 ships as XSmall; configuration notes: XCfg) ----
 
-// d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
-// dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
-__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
-#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
-  return (a & b) | c;
-#else
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#endif
-}
-
 // A 4-byte weight-path load (ld_weights' path: not allocated in L1), zero when !ok: v12's scales.
 __device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
 #ifdef GEMMA4_T4_EMU  // dev/emu.hpp

@@ -18,7 +18,8 @@
 // m16n8k16 on sm_80+, mma_16x8x16), A = 16 weight rows x 8 columns
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
-// dequant_w4 builds; int8: two bytes, offset by 128, into the mantissa of 1024.0 minus 1152.0 -- exact, the
+// dequant_w4 builds (w4_pairs4: a word's four pairs with one shift); int8: two bytes, offset by 128, into the
+// mantissa of 1024.0 minus 1152.0 -- exact, the
 // row scale applied to the fp32 sum), B = 8 columns x 8 input rows of x (fp16, as stored), fp32 accumulation. Rows past
 // n and columns past `in` enter as zeros (A and B both, so no NaN * 0). The tensor cores make the FMAs free; what is
 // left per weight byte is the load and, for w4a16, ~1.5 integer/half2 ops per weight. Fragment mapping (lane = 4 * gid
@@ -303,11 +304,12 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
           }
 #pragma unroll
           for (int m = 0; m < M; ++m) {
-            const uint32_t wda = u4_word(qa[u][m], w), wdb = u4_word(qb[u][m], w);
+            uint32_t pa[4], pb[4];  // w4_pair(word, s) of the two rows, s = 0..3
+            w4_pairs4(u4_word(qa[u][m], w), sca[u][m], pa);
+            w4_pairs4(u4_word(qb[u][m], w), scb[u][m], pb);
 #pragma unroll
             for (int s = 0; s < 4; s += 2) {  // steps s, s + 1 as one k16 mma (two k8 on sm_75, in that order)
-              const uint32_t a4[4] = {w4_pair(wda, s, sca[u][m]), w4_pair(wdb, s, scb[u][m]),
-                                      w4_pair(wda, s + 1, sca[u][m]), w4_pair(wdb, s + 1, scb[u][m])};
+              const uint32_t a4[4] = {pa[s], pb[s], pa[s + 1], pb[s + 1]};
 #pragma unroll
               for (int t = 0; t < NT; ++t) mma_16x8x16(acc[m][t], a4, xb[t][s], xb[t][s + 1]);
             }

@@ -6394,6 +6394,19 @@ __device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
 
 // ---- int4 / int8 weights -> fp16 pairs in registers ----
 
+// d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
+// dequant, and the point of w4_pairs4 and gemm_w4.cuh's w4x_pairs is their instruction count. 0xEA = (0xF0 & 0xCC) |
+// 0xAA.
+__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
+#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
+  return (a & b) | c;
+#else
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+#endif
+}
+
 // Nibbles s and s + 4 of a packed w4a16 word -> half2 ((n_s - 8) * scale, (n_{s+4} - 8) * scale). 0x6400 | n
 // is the fp16 1024 + n (exact, n < 16); minus 1032 gives n - 8 exactly; the scale multiply rounds once -- the
 // same fp16 weight dequant_w4 builds for the prefill path. No integer-to-float conversion instructions.
@@ -6401,6 +6414,21 @@ __device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale
   const uint32_t v = ((word >> (4 * s)) & 0x000F000Fu) | 0x64006400u;
   const half2 q = __hsub2(u32_as_h2(v), u32_as_h2(0x64086408u));  // 0x6408 = 1032.0
   return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
+}
+
+// w4_pair(word, s, scale2) for s = 0..3 into p[s], bit for bit, in fewer instructions (the w4a16 decode GEMV's
+// dequant): nibbles 1, 5 and 3, 7 are taken where they lie, as 0x6400 | 16 n = 1024 + 16 n, and brought to n - 8 by
+// one hfma2 with 1/16 and -72 (exact), so a word takes one shift instead of three.
+__device__ __forceinline__ void w4_pairs4(uint32_t word, uint32_t scale2, uint32_t (&p)[4]) {
+  const half2 sc = u32_as_h2(scale2);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t w = h ? word >> 8 : word;
+    const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
+    const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
+    p[2 * h] = h2_as_u32(__hmul2(__hsub2(lo, u32_as_h2(0x64086408u)), sc));                              // 1032.0
+    p[2 * h + 1] = h2_as_u32(__hmul2(__hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u)), sc));  // 1/16, -72
+  }
 }
 
 // The x pairs that w4_pair's weight pairs meet: 8 consecutive fp16 columns c..c+7 of x (one 16-byte load) ->
@@ -8689,18 +8717,6 @@ static __global__ void gemm_w4_reduce_kernel(const float* __restrict__ part, int
 
 // ---- the reworked kernel (gemm_w4x; lab version 12 ships as XSmall; configuration notes: XCfg) ----
 
-// d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
-// dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
-__device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
-#ifdef GEMMA4_T4_EMU  // dev/emu.hpp
-  return (a & b) | c;
-#else
-  uint32_t d;
-  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-#endif
-}
-
 // A 4-byte weight-path load (ld_weights' path: not allocated in L1), zero when !ok: v12's scales.
 __device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
 #ifdef GEMMA4_T4_EMU  // dev/emu.hpp
@@ -9322,7 +9338,8 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // m16n8k16 on sm_80+, mma_16x8x16), A = 16 weight rows x 8 columns
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
-// dequant_w4 builds; int8: two bytes, offset by 128, into the mantissa of 1024.0 minus 1152.0 -- exact, the
+// dequant_w4 builds (w4_pairs4: a word's four pairs with one shift); int8: two bytes, offset by 128, into the
+// mantissa of 1024.0 minus 1152.0 -- exact, the
 // row scale applied to the fp32 sum), B = 8 columns x 8 input rows of x (fp16, as stored), fp32 accumulation. Rows past
 // n and columns past `in` enter as zeros (A and B both, so no NaN * 0). The tensor cores make the FMAs free; what is
 // left per weight byte is the load and, for w4a16, ~1.5 integer/half2 ops per weight. Fragment mapping (lane = 4 * gid
@@ -9606,11 +9623,12 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
           }
 #pragma unroll
           for (int m = 0; m < M; ++m) {
-            const uint32_t wda = u4_word(qa[u][m], w), wdb = u4_word(qb[u][m], w);
+            uint32_t pa[4], pb[4];  // w4_pair(word, s) of the two rows, s = 0..3
+            w4_pairs4(u4_word(qa[u][m], w), sca[u][m], pa);
+            w4_pairs4(u4_word(qb[u][m], w), scb[u][m], pb);
 #pragma unroll
             for (int s = 0; s < 4; s += 2) {  // steps s, s + 1 as one k16 mma (two k8 on sm_75, in that order)
-              const uint32_t a4[4] = {w4_pair(wda, s, sca[u][m]), w4_pair(wdb, s, scb[u][m]),
-                                      w4_pair(wda, s + 1, sca[u][m]), w4_pair(wdb, s + 1, scb[u][m])};
+              const uint32_t a4[4] = {pa[s], pb[s], pa[s + 1], pb[s + 1]};
 #pragma unroll
               for (int t = 0; t < NT; ++t) mma_16x8x16(acc[m][t], a4, xb[t][s], xb[t][s + 1]);
             }

@@ -71,6 +71,22 @@ __global__ void gemv_items_kernel(const gemma4_t4::kernels::GemvArgs a) {
   }
 }
 
+// w4_pairs4 against w4_pair (kernels/mma.cuh) for 2^20 words: every pattern of a word's low half with every nibble
+// value in its high half (so each pair s meets all 256 nibble pairs), at each of `nscales` scales. out[0]: words
+// compared; out[1]: pairs that differ.
+__global__ void w4_pairs4_kernel(const uint32_t* scales, int nscales, unsigned* out) {
+  const uint32_t i = blockIdx.x * blockDim.x + threadIdx.x;
+  const uint32_t word = (i & 0xFFFFu) | (((i >> 16) & 0xFu) * 0x1111u << 16);
+  unsigned bad = 0;
+  for (int k = 0; k < nscales; ++k) {
+    uint32_t p[4];
+    gemma4_t4::kernels::w4_pairs4(word, scales[k], p);
+    for (int s = 0; s < 4; ++s) bad += p[s] != gemma4_t4::kernels::w4_pair(word, s, scales[k]) ? 1u : 0u;
+  }
+  atomicAdd(out, 1u);
+  if (bad) atomicAdd(out + 1, bad);
+}
+
 }  // namespace gputest_kernels
 
 namespace {
@@ -806,6 +822,26 @@ TEST_CASE("gemv: launches of many row tiles take 2 warps per row tile, same resu
     }
     check_gemv_rows(*W, out, ns, rng, st);
   }
+}
+
+// The w4a16 GEMV's dequant (w4_pairs4: a word's four pairs with one shift, the odd nibbles scaled in place) gives
+// w4_pair's fp16 weights bit for bit: every nibble pair, scales of both signs from subnormal to the largest fp16
+// (products that overflow included), and zero.
+TEST_CASE("gemv: w4_pairs4 equals w4_pair bit for bit, every nibble pair, scales of both signs", "[gpu]") {
+  const std::vector<uint16_t> s16 = {0x3C00, 0xBC00, 0x2E66, 0x0001, 0x8001, 0x03FF,
+                                     0x7BFF, 0xFBFF, 0x1400, 0x5A00, 0x0000};
+  std::vector<uint32_t> sc;
+  for (const uint16_t s : s16) sc.push_back(uint32_t(s) | (uint32_t(s) << 16));
+  Dev<uint32_t> dsc(sc.size());
+  dsc.upload(sc);
+  Dev<unsigned> out(2);
+  out.upload(std::vector<unsigned>{0u, 0u});
+  const Stream st;
+  REQUIRE_CUDA(kn::launch_kernel(gputest_kernels::w4_pairs4_kernel, (1u << 20) / 256, 256, kn::Launch(st.s), dsc.get(),
+                                 int(sc.size()), out.get()));
+  const std::vector<unsigned> r = out.download<unsigned>();
+  CHECK(r[0] == (1u << 20));
+  CHECK(r[1] == 0u);
 }
 
 // A w4a16 launch whose row-tile blocks at gemv_split's warps would fill more than one and at most two waves of two
