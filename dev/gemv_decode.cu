@@ -92,7 +92,8 @@ __device__ __forceinline__ Frag load_frag(const LaneRows& r, int unit, bool oka,
 
 // acc[m][t] += matrix m's weights of one unit times x rows 8t..8t+7, in gemv_block's k order (w4a16: the unit's
 // 4 words, then 4 mma steps each; fp16: 4 steps), so every sum is gemv_block's bit for bit. The x pairs of a
-// step: fp16, the word s of the unit; w4a16, columns (8w + s, 8w + s + 4) of the group, matching w4_pair.
+// step: the word s of the 16-byte x load (w4a16: columns (8w + 2s, 8w + 2s + 1) of the group, the GEMV word order's
+// w4_pair(word, s)).
 template <int NT, int WL, int M>
 __device__ __forceinline__ void mma_unit(float (&acc)[M][NT][4], const Frag (&f)[M], const uint4* const (&xr)[NT],
                                          const bool (&okx)[NT], int unit, bool ok) {
@@ -105,9 +106,7 @@ __device__ __forceinline__ void mma_unit(float (&acc)[M][NT][4], const Frag (&f)
     for (int t = 0; t < NT; ++t) {
       const uint4 v = kn::ld_x(xr[t] + unit * X + w, ok && okx[t]);
 #pragma unroll
-      for (int s = 0; s < 4; ++s)
-        xp[t][s] =
-            W4 ? __byte_perm(s < 2 ? v.x : v.y, s < 2 ? v.z : v.w, (s & 1) ? 0x7632 : 0x5410) : kn::u4_word(v, s);
+      for (int s = 0; s < 4; ++s) xp[t][s] = kn::u4_word(v, s);
     }
 #pragma unroll
     for (int m = 0; m < M; ++m)
@@ -501,7 +500,8 @@ cudaError_t run(int version, const Problem& p, int n, int copy, const kn::Launch
 // ---- host reference ----
 
 // Copy 0 of a matrix on the host, and its rows as the kernels multiply them: fp16 as stored; w4a16
-// (nibble - 8) * scale rounded once to fp16 (w4_pair's half2 multiply of exact operands).
+// (nibble - 8) * scale rounded once to fp16 (w4_pair's half2 multiply of exact operands), the random words read in
+// the GEMV word order the kernels take.
 struct HostWeights {
   bool w4 = false;
   int out = 0, in = 0;
@@ -524,7 +524,9 @@ struct HostWeights {
         dst[i] = __half2float(w16[k]);
         continue;
       }
-      const int q = int((wq[k / 8] >> (4 * (k % 8))) & 0xFu) - 8;
+      const int c =
+          int(k % 8);  // the GEMV word order (kernels/mma.cuh w4_gemv_word): column 2s, 2s + 1 in nibble s, s + 4
+      const int q = int((wq[k / 8] >> (4 * (c % 2 == 0 ? c / 2 : 4 + c / 2))) & 0xFu) - 8;
       dst[i] = __half2float(__float2half_rn(float(q) * __half2float(s[k / 32])));
     }
   }

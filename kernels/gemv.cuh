@@ -5,10 +5,11 @@
 //   fp16   W [out, in] row-major; in % 8 == 0 (16-byte rows).
 //   int8   W8 [out, in] int8 row-major + per-row fp32 scales R [out]: y = R[o] * (x . W8[o]); in % 16 == 0;
 //          Store epilogue only (the quantized LM head, LoadOptions::lm_head).
-//   w4a16  the compressed-tensors words kept as stored: Wq [out, in/8] u32, column 8j+k = nibble k of word j
-//          holding q + 8; scales S [out, in/32] fp16; w = (nibble - 8) * S[o, i/32]; in % 32 == 0. One
-//          16-byte load = 4 words = 32 columns = exactly one scale group, so this IS the kernel's layout:
-//          the load repacks nothing but the scales (bf16 -> fp16).
+//   w4a16  the compressed-tensors words (Wq [out, in/8] u32, column 8j+k = nibble k of word j holding q + 8;
+//          scales S [out, in/32] fp16; w = (nibble - 8) * S[o, i/32]; in % 32 == 0), each word reordered in place
+//          once at load (launch_w4_gemv_order; mma.cuh w4_gemv_word): columns 8j + 2s and 8j + 2s + 1 in nibbles
+//          s and s + 4. One 16-byte load = 4 words = 32 columns = exactly one scale group, so the rows stay where
+//          they are; the scales are only converted (bf16 -> fp16).
 // Epilogues (one kernel, the epilogue a template parameter):
 //   Store     y_i[r, o] = x W_i^T for up to 3 matrices sharing x (q/k/v): fp32, row stride ldy_i
 //   GeluMul   out16[r, o] = half(gelu_tanh(x Wg[o]) * (x Wu[o]))        (MLP gate/up; Wg, Wu: [I, in])
@@ -28,12 +29,14 @@
 //   fp16   k-tile = 32 columns; lane's 16-byte unit u = 4 * tile + tig holds columns 8u..8u+7 of its rows;
 //          mma step s (0..3) uses the half2 (8u + 2s, 8u + 2s + 1) of the weight rows and of x.
 //   w4a16  k-tile = 128 columns; unit u = 4 * tile + tig = scale group u, columns 32u..32u+31; word w,
-//          step s (16 steps) uses nibbles (s, s + 4) = columns (32u + 8w + s, 32u + 8w + s + 4); the
-//          x pair is gathered with one byte_perm. On sm_80+ steps s and s + 1 of a word are one m16n8k16 (k 0..7
-//          step s, k 8..15 step s + 1): half the mma instructions. Measured on an H100 (E2B, bench/RESULTS.md
-//          2026-12-06 (g)): +2.4 / +1.2 / +2.2 / +1.9% total tok/s at 1 / 8 / 16 / 32 sessions; the same pairs in
-//          the fp16 layout lost (-2.9% at 16 sessions, -1.6% at 32), so fp16 and int8 stay m16n8k8. The sums round
-//          differently from two m16n8k8 (the Turing-only build's), the same way at every row count.
+//          step s (16 steps) uses nibbles (s, s + 4) = columns (32u + 8w + 2s, 32u + 8w + 2s + 1) (the GEMV word
+//          order), so the x pair is word s of the 16-byte x load as it is (the checkpoint's order took one byte_perm
+//          per x pair and 8-row tile, 4 of ~32 instructions per word at one row and 16 of ~50 at 32). On sm_80+ steps s
+//          and s + 1 of a word are one m16n8k16 (k 0..7 step s, k 8..15 step s + 1): half the mma instructions.
+//          Measured on an H100 (E2B, bench/RESULTS.md 2026-12-06 (g)): +2.4 / +1.2 / +2.2 / +1.9% total tok/s at 1 / 8
+//          / 16 / 32 sessions; the same pairs in the fp16 layout lost (-2.9% at 16 sessions, -1.6% at 32), so fp16 and
+//          int8 stay m16n8k8. The sums round differently from two m16n8k8 (the Turing-only build's), the same way at
+//          every row count.
 //   int8   k-tile = 64 columns; unit u = 4 * tile + tig holds columns 16u..16u+15; step s (8 steps) uses
 //          bytes (2s, 2s + 1) and the x half2 at columns 16u + 2s (x read as two 16-byte loads).
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
@@ -297,11 +300,9 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
       if (W4) {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
-          uint32_t xb[NT][4];  // x pairs (columns 8w + s, 8w + s + 4 of the group) for steps s = 0..3
+          uint4 xb[NT];  // x pairs for steps s = 0..3: word s = columns (8w + 2s, 8w + 2s + 1) of the group
 #pragma unroll
-          for (int t = 0; t < NT; ++t) {
-            w4_x_pairs(load_x(xr[t] + unit * 4 + w, ok && okx[t]), xb[t]);
-          }
+          for (int t = 0; t < NT; ++t) xb[t] = load_x(xr[t] + unit * 4 + w, ok && okx[t]);
 #pragma unroll
           for (int m = 0; m < M; ++m) {
             uint32_t pa[4], pb[4];  // w4_pair(word, s) of the two rows, s = 0..3
@@ -311,7 +312,7 @@ __device__ __forceinline__ void gemv_block(const GemvArgs& a, int bid, float* re
             for (int s = 0; s < 4; s += 2) {  // steps s, s + 1 as one k16 mma (two k8 on sm_75, in that order)
               const uint32_t a4[4] = {pa[s], pb[s], pa[s + 1], pb[s + 1]};
 #pragma unroll
-              for (int t = 0; t < NT; ++t) mma_16x8x16(acc[m][t], a4, xb[t][s], xb[t][s + 1]);
+              for (int t = 0; t < NT; ++t) mma_16x8x16(acc[m][t], a4, u4_word(xb[t], s), u4_word(xb[t], s + 1));
             }
           }
         }
@@ -774,11 +775,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32, 2) ple_fused_kernel(const Ple
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const uint4 v = *reinterpret_cast<const uint4*>(&act[8 * t + gid][8 * tig]);
-    if constexpr (W4) {  // columns (8 tig + st, 8 tig + st + 4), as gemv_block's w4a16 x pairs
-      w4_x_pairs(v, xb[t]);
-    } else {  // columns (8 tig + 2 st, 8 tig + 2 st + 1)
-      xb[t][0] = v.x, xb[t][1] = v.y, xb[t][2] = v.z, xb[t][3] = v.w;
-    }
+    // columns (8 tig + 2 st, 8 tig + 2 st + 1): fp16 words, and the w4a16 GEMV word order's pairs
+    xb[t][0] = v.x, xb[t][1] = v.y, xb[t][2] = v.z, xb[t][3] = v.w;
   }
   float acc[kPleOutTiles][NT][4];
 #pragma unroll
@@ -871,7 +869,7 @@ static __global__ void quantize_int8_kernel(const half* __restrict__ W, int out,
 }
 
 // One thread per group of 32: scale = fp16(max|w| / 7), q = clamp(rint(w / scale), -8, 7) packed as the
-// w4a16 layout (column 8j + k in nibble k of word j, q + 8).
+// w4a16 layout (q + 8; column 8j + k in nibble k of word j as the checkpoint holds it, then w4_gemv_word's order).
 static __global__ void quantize_int4_kernel(const half* __restrict__ W, int out, int in, uint32_t* __restrict__ Wq,
                                             half* __restrict__ S) {
   pdl_enter();
@@ -890,7 +888,7 @@ static __global__ void quantize_int4_kernel(const half* __restrict__ W, int out,
       const float v = s > 0.f ? fminf(7.f, fmaxf(-8.f, rintf(__fdiv_rn(__half2float(w[8 * j + k]), s)))) : 0.f;
       word |= uint32_t(int(v) + 8) << (4 * k);
     }
-    Wq[idx * 4 + j] = word;
+    Wq[idx * 4 + j] = w4_gemv_word(word);
   }
 }
 
@@ -905,6 +903,19 @@ inline cudaError_t launch_quantize_int4(const half* W, int out, int in, uint32_t
   if (in % 32 != 0) return cudaErrorInvalidValue;
   if (groups == 0) return cudaSuccess;
   return launch_kernel(quantize_int4_kernel, ceil_div(groups, 256), 256, launch, W, out, in, Wq, S);
+}
+
+// The load-time reorder of a w4a16 matrix's device copy (n words, in place) from the checkpoint's word order into
+// the GEMV word order (mma.cuh w4_gemv_word), which every kernel reading Wq expects: one thread per word.
+static __global__ void w4_gemv_order_kernel(uint32_t* __restrict__ Wq, size_t n) {
+  pdl_enter();
+  const size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) Wq[i] = w4_gemv_word(Wq[i]);
+}
+
+inline cudaError_t launch_w4_gemv_order(uint32_t* Wq, size_t words, const Launch& launch) {
+  if (words == 0) return cudaSuccess;
+  return launch_kernel(w4_gemv_order_kernel, ceil_div(words, 256), 256, launch, Wq, words);
 }
 
 // Prefill path for w4a16: unpack to fp16 tiles for cuBLAS. out16: [out, in] fp16. One thread per scale group.
@@ -924,8 +935,9 @@ static __global__ void dequant_w4_kernel(const uint32_t* __restrict__ Wq, const 
     uint32_t h[4];
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const half2 v = __halves2half2(__float2half_rn(float(int((words[q] >> (8 * k)) & 0xFu) - 8) * s),
-                                     __float2half_rn(float(int((words[q] >> (8 * k + 4)) & 0xFu) - 8) * s));
+      // columns 2k, 2k + 1: nibbles k, k + 4 (the GEMV word order)
+      const half2 v = __halves2half2(__float2half_rn(float(int((words[q] >> (4 * k)) & 0xFu) - 8) * s),
+                                     __float2half_rn(float(int((words[q] >> (4 * k + 16)) & 0xFu) - 8) * s));
       h[k] = *reinterpret_cast<const uint32_t*>(&v);
     }
     dst[q] = make_uint4(h[0], h[1], h[2], h[3]);

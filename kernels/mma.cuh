@@ -237,13 +237,16 @@ __device__ __forceinline__ void w4_pairs4(uint32_t word, uint32_t scale2, uint32
   }
 }
 
-// The x pairs that w4_pair's weight pairs meet: 8 consecutive fp16 columns c..c+7 of x (one 16-byte load) ->
-// p[s] = (column c + s, column c + s + 4), s = 0..3.
-__device__ __forceinline__ void w4_x_pairs(const uint4& v, uint32_t (&p)[4]) {
-  p[0] = __byte_perm(v.x, v.z, 0x5410);
-  p[1] = __byte_perm(v.x, v.z, 0x7632);
-  p[2] = __byte_perm(v.y, v.w, 0x5410);
-  p[3] = __byte_perm(v.y, v.w, 0x7632);
+// The w4a16 GEMV word order (kernels/gemv.cuh: the device copy of the checkpoint's packed words, reordered once at
+// load): a checkpoint word holds columns c0..c7 of its 8 in nibbles 0..7; the GEMV word holds c0, c2, c4, c6 in
+// nibbles 0..3 and c1, c3, c5, c7 in nibbles 4..7, so that w4_pair(word, s) is the half2 of columns (2s, 2s + 1):
+// exactly word s of the 16-byte x load of those 8 columns, with no byte_perm per x pair. Two delta swaps: nibbles
+// 1 and 2 of each 16-bit half, then bytes 1 and 2.
+__host__ __device__ __forceinline__ uint32_t w4_gemv_word(uint32_t ckpt) {
+  uint32_t t = (ckpt ^ (ckpt >> 4)) & 0x00F000F0u;
+  uint32_t w = ckpt ^ t ^ (t << 4);
+  t = (w ^ (w >> 8)) & 0x0000FF00u;
+  return w ^ t ^ (t << 8);
 }
 
 // Bytes 2p and 2p + 1 of a word of int8 weights -> half2 (exact): (b + 128) into the mantissa of 1024.0,

@@ -176,6 +176,12 @@ std::vector<uint32_t> pack_w4(const std::vector<int>& q, int out, int in) {
   return Wq;
 }
 
+// Packed words in the checkpoint's order -> the GEMV word order the kernels read (what the load does on the device).
+std::vector<uint32_t> gemv_order(std::vector<uint32_t> Wq) {
+  for (uint32_t& w : Wq) w = kn::w4_gemv_word(w);
+  return Wq;
+}
+
 // The dense weight the packed words + scales mean, in fp32 (exact: a 4-bit integer times an fp16 scale).
 std::vector<float> unpack_w4_ref(const std::vector<uint32_t>& Wq, const std::vector<uint16_t>& S, int out, int in) {
   std::vector<float> W(size_t(out) * in);
@@ -698,7 +704,7 @@ std::unique_ptr<GemvWeights> make_gemv_weights(std::mt19937& rng, bool w4, int o
     g->dense = unpack_w4_ref(Wq, S, out, in);
     for (float& v : g->dense) v = f16_to_f32(f32_to_f16(v));
     g->wq = std::make_unique<Dev<uint32_t>>(Wq.size());
-    g->wq->upload(Wq);
+    g->wq->upload(gemv_order(Wq));
     g->s16 = std::make_unique<Dev<half>>(S.size());
     g->s16->upload(S);
   } else {
@@ -1471,6 +1477,33 @@ TEST_CASE("gemv_block: x from shared memory or through L2, several items per blo
         }
 }
 
+// The load's reorder (launch_w4_gemv_order, in place) against the layout written out column by column: GEMV nibble
+// s holds checkpoint column 2s and nibble s + 4 column 2s + 1; and the host w4_gemv_word the tests pack with.
+TEST_CASE("w4_gemv_order: checkpoint words -> the GEMV word order, in place, odd counts", "[gpu]") {
+  std::mt19937 rng(311);
+  Stream st;
+  for (size_t n : {size_t(1), size_t(255), size_t(257), size_t(100003)}) {
+    std::vector<uint32_t> w(n);
+    for (uint32_t& v : w) v = uint32_t(rng());
+    w[0] = 0x76543210u;  // nibble i = i: the order itself
+    Dev<uint32_t> d(n);
+    d.upload(w);
+    REQUIRE_CUDA(kn::launch_w4_gemv_order(d.get(), n, st.s));
+    st.sync();
+    const std::vector<uint32_t> got = d.download<uint32_t>();
+    size_t wrong = 0;
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t want = 0;
+      for (int c = 0; c < 8; ++c) want |= ((w[i] >> (4 * c)) & 0xFu) << (4 * (c % 2 == 0 ? c / 2 : 4 + c / 2));
+      if (got[i] != want || kn::w4_gemv_word(w[i]) != want) ++wrong;
+    }
+    INFO("words " << n << ": first 0x" << std::hex << got[0]);
+    REQUIRE(got[0] == 0x75316420u);
+    REQUIRE(wrong == 0);
+  }
+  REQUIRE_CUDA(kn::launch_w4_gemv_order(nullptr, 0, st.s));  // nothing to do
+}
+
 TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[gpu]") {
   std::mt19937 rng(303);
   Stream st;
@@ -1485,7 +1518,7 @@ TEST_CASE("dequant_w4: packed int4 + fp16 scales -> fp16 weights, bit-exact", "[
       for (size_t i = 0; i < S.size(); ++i) S[i] = f32_to_f16((i % 3 == 2 ? -1.f : 1.f) * std::exp2(ue(rng)));
       Dev<uint32_t> dWq(Wq.size());
       Dev<half> dS(S.size()), dout(size_t(out) * in);  // out16: [out, in] fp16
-      dWq.upload(Wq);
+      dWq.upload(gemv_order(Wq));
       dS.upload(S);
       dout.poison();
       REQUIRE_CUDA(kn::launch_dequant_w4(dWq.get(), dS.get(), out, in, dout.get(), st.s));
@@ -1551,7 +1584,7 @@ TEST_CASE("quantized LM head: device quantizers equal the host ones bit for bit;
       }
       {
         INFO("int4 quantization" << shape);
-        REQUIRE(dq4.download<uint32_t>() == q4);
+        REQUIRE(dq4.download<uint32_t>() == gemv_order(q4));  // the device copy is in the GEMV word order
         REQUIRE(ds4.download<uint16_t>() == s4);
       }
       // dense meaning of each copy

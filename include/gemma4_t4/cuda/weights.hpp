@@ -25,7 +25,7 @@ namespace detail {
 struct DevLinear {
   int out = 0, in = 0;
   half* w16 = nullptr;     // [out, in] fp16, or
-  uint32_t* wq = nullptr;  // [out, in/8] packed int4
+  uint32_t* wq = nullptr;  // [out, in/8] packed int4, in the GEMV word order (kernels/mma.cuh w4_gemv_word)
   half* s16 = nullptr;     // [out, in/32] fp16 scales
   // W4Matmul::TensorCore: the same weights in kernels/gemm_w4.cuh's GEMM layout (repacked at load), for passes of
   // more than 32 rows; null otherwise (and when out % 32 != 0: those take the dequantise path).
@@ -293,6 +293,10 @@ class DeviceWeights {
         GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "repack of '" + w.name + "' into the GEMM layout");
         gemm_layout = true;
       }
+      // the GEMV word order every kernel reading wq takes (kernels/mma.cuh w4_gemv_word), after the repack, which
+      // reads the checkpoint's order
+      GEMMA4_T4_CUDA_TRY(kernels::launch_w4_gemv_order(d->wq, size_t(w.out) * (w.in / 8), stream_),
+                         "reorder of '" + w.name + "' into the GEMV word order");
       if (!d->wp || opt_->w4_matmul == W4Matmul::Auto)  // the passes that dequantise: Auto's large ones
         max_deq = std::max(max_deq, size_t(w.out) * w.in);
     } else {
