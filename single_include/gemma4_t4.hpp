@@ -9354,11 +9354,12 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 //   w4a16  k-tile = 128 columns; unit u = 4 * tile + tig = scale group u, columns 32u..32u+31; word w,
 //          step s (16 steps) uses nibbles (s, s + 4) = columns (32u + 8w + 2s, 32u + 8w + 2s + 1) (the GEMV word
 //          order), so the x pair is word s of the 16-byte x load as it is (the checkpoint's order took one byte_perm
-//          per x pair and 8-row tile, 4 of ~32 instructions per word at one row and 16 of ~50 at 32). On sm_80+ steps s and s + 1 of a word are one m16n8k16 (k 0..7
-//          step s, k 8..15 step s + 1): half the mma instructions. Measured on an H100 (E2B, bench/RESULTS.md
-//          2026-12-06 (g)): +2.4 / +1.2 / +2.2 / +1.9% total tok/s at 1 / 8 / 16 / 32 sessions; the same pairs in
-//          the fp16 layout lost (-2.9% at 16 sessions, -1.6% at 32), so fp16 and int8 stay m16n8k8. The sums round
-//          differently from two m16n8k8 (the Turing-only build's), the same way at every row count.
+//          per x pair and 8-row tile, 4 of ~32 instructions per word at one row and 16 of ~50 at 32). On sm_80+ steps s
+//          and s + 1 of a word are one m16n8k16 (k 0..7 step s, k 8..15 step s + 1): half the mma instructions.
+//          Measured on an H100 (E2B, bench/RESULTS.md 2026-12-06 (g)): +2.4 / +1.2 / +2.2 / +1.9% total tok/s at 1 / 8
+//          / 16 / 32 sessions; the same pairs in the fp16 layout lost (-2.9% at 16 sessions, -1.6% at 32), so fp16 and
+//          int8 stay m16n8k8. The sums round differently from two m16n8k8 (the Turing-only build's), the same way at
+//          every row count.
 //   int8   k-tile = 64 columns; unit u = 4 * tile + tig holds columns 16u..16u+15; step s (8 steps) uses
 //          bytes (2s, 2s + 1) and the x half2 at columns 16u + 2s (x read as two 16-byte loads).
 // Work split: a warp owns a 16-row tile and every kw-th k-tile (kw = 1, 2, 4 or 8 warps per row tile,
