@@ -9383,7 +9383,9 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // bid = row-tile block * ksplit + part, whose warps take every (kw * ksplit)-th k-tile from part * kw + ks; part p
 // stores its partial sums at y + p * split_ld, and the reader adds the parts in part order (kernels/rmsnorm.cuh
 // launch_residual_norm: the residual projections o_proj, down_proj). Still a function of `in` and the GPU only.
-// sm_75 safe: static shared memory <= 16 KiB, no cp.async, no spills.
+// sm_75 safe: static shared memory <= 16 KiB, no cp.async. Spills (ptxas, 2026-12-06 (h)): none but the 17..32-row
+// w4a16 instantiations at the 128-register cap: Store 4 bytes on sm_75 and 24 on sm_90, gate/up 4 on sm_90 (31eb9e1:
+// Store 16 bytes on sm_90 only).
 
 // (kernels/common.cuh: already inlined above)
 // (kernels/mma.cuh: already inlined above)
