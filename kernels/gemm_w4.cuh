@@ -36,7 +36,7 @@
 // <= 45 KiB (sm_75 without opt-in), no cp.async.
 // The reworked kernel, gemm_w4x_kernel (XCfg; lab version 12 = XSmall): the same layout, maps and pipeline, at two
 // blocks per SM on sm_80+ (<= 128 registers), one X row / column per thread instead of one pointer per load, the
-// dequant in 13 instead of 15 instructions per word (w4x_pairs: lop3, the odd nibble pairs without a shift;
+// dequant in 13 instead of 15 instructions per word (mma.cuh w4x_pairs: lop3, the odd nibble pairs without a shift;
 // bit-identical weights) and m16 tiles wholly past M skipped; ncu on the first kernel at 128 rows (H200) showed
 // 37% of issue slots busy at 2 warps per scheduler, stalled on fixed-latency dependencies, not on memory.
 // launch_gemm_w4 picks the tile by shape (measured in the lab, gemm_w4_by_shape): M <= 32: 32 x 64 x 128; <= 256:
@@ -518,19 +518,6 @@ __device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
       : "l"(p), "r"(int(ok)));
   return v;
 #endif
-}
-
-// B pairs 2h and 2h + 1 of a GEMM-layout word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit-identical): w is the
-// word (h = 0) or word >> 8 (h = 1). Even pair: 1024 + u (mask 0x000F000F) - 1032; odd pair: 1024 + 16 u (mask
-// 0x00F000F0, no shift) / 16 - 72 in one hfma2; both exact, then times the scale (one rounding).
-__device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t* b0, uint32_t* b1) {
-  const half2 s = u32_as_h2(scale2);
-  const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
-  const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
-  const half2 q0 = __hsub2(lo, u32_as_h2(0x64086408u));                          // 1032.0
-  const half2 q1 = __hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u));  // 1/16, -72.0
-  *b0 = h2_as_u32(__hmul2(q0, s));
-  *b1 = h2_as_u32(__hmul2(q1, s));
 }
 
 // ld_weights_u32 without a predicate (see ld16_all)

@@ -20,8 +20,8 @@
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
 // dequant_w4 builds (w4_pairs4: a word's four pairs with one shift); int8: two bytes, offset by 128, into the
-// mantissa of 1024.0 minus 1152.0 -- exact, the
-// row scale applied to the fp32 sum), B = 8 columns x 8 input rows of x (fp16, as stored), fp32 accumulation. Rows past
+// mantissa of 1024.0 minus 1152.0 -- exact, the row scale applied to the fp32 sum), B = 8 columns x 8 input rows of
+// x (fp16, as stored), fp32 accumulation. Rows past
 // n and columns past `in` enter as zeros (A and B both, so no NaN * 0). The tensor cores make the FMAs free; what is
 // left per weight byte is the load and, for w4a16, ~1.5 integer/half2 ops per weight. Fragment mapping (lane = 4 * gid
 // + tig): the reduction order over k is free, so each lane's 16-byte load of weight row gid (and gid + 8) is used as it

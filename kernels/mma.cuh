@@ -201,8 +201,7 @@ __device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
 // ---- int4 / int8 weights -> fp16 pairs in registers ----
 
 // d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
-// dequant, and the point of w4_pairs4 and gemm_w4.cuh's w4x_pairs is their instruction count. 0xEA = (0xF0 & 0xCC) |
-// 0xAA.
+// dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
 #ifdef GEMMA4_T4_EMU  // dev/emu.hpp
   return (a & b) | c;
@@ -222,19 +221,25 @@ __device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale
   return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
 }
 
-// w4_pair(word, s, scale2) for s = 0..3 into p[s], bit for bit, in fewer instructions (the w4a16 decode GEMV's
-// dequant): nibbles 1, 5 and 3, 7 are taken where they lie, as 0x6400 | 16 n = 1024 + 16 n, and brought to n - 8 by
-// one hfma2 with 1/16 and -72 (exact), so a word takes one shift instead of three.
+// Pairs 2h and 2h + 1 of a packed w4a16 word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit for bit) in fewer
+// instructions: w is the word (h = 0) or word >> 8 (h = 1). Even pair: 1024 + u (mask 0x000F000F) - 1032; odd pair:
+// 1024 + 16 u (mask 0x00F000F0, no shift) / 16 - 72 in one hfma2; both exact, then times the scale (one rounding).
+// The int4 GEMM's dequant (gemm_w4.cuh) and, through w4_pairs4, the decode GEMV's.
+__device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t* b0, uint32_t* b1) {
+  const half2 s = u32_as_h2(scale2);
+  const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
+  const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
+  const half2 q0 = __hsub2(lo, u32_as_h2(0x64086408u));                          // 1032.0
+  const half2 q1 = __hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u));  // 1/16, -72.0
+  *b0 = h2_as_u32(__hmul2(q0, s));
+  *b1 = h2_as_u32(__hmul2(q1, s));
+}
+
+// w4_pair(word, s, scale2) for s = 0..3 into p[s], bit for bit: w4x_pairs on the word and on word >> 8, so a word
+// takes one shift instead of three (the w4a16 decode GEMV's dequant).
 __device__ __forceinline__ void w4_pairs4(uint32_t word, uint32_t scale2, uint32_t (&p)[4]) {
-  const half2 sc = u32_as_h2(scale2);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t w = h ? word >> 8 : word;
-    const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
-    const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
-    p[2 * h] = h2_as_u32(__hmul2(__hsub2(lo, u32_as_h2(0x64086408u)), sc));                              // 1032.0
-    p[2 * h + 1] = h2_as_u32(__hmul2(__hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u)), sc));  // 1/16, -72
-  }
+  w4x_pairs(word, scale2, &p[0], &p[1]);
+  w4x_pairs(word >> 8, scale2, &p[2], &p[3]);
 }
 
 // The w4a16 GEMV word order (kernels/gemv.cuh: the device copy of the checkpoint's packed words, reordered once at

@@ -6395,8 +6395,7 @@ __device__ __forceinline__ uint32_t h2_as_u32(half2 h) {
 // ---- int4 / int8 weights -> fp16 pairs in registers ----
 
 // d = (a & b) | c in one instruction (sm_50+, so sm_75-safe): nvcc does not always fuse the and/or pair of the
-// dequant, and the point of w4_pairs4 and gemm_w4.cuh's w4x_pairs is their instruction count. 0xEA = (0xF0 & 0xCC) |
-// 0xAA.
+// dequant, and the point of w4x_pairs is its instruction count. 0xEA = (0xF0 & 0xCC) | 0xAA.
 __device__ __forceinline__ uint32_t lop3_and_or(uint32_t a, uint32_t b, uint32_t c) {
 #ifdef GEMMA4_T4_EMU  // dev/emu.hpp
   return (a & b) | c;
@@ -6416,19 +6415,25 @@ __device__ __forceinline__ uint32_t w4_pair(uint32_t word, int s, uint32_t scale
   return h2_as_u32(__hmul2(q, u32_as_h2(scale2)));
 }
 
-// w4_pair(word, s, scale2) for s = 0..3 into p[s], bit for bit, in fewer instructions (the w4a16 decode GEMV's
-// dequant): nibbles 1, 5 and 3, 7 are taken where they lie, as 0x6400 | 16 n = 1024 + 16 n, and brought to n - 8 by
-// one hfma2 with 1/16 and -72 (exact), so a word takes one shift instead of three.
+// Pairs 2h and 2h + 1 of a packed w4a16 word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit for bit) in fewer
+// instructions: w is the word (h = 0) or word >> 8 (h = 1). Even pair: 1024 + u (mask 0x000F000F) - 1032; odd pair:
+// 1024 + 16 u (mask 0x00F000F0, no shift) / 16 - 72 in one hfma2; both exact, then times the scale (one rounding).
+// The int4 GEMM's dequant (gemm_w4.cuh) and, through w4_pairs4, the decode GEMV's.
+__device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t* b0, uint32_t* b1) {
+  const half2 s = u32_as_h2(scale2);
+  const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
+  const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
+  const half2 q0 = __hsub2(lo, u32_as_h2(0x64086408u));                          // 1032.0
+  const half2 q1 = __hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u));  // 1/16, -72.0
+  *b0 = h2_as_u32(__hmul2(q0, s));
+  *b1 = h2_as_u32(__hmul2(q1, s));
+}
+
+// w4_pair(word, s, scale2) for s = 0..3 into p[s], bit for bit: w4x_pairs on the word and on word >> 8, so a word
+// takes one shift instead of three (the w4a16 decode GEMV's dequant).
 __device__ __forceinline__ void w4_pairs4(uint32_t word, uint32_t scale2, uint32_t (&p)[4]) {
-  const half2 sc = u32_as_h2(scale2);
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const uint32_t w = h ? word >> 8 : word;
-    const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
-    const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
-    p[2 * h] = h2_as_u32(__hmul2(__hsub2(lo, u32_as_h2(0x64086408u)), sc));                              // 1032.0
-    p[2 * h + 1] = h2_as_u32(__hmul2(__hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u)), sc));  // 1/16, -72
-  }
+  w4x_pairs(word, scale2, &p[0], &p[1]);
+  w4x_pairs(word >> 8, scale2, &p[2], &p[3]);
 }
 
 // The w4a16 GEMV word order (kernels/gemv.cuh: the device copy of the checkpoint's packed words, reordered once at
@@ -8255,7 +8260,7 @@ inline cudaError_t launch_flash_attention(const AttnArgs& a, const int2* tiles, 
 // <= 45 KiB (sm_75 without opt-in), no cp.async.
 // The reworked kernel, gemm_w4x_kernel (XCfg; lab version 12 = XSmall): the same layout, maps and pipeline, at two
 // blocks per SM on sm_80+ (<= 128 registers), one X row / column per thread instead of one pointer per load, the
-// dequant in 13 instead of 15 instructions per word (w4x_pairs: lop3, the odd nibble pairs without a shift;
+// dequant in 13 instead of 15 instructions per word (mma.cuh w4x_pairs: lop3, the odd nibble pairs without a shift;
 // bit-identical weights) and m16 tiles wholly past M skipped; ncu on the first kernel at 128 rows (H200) showed
 // 37% of issue slots busy at 2 warps per scheduler, stalled on fixed-latency dependencies, not on memory.
 // launch_gemm_w4 picks the tile by shape (measured in the lab, gemm_w4_by_shape): M <= 32: 32 x 64 x 128; <= 256:
@@ -8736,19 +8741,6 @@ __device__ __forceinline__ uint32_t ld_weights_u32(const uint32_t* p, bool ok) {
       : "l"(p), "r"(int(ok)));
   return v;
 #endif
-}
-
-// B pairs 2h and 2h + 1 of a GEMM-layout word (w4_pair(word, 2h), w4_pair(word, 2h + 1), bit-identical): w is the
-// word (h = 0) or word >> 8 (h = 1). Even pair: 1024 + u (mask 0x000F000F) - 1032; odd pair: 1024 + 16 u (mask
-// 0x00F000F0, no shift) / 16 - 72 in one hfma2; both exact, then times the scale (one rounding).
-__device__ __forceinline__ void w4x_pairs(uint32_t w, uint32_t scale2, uint32_t* b0, uint32_t* b1) {
-  const half2 s = u32_as_h2(scale2);
-  const half2 lo = u32_as_h2(lop3_and_or(w, 0x000F000Fu, 0x64006400u));
-  const half2 hi = u32_as_h2(lop3_and_or(w, 0x00F000F0u, 0x64006400u));
-  const half2 q0 = __hsub2(lo, u32_as_h2(0x64086408u));                          // 1032.0
-  const half2 q1 = __hfma2(hi, u32_as_h2(0x2C002C00u), u32_as_h2(0xD480D480u));  // 1/16, -72.0
-  *b0 = h2_as_u32(__hmul2(q0, s));
-  *b1 = h2_as_u32(__hmul2(q1, s));
 }
 
 // ld_weights_u32 without a predicate (see ld16_all)
@@ -9343,8 +9335,8 @@ inline cudaError_t launch_repack_w4_gemm(const uint32_t* wq, const half* s, int 
 // (fp16; w4a16 dequantised in registers: two nibbles -> half2 by OR-ing them into the mantissa of 1024.0,
 // minus 1032.0 -- exact -- times the fp16 scale, one rounding: the same fp16 weight the prefill path's
 // dequant_w4 builds (w4_pairs4: a word's four pairs with one shift); int8: two bytes, offset by 128, into the
-// mantissa of 1024.0 minus 1152.0 -- exact, the
-// row scale applied to the fp32 sum), B = 8 columns x 8 input rows of x (fp16, as stored), fp32 accumulation. Rows past
+// mantissa of 1024.0 minus 1152.0 -- exact, the row scale applied to the fp32 sum), B = 8 columns x 8 input rows of
+// x (fp16, as stored), fp32 accumulation. Rows past
 // n and columns past `in` enter as zeros (A and B both, so no NaN * 0). The tensor cores make the FMAs free; what is
 // left per weight byte is the load and, for w4a16, ~1.5 integer/half2 ops per weight. Fragment mapping (lane = 4 * gid
 // + tig): the reduction order over k is free, so each lane's 16-byte load of weight row gid (and gid + 8) is used as it
