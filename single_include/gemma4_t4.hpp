@@ -13909,7 +13909,11 @@ class PassExecutor {
       GEMMA4_T4_TRY(ple_.stage(*next, r->which, r->ple_buf ^ 1, stream_, &async,
                                graph_rows(*next, r->which, r->dev_out, r->dev_row)));
     }
-    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
+    // A step's last pass into dev_out is not waited for: Engine::step's sample() queues the sampling behind it and
+    // synchronises the stream, so its parameter upload, launch and token download follow the pass on the GPU without
+    // a host wake-up between (step() synchronises on any error before that). The host buffers a pass reads are
+    // rewritten only after a synchronisation. The persistent kernel's passes are waited for (check() reads its flag).
+    if (persist || next || !r->dev_out) GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
     if (persist) {
       const Status st = persistent_->check();
@@ -14136,7 +14140,10 @@ class CudaBackend : public BackendModel {
       plans.emplace_back();
       GEMMA4_T4_TRY(exec_->prepare(items + b0, k, Logits::Last, ws_.samp_logits, nseen, &plans.back()));
     }
-    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+    // A chunk's last pass is not waited for before its sampling (Executor::run_pass): on an error before sample()'s
+    // synchronisation the stream is synchronised here, so no queued work still reads the host buffers the next call
+    // rewrites.
+    const auto chunk = [&](size_t b0) -> Status {
       const int k = int(std::min<size_t>(kMaxSeqs, count - b0));
       GEMMA4_T4_TRY(exec_->run(plans[b0 / kMaxSeqs], Logits::Last, nullptr, ws_.samp_logits));
       if (logits) {
@@ -14146,7 +14153,14 @@ class CudaBackend : public BackendModel {
             cudaMemcpyAsync(logits->data() + at, ws_.samp_logits, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
             "logits download");
       }
-      GEMMA4_T4_TRY(exec_->sample(samples + b0, k, next + b0));
+      return exec_->sample(samples + b0, k, next + b0);
+    };
+    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+      const Status st = chunk(b0);
+      if (!st) {
+        (void)cudaStreamSynchronize(stream_);  // its own error, if any, is the one st already reports
+        return st;
+      }
     }
     for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
     return Status::ok();

@@ -131,7 +131,10 @@ class CudaBackend : public BackendModel {
       plans.emplace_back();
       GEMMA4_T4_TRY(exec_->prepare(items + b0, k, Logits::Last, ws_.samp_logits, nseen, &plans.back()));
     }
-    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+    // A chunk's last pass is not waited for before its sampling (Executor::run_pass): on an error before sample()'s
+    // synchronisation the stream is synchronised here, so no queued work still reads the host buffers the next call
+    // rewrites.
+    const auto chunk = [&](size_t b0) -> Status {
       const int k = int(std::min<size_t>(kMaxSeqs, count - b0));
       GEMMA4_T4_TRY(exec_->run(plans[b0 / kMaxSeqs], Logits::Last, nullptr, ws_.samp_logits));
       if (logits) {
@@ -141,7 +144,14 @@ class CudaBackend : public BackendModel {
             cudaMemcpyAsync(logits->data() + at, ws_.samp_logits, size_t(k) * V * 4, cudaMemcpyDeviceToHost, stream_),
             "logits download");
       }
-      GEMMA4_T4_TRY(exec_->sample(samples + b0, k, next + b0));
+      return exec_->sample(samples + b0, k, next + b0);
+    };
+    for (size_t b0 = 0; b0 < count; b0 += kMaxSeqs) {
+      const Status st = chunk(b0);
+      if (!st) {
+        (void)cudaStreamSynchronize(stream_);  // its own error, if any, is the one st already reports
+        return st;
+      }
     }
     for (size_t i = 0; i < count; ++i) items[i].session->pos += items[i].n;
     return Status::ok();

@@ -249,7 +249,11 @@ class PassExecutor {
       GEMMA4_T4_TRY(ple_.stage(*next, r->which, r->ple_buf ^ 1, stream_, &async,
                                graph_rows(*next, r->which, r->dev_out, r->dev_row)));
     }
-    GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
+    // A step's last pass into dev_out is not waited for: Engine::step's sample() queues the sampling behind it and
+    // synchronises the stream, so its parameter upload, launch and token download follow the pass on the GPU without
+    // a host wake-up between (step() synchronises on any error before that). The host buffers a pass reads are
+    // rewritten only after a synchronisation. The persistent kernel's passes are waited for (check() reads its flag).
+    if (persist || next || !r->dev_out) GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
     if (persist) {
       const Status st = persistent_->check();
