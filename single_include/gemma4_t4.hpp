@@ -13911,7 +13911,7 @@ class PassExecutor {
     }
     // A step's last pass into dev_out is not waited for: Engine::step's sample() queues the sampling behind it and
     // synchronises the stream, so its parameter upload, launch and token download follow the pass on the GPU without
-    // a host wake-up between (step() synchronises on any error before that). The host buffers a pass reads are
+    // a host wake-up between (CudaBackend::step synchronises on any error before that). Host buffers a pass reads are
     // rewritten only after a synchronisation. The persistent kernel's passes are waited for (check() reads its flag).
     if (persist || next || !r->dev_out) GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
@@ -14140,7 +14140,7 @@ class CudaBackend : public BackendModel {
       plans.emplace_back();
       GEMMA4_T4_TRY(exec_->prepare(items + b0, k, Logits::Last, ws_.samp_logits, nseen, &plans.back()));
     }
-    // A chunk's last pass is not waited for before its sampling (Executor::run_pass): on an error before sample()'s
+    // A chunk's last pass is not waited for before its sampling (PassExecutor::run_pass): on an error before sample()'s
     // synchronisation the stream is synchronised here, so no queued work still reads the host buffers the next call
     // rewrites.
     const auto chunk = [&](size_t b0) -> Status {

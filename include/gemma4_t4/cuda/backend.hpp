@@ -131,7 +131,7 @@ class CudaBackend : public BackendModel {
       plans.emplace_back();
       GEMMA4_T4_TRY(exec_->prepare(items + b0, k, Logits::Last, ws_.samp_logits, nseen, &plans.back()));
     }
-    // A chunk's last pass is not waited for before its sampling (Executor::run_pass): on an error before sample()'s
+    // A chunk's last pass is not waited for before its sampling (PassExecutor::run_pass): on an error before sample()'s
     // synchronisation the stream is synchronised here, so no queued work still reads the host buffers the next call
     // rewrites.
     const auto chunk = [&](size_t b0) -> Status {

@@ -251,7 +251,7 @@ class PassExecutor {
     }
     // A step's last pass into dev_out is not waited for: Engine::step's sample() queues the sampling behind it and
     // synchronises the stream, so its parameter upload, launch and token download follow the pass on the GPU without
-    // a host wake-up between (step() synchronises on any error before that). The host buffers a pass reads are
+    // a host wake-up between (CudaBackend::step synchronises on any error before that). Host buffers a pass reads are
     // rewritten only after a synchronisation. The persistent kernel's passes are waited for (check() reads its flag).
     if (persist || next || !r->dev_out) GEMMA4_T4_CUDA_TRY(cudaStreamSynchronize(stream_), "forward pass");
     if (r->ple_ready) r->ple_buf ^= 1;
