@@ -1,0 +1,1083 @@
+// Kernel lab: a decode step's matmul chain at one row -- the per-kernel path against one persistent kernel that
+// streams every block's weights into shared memory ahead of the dependencies (issue 16).
+//
+//   lab_decode_chain [VERSIONS] [--layers 35] [--wide-from 15] [--ring-kb 128,64,32] [--reps 20] [--samples 7]
+//                    [--validate-only]
+//
+// The chain: per layer of Gemma 4 E2B's shapes (hidden H = 1536; w4a16 weights in the GEMV word order, fp16 scales
+// per 32 columns), with the residual stream h in fp32:
+//   x1 = half(norm(h) w_in)                      (layer 0; later layers fold it into the previous residual)
+//   y  = x1 Wqkv^T                               q/k/v: 2048 + 256 + 256 outputs
+//   a  = half(y[0, 2048))                        stands in for attention (a dependent stage without weights)
+//   yo = a Wo^T                                  2048 -> 1536
+//   h  = h + norm(yo) w_post1;  x2 = half(norm(h) w_pre2)
+//   act = half(gelu_tanh(x2 Wg^T) * (x2 Wu^T))   1536 -> I x 2 (I = 6144, or 12288 from layer --wide-from on)
+//   yd = act Wd^T                                I -> 1536
+//   h  = h + norm(yd) w_post2                    (then the next layer's x1 from it)
+// The output is h after the last layer. What it leaves out of a real decode step: attention over the caches, the
+// q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
+// of a step costs under each version, not a step.
+//
+// VERSIONS (default 1,2):
+//   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
+//      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
+//      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
+//      programmatic dependent launch where the GPU has it (sm_90+ and a native build).
+//   2  one cooperative persistent kernel, one block of 512 threads per SM. Warps 8..15 (producers) copy the block's
+//      share of every weight matrix of the whole chain, in chain order, into a ring of --ring-kb KiB of shared
+//      memory, limited only by the ring's free space -- so while the block waits for a dependency its next weights
+//      are already arriving (sm_75-safe: plain 16-byte loads through registers, no cp.async). Warps 0..7
+//      (consumers) run the stages: wait on a global counter per stage (the previous stage's blocks all arrived),
+//      build x in shared memory (each block folds the residual norms itself: h lives in every block's registers,
+//      so no stage is spent on a norm), run the block's units of the matrix from the ring on the tensor cores
+//      (kernels/mma.cuh's m16n8k16 and w4_pairs4, the decode GEMV's dequant), store, and arrive. A unit is a
+//      16-row tile of one k-range (--parts chooses the k-split per matrix so that the units spread evenly over
+//      the SMs); the ring holds units in the order both sides walk them. 5 stages a layer (q/k/v, the attention
+//      stand-in, o_proj, gate/up, down_proj).
+//
+// Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
+// sums of the same fp16 weights, fp16 roundings of x where the kernels round), every selected version, output
+// poisoned before the run; then the full chain of version 2 against version 1 (printed). Timing: the median of
+// --samples timings of --reps chained steps (cudaEvents), us per step and weight GB/s against the stream read
+// bandwidth this program measures.
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "../kernels/decode_step.cuh"  // the counter hand-offs: ld_relaxed, fence_acq_rel_gpu, red_release_add
+#include "../kernels/elementwise.cuh"
+#include "../kernels/gemv.cuh"
+#include "../kernels/rmsnorm.cuh"
+#include "lab.cuh"
+
+namespace kn = gemma4_t4::kernels;
+
+namespace {
+
+constexpr int kH = 1536, kQ = 2048, kKV = 256, kQKV = kQ + 2 * kKV;
+constexpr float kEps = 1e-6f;
+
+// ---- the model (device) ----
+
+struct Mat4 {  // one w4a16 matrix [out, in]: GEMV word order, fp16 scales per 32 columns
+  lab::DevBuf<uint32_t> q;
+  lab::DevBuf<half> s;
+  int out = 0, in = 0;
+};
+
+struct Layer {
+  Mat4 qkv, o, g, u, d;
+  lab::DevBuf<float> w_in, w_post1, w_pre2, w_post2;
+  int I = 0;
+};
+
+void make_mat(Mat4& m, int out, int in, uint64_t seed) {
+  m.out = out, m.in = in;
+  m.q = lab::DevBuf<uint32_t>(size_t(out) * in / 8);
+  m.s = lab::DevBuf<half>(size_t(out) * in / 32);
+  lab::fill_bits(m.q.get(), m.q.size(), seed);
+  // |w| ~ 4.6 s: y = x W^T of a normalised x has std ~ 4.6 s sqrt(in) ~ 1
+  const float c = 1.f / (4.6f * std::sqrt(float(in)));
+  lab::fill_uniform(m.s.get(), m.s.size(), 0.5f * c, 1.5f * c, seed + 1);
+}
+
+std::vector<Layer> make_model(int layers, int wide_from, uint64_t seed) {
+  std::vector<Layer> m(static_cast<size_t>(layers));
+  for (int l = 0; l < layers; ++l) {
+    Layer& y = m[size_t(l)];
+    y.I = l >= wide_from ? 12288 : 6144;
+    const uint64_t s = seed + 100 * uint64_t(l);
+    make_mat(y.qkv, kQKV, kH, s + 1);
+    make_mat(y.o, kH, kQ, s + 3);
+    make_mat(y.g, y.I, kH, s + 5);
+    make_mat(y.u, y.I, kH, s + 7);
+    make_mat(y.d, kH, y.I, s + 9);
+    lab::DevBuf<float>* w[4] = {&y.w_in, &y.w_post1, &y.w_pre2, &y.w_post2};
+    for (int i = 0; i < 4; ++i) {
+      *w[i] = lab::DevBuf<float>(kH);
+      lab::fill_uniform(w[i]->get(), kH, 0.5f, 1.5f, s + 20 + uint64_t(i));
+    }
+  }
+  LAB_CHECK(cudaDeviceSynchronize());
+  return m;
+}
+
+double weight_bytes(const std::vector<Layer>& m) {
+  double b = 0;
+  for (const Layer& y : m)
+    for (const Mat4* x : {&y.qkv, &y.o, &y.g, &y.u, &y.d}) b += x->q.size() * 4.0 + x->s.size() * 2.0;
+  return b;
+}
+
+// ---- host reference ----
+
+float round_half(double v) { return __half2float(__float2half_rn(float(v))); }
+
+// y = W x with W = half((nibble - 8) * scale) in the GEMV word order (nibbles s, s + 4 = columns 2s, 2s + 1 of the
+// word's 8).
+std::vector<double> ref_gemv(const Mat4& m, const std::vector<float>& x) {
+  const std::vector<uint32_t> q = m.q.download();
+  const std::vector<half> s = m.s.download();
+  std::vector<double> y(size_t(m.out));
+  lab::parallel_for(size_t(m.out), [&](size_t o) {
+    double acc = 0;
+    for (int j = 0; j < m.in / 8; ++j) {
+      const uint32_t w = q[o * size_t(m.in / 8) + size_t(j)];
+      const float sc = __half2float(s[o * size_t(m.in / 32) + size_t(j / 4)]);
+      for (int k = 0; k < 8; ++k) {
+        const int nib = k % 2 == 0 ? k / 2 : 4 + k / 2;  // column 8j + k
+        const int v = int((w >> (4 * nib)) & 15u) - 8;
+        acc += double(__half2float(__float2half_rn(float(v) * sc))) * double(x[size_t(8 * j + k)]);
+      }
+    }
+    y[o] = acc;
+  });
+  return y;
+}
+
+double ref_rms(const std::vector<double>& v) {
+  double ss = 0;
+  for (double x : v) ss += x * x;
+  return 1.0 / std::sqrt(ss / double(v.size()) + double(kEps));
+}
+
+std::vector<double> ref_chain(const std::vector<Layer>& m, const std::vector<float>& h_in) {
+  std::vector<double> h(h_in.begin(), h_in.end());
+  for (const Layer& y : m) {
+    const std::vector<float> w_in = y.w_in.download(), w_post1 = y.w_post1.download(), w_pre2 = y.w_pre2.download(),
+                             w_post2 = y.w_post2.download();
+    std::vector<float> x(kH);
+    double r = ref_rms(h);
+    for (int i = 0; i < kH; ++i) x[size_t(i)] = round_half(h[size_t(i)] * r * w_in[size_t(i)]);
+    const std::vector<double> qkv = ref_gemv(y.qkv, x);
+    std::vector<float> a(kQ);
+    for (int i = 0; i < kQ; ++i) a[size_t(i)] = round_half(qkv[size_t(i)]);
+    const std::vector<double> yo = ref_gemv(y.o, a);
+    r = ref_rms(yo);
+    for (int i = 0; i < kH; ++i) h[size_t(i)] += yo[size_t(i)] * r * w_post1[size_t(i)];
+    r = ref_rms(h);
+    for (int i = 0; i < kH; ++i) x[size_t(i)] = round_half(h[size_t(i)] * r * w_pre2[size_t(i)]);
+    const std::vector<double> g = ref_gemv(y.g, x), u = ref_gemv(y.u, x);
+    std::vector<float> act(size_t(y.I));
+    for (int i = 0; i < y.I; ++i) {
+      const double gv = g[size_t(i)];
+      const double ge = 0.5 * gv * (1.0 + std::tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)));
+      act[size_t(i)] = round_half(ge * u[size_t(i)]);
+    }
+    const std::vector<double> yd = ref_gemv(y.d, act);
+    r = ref_rms(yd);
+    for (int i = 0; i < kH; ++i) h[size_t(i)] += yd[size_t(i)] * r * w_post2[size_t(i)];
+  }
+  return h;
+}
+
+// ---- version 1: the shipped kernels, launch by launch ----
+
+struct Scratch {  // activations of both versions
+  lab::DevBuf<float> h{kH}, h_in{kH}, y_q{kQ}, y_k{kKV}, y_v{kKV}, yqkv, yo, yd;
+  lab::DevBuf<half> x1{kH}, x2{kH}, a{kQ}, act{12288};
+  lab::DevBuf<unsigned> done, fault{1};
+  Scratch(int layers, int parts)
+      : yqkv(size_t(parts) * kQKV), yo(size_t(parts) * kH), yd(size_t(parts) * kH), done(size_t(5 * layers)) {
+    LAB_CHECK(cudaMemset(done.get(), 0, done.size() * sizeof(unsigned)));
+    LAB_CHECK(cudaMemset(fault.get(), 0, sizeof(unsigned)));
+  }
+};
+
+void v1_step(const std::vector<Layer>& m, Scratch& s, const kn::Launch& L) {
+  const int sms = kn::device_sms();
+  LAB_CHECK(kn::launch_rmsnorm(s.h.get(), kH, nullptr, m[0].w_in.get(), 1, kH, kEps, s.x1.get(), L));
+  for (size_t l = 0; l < m.size(); ++l) {
+    const Layer& y = m[l];
+    const size_t qw = size_t(kH) / 8, sw = size_t(kH) / 32;
+    const kn::GemvMat mats[3] = {
+        kn::GemvMat{nullptr, y.qkv.q.get(), y.qkv.s.get(), kQ, s.y_q.get(), kQ},
+        kn::GemvMat{nullptr, y.qkv.q.get() + kQ * qw, y.qkv.s.get() + kQ * sw, kKV, s.y_k.get(), kKV},
+        kn::GemvMat{nullptr, y.qkv.q.get() + (kQ + kKV) * qw, y.qkv.s.get() + (kQ + kKV) * sw, kKV, s.y_v.get(), kKV}};
+    LAB_CHECK(kn::launch_gemv_multi(mats, 3, s.x1.get(), 1, kH, L));
+    LAB_CHECK(kn::launch_to_half(s.y_q.get(), kQ, s.a.get(), L));
+    const int so = kn::gemv_store_splits(kH, kQ, kn::kGemvW4, sms);
+    LAB_CHECK(kn::launch_gemv(nullptr, y.o.q.get(), y.o.s.get(), s.a.get(), 1, kH, kQ, s.yo.get(), kH, L, so, kH));
+    LAB_CHECK(kn::launch_residual_norm(s.h.get(), s.yo.get(), y.w_post1.get(), 1, kH, kEps, 1.f, kn::NextNorm::Norm,
+                                       y.w_pre2.get(), s.x2.get(), L, so, kH));
+    const kn::GemvMat g{nullptr, y.g.q.get(), y.g.s.get(), y.I, nullptr, 0};
+    const kn::GemvMat u{nullptr, y.u.q.get(), y.u.s.get(), y.I, nullptr, 0};
+    LAB_CHECK(kn::launch_gemv_gelu_mul(g, u, s.x2.get(), 1, kH, s.act.get(), y.I, L));
+    const int sd = kn::gemv_store_splits(kH, y.I, kn::kGemvW4, sms);
+    LAB_CHECK(kn::launch_gemv(nullptr, y.d.q.get(), y.d.s.get(), s.act.get(), 1, kH, y.I, s.yd.get(), kH, L, sd, kH));
+    const bool last = l + 1 == m.size();
+    LAB_CHECK(kn::launch_residual_norm(s.h.get(), s.yd.get(), y.w_post2.get(), 1, kH, kEps, 1.f,
+                                       last ? kn::NextNorm::None : kn::NextNorm::Norm,
+                                       last ? nullptr : m[l + 1].w_in.get(), s.x1.get(), L, sd, kH));
+  }
+}
+
+// ---- version 2: the persistent chain ----
+
+constexpr int kThreads = 512;  // warps 0..7 consume, 8..15 produce
+constexpr int kCons = 256;
+constexpr int kUnitMax = 32768;                          // bytes of one unit (the producers' registers hold one)
+constexpr int kChunksPerThread = kUnitMax / 16 / kCons;  // 8
+constexpr int kHPer = kH / kCons;                        // residual elements per consumer thread: 6
+constexpr int kMaxIn = 12288;
+
+struct ChainLayer {
+  const uint32_t* q[5];  // q/k/v, o, gate, up, down
+  const half* s[5];
+  int I = 0;
+  int pd = 1;  // down_proj's k-split parts
+  const float *w_in, *w_post1, *w_pre2, *w_post2;
+};
+
+struct ChainArgs {
+  const ChainLayer* layers = nullptr;
+  int L = 0;
+  const float* h_in = nullptr;
+  float* h_out = nullptr;
+  float* yqkv = nullptr;     // [pq][kQKV]
+  half* a = nullptr;         // [kQ]
+  float* yo = nullptr;       // [po][kH]
+  half* act = nullptr;       // [I]
+  float* yd = nullptr;       // [pd][kH]
+  unsigned* done = nullptr;  // [5 L] monotonic: launch e waits for e * gridDim.x
+  unsigned* fault = nullptr;
+  unsigned epoch = 1;
+  int pq = 1, po = 1;
+  unsigned ring = 0;  // bytes, a power of two
+  int lockstep = 0;   // 1: a stage's weights are loaded only once its dependency is met (what the run-ahead buys)
+  // Optional timeline, [5 L][gridDim.x][kSlots] per (stage, block), by the consumers' thread 0: globaltimer ns when
+  // the dependency is met, when x is built, when the units are done (before the arrival), and the ns spent waiting
+  // for the ring (units not yet stored). Null: off.
+  unsigned long long* trace = nullptr;
+};
+constexpr int kSlots = 4;
+
+// A stage's matrix: M matrices (gate/up: 2) of [out, in], k-split into P parts; units = out / 16 tiles x P.
+struct StageMat {
+  const uint32_t* q0;
+  const uint32_t* q1;
+  const half* s0;
+  const half* s1;
+  int M, out, in, P;
+};
+
+enum Kind { kQkv = 0, kAtt = 1, kO = 2, kGu = 3, kDn = 4 };
+
+__device__ __forceinline__ StageMat stage_mat(const ChainArgs& a, const ChainLayer& y, int kind) {
+  StageMat m{};
+  m.M = 1;
+  if (kind == kQkv) m.q0 = y.q[0], m.s0 = y.s[0], m.out = kQKV, m.in = kH, m.P = a.pq;
+  if (kind == kO) m.q0 = y.q[1], m.s0 = y.s[1], m.out = kH, m.in = kQ, m.P = a.po;
+  if (kind == kGu) m.q0 = y.q[2], m.s0 = y.s[2], m.q1 = y.q[3], m.s1 = y.s[3], m.M = 2, m.out = y.I, m.in = kH, m.P = 1;
+  if (kind == kDn) m.q0 = y.q[4], m.s0 = y.s[4], m.out = kH, m.in = y.I, m.P = y.pd;
+  return m;
+}
+
+// The block's units of a stage: [u0, u1) of out / 16 * P, split evenly over the grid.
+__device__ __forceinline__ void block_units(const StageMat& m, int* u0, int* u1) {
+  const long long U = (long long)(m.out / 16) * m.P;
+  *u0 = int(U * blockIdx.x / gridDim.x);
+  *u1 = int(U * (blockIdx.x + 1) / gridDim.x);
+}
+
+// A unit in the ring: per matrix, the scales [16 rows][ktn * 4] fp16 (8 ktn bytes a row), then the words [16 rows]
+// [ktn * 4 chunks of 16 bytes], chunk c of an odd row at c ^ 4 (LDS.128 of rows gid and gid + 1 then hit both bank
+// halves). ktn = k-tiles (128 columns) of the unit's part, even.
+__device__ __forceinline__ unsigned unit_bytes(int M, int ktn) { return 1152u * unsigned(M) * unsigned(ktn); }
+
+__device__ __forceinline__ void bar_cons() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
+__device__ __forceinline__ void bar_prod() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+
+constexpr unsigned long long kSpinNs = 500000000ull;               // a wait this long is a fault
+constexpr unsigned kProducerSleepNs = 128, kConsumerSleepNs = 32;  // back-off of the in-block waits
+
+// Thread 0 of the consumers: wait until done[s] counts every block of this launch.
+__device__ __forceinline__ void wait_stage(const ChainArgs& a, int s) {
+  if (threadIdx.x == 0 && s >= 0) {
+    const unsigned need = a.epoch * gridDim.x;
+    if (kn::ld_relaxed(a.done + s) < need) {
+      const unsigned long long t0 = kn::global_ns();
+      for (unsigned i = 1; kn::ld_relaxed(a.done + s) < need; ++i) {
+        if ((i & 255u) != 0) continue;            // the timer and the fault flag only every 256th poll
+        if (kn::ld_relaxed(a.fault) != 0) break;  // an earlier wait gave up: the launch's results are void
+        if (kn::global_ns() - t0 > kSpinNs) {
+          atomicCAS(a.fault, 0u, unsigned(s) + 1u);
+          break;
+        }
+      }
+    }
+    kn::fence_acq_rel_gpu();
+  }
+  bar_cons();
+}
+
+__device__ __forceinline__ void stamp(const ChainArgs& a, int s, int slot) {
+  if (a.trace && threadIdx.x == 0) a.trace[(size_t(s) * gridDim.x + blockIdx.x) * kSlots + slot] = kn::global_ns();
+}
+
+__device__ __forceinline__ void arrive_stage(const ChainArgs& a, int s) {
+  bar_cons();
+  stamp(a, s, 2);
+  if (threadIdx.x == 0) kn::red_release_add(a.done + s, 1u);
+}
+
+// In-block hand-offs through shared memory (volatile; a fence on each side).
+struct RingState {
+  unsigned filled;    // stream bytes the producers have stored
+  unsigned consumed;  // stream bytes the consumers are done with
+  unsigned stage;     // the stage whose dependency the consumers have met (lockstep)
+  unsigned fault;
+  unsigned wfilled[8];  // version 3: stream bytes each producer warp has stored (its rows of every unit)
+};
+
+// Waits until *p >= need (a wrapping compare). The first poll reads no timer; later polls back off by sleep_ns
+// (__nanosleep, sm_70+) and read the global timer only every 1024th time: a poll of %globaltimer is not free, and every
+// poll of shared memory takes a slot in the pipe that the consumers' loads need.
+__device__ __forceinline__ void spin_until_ge(volatile unsigned* p, unsigned need, RingState* rs, unsigned sleep_ns) {
+  if (int(*p - need) >= 0) return;
+  const unsigned long long t0 = kn::global_ns();
+  for (unsigned i = 1;; ++i) {
+    if (sleep_ns) __nanosleep(sleep_ns);
+    if (int(*p - need) >= 0) return;
+    if ((i & 1023u) == 0) {
+      if (*reinterpret_cast<volatile unsigned*>(&rs->fault) != 0) return;
+      if (kn::global_ns() - t0 > kSpinNs) {
+        rs->fault = 1;
+        return;
+      }
+    }
+  }
+}
+
+// Stage s's dependency is met (lockstep producers wait for this; stored as s + 1, 0 meaning none yet).
+__device__ __forceinline__ void begin_stage(const ChainArgs& a, RingState* rs, int s) {
+  wait_stage(a, s - 1);
+  stamp(a, s, 0);
+  if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned*>(&rs->stage) = unsigned(s) + 1u;
+}
+
+// Sum over the 256 consumer threads (every one gets it). part: [8] shared scratch, free on entry.
+__device__ __forceinline__ float cons_sum(float v, float* part) {
+  v = kn::warp_sum(v);
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  bar_cons();
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < 8; ++w) s += part[w];
+  return s;
+}
+
+// The producers' walk over the block's units, in chain order (stage by stage, unit by unit).
+struct UnitIt {
+  int l = 0, kind = 0, u = 0, u1 = 0;
+  unsigned pos = 0;
+  bool started = false;
+};
+
+struct UnitRef {
+  StageMat m;
+  int u, stage;
+  unsigned pos, bytes;
+};
+
+__device__ __forceinline__ bool next_unit(const ChainArgs& a, UnitIt& it, UnitRef* r) {
+  if (!it.started) {
+    it.started = true;
+    it.l = 0, it.kind = -1, it.u = it.u1 = 0;
+  }
+  while (it.u >= it.u1) {
+    if (++it.kind == 5) it.kind = 0, ++it.l;
+    if (it.l >= a.L) return false;
+    if (it.kind == kAtt) continue;
+    const StageMat m = stage_mat(a, a.layers[it.l], it.kind);
+    block_units(m, &it.u, &it.u1);
+  }
+  r->m = stage_mat(a, a.layers[it.l], it.kind);
+  r->u = it.u++;
+  r->stage = 5 * it.l + it.kind;
+  r->pos = it.pos;
+  r->bytes = unit_bytes(r->m.M, r->m.in / 128 / r->m.P);
+  it.pos += r->bytes;
+  return true;
+}
+
+// Chunk j (16 bytes) of a unit: its source and its offset in the unit.
+__device__ __forceinline__ const uint4* chunk_src(const UnitRef& r, int j, unsigned* dst) {
+  const StageMat& m = r.m;
+  const int ktn = m.in / 128 / m.P, per = 72 * ktn;  // chunks per matrix: 16 rows x (ktn / 2 + 4 ktn)
+  const int mi = j / per, jj = j - mi * per;
+  const int tile = r.u / m.P, part = r.u - tile * m.P, row0 = tile * 16, kt0 = part * ktn;
+  const uint32_t* q = mi ? m.q1 : m.q0;
+  const half* s = mi ? m.s1 : m.s0;
+  const unsigned base = unsigned(mi) * 1152u * unsigned(ktn);
+  if (jj < 8 * ktn) {  // scales: row rr, chunk cc (8 scales)
+    const int rr = jj / (ktn / 2), cc = jj - rr * (ktn / 2);
+    *dst = base + unsigned(rr * 8 * ktn + cc * 16);
+    return reinterpret_cast<const uint4*>(s + size_t(row0 + rr) * (m.in / 32) + kt0 * 4 + cc * 8);
+  }
+  const int jq = jj - 8 * ktn, rr = jq / (4 * ktn), c = jq - rr * 4 * ktn;
+  *dst = base + 128u * unsigned(ktn) + unsigned(rr * 4 * ktn + (c ^ ((rr & 1) << 2))) * 16u;
+  return reinterpret_cast<const uint4*>(q + size_t(row0 + rr) * (m.in / 8) + kt0 * 16 + c * 4);
+}
+
+__device__ __forceinline__ void load_unit(const UnitRef& r, uint4 (&v)[kChunksPerThread], int pt) {
+  const int n = int(r.bytes / 16);
+#pragma unroll
+  for (int k = 0; k < kChunksPerThread; ++k) {
+    const int j = pt + k * kCons;
+    unsigned dst;
+    if (j < n) v[k] = kn::ld_weights(chunk_src(r, j, &dst), true);
+  }
+}
+
+__device__ __forceinline__ void store_unit(const ChainArgs& a, const UnitRef& r, const uint4 (&v)[kChunksPerThread],
+                                           int pt, unsigned char* ring, RingState* rs) {
+  if (pt == 0) spin_until_ge(&rs->consumed, r.pos + r.bytes - a.ring, rs, kProducerSleepNs);
+  bar_prod();
+  const int n = int(r.bytes / 16);
+#pragma unroll
+  for (int k = 0; k < kChunksPerThread; ++k) {
+    const int j = pt + k * kCons;
+    unsigned dst;
+    if (j < n) {
+      chunk_src(r, j, &dst);
+      *reinterpret_cast<uint4*>(ring + ((r.pos + dst) & (a.ring - 1))) = v[k];
+    }
+  }
+  bar_prod();
+  if (pt == 0) {
+    __threadfence_block();
+    *reinterpret_cast<volatile unsigned*>(&rs->filled) = r.pos + r.bytes;
+  }
+}
+
+// Version 3's producers: each warp copies its own rows (pw and pw + 8 of every matrix) of each unit and publishes its
+// own progress, so no barrier joins the producer warps; a chunk's place in a unit comes from one multiply-high
+// (row = j / R by a reciprocal) instead of three integer divisions. Per row, R = 9 ktn / 2 chunks: the ktn / 2 chunks
+// of scales, then the 4 ktn chunks of words.
+struct RowMap {
+  unsigned R, magic;
+  int rows;  // 2 M rows per warp
+};
+__device__ __forceinline__ RowMap row_map(const UnitRef& r) {
+  const int ktn = r.m.in / 128 / r.m.P;
+  RowMap x;
+  x.R = 9u * unsigned(ktn) / 2u;
+  x.magic = 0xFFFFFFFFu / x.R + 1u;  // j / R == umulhi(j, magic) for j < 2^16
+  x.rows = 2 * r.m.M;
+  return x;
+}
+
+__device__ __forceinline__ const uint4* chunk3(const UnitRef& r, const RowMap& x, int pw, unsigned j, unsigned* dst) {
+  const StageMat& m = r.m;
+  const unsigned ktn = unsigned(m.in / 128 / m.P);
+  const unsigned row = __umulhi(j, x.magic), c = j - row * x.R;
+  const unsigned mi = row >> 1, rr = unsigned(pw) + 8u * (row & 1u);
+  const int tile = r.u / m.P, part = r.u - tile * m.P;
+  const unsigned row0 = unsigned(tile) * 16u, kt0 = unsigned(part) * ktn;
+  const unsigned base = mi * 1152u * ktn;
+  if (c < ktn / 2) {
+    *dst = base + rr * 8u * ktn + c * 16u;
+    const half* sp = mi ? m.s1 : m.s0;
+    return reinterpret_cast<const uint4*>(sp + size_t(row0 + rr) * unsigned(m.in / 32) + kt0 * 4u + c * 8u);
+  }
+  const unsigned cq = c - ktn / 2;
+  *dst = base + 128u * ktn + (rr * 4u * ktn + (cq ^ ((rr & 1u) << 2))) * 16u;
+  const uint32_t* qp = mi ? m.q1 : m.q0;
+  return reinterpret_cast<const uint4*>(qp + size_t(row0 + rr) * unsigned(m.in / 8) + kt0 * 16u + cq * 4u);
+}
+
+__device__ __forceinline__ void load3(const UnitRef& r, uint4 (&v)[kChunksPerThread], int pw, int lane) {
+  const RowMap x = row_map(r);
+  const unsigned n = unsigned(x.rows) * x.R;
+#pragma unroll
+  for (int k = 0; k < kChunksPerThread; ++k) {
+    const unsigned j = unsigned(lane + 32 * k);
+    unsigned dst;
+    if (j < n) v[k] = kn::ld_weights(chunk3(r, x, pw, j, &dst), true);
+  }
+}
+
+__device__ __forceinline__ void store3(const ChainArgs& a, const UnitRef& r, const uint4 (&v)[kChunksPerThread], int pw,
+                                       int lane, unsigned char* ring, RingState* rs) {
+  if (lane == 0) spin_until_ge(&rs->consumed, r.pos + r.bytes - a.ring, rs, kProducerSleepNs);
+  __syncwarp();
+  const RowMap x = row_map(r);
+  const unsigned n = unsigned(x.rows) * x.R;
+#pragma unroll
+  for (int k = 0; k < kChunksPerThread; ++k) {
+    const unsigned j = unsigned(lane + 32 * k);
+    unsigned dst;
+    if (j < n) {
+      chunk3(r, x, pw, j, &dst);
+      *reinterpret_cast<uint4*>(ring + ((r.pos + dst) & (a.ring - 1))) = v[k];
+    }
+  }
+  __syncwarp();
+  if (lane == 0) {
+    __threadfence_block();
+    *reinterpret_cast<volatile unsigned*>(&rs->wfilled[pw]) = r.pos + r.bytes;
+  }
+}
+
+__device__ void producer3(const ChainArgs& a, unsigned char* ring, RingState* rs) {
+  const int pw = (int(threadIdx.x) - kCons) >> 5, lane = threadIdx.x & 31;
+  uint4 v0[kChunksPerThread], v1[kChunksPerThread];
+  UnitIt it;
+  UnitRef r0, r1;
+  if (a.lockstep) {
+    while (next_unit(a, it, &r0)) {
+      if (lane == 0) spin_until_ge(&rs->stage, unsigned(r0.stage) + 1u, rs, kProducerSleepNs);
+      __syncwarp();
+      load3(r0, v0, pw, lane);
+      store3(a, r0, v0, pw, lane, ring, rs);
+    }
+    return;
+  }
+  bool have0 = next_unit(a, it, &r0);
+  if (have0) load3(r0, v0, pw, lane);
+  while (have0) {
+    const bool have1 = next_unit(a, it, &r1);
+    if (have1) load3(r1, v1, pw, lane);
+    store3(a, r0, v0, pw, lane, ring, rs);
+    if (!have1) break;
+    have0 = next_unit(a, it, &r0);
+    if (have0) load3(r0, v0, pw, lane);
+    store3(a, r1, v1, pw, lane, ring, rs);
+  }
+}
+
+template <int V>
+__device__ void producer(const ChainArgs& a, unsigned char* ring, RingState* rs) {
+  if constexpr (V == 3) {
+    producer3(a, ring, rs);
+    return;
+  }
+  const int pt = int(threadIdx.x) - kCons;
+  uint4 v0[kChunksPerThread], v1[kChunksPerThread];
+  UnitIt it;
+  UnitRef r0, r1;
+  if (a.lockstep) {  // one unit at a time, each only once the consumers have met its stage's dependency
+    while (next_unit(a, it, &r0)) {
+      if (pt == 0) spin_until_ge(&rs->stage, unsigned(r0.stage) + 1u, rs, kProducerSleepNs);
+      bar_prod();
+      load_unit(r0, v0, pt);
+      store_unit(a, r0, v0, pt, ring, rs);
+    }
+    return;
+  }
+  bool have0 = next_unit(a, it, &r0);
+  if (have0) load_unit(r0, v0, pt);
+  while (have0) {
+    const bool have1 = next_unit(a, it, &r1);
+    if (have1) load_unit(r1, v1, pt);
+    store_unit(a, r0, v0, pt, ring, rs);
+    if (!have1) break;
+    have0 = next_unit(a, it, &r0);
+    if (have0) load_unit(r0, v0, pt);
+    store_unit(a, r1, v1, pt, ring, rs);
+  }
+}
+
+// The consumers' units of one matrix stage: wait for each in the ring, multiply, reduce over the warps, store.
+// out(row, value0, value1) gets the unit's 16 sums per matrix (value1: the second matrix, gate/up).
+template <int V, typename Out>
+__device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const StageMat& m, unsigned& pos,
+                                          const half* xs, const unsigned char* ring, RingState* rs, float (*red)[2][16],
+                                          Out out) {
+  int u0, u1;
+  block_units(m, &u0, &u1);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gid = lane >> 2, tig = lane & 3;
+  const int ktn = m.in / 128 / m.P;
+  const unsigned bytes = unit_bytes(m.M, ktn), mask = a.ring - 1;
+  for (int u = u0; u < u1; ++u, pos += bytes) {
+    if (threadIdx.x == 0) {
+      const unsigned long long t0 = a.trace ? kn::global_ns() : 0ull;
+      if constexpr (V == 3) {
+        for (int w = 0; w < 8; ++w) spin_until_ge(&rs->wfilled[w], pos + bytes, rs, kConsumerSleepNs);
+      } else {
+        spin_until_ge(&rs->filled, pos + bytes, rs, kConsumerSleepNs);
+      }
+      __threadfence_block();
+      if (a.trace) a.trace[(size_t(stage) * gridDim.x + blockIdx.x) * kSlots + 3] += kn::global_ns() - t0;
+    }
+    bar_cons();
+    const int tile = u / m.P, part = u - tile * m.P, kt0 = part * ktn;
+    float acc[2][4] = {};
+    // version 2: warp w takes k-tiles w, w + 8, ... of every matrix; version 3: the (matrix, k-tile) pairs are dealt
+    // over the warps (gate/up: 24 pairs, 3 a warp, where version 2 gave 4 warps 2 k-tiles x 2 matrices and 4 warps 1)
+    const int items = V == 3 ? m.M * ktn : ktn;
+    for (int item = warp; item < items; item += 8) {
+      const int m3 = V == 3 && item >= ktn ? 1 : 0;
+      const int kl = item - m3 * ktn;
+      const int c = 4 * kl + tig;
+      uint4 xv[4];  // x columns 32 (kt0 * 4 + c) + 8 w .. + 7 (column 0 of B only: lanes gid 0)
+      const uint4* xp = reinterpret_cast<const uint4*>(xs) + size_t(kt0 * 4 + c) * 4;
+#pragma unroll
+      for (int w = 0; w < 4; ++w) xv[w] = gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        if (mi >= m.M || (V == 3 && mi != m3)) continue;
+        const unsigned base = pos + unsigned(mi) * 1152u * unsigned(ktn);
+        const unsigned ra = unsigned(gid), rb = unsigned(gid + 8);
+        const uint32_t s0 = *reinterpret_cast<const unsigned short*>(ring + ((base + ra * 8u * ktn + c * 2u) & mask));
+        const uint32_t s1 = *reinterpret_cast<const unsigned short*>(ring + ((base + rb * 8u * ktn + c * 2u) & mask));
+        const uint32_t sa = s0 | (s0 << 16), sb = s1 | (s1 << 16);
+        const unsigned cq = unsigned(c) ^ ((unsigned(gid) & 1u) << 2);  // rows gid and gid + 8 share the parity
+        const uint4 qa =
+            *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (ra * 4u * ktn + cq) * 16u) & mask));
+        const uint4 qb =
+            *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (rb * 4u * ktn + cq) * 16u) & mask));
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          uint32_t pa[4], pb[4];
+          kn::w4_pairs4(kn::u4_word(qa, w), sa, pa);
+          kn::w4_pairs4(kn::u4_word(qb, w), sb, pb);
+          const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
+          kn::mma_16x8x16(acc[mi], a0, xv[w].x, xv[w].y);
+          kn::mma_16x8x16(acc[mi], a1, xv[w].z, xv[w].w);
+        }
+      }
+    }
+    if (tig == 0) {  // C[row gid + 8 h][column 0] = acc[2 h]
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi) {
+        red[warp][mi][gid] = acc[mi][0];
+        red[warp][mi][gid + 8] = acc[mi][2];
+      }
+    }
+    bar_cons();  // every warp is done with the unit's bytes and has written its partial sums
+    if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned*>(&rs->consumed) = pos + bytes;
+    if (threadIdx.x < 16) {
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+      for (int w = 0; w < 8; ++w) v0 += red[w][0][threadIdx.x], v1 += red[w][1][threadIdx.x];
+      out(tile * 16 + int(threadIdx.x), part, v0, v1);
+    }
+  }
+}
+
+// The consumer thread's kHPer elements of a norm weight (a constant: loaded before the stage's wait).
+struct NormW {
+  float v[kHPer];
+};
+__device__ __forceinline__ NormW norm_w(const float* w) {
+  NormW r;
+#pragma unroll
+  for (int i = 0; i < kHPer; ++i) r.v[i] = w[threadIdx.x + kCons * i];
+  return r;
+}
+
+// h += norm(sum of y's parts) w_post; then x = half(norm(h) w) into xs (the consumer threads' kHPer elements each).
+__device__ __forceinline__ void fold(float (&h)[kHPer], const float* y, int parts, const NormW& w_post, const NormW& w,
+                                     half* xs, float* part) {
+  const int t = threadIdx.x;
+  float v[kHPer];
+#pragma unroll
+  for (int i = 0; i < kHPer; ++i) v[i] = __ldcg(y + t + kCons * i);
+  for (int p = 1; p < parts; ++p)
+#pragma unroll
+    for (int i = 0; i < kHPer; ++i) v[i] += __ldcg(y + size_t(p) * kH + t + kCons * i);
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kHPer; ++i) ss += v[i] * v[i];
+  const float r = rsqrtf(cons_sum(ss, part) / kH + kEps);
+  float hs = 0.f;
+#pragma unroll
+  for (int i = 0; i < kHPer; ++i) {
+    h[i] += v[i] * r * w_post.v[i];
+    hs += h[i] * h[i];
+  }
+  const float r2 = rsqrtf(cons_sum(hs, part + 8) / kH + kEps);
+#pragma unroll
+  for (int i = 0; i < kHPer; ++i) xs[t + kCons * i] = kn::to_half_sat(h[i] * r2 * w.v[i]);
+}
+
+// xs = n halves written earlier in this launch by other blocks (through L2).
+__device__ __forceinline__ void copy_x(half* xs, const half* src, int n) {
+  for (int i = int(threadIdx.x); i < n / 8; i += kCons)
+    reinterpret_cast<uint4*>(xs)[i] = kn::ld_cg(reinterpret_cast<const uint4*>(src) + i, true);
+}
+
+template <int V>
+__device__ void consumer(const ChainArgs& a, unsigned char* ring, RingState* rs, half* xs, float (*red)[2][16],
+                         float* part) {
+  const int t = threadIdx.x;
+  float h[kHPer];
+#pragma unroll
+  for (int i = 0; i < kHPer; ++i) h[i] = a.h_in[t + kCons * i];
+  unsigned pos = 0;
+  for (int l = 0; l < a.L; ++l) {
+    const ChainLayer& y = a.layers[l];
+    const int s = 5 * l;
+    // q/k/v: x = half(norm(h) w_in), h first updated with the previous layer's down_proj
+    const NormW w_in = norm_w(y.w_in), w_post2 = norm_w(l > 0 ? a.layers[l - 1].w_post2 : y.w_in);
+    begin_stage(a, rs, s);
+    if (l == 0) {
+      float ss = 0.f;
+#pragma unroll
+      for (int i = 0; i < kHPer; ++i) ss += h[i] * h[i];
+      const float r = rsqrtf(cons_sum(ss, part) / kH + kEps);
+#pragma unroll
+      for (int i = 0; i < kHPer; ++i) xs[t + kCons * i] = kn::to_half_sat(h[i] * r * w_in.v[i]);
+    } else {
+      fold(h, a.yd, a.layers[l - 1].pd, w_post2, w_in, xs, part);
+    }
+    bar_cons();
+    stamp(a, s, 1);
+    run_units<V>(a, s, stage_mat(a, y, kQkv), pos, xs, ring, rs, red,
+                 [&](int row, int pt, float v, float) { a.yqkv[size_t(pt) * kQKV + row] = v; });
+    arrive_stage(a, s);
+    // the attention stand-in: a = half(q), this block's share
+    wait_stage(a, s);
+    stamp(a, s + 1, 0);
+    stamp(a, s + 1, 1);
+    {
+      const int i0 = int((long long)kQ * blockIdx.x / gridDim.x),
+                i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
+      for (int i = i0 + t; i < i1; i += kCons) {
+        float v = __ldcg(a.yqkv + i);
+        for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
+        a.a[i] = kn::to_half_sat(v);
+      }
+    }
+    arrive_stage(a, s + 1);
+    // o_proj
+    begin_stage(a, rs, s + 2);
+    const StageMat mo = stage_mat(a, y, kO);
+    copy_x(xs, a.a, kQ);
+    bar_cons();
+    stamp(a, s + 2, 1);
+    run_units<V>(a, s + 2, mo, pos, xs, ring, rs, red,
+                 [&](int row, int pt, float v, float) { a.yo[size_t(pt) * kH + row] = v; });
+    arrive_stage(a, s + 2);
+    // gate/up + GELU: h += norm(yo) w_post1, x = half(norm(h) w_pre2)
+    const NormW w_post1 = norm_w(y.w_post1), w_pre2 = norm_w(y.w_pre2);
+    begin_stage(a, rs, s + 3);
+    fold(h, a.yo, a.po, w_post1, w_pre2, xs, part);
+    bar_cons();
+    stamp(a, s + 3, 1);
+    run_units<V>(a, s + 3, stage_mat(a, y, kGu), pos, xs, ring, rs, red,
+                 [&](int row, int, float g, float u) { a.act[row] = kn::to_half_sat(kn::gelu_tanh(g) * u); });
+    arrive_stage(a, s + 3);
+    // down_proj
+    begin_stage(a, rs, s + 4);
+    copy_x(xs, a.act, y.I);
+    bar_cons();
+    stamp(a, s + 4, 1);
+    run_units<V>(a, s + 4, stage_mat(a, y, kDn), pos, xs, ring, rs, red,
+                 [&](int row, int pt, float v, float) { a.yd[size_t(pt) * kH + row] = v; });
+    arrive_stage(a, s + 4);
+  }
+  // h after the last layer: block 0 stores it
+  if (blockIdx.x == 0) {
+    wait_stage(a, 5 * a.L - 1);
+    const ChainLayer& p = a.layers[a.L - 1];
+    float v[kHPer];
+#pragma unroll
+    for (int i = 0; i < kHPer; ++i) {
+      v[i] = 0.f;
+      for (int q = 0; q < p.pd; ++q) v[i] += __ldcg(a.yd + size_t(q) * kH + t + kCons * i);
+    }
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kHPer; ++i) ss += v[i] * v[i];
+    const float r = rsqrtf(cons_sum(ss, part) / kH + kEps);
+#pragma unroll
+    for (int i = 0; i < kHPer; ++i) a.h_out[t + kCons * i] = h[i] + v[i] * r * p.w_post2[t + kCons * i];
+  }
+}
+
+template <int V>
+__global__ void __launch_bounds__(kThreads, 1) chain_kernel(const ChainArgs a) {
+  GEMMA4_T4_DYNAMIC_SMEM(smem);
+  __shared__ RingState rs;
+  __shared__ float red[8][2][16];
+  __shared__ float part[16];
+  half* xs = reinterpret_cast<half*>(smem);
+  unsigned char* ring = smem + kMaxIn * sizeof(half);
+  if (threadIdx.x < 8) rs.wfilled[threadIdx.x] = 0;
+  if (threadIdx.x == 0) rs.filled = rs.consumed = rs.stage = rs.fault = 0;
+  __syncthreads();
+  if (threadIdx.x >= kCons)
+    producer<V>(a, ring, &rs);
+  else
+    consumer<V>(a, ring, &rs, xs, red, part);
+  if (threadIdx.x == 0 && rs.fault) atomicCAS(a.fault, 0u, 0x10000u);
+}
+
+// k-split parts of a Store matrix: the fewest (1..4, an even number of k-tiles each, a unit <= kUnitMax) whose
+// largest per-block share is within 10% of an even split.
+int choose_parts(int out, int in, int sms) {
+  const int kt = in / 128, tiles = out / 16;
+  int best = -1;
+  double best_bytes = 1e30;
+  for (int p = 1; p <= 4; ++p) {
+    if (kt % p != 0 || (kt / p) % 2 != 0 || 1152 * (kt / p) > kUnitMax) continue;
+    const long long units = (long long)tiles * p;
+    const double per_block = double((units + sms - 1) / sms) * 1152.0 * (kt / p);
+    if (per_block < best_bytes * 0.9) best = p, best_bytes = per_block;
+  }
+  return best;
+}
+
+struct V2 {  // a configured persistent kernel (version 2 or 3)
+  void (*kernel)(ChainArgs) = nullptr;
+  std::vector<ChainLayer> host;
+  lab::DevBuf<ChainLayer> dev;
+  ChainArgs args;
+  int grid = 0;
+  size_t smem = 0;
+};
+
+struct Config {
+  int version, ring_kb, lockstep;
+};
+
+V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
+  V2 v;
+  v.kernel = cfg.version == 3 ? chain_kernel<3> : chain_kernel<2>;
+  const int ring_kb = cfg.ring_kb, lockstep = cfg.lockstep;
+  v.args.lockstep = lockstep;
+  const int sms = kn::device_sms();
+  for (const Layer& y : m) {
+    ChainLayer c{};
+    const Mat4* mats[5] = {&y.qkv, &y.o, &y.g, &y.u, &y.d};
+    for (int i = 0; i < 5; ++i) c.q[i] = mats[i]->q.get(), c.s[i] = mats[i]->s.get();
+    c.I = y.I;
+    c.pd = choose_parts(kH, y.I, sms);
+    c.w_in = y.w_in.get(), c.w_post1 = y.w_post1.get(), c.w_pre2 = y.w_pre2.get(), c.w_post2 = y.w_post2.get();
+    if (c.pd < 1) std::exit((std::fprintf(stderr, "no k-split for down_proj of %d\n", y.I), 2));
+    v.host.push_back(c);
+  }
+  v.dev = lab::DevBuf<ChainLayer>(v.host.size());
+  LAB_CHECK(cudaMemcpy(v.dev.get(), v.host.data(), v.host.size() * sizeof(ChainLayer), cudaMemcpyHostToDevice));
+  ChainArgs& a = v.args;
+  a.layers = v.dev.get();
+  a.L = int(m.size());
+  a.h_in = s.h_in.get();
+  a.h_out = s.h.get();
+  a.yqkv = s.yqkv.get(), a.a = s.a.get(), a.yo = s.yo.get(), a.act = s.act.get(), a.yd = s.yd.get();
+  a.done = s.done.get(), a.fault = s.fault.get();
+  a.pq = choose_parts(kQKV, kH, sms);
+  a.po = choose_parts(kH, kQ, sms);
+  a.ring = unsigned(ring_kb) * 1024u;
+  v.smem = size_t(kMaxIn) * sizeof(half) + a.ring;
+  LAB_CHECK(cudaMemset(s.done.get(), 0, s.done.size() * sizeof(unsigned)));  // a fresh epoch count
+  LAB_CHECK(cudaMemset(s.fault.get(), 0, sizeof(unsigned)));
+  LAB_CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
+  int per_sm = 0;
+  LAB_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.kernel, kThreads, v.smem));
+  if (per_sm < 1) std::exit((std::fprintf(stderr, "chain_kernel does not fit an SM at %zu B\n", v.smem), 2));
+  v.grid = sms;
+  return v;
+}
+
+void v2_step(V2& v, cudaStream_t st) {
+  void* params[] = {&v.args};
+  LAB_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(v.kernel), dim3(unsigned(v.grid)), dim3(kThreads),
+                                        params, v.smem, st));
+  ++v.args.epoch;
+}
+
+void check_fault(Scratch& s, const char* what);
+
+// One traced step of version 2: per stage kind, the mean over layers of the stage's period (its last arrival minus the
+// previous stage's), split into the hand-off (previous last arrival -> median block's dependency met), building x
+// (median), and the units (median x built -> last block done); and the consumers' waits for the ring.
+void v2_trace(V2& v, Scratch& s, cudaStream_t st) {
+  const int L = v.args.L, G = v.grid;
+  lab::DevBuf<unsigned long long> tr(size_t(5 * L) * G * kSlots);
+  LAB_CHECK(cudaMemset(tr.get(), 0, tr.size() * sizeof(unsigned long long)));
+  v.args.trace = tr.get();
+  v2_step(v, st);
+  LAB_CHECK(cudaStreamSynchronize(st));
+  v.args.trace = nullptr;
+  check_fault(s, "persistent (trace)");
+  const std::vector<unsigned long long> t = tr.download();
+  const auto at = [&](int stage, int b, int slot) {
+    return double(t[(size_t(stage) * G + size_t(b)) * kSlots + size_t(slot)]);
+  };
+  const auto median = [](std::vector<double> x) {
+    std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
+    return x[x.size() / 2];
+  };
+  const char* names[5] = {"q/k/v", "attention stand-in", "o_proj", "gate/up + GELU", "down_proj"};
+  double sum[5][6] = {}, n[5] = {};
+  for (int st2 = 1; st2 < 5 * L; ++st2) {
+    double prev_end = 0, end = 0, ring_max = 0, ring_sum = 0;
+    std::vector<double> dep, xb, built;
+    for (int b = 0; b < G; ++b) {
+      prev_end = std::max(prev_end, at(st2 - 1, b, 2));
+      end = std::max(end, at(st2, b, 2));
+      dep.push_back(at(st2, b, 0));
+      xb.push_back(at(st2, b, 1) - at(st2, b, 0));
+      built.push_back(at(st2, b, 1));
+      ring_sum += at(st2, b, 3);
+      ring_max = std::max(ring_max, at(st2, b, 3));
+    }
+    const int k = st2 % 5;
+    const double d = median(dep), bm = median(built);
+    const double row[6] = {end - prev_end, d - prev_end, median(xb), end - bm, ring_sum / G, ring_max};
+    for (int i = 0; i < 6; ++i) sum[k][i] += row[i] * 1e-3;
+    n[k] += 1;
+  }
+  double first = 1e300, last = 0;
+  for (int b = 0; b < G; ++b) first = std::min(first, at(0, b, 0)), last = std::max(last, at(5 * L - 1, b, 2));
+  std::printf(
+      "  traced step: %.1f us from the first stage's start to the last arrival; per stage, us (mean over layers):\n",
+      (last - first) * 1e-3);
+  std::printf("  %-20s %8s %8s %8s %8s %12s %12s\n", "stage", "period", "hand-off", "build x", "units", "ring wait",
+              "ring wait max");
+  for (int k = 0; k < 5; ++k)
+    if (n[k] > 0)
+      std::printf("  %-20s %8.2f %8.2f %8.2f %8.2f %12.2f %12.2f\n", names[k], sum[k][0] / n[k], sum[k][1] / n[k],
+                  sum[k][2] / n[k], sum[k][3] / n[k], sum[k][4] / n[k], sum[k][5] / n[k]);
+}
+
+void check_fault(Scratch& s, const char* what) {
+  const std::vector<unsigned> f = s.fault.download();
+  if (f[0]) std::exit((std::printf("FAIL %s: a wait timed out (fault 0x%x)\n", what, f[0]), 1));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  lab::CommonArgs common;
+  common.versions = {1, 2, 3};
+  common.reps = 20;
+  int layers = 35, wide_from = 15;
+  std::vector<int> rings = {128, 64, 32};
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    std::vector<int> v;
+    if (common.take(argc, argv, &i, 3)) continue;
+    if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
+        v.size() == 1) {
+      (arg == "--layers" ? layers : wide_from) = v[0];
+      ++i;
+    } else if (arg == "--ring-kb" && i + 1 < argc && lab::parse_ints(argv[i + 1], &rings)) {
+      ++i;
+    } else {
+      std::fprintf(stderr,
+                   "usage: lab_decode_chain [1,2] [--layers N] [--wide-from L] [--ring-kb 128,64,32] [--reps N] "
+                   "[--samples N] [--validate-only]\n");
+      return 2;
+    }
+  }
+  for (int r : rings)
+    if (r < 32 || (r & (r - 1)) != 0) return (std::fprintf(stderr, "--ring-kb: powers of two >= 32\n"), 2);
+  cudaDeviceProp prop{};
+  LAB_CHECK(cudaGetDeviceProperties(&prop, 0));
+  const bool pdl = kn::pdl_supported(0);
+  std::printf("device: %s, %d SMs, %zu KiB shared memory per block (opt-in), PDL %s\n", prop.name,
+              prop.multiProcessorCount, prop.sharedMemPerBlockOptin / 1024, pdl ? "on" : "off (not in this build)");
+  cudaStream_t st;
+  LAB_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  const kn::Launch launch(st, pdl);
+  const auto has = [&](int v) {
+    return std::find(common.versions.begin(), common.versions.end(), v) != common.versions.end();
+  };
+  std::vector<int> ring_ok;
+  for (int r : rings)
+    if (size_t(r) * 1024 + size_t(kMaxIn) * 2 + 2048 <= prop.sharedMemPerBlockOptin) ring_ok.push_back(r);
+  if ((has(2) || has(3)) && ring_ok.empty()) return (std::printf("no --ring-kb fits this GPU's shared memory\n"), 1);
+  // the persistent versions' configurations: version 2 at the largest ring; version 3 at each ring, then the largest
+  // in lockstep
+  std::vector<Config> configs;
+  if (has(2) && !ring_ok.empty()) configs.push_back({2, ring_ok[0], 0});
+  if (has(3)) {
+    for (int r : ring_ok) configs.push_back({3, r, 0});
+    if (!ring_ok.empty()) configs.push_back({3, ring_ok[0], 1});
+  }
+  const auto config_name = [](const Config& c) {
+    return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
+           (c.lockstep ? ", lockstep" : "");
+  };
+
+  // ---- validation: 3 layers (narrow, wide, wide) against the host reference ----
+  int failures = 0;
+  {
+    const std::vector<Layer> m = make_model(3, 1, 11);
+    Scratch s(3, 4);
+    lab::fill_uniform(s.h_in.get(), kH, -1.f, 1.f, 5);
+    const std::vector<float> h_in = s.h_in.download();
+    const std::vector<double> ref = ref_chain(m, h_in);
+    lab::Tally tally{"h (3 layers)", 5e-3};
+    if (has(1)) {
+      LAB_CHECK(cudaMemcpy(s.h.get(), s.h_in.get(), kH * 4, cudaMemcpyDeviceToDevice));
+      v1_step(m, s, launch);
+      LAB_CHECK(cudaStreamSynchronize(st));
+      const lab::Error e = lab::max_rel_error(s.h.download(), ref);
+      failures += !tally.add(e, "version 1");
+      std::printf("validate version 1: max rel err %.3g\n", e.max_rel);
+    }
+    for (const Config& c : configs) {
+      s.h.poison();
+      V2 v = v2_setup(m, s, c);
+      v2_step(v, st);
+      LAB_CHECK(cudaStreamSynchronize(st));
+      check_fault(s, "persistent (validation)");
+      const lab::Error e = lab::max_rel_error(s.h.download(), ref);
+      failures += !tally.add(e, config_name(c));
+      std::printf("validate %s (parts q/k/v %d, o %d, down %d/%d): max rel err %.3g\n", config_name(c).c_str(),
+                  v.args.pq, v.args.po, v.host[0].pd, v.host[1].pd, e.max_rel);
+    }
+  }
+  if (failures) return (std::printf("FAILED validation\n"), 1);
+  if (common.validate_only) return 0;
+
+  // ---- the full chain ----
+  const std::vector<Layer> m = make_model(layers, wide_from, 77);
+  const double bytes = weight_bytes(m);
+  const double bound = lab::stream_read_gbs(st);
+  std::printf(
+      "chain: %d layers (double-wide from %d), %.1f MB of weights + scales a step; stream read %.0f GB/s -> "
+      "bound %.1f us\n",
+      layers, wide_from, bytes / 1e6, bound, bytes / bound / 1e3);
+  Scratch s(layers, 4);
+  lab::fill_uniform(s.h_in.get(), kH, -1.f, 1.f, 5);
+  std::vector<float> h1;
+  if (has(1)) {
+    LAB_CHECK(cudaMemcpy(s.h.get(), s.h_in.get(), kH * 4, cudaMemcpyDeviceToDevice));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    LAB_CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    v1_step(m, s, launch);
+    LAB_CHECK(cudaStreamEndCapture(st, &graph));
+    LAB_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    LAB_CHECK(cudaGraphLaunch(exec, st));
+    LAB_CHECK(cudaStreamSynchronize(st));
+    h1 = s.h.download();
+    const double us =
+        lab::median_us([&](int) { LAB_CHECK(cudaGraphLaunch(exec, st)); }, common.reps, common.samples, st);
+    std::printf("version 1 (%zu launches a step, one graph%s): %8.1f us a step, %6.0f GB/s (%4.1f%% of stream read)\n",
+                7 * m.size() + 1, pdl ? ", PDL" : "", us, bytes / us / 1e3, 100.0 * bytes / us / 1e3 / bound);
+    LAB_CHECK(cudaGraphExecDestroy(exec));
+    LAB_CHECK(cudaGraphDestroy(graph));
+  }
+  for (const Config& c : configs) {
+    V2 v = v2_setup(m, s, c);
+    s.h.poison();
+    v2_step(v, st);
+    LAB_CHECK(cudaStreamSynchronize(st));
+    check_fault(s, "persistent");
+    if (!h1.empty()) {
+      std::vector<double> ref(h1.begin(), h1.end());
+      const lab::Error e = lab::max_rel_error(s.h.download(), ref);
+      std::printf("%s against version 1, %d layers: max rel diff %.3g, %zu non-finite\n", config_name(c).c_str(),
+                  layers, e.max_rel, e.nonfinite);
+    }
+    const double us = lab::median_us([&](int) { v2_step(v, st); }, common.reps, common.samples, st);
+    check_fault(s, "persistent (timing)");
+    const bool traced = (c.version == 3 && c.ring_kb == ring_ok[0]) || c.lockstep;
+    std::printf(
+        "%s (%d blocks x %d threads, %zu B shared): %8.1f us a step, %6.0f GB/s "
+        "(%4.1f%% of stream read)\n",
+        config_name(c).c_str(), v.grid, kThreads, v.smem, us, bytes / us / 1e3, 100.0 * bytes / us / 1e3 / bound);
+    if (traced) v2_trace(v, s, st);
+  }
+  LAB_CHECK(cudaStreamDestroy(st));
+  return 0;
+}
