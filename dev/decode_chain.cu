@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,2):
+// VERSIONS (default 1,2,3,4):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -31,15 +31,20 @@
 //      build x in shared memory (each block folds the residual norms itself: h lives in every block's registers,
 //      so no stage is spent on a norm), run the block's units of the matrix from the ring on the tensor cores
 //      (kernels/mma.cuh's m16n8k16 and w4_pairs4, the decode GEMV's dequant), store, and arrive. A unit is a
-//      16-row tile of one k-range (--parts chooses the k-split per matrix so that the units spread evenly over
+//      16-row tile of one k-range (choose_parts picks the k-split per matrix so that the units spread evenly over
 //      the SMs); the ring holds units in the order both sides walk them. 5 stages a layer (q/k/v, the attention
-//      stand-in, o_proj, gate/up, down_proj).
+//      stand-in, o_proj, gate/up, down_proj). Timed at each --ring-kb; version 3 also in lockstep (a stage's weights
+//      loaded only once its dependency is met: what the run-ahead buys) and traced per stage (v2_trace).
+//   3  version 2's stages with faster producers (each warp copies its own rows of each unit, with compile-time
+//      offsets per unit shape, and publishes its own progress: no barrier among the producers) and the consumers'
+//      (matrix, k-tile) pairs dealt evenly over their warps.
+//   4  version 3 with each consumer warp's ring loads issued before its math, an accumulator per item.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
 // sums of the same fp16 weights, fp16 roundings of x where the kernels round), every selected version, output
-// poisoned before the run; then the full chain of version 2 against version 1 (printed). Timing: the median of
-// --samples timings of --reps chained steps (cudaEvents), us per step and weight GB/s against the stream read
-// bandwidth this program measures.
+// poisoned before the run; then the full chain of each persistent version against version 1 (printed). Timing: the
+// median of --samples timings of --reps chained steps (cudaEvents), us per step and weight GB/s against the stream
+// read bandwidth this program measures.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -453,49 +458,90 @@ __device__ __forceinline__ void store_unit(const ChainArgs& a, const UnitRef& r,
 }
 
 // Version 3's producers: each warp copies its own rows (pw and pw + 8 of every matrix) of each unit and publishes its
-// own progress, so no barrier joins the producer warps; a chunk's place in a unit comes from one multiply-high
-// (row = j / R by a reciprocal) instead of three integer divisions. Per row, R = 9 ktn / 2 chunks: the ktn / 2 chunks
-// of scales, then the 4 ktn chunks of words.
-struct RowMap {
-  unsigned R, magic;
-  int rows;  // 2 M rows per warp
+// own progress, so no barrier joins the producer warps. A unit's shape (matrices M, k-tiles KTN) is a template
+// parameter, so a chunk's source and place are compile-time offsets from the unit's row origin: per row, chunks
+// 0 .. 4 KTN - 1 are the words and 4 KTN .. 4.5 KTN - 1 the scales; lane l takes chunks l, l + 32, ... of each row.
+// (The first form of version 3 found each chunk's place with a multiply-high and the unit's origin with an integer
+// division per chunk: ncu counted 538 M instructions a step, most of them the producers' index math.)
+template <int M, int KTN>
+struct UnitShape {
+  static constexpr int kR = KTN * 9 / 2;      // chunks per row
+  static constexpr int kIt = (kR + 31) / 32;  // per lane per row
+  static_assert(2 * M * kIt <= kChunksPerThread, "a unit's share of one warp must fit its registers");
 };
-__device__ __forceinline__ RowMap row_map(const UnitRef& r) {
-  const int ktn = r.m.in / 128 / r.m.P;
-  RowMap x;
-  x.R = 9u * unsigned(ktn) / 2u;
-  x.magic = 0xFFFFFFFFu / x.R + 1u;  // j / R == umulhi(j, magic) for j < 2^16
-  x.rows = 2 * r.m.M;
-  return x;
-}
 
-__device__ __forceinline__ const uint4* chunk3(const UnitRef& r, const RowMap& x, int pw, unsigned j, unsigned* dst) {
+struct UnitOrigin {  // the warp's first row (pw) of each matrix of the unit: words and scales
+  const char* q[2];
+  const char* s[2];
+  unsigned qstride, sstride;  // bytes per row
+};
+
+__device__ __forceinline__ UnitOrigin unit_origin(const UnitRef& r, int pw) {
   const StageMat& m = r.m;
-  const unsigned ktn = unsigned(m.in / 128 / m.P);
-  const unsigned row = __umulhi(j, x.magic), c = j - row * x.R;
-  const unsigned mi = row >> 1, rr = unsigned(pw) + 8u * (row & 1u);
-  const int tile = r.u / m.P, part = r.u - tile * m.P;
-  const unsigned row0 = unsigned(tile) * 16u, kt0 = unsigned(part) * ktn;
-  const unsigned base = mi * 1152u * ktn;
-  if (c < ktn / 2) {
-    *dst = base + rr * 8u * ktn + c * 16u;
-    const half* sp = mi ? m.s1 : m.s0;
-    return reinterpret_cast<const uint4*>(sp + size_t(row0 + rr) * unsigned(m.in / 32) + kt0 * 4u + c * 8u);
-  }
-  const unsigned cq = c - ktn / 2;
-  *dst = base + 128u * ktn + (rr * 4u * ktn + (cq ^ ((rr & 1u) << 2))) * 16u;
-  const uint32_t* qp = mi ? m.q1 : m.q0;
-  return reinterpret_cast<const uint4*>(qp + size_t(row0 + rr) * unsigned(m.in / 8) + kt0 * 16u + cq * 4u);
+  const int ktn = m.in / 128 / m.P, tile = r.u / m.P, part = r.u - tile * m.P;
+  const size_t row = size_t(tile) * 16 + size_t(pw);
+  UnitOrigin o;
+  o.qstride = unsigned(m.in / 2);
+  o.sstride = unsigned(m.in / 16);
+  o.q[0] = reinterpret_cast<const char*>(m.q0) + row * o.qstride + size_t(part) * ktn * 64;
+  o.s[0] = reinterpret_cast<const char*>(m.s0) + row * o.sstride + size_t(part) * ktn * 8;
+  o.q[1] = m.M > 1 ? reinterpret_cast<const char*>(m.q1) + row * o.qstride + size_t(part) * ktn * 64 : nullptr;
+  o.s[1] = m.M > 1 ? reinterpret_cast<const char*>(m.s1) + row * o.sstride + size_t(part) * ktn * 8 : nullptr;
+  return o;
 }
 
-__device__ __forceinline__ void load3(const UnitRef& r, uint4 (&v)[kChunksPerThread], int pw, int lane) {
-  const RowMap x = row_map(r);
-  const unsigned n = unsigned(x.rows) * x.R;
+template <int M, int KTN>
+__device__ __forceinline__ void load_t(const UnitRef& r, uint4 (&v)[kChunksPerThread], int pw, int lane) {
+  using S = UnitShape<M, KTN>;
+  const UnitOrigin o = unit_origin(r, pw);
 #pragma unroll
-  for (int k = 0; k < kChunksPerThread; ++k) {
-    const unsigned j = unsigned(lane + 32 * k);
-    unsigned dst;
-    if (j < n) v[k] = kn::ld_weights(chunk3(r, x, pw, j, &dst), true);
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int it = 0; it < S::kIt; ++it) {
+        const int j = lane + 32 * it, slot = (m * 2 + h) * S::kIt + it;
+        if (j >= S::kR) continue;
+        const char* src = j < 4 * KTN ? o.q[m] + size_t(8 * h) * o.qstride + size_t(j) * 16
+                                      : o.s[m] + size_t(8 * h) * o.sstride + size_t(j - 4 * KTN) * 16;
+        v[slot] = kn::ld_weights(reinterpret_cast<const uint4*>(src), true);
+      }
+}
+
+template <int M, int KTN>
+__device__ __forceinline__ void store_t(const UnitRef& r, const uint4 (&v)[kChunksPerThread], int pw, int lane,
+                                        unsigned char* ring, unsigned mask) {
+  using S = UnitShape<M, KTN>;
+  const unsigned swz = (unsigned(pw) & 1u) << 2;  // rows pw and pw + 8 share the parity
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int it = 0; it < S::kIt; ++it) {
+        const int j = lane + 32 * it, slot = (m * 2 + h) * S::kIt + it;
+        if (j >= S::kR) continue;
+        const unsigned rr = unsigned(pw + 8 * h), base = unsigned(m) * 1152u * KTN;
+        const unsigned dst = j < 4 * KTN ? base + 128u * KTN + (rr * 4u * KTN + (unsigned(j) ^ swz)) * 16u
+                                         : base + rr * 8u * KTN + unsigned(j - 4 * KTN) * 16u;
+        *reinterpret_cast<uint4*>(ring + ((r.pos + dst) & mask)) = v[slot];
+      }
+}
+
+// E2B's unit shapes: (M, KTN) = (1, 4) q/k/v and o_proj, (2, 12) gate/up, (1, 12) and (1, 24) down_proj; -1: none.
+__device__ __forceinline__ int unit_shape(const UnitRef& r) {
+  const int ktn = r.m.in / 128 / r.m.P;
+  if (r.m.M == 2) return ktn == 12 ? 1 : -1;
+  return ktn == 4 ? 0 : ktn == 12 ? 2 : ktn == 24 ? 3 : -1;
+}
+
+__device__ __forceinline__ void load3(const UnitRef& r, uint4 (&v)[kChunksPerThread], int pw, int lane, RingState* rs) {
+  switch (unit_shape(r)) {
+    case 0: load_t<1, 4>(r, v, pw, lane); break;
+    case 1: load_t<2, 12>(r, v, pw, lane); break;
+    case 2: load_t<1, 12>(r, v, pw, lane); break;
+    case 3: load_t<1, 24>(r, v, pw, lane); break;
+    default: rs->fault = 2;
   }
 }
 
@@ -503,16 +549,13 @@ __device__ __forceinline__ void store3(const ChainArgs& a, const UnitRef& r, con
                                        int lane, unsigned char* ring, RingState* rs) {
   if (lane == 0) spin_until_ge(&rs->consumed, r.pos + r.bytes - a.ring, rs, kProducerSleepNs);
   __syncwarp();
-  const RowMap x = row_map(r);
-  const unsigned n = unsigned(x.rows) * x.R;
-#pragma unroll
-  for (int k = 0; k < kChunksPerThread; ++k) {
-    const unsigned j = unsigned(lane + 32 * k);
-    unsigned dst;
-    if (j < n) {
-      chunk3(r, x, pw, j, &dst);
-      *reinterpret_cast<uint4*>(ring + ((r.pos + dst) & (a.ring - 1))) = v[k];
-    }
+  const unsigned mask = a.ring - 1;
+  switch (unit_shape(r)) {
+    case 0: store_t<1, 4>(r, v, pw, lane, ring, mask); break;
+    case 1: store_t<2, 12>(r, v, pw, lane, ring, mask); break;
+    case 2: store_t<1, 12>(r, v, pw, lane, ring, mask); break;
+    case 3: store_t<1, 24>(r, v, pw, lane, ring, mask); break;
+    default: rs->fault = 2;
   }
   __syncwarp();
   if (lane == 0) {
@@ -530,27 +573,27 @@ __device__ void producer3(const ChainArgs& a, unsigned char* ring, RingState* rs
     while (next_unit(a, it, &r0)) {
       if (lane == 0) spin_until_ge(&rs->stage, unsigned(r0.stage) + 1u, rs, kProducerSleepNs);
       __syncwarp();
-      load3(r0, v0, pw, lane);
+      load3(r0, v0, pw, lane, rs);
       store3(a, r0, v0, pw, lane, ring, rs);
     }
     return;
   }
   bool have0 = next_unit(a, it, &r0);
-  if (have0) load3(r0, v0, pw, lane);
+  if (have0) load3(r0, v0, pw, lane, rs);
   while (have0) {
     const bool have1 = next_unit(a, it, &r1);
-    if (have1) load3(r1, v1, pw, lane);
+    if (have1) load3(r1, v1, pw, lane, rs);
     store3(a, r0, v0, pw, lane, ring, rs);
     if (!have1) break;
     have0 = next_unit(a, it, &r0);
-    if (have0) load3(r0, v0, pw, lane);
+    if (have0) load3(r0, v0, pw, lane, rs);
     store3(a, r1, v1, pw, lane, ring, rs);
   }
 }
 
 template <int V>
 __device__ void producer(const ChainArgs& a, unsigned char* ring, RingState* rs) {
-  if constexpr (V == 3) {
+  if constexpr (V >= 3) {
     producer3(a, ring, rs);
     return;
   }
@@ -594,7 +637,7 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
   for (int u = u0; u < u1; ++u, pos += bytes) {
     if (threadIdx.x == 0) {
       const unsigned long long t0 = a.trace ? kn::global_ns() : 0ull;
-      if constexpr (V == 3) {
+      if constexpr (V >= 3) {
         for (int w = 0; w < 8; ++w) spin_until_ge(&rs->wfilled[w], pos + bytes, rs, kConsumerSleepNs);
       } else {
         spin_until_ge(&rs->filled, pos + bytes, rs, kConsumerSleepNs);
@@ -607,8 +650,53 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
     float acc[2][4] = {};
     // version 2: warp w takes k-tiles w, w + 8, ... of every matrix; version 3: the (matrix, k-tile) pairs are dealt
     // over the warps (gate/up: 24 pairs, 3 a warp, where version 2 gave 4 warps 2 k-tiles x 2 matrices and 4 warps 1)
-    const int items = V == 3 ? m.M * ktn : ktn;
-    for (int item = warp; item < items; item += 8) {
+    const int items = V >= 3 ? m.M * ktn : ktn;
+    if constexpr (V == 4) {
+      // version 4: the warp's (at most 3) items' words and scales loaded before any math; each item's products into
+      // an accumulator of its own, added to its matrix's after (one dependent mma chain per item, not per matrix)
+      constexpr int kItems = 3;
+      uint4 qa[kItems], qb[kItems];
+      uint32_t sa[kItems], sb[kItems];
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const int item = warp + 8 * i;
+        if (item >= items) continue;
+        const int mi = item >= ktn ? 1 : 0, kl = item - mi * ktn, c = 4 * kl + tig;
+        const unsigned base = pos + unsigned(mi) * 1152u * unsigned(ktn);
+        const unsigned ra = unsigned(gid), rb = unsigned(gid + 8);
+        const uint32_t s0 = *reinterpret_cast<const unsigned short*>(ring + ((base + ra * 8u * ktn + c * 2u) & mask));
+        const uint32_t s1 = *reinterpret_cast<const unsigned short*>(ring + ((base + rb * 8u * ktn + c * 2u) & mask));
+        sa[i] = s0 | (s0 << 16);
+        sb[i] = s1 | (s1 << 16);
+        const unsigned cq = unsigned(c) ^ ((unsigned(gid) & 1u) << 2);
+        qa[i] = *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (ra * 4u * ktn + cq) * 16u) & mask));
+        qb[i] = *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (rb * 4u * ktn + cq) * 16u) & mask));
+      }
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        const int item = warp + 8 * i;
+        if (item >= items) continue;
+        const int mi = item >= ktn ? 1 : 0, kl = item - mi * ktn, c = 4 * kl + tig;
+        const uint4* xp = reinterpret_cast<const uint4*>(xs) + size_t(kt0 * 4 + c) * 4;
+        float t[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          const uint4 xv = gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u);
+          uint32_t pa[4], pb[4];
+          kn::w4_pairs4(kn::u4_word(qa[i], w), sa[i], pa);
+          kn::w4_pairs4(kn::u4_word(qb[i], w), sb[i], pb);
+          const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
+          kn::mma_16x8x16(t, a0, xv.x, xv.y);
+          kn::mma_16x8x16(t, a1, xv.z, xv.w);
+        }
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          acc[0][k] += mi ? 0.f : t[k];
+          acc[1][k] += mi ? t[k] : 0.f;
+        }
+      }
+    }
+    for (int item = warp; V != 4 && item < items; item += 8) {
       const int m3 = V == 3 && item >= ktn ? 1 : 0;
       const int kl = item - m3 * ktn;
       const int c = 4 * kl + tig;
@@ -837,7 +925,7 @@ struct Config {
 
 V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   V2 v;
-  v.kernel = cfg.version == 3 ? chain_kernel<3> : chain_kernel<2>;
+  v.kernel = cfg.version == 4 ? chain_kernel<4> : cfg.version == 3 ? chain_kernel<3> : chain_kernel<2>;
   const int ring_kb = cfg.ring_kb, lockstep = cfg.lockstep;
   v.args.lockstep = lockstep;
   const int sms = kn::device_sms();
@@ -945,14 +1033,14 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 2, 3};
+  common.versions = {1, 2, 3, 4};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     std::vector<int> v;
-    if (common.take(argc, argv, &i, 3)) continue;
+    if (common.take(argc, argv, &i, 4)) continue;
     if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
         v.size() == 1) {
       (arg == "--layers" ? layers : wide_from) = v[0];
@@ -982,7 +1070,8 @@ int main(int argc, char** argv) {
   std::vector<int> ring_ok;
   for (int r : rings)
     if (size_t(r) * 1024 + size_t(kMaxIn) * 2 + 2048 <= prop.sharedMemPerBlockOptin) ring_ok.push_back(r);
-  if ((has(2) || has(3)) && ring_ok.empty()) return (std::printf("no --ring-kb fits this GPU's shared memory\n"), 1);
+  if ((has(2) || has(3) || has(4)) && ring_ok.empty())
+    return (std::printf("no --ring-kb fits this GPU's shared memory\n"), 1);
   // the persistent versions' configurations: version 2 at the largest ring; version 3 at each ring, then the largest
   // in lockstep
   std::vector<Config> configs;
@@ -991,6 +1080,8 @@ int main(int argc, char** argv) {
     for (int r : ring_ok) configs.push_back({3, r, 0});
     if (!ring_ok.empty()) configs.push_back({3, ring_ok[0], 1});
   }
+  if (has(4))
+    for (int r : ring_ok) configs.push_back({4, r, 0});
   const auto config_name = [](const Config& c) {
     return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
            (c.lockstep ? ", lockstep" : "");
@@ -1071,7 +1162,7 @@ int main(int argc, char** argv) {
     }
     const double us = lab::median_us([&](int) { v2_step(v, st); }, common.reps, common.samples, st);
     check_fault(s, "persistent (timing)");
-    const bool traced = (c.version == 3 && c.ring_kb == ring_ok[0]) || c.lockstep;
+    const bool traced = (c.version >= 3 && c.ring_kb == ring_ok[0]) || c.lockstep;
     std::printf(
         "%s (%d blocks x %d threads, %zu B shared): %8.1f us a step, %6.0f GB/s "
         "(%4.1f%% of stream read)\n",
