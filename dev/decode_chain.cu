@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,2,3,4):
+// VERSIONS (default 1,2,3,4,5):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -39,6 +39,8 @@
 //      offsets per unit shape, and publishes its own progress: no barrier among the producers) and the consumers'
 //      (matrix, k-tile) pairs dealt evenly over their warps.
 //   4  version 3 with each consumer warp's ring loads issued before its math, an accumulator per item.
+//   5  version 3 with fewer live registers in the producers (only a unit's index, stage and place kept across their
+//      loop) and each unit's 16 sums reduced by warp 7, so that warp 0 waits for the next unit meanwhile.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
 // sums of the same fp16 weights, fp16 roundings of x where the kernels round), every selected version, output
@@ -591,8 +593,52 @@ __device__ void producer3(const ChainArgs& a, unsigned char* ring, RingState* rs
   }
 }
 
+// Version 5's producers: version 3's, with only (unit, stage, position, bytes) kept across the loop; the stage's
+// matrix pointers are read again per unit (a.layers, an L1 hit) instead of living in registers (version 3's two
+// UnitRefs and their StageMats cost ~26 registers: ptxas spilled 72 bytes on sm_90).
+struct UnitSlim {
+  int u, stage;
+  unsigned pos, bytes;
+};
+
+__device__ __forceinline__ UnitRef widen(const ChainArgs& a, const UnitSlim& x) {
+  UnitRef r;
+  r.m = stage_mat(a, a.layers[x.stage / 5], x.stage % 5);
+  r.u = x.u, r.stage = x.stage, r.pos = x.pos, r.bytes = x.bytes;
+  return r;
+}
+
+__device__ __forceinline__ bool next_slim(const ChainArgs& a, UnitIt& it, UnitSlim* x) {
+  UnitRef r;
+  if (!next_unit(a, it, &r)) return false;
+  *x = UnitSlim{r.u, r.stage, r.pos, r.bytes};
+  return true;
+}
+
+__device__ void producer5(const ChainArgs& a, unsigned char* ring, RingState* rs) {
+  const int pw = (int(threadIdx.x) - kCons) >> 5, lane = threadIdx.x & 31;
+  uint4 v0[kChunksPerThread], v1[kChunksPerThread];
+  UnitIt it;
+  UnitSlim x0, x1;
+  bool have0 = next_slim(a, it, &x0);
+  if (have0) load3(widen(a, x0), v0, pw, lane, rs);
+  while (have0) {
+    const bool have1 = next_slim(a, it, &x1);
+    if (have1) load3(widen(a, x1), v1, pw, lane, rs);
+    store3(a, widen(a, x0), v0, pw, lane, ring, rs);
+    if (!have1) break;
+    have0 = next_slim(a, it, &x0);
+    if (have0) load3(widen(a, x0), v0, pw, lane, rs);
+    store3(a, widen(a, x1), v1, pw, lane, ring, rs);
+  }
+}
+
 template <int V>
 __device__ void producer(const ChainArgs& a, unsigned char* ring, RingState* rs) {
+  if constexpr (V == 5) {
+    producer5(a, ring, rs);
+    return;
+  }
   if constexpr (V >= 3) {
     producer3(a, ring, rs);
     return;
@@ -697,7 +743,7 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
       }
     }
     for (int item = warp; V != 4 && item < items; item += 8) {
-      const int m3 = V == 3 && item >= ktn ? 1 : 0;
+      const int m3 = V >= 3 && item >= ktn ? 1 : 0;
       const int kl = item - m3 * ktn;
       const int c = 4 * kl + tig;
       uint4 xv[4];  // x columns 32 (kt0 * 4 + c) + 8 w .. + 7 (column 0 of B only: lanes gid 0)
@@ -706,7 +752,7 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
       for (int w = 0; w < 4; ++w) xv[w] = gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u);
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
-        if (mi >= m.M || (V == 3 && mi != m3)) continue;
+        if (mi >= m.M || (V >= 3 && mi != m3)) continue;
         const unsigned base = pos + unsigned(mi) * 1152u * unsigned(ktn);
         const unsigned ra = unsigned(gid), rb = unsigned(gid + 8);
         const uint32_t s0 = *reinterpret_cast<const unsigned short*>(ring + ((base + ra * 8u * ktn + c * 2u) & mask));
@@ -737,11 +783,14 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
     }
     bar_cons();  // every warp is done with the unit's bytes and has written its partial sums
     if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned*>(&rs->consumed) = pos + bytes;
-    if (threadIdx.x < 16) {
+    // the unit's 16 sums: warp 0 (versions 2-4), or warp 7 (version 5: warp 0's thread 0 waits for the next unit
+    // meanwhile)
+    const int er = V == 5 ? int(threadIdx.x) - 224 : int(threadIdx.x);
+    if (er >= 0 && er < 16) {
       float v0 = 0.f, v1 = 0.f;
 #pragma unroll
-      for (int w = 0; w < 8; ++w) v0 += red[w][0][threadIdx.x], v1 += red[w][1][threadIdx.x];
-      out(tile * 16 + int(threadIdx.x), part, v0, v1);
+      for (int w = 0; w < 8; ++w) v0 += red[w][0][er], v1 += red[w][1][er];
+      out(tile * 16 + er, part, v0, v1);
     }
   }
 }
@@ -925,7 +974,10 @@ struct Config {
 
 V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   V2 v;
-  v.kernel = cfg.version == 4 ? chain_kernel<4> : cfg.version == 3 ? chain_kernel<3> : chain_kernel<2>;
+  v.kernel = cfg.version == 5   ? chain_kernel<5>
+             : cfg.version == 4 ? chain_kernel<4>
+             : cfg.version == 3 ? chain_kernel<3>
+                                : chain_kernel<2>;
   const int ring_kb = cfg.ring_kb, lockstep = cfg.lockstep;
   v.args.lockstep = lockstep;
   const int sms = kn::device_sms();
@@ -1033,14 +1085,14 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 2, 3, 4};
+  common.versions = {1, 2, 3, 4, 5};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     std::vector<int> v;
-    if (common.take(argc, argv, &i, 4)) continue;
+    if (common.take(argc, argv, &i, 5)) continue;
     if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
         v.size() == 1) {
       (arg == "--layers" ? layers : wide_from) = v[0];
@@ -1070,7 +1122,7 @@ int main(int argc, char** argv) {
   std::vector<int> ring_ok;
   for (int r : rings)
     if (size_t(r) * 1024 + size_t(kMaxIn) * 2 + 2048 <= prop.sharedMemPerBlockOptin) ring_ok.push_back(r);
-  if ((has(2) || has(3) || has(4)) && ring_ok.empty())
+  if ((has(2) || has(3) || has(4) || has(5)) && ring_ok.empty())
     return (std::printf("no --ring-kb fits this GPU's shared memory\n"), 1);
   // the persistent versions' configurations: version 2 at the largest ring; version 3 at each ring, then the largest
   // in lockstep
@@ -1080,8 +1132,9 @@ int main(int argc, char** argv) {
     for (int r : ring_ok) configs.push_back({3, r, 0});
     if (!ring_ok.empty()) configs.push_back({3, ring_ok[0], 1});
   }
-  if (has(4))
-    for (int r : ring_ok) configs.push_back({4, r, 0});
+  for (int ver = 4; ver <= 5; ++ver)
+    if (has(ver))
+      for (int r : ring_ok) configs.push_back({ver, r, 0});
   const auto config_name = [](const Config& c) {
     return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
            (c.lockstep ? ", lockstep" : "");
