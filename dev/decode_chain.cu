@@ -492,42 +492,42 @@ __device__ __forceinline__ UnitOrigin unit_origin(const UnitRef& r, int pw) {
   return o;
 }
 
-template <int M, int KTN>
-__device__ __forceinline__ void load_t(const UnitRef& r, uint4 (&v)[kChunksPerThread], int pw, int lane) {
+// Calls f(m, h, j, slot) for each of this lane's chunks of a unit of shape (M, KTN): matrix m, row pw + 8 h, chunk j
+// of the row, register slot (all compile-time after unrolling but j).
+template <int M, int KTN, typename F>
+__device__ __forceinline__ void unit_chunks(int lane, F f) {
   using S = UnitShape<M, KTN>;
-  const UnitOrigin o = unit_origin(r, pw);
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int it = 0; it < S::kIt; ++it) {
-        const int j = lane + 32 * it, slot = (m * 2 + h) * S::kIt + it;
-        if (j >= S::kR) continue;
-        const char* src = j < 4 * KTN ? o.q[m] + size_t(8 * h) * o.qstride + size_t(j) * 16
-                                      : o.s[m] + size_t(8 * h) * o.sstride + size_t(j - 4 * KTN) * 16;
-        v[slot] = kn::ld_weights(reinterpret_cast<const uint4*>(src), true);
+        const int j = lane + 32 * it;
+        if (j < S::kR) f(m, h, j, (m * 2 + h) * S::kIt + it);
       }
+}
+
+template <int M, int KTN>
+__device__ __forceinline__ void load_t(const UnitRef& r, uint4 (&v)[kChunksPerThread], int pw, int lane) {
+  const UnitOrigin o = unit_origin(r, pw);
+  unit_chunks<M, KTN>(lane, [&](int m, int h, int j, int slot) {
+    const char* src = j < 4 * KTN ? o.q[m] + size_t(8 * h) * o.qstride + size_t(j) * 16
+                                  : o.s[m] + size_t(8 * h) * o.sstride + size_t(j - 4 * KTN) * 16;
+    v[slot] = kn::ld_weights(reinterpret_cast<const uint4*>(src), true);
+  });
 }
 
 template <int M, int KTN>
 __device__ __forceinline__ void store_t(const UnitRef& r, const uint4 (&v)[kChunksPerThread], int pw, int lane,
                                         unsigned char* ring, unsigned mask) {
-  using S = UnitShape<M, KTN>;
   const unsigned swz = (unsigned(pw) & 1u) << 2;  // rows pw and pw + 8 share the parity
-#pragma unroll
-  for (int m = 0; m < M; ++m)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int it = 0; it < S::kIt; ++it) {
-        const int j = lane + 32 * it, slot = (m * 2 + h) * S::kIt + it;
-        if (j >= S::kR) continue;
-        const unsigned rr = unsigned(pw + 8 * h), base = unsigned(m) * 1152u * KTN;
-        const unsigned dst = j < 4 * KTN ? base + 128u * KTN + (rr * 4u * KTN + (unsigned(j) ^ swz)) * 16u
-                                         : base + rr * 8u * KTN + unsigned(j - 4 * KTN) * 16u;
-        *reinterpret_cast<uint4*>(ring + ((r.pos + dst) & mask)) = v[slot];
-      }
+  unit_chunks<M, KTN>(lane, [&](int m, int h, int j, int slot) {
+    const unsigned rr = unsigned(pw + 8 * h), base = unsigned(m) * 1152u * KTN;
+    const unsigned dst = j < 4 * KTN ? base + 128u * KTN + (rr * 4u * KTN + (unsigned(j) ^ swz)) * 16u
+                                     : base + rr * 8u * KTN + unsigned(j - 4 * KTN) * 16u;
+    *reinterpret_cast<uint4*>(ring + ((r.pos + dst) & mask)) = v[slot];
+  });
 }
 
 // E2B's unit shapes: (M, KTN) = (1, 4) q/k/v and o_proj, (2, 12) gate/up, (1, 12) and (1, 24) down_proj; -1: none.
