@@ -33,8 +33,9 @@
 //      (kernels/mma.cuh's m16n8k16 and w4_pairs4, the decode GEMV's dequant), store, and arrive. A unit is a
 //      16-row tile of one k-range (choose_parts picks the k-split per matrix so that the units spread evenly over
 //      the SMs); the ring holds units in the order both sides walk them. 5 stages a layer (q/k/v, the attention
-//      stand-in, o_proj, gate/up, down_proj). Timed at each --ring-kb; version 3 also in lockstep (a stage's weights
-//      loaded only once its dependency is met: what the run-ahead buys) and traced per stage (v2_trace).
+//      stand-in, o_proj, gate/up, down_proj). Timed at the largest --ring-kb; versions 3-5 at each, version 3 also
+//      in lockstep (a stage's weights loaded only once its dependency is met: what the run-ahead buys); versions 3-5
+//      and the lockstep run traced per stage (v2_trace).
 //   3  version 2's stages with faster producers (each warp copies its own rows of each unit, with compile-time
 //      offsets per unit shape, and publishes its own progress: no barrier among the producers) and the consumers'
 //      (matrix, k-tile) pairs dealt evenly over their warps.
