@@ -169,9 +169,7 @@ std::vector<double> ref_chain(const std::vector<Layer>& m, const std::vector<flo
     const std::vector<double> g = ref_gemv(y.g, x), u = ref_gemv(y.u, x);
     std::vector<float> act(size_t(y.I));
     for (int i = 0; i < y.I; ++i) {
-      const double gv = g[size_t(i)];
-      const double ge = 0.5 * gv * (1.0 + std::tanh(0.7978845608028654 * (gv + 0.044715 * gv * gv * gv)));
-      act[size_t(i)] = round_half(ge * u[size_t(i)]);
+      act[size_t(i)] = round_half(lab::gelu_tanh_ref(g[size_t(i)]) * u[size_t(i)]);
     }
     const std::vector<double> yd = ref_gemv(y.d, act);
     r = ref_rms(yd);
@@ -378,9 +376,8 @@ __device__ __forceinline__ float cons_sum(float v, float* part) {
 
 // The producers' walk over the block's units, in chain order (stage by stage, unit by unit).
 struct UnitIt {
-  int l = 0, kind = 0, u = 0, u1 = 0;
+  int l = 0, kind = -1, u = 0, u1 = 0;  // kind -1: before the first stage
   unsigned pos = 0;
-  bool started = false;
 };
 
 struct UnitRef {
@@ -390,10 +387,6 @@ struct UnitRef {
 };
 
 __device__ __forceinline__ bool next_unit(const ChainArgs& a, UnitIt& it, UnitRef* r) {
-  if (!it.started) {
-    it.started = true;
-    it.l = 0, it.kind = -1, it.u = it.u1 = 0;
-  }
   while (it.u >= it.u1) {
     if (++it.kind == 5) it.kind = 0, ++it.l;
     if (it.l >= a.L) return false;
@@ -670,6 +663,47 @@ __device__ void producer(const ChainArgs& a, unsigned char* ring, RingState* rs)
   }
 }
 
+// One (matrix mi, k-tile) item of the unit at stream position `base` (matrix mi's start) for this lane: its rows gid
+// and gid + 8, 16-byte unit c = 4 k-tile + tig, and their scales in both halves.
+struct RingItem {
+  uint4 qa, qb;
+  uint32_t sa, sb;
+};
+__device__ __forceinline__ RingItem ring_item(const unsigned char* ring, unsigned mask, unsigned base, int ktn, int c,
+                                              int gid) {
+  const unsigned ra = unsigned(gid), rb = unsigned(gid + 8), k = unsigned(ktn);
+  const uint32_t s0 = *reinterpret_cast<const unsigned short*>(ring + ((base + ra * 8u * k + c * 2u) & mask));
+  const uint32_t s1 = *reinterpret_cast<const unsigned short*>(ring + ((base + rb * 8u * k + c * 2u) & mask));
+  const unsigned cq = unsigned(c) ^ ((unsigned(gid) & 1u) << 2);  // rows gid and gid + 8 share the parity
+  RingItem r;
+  r.sa = s0 | (s0 << 16);
+  r.sb = s1 | (s1 << 16);
+  r.qa = *reinterpret_cast<const uint4*>(ring + ((base + 128u * k + (ra * 4u * k + cq) * 16u) & mask));
+  r.qb = *reinterpret_cast<const uint4*>(ring + ((base + 128u * k + (rb * 4u * k + cq) * 16u) & mask));
+  return r;
+}
+
+// acc += the item's 16 rows x its 32 columns of x (word w of the unit: xv[w], column 0 of B only), on the tensor cores
+// with the decode GEMV's dequant (kernels/gemv.cuh gemv_block's w4a16 step).
+__device__ __forceinline__ void item_mma(float (&acc)[4], const RingItem& it, const uint4 (&xv)[4]) {
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t pa[4], pb[4];
+    kn::w4_pairs4(kn::u4_word(it.qa, w), it.sa, pa);
+    kn::w4_pairs4(kn::u4_word(it.qb, w), it.sb, pb);
+    const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
+    kn::mma_16x8x16(acc, a0, xv[w].x, xv[w].y);
+    kn::mma_16x8x16(acc, a1, xv[w].z, xv[w].w);
+  }
+}
+
+// This lane's x for unit column group g = kt0 * 4 + c: 4 x 16 bytes (lanes gid 0; zeros elsewhere, B's other columns).
+__device__ __forceinline__ void item_x(const half* xs, int g, int gid, uint4 (&xv)[4]) {
+  const uint4* xp = reinterpret_cast<const uint4*>(xs) + size_t(g) * 4;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) xv[w] = gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u);
+}
+
 // The consumers' units of one matrix stage: wait for each in the ring, multiply, reduce over the warps, store.
 // out(row, value0, value1) gets the unit's 16 sums per matrix (value1: the second matrix, gate/up).
 template <int V, typename Out>
@@ -702,40 +736,23 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
       // version 4: the warp's (at most 3) items' words and scales loaded before any math; each item's products into
       // an accumulator of its own, added to its matrix's after (one dependent mma chain per item, not per matrix)
       constexpr int kItems = 3;
-      uint4 qa[kItems], qb[kItems];
-      uint32_t sa[kItems], sb[kItems];
+      RingItem q[kItems];
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
         const int item = warp + 8 * i;
         if (item >= items) continue;
-        const int mi = item >= ktn ? 1 : 0, kl = item - mi * ktn, c = 4 * kl + tig;
-        const unsigned base = pos + unsigned(mi) * 1152u * unsigned(ktn);
-        const unsigned ra = unsigned(gid), rb = unsigned(gid + 8);
-        const uint32_t s0 = *reinterpret_cast<const unsigned short*>(ring + ((base + ra * 8u * ktn + c * 2u) & mask));
-        const uint32_t s1 = *reinterpret_cast<const unsigned short*>(ring + ((base + rb * 8u * ktn + c * 2u) & mask));
-        sa[i] = s0 | (s0 << 16);
-        sb[i] = s1 | (s1 << 16);
-        const unsigned cq = unsigned(c) ^ ((unsigned(gid) & 1u) << 2);
-        qa[i] = *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (ra * 4u * ktn + cq) * 16u) & mask));
-        qb[i] = *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (rb * 4u * ktn + cq) * 16u) & mask));
+        const int mi = item >= ktn ? 1 : 0, kl = item - mi * ktn;
+        q[i] = ring_item(ring, mask, pos + unsigned(mi) * 1152u * unsigned(ktn), ktn, 4 * kl + tig, gid);
       }
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
         const int item = warp + 8 * i;
         if (item >= items) continue;
-        const int mi = item >= ktn ? 1 : 0, kl = item - mi * ktn, c = 4 * kl + tig;
-        const uint4* xp = reinterpret_cast<const uint4*>(xs) + size_t(kt0 * 4 + c) * 4;
+        const int mi = item >= ktn ? 1 : 0, kl = item - mi * ktn;
+        uint4 xv[4];
+        item_x(xs, kt0 * 4 + 4 * kl + tig, gid, xv);
         float t[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          const uint4 xv = gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u);
-          uint32_t pa[4], pb[4];
-          kn::w4_pairs4(kn::u4_word(qa[i], w), sa[i], pa);
-          kn::w4_pairs4(kn::u4_word(qb[i], w), sb[i], pb);
-          const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
-          kn::mma_16x8x16(t, a0, xv.x, xv.y);
-          kn::mma_16x8x16(t, a1, xv.z, xv.w);
-        }
+        item_mma(t, q[i], xv);
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           acc[0][k] += mi ? 0.f : t[k];
@@ -747,32 +764,12 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
       const int m3 = V >= 3 && item >= ktn ? 1 : 0;
       const int kl = item - m3 * ktn;
       const int c = 4 * kl + tig;
-      uint4 xv[4];  // x columns 32 (kt0 * 4 + c) + 8 w .. + 7 (column 0 of B only: lanes gid 0)
-      const uint4* xp = reinterpret_cast<const uint4*>(xs) + size_t(kt0 * 4 + c) * 4;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) xv[w] = gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u);
+      uint4 xv[4];  // x columns 32 (kt0 * 4 + c) + 8 w .. + 7
+      item_x(xs, kt0 * 4 + c, gid, xv);
 #pragma unroll
       for (int mi = 0; mi < 2; ++mi) {
         if (mi >= m.M || (V >= 3 && mi != m3)) continue;
-        const unsigned base = pos + unsigned(mi) * 1152u * unsigned(ktn);
-        const unsigned ra = unsigned(gid), rb = unsigned(gid + 8);
-        const uint32_t s0 = *reinterpret_cast<const unsigned short*>(ring + ((base + ra * 8u * ktn + c * 2u) & mask));
-        const uint32_t s1 = *reinterpret_cast<const unsigned short*>(ring + ((base + rb * 8u * ktn + c * 2u) & mask));
-        const uint32_t sa = s0 | (s0 << 16), sb = s1 | (s1 << 16);
-        const unsigned cq = unsigned(c) ^ ((unsigned(gid) & 1u) << 2);  // rows gid and gid + 8 share the parity
-        const uint4 qa =
-            *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (ra * 4u * ktn + cq) * 16u) & mask));
-        const uint4 qb =
-            *reinterpret_cast<const uint4*>(ring + ((base + 128u * ktn + (rb * 4u * ktn + cq) * 16u) & mask));
-#pragma unroll
-        for (int w = 0; w < 4; ++w) {
-          uint32_t pa[4], pb[4];
-          kn::w4_pairs4(kn::u4_word(qa, w), sa, pa);
-          kn::w4_pairs4(kn::u4_word(qb, w), sb, pb);
-          const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
-          kn::mma_16x8x16(acc[mi], a0, xv[w].x, xv[w].y);
-          kn::mma_16x8x16(acc[mi], a1, xv[w].z, xv[w].w);
-        }
+        item_mma(acc[mi], ring_item(ring, mask, pos + unsigned(mi) * 1152u * unsigned(ktn), ktn, c, gid), xv);
       }
     }
     if (tig == 0) {  // C[row gid + 8 h][column 0] = acc[2 h]
@@ -807,9 +804,10 @@ __device__ __forceinline__ NormW norm_w(const float* w) {
   return r;
 }
 
-// h += norm(sum of y's parts) w_post; then x = half(norm(h) w) into xs (the consumer threads' kHPer elements each).
-__device__ __forceinline__ void fold(float (&h)[kHPer], const float* y, int parts, const NormW& w_post, const NormW& w,
-                                     half* xs, float* part) {
+// h += norm(y) w_post, y the sum of its parts (a k-split's, in part order); the consumer threads' kHPer elements each.
+// part: cons_sum's scratch.
+__device__ __forceinline__ void add_residual(float (&h)[kHPer], const float* y, int parts, const NormW& w_post,
+                                             float* part) {
   const int t = threadIdx.x;
   float v[kHPer];
 #pragma unroll
@@ -821,15 +819,25 @@ __device__ __forceinline__ void fold(float (&h)[kHPer], const float* y, int part
 #pragma unroll
   for (int i = 0; i < kHPer; ++i) ss += v[i] * v[i];
   const float r = rsqrtf(cons_sum(ss, part) / kH + kEps);
-  float hs = 0.f;
 #pragma unroll
-  for (int i = 0; i < kHPer; ++i) {
-    h[i] += v[i] * r * w_post.v[i];
-    hs += h[i] * h[i];
-  }
-  const float r2 = rsqrtf(cons_sum(hs, part + 8) / kH + kEps);
+  for (int i = 0; i < kHPer; ++i) h[i] += v[i] * r * w_post.v[i];
+}
+
+// xs = half(norm(h) w). part: cons_sum's scratch (not the one a cons_sum just before used: no barrier between).
+__device__ __forceinline__ void norm_to_x(const float (&h)[kHPer], const NormW& w, half* xs, float* part) {
+  float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < kHPer; ++i) xs[t + kCons * i] = kn::to_half_sat(h[i] * r2 * w.v[i]);
+  for (int i = 0; i < kHPer; ++i) ss += h[i] * h[i];
+  const float r = rsqrtf(cons_sum(ss, part) / kH + kEps);
+#pragma unroll
+  for (int i = 0; i < kHPer; ++i) xs[threadIdx.x + kCons * i] = kn::to_half_sat(h[i] * r * w.v[i]);
+}
+
+// The residual fold of a stage's x: h += norm(y) w_post, then xs = half(norm(h) w).
+__device__ __forceinline__ void fold(float (&h)[kHPer], const float* y, int parts, const NormW& w_post, const NormW& w,
+                                     half* xs, float* part) {
+  add_residual(h, y, parts, w_post, part);
+  norm_to_x(h, w, xs, part + 8);
 }
 
 // xs = n halves written earlier in this launch by other blocks (through L2).
@@ -853,12 +861,7 @@ __device__ void consumer(const ChainArgs& a, unsigned char* ring, RingState* rs,
     const NormW w_in = norm_w(y.w_in), w_post2 = norm_w(l > 0 ? a.layers[l - 1].w_post2 : y.w_in);
     begin_stage(a, rs, s);
     if (l == 0) {
-      float ss = 0.f;
-#pragma unroll
-      for (int i = 0; i < kHPer; ++i) ss += h[i] * h[i];
-      const float r = rsqrtf(cons_sum(ss, part) / kH + kEps);
-#pragma unroll
-      for (int i = 0; i < kHPer; ++i) xs[t + kCons * i] = kn::to_half_sat(h[i] * r * w_in.v[i]);
+      norm_to_x(h, w_in, xs, part);
     } else {
       fold(h, a.yd, a.layers[l - 1].pd, w_post2, w_in, xs, part);
     }
@@ -910,20 +913,12 @@ __device__ void consumer(const ChainArgs& a, unsigned char* ring, RingState* rs,
   }
   // h after the last layer: block 0 stores it
   if (blockIdx.x == 0) {
-    wait_stage(a, 5 * a.L - 1);
     const ChainLayer& p = a.layers[a.L - 1];
-    float v[kHPer];
+    const NormW w_post2 = norm_w(p.w_post2);
+    wait_stage(a, 5 * a.L - 1);
+    add_residual(h, a.yd, p.pd, w_post2, part);
 #pragma unroll
-    for (int i = 0; i < kHPer; ++i) {
-      v[i] = 0.f;
-      for (int q = 0; q < p.pd; ++q) v[i] += __ldcg(a.yd + size_t(q) * kH + t + kCons * i);
-    }
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < kHPer; ++i) ss += v[i] * v[i];
-    const float r = rsqrtf(cons_sum(ss, part) / kH + kEps);
-#pragma unroll
-    for (int i = 0; i < kHPer; ++i) a.h_out[t + kCons * i] = h[i] + v[i] * r * p.w_post2[t + kCons * i];
+    for (int i = 0; i < kHPer; ++i) a.h_out[t + kCons * i] = h[i];
   }
 }
 
@@ -960,7 +955,7 @@ int choose_parts(int out, int in, int sms) {
   return best;
 }
 
-struct V2 {  // a configured persistent kernel (version 2 or 3)
+struct V2 {  // a configured persistent kernel (versions 2-5)
   void (*kernel)(ChainArgs) = nullptr;
   std::vector<ChainLayer> host;
   lab::DevBuf<ChainLayer> dev;

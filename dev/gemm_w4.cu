@@ -191,7 +191,7 @@ std::vector<double> gemm_w4_ref(const std::vector<uint16_t>& x, int ldx, int M, 
 
 // gelu_tanh(g) u in double, saturated to fp16's range as to_half_sat (kernels/common.cuh) does before it rounds.
 double gelu_mul_ref(double g, double u) {
-  const double v = 0.5 * g * (1 + std::tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))) * u;
+  const double v = lab::gelu_tanh_ref(g) * u;
   return std::min(std::max(v, -65504.0), 65504.0);
 }
 

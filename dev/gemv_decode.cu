@@ -547,14 +547,12 @@ std::vector<double> gemv_ref(const HostWeights& W, const std::vector<float>& x, 
   return y;
 }
 
-double gelu_tanh_ref(double v) { return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }
-
 // out16[r, o] = gelu_tanh(x Wg[o]) * (x Wu[o]): launch_gemv_gelu_mul's operation. [n, out]
 std::vector<double> gemv_gelu_mul_ref(const HostWeights& gate, const HostWeights& up, const std::vector<float>& x,
                                       int n) {
   std::vector<double> g = gemv_ref(gate, x, n);
   const std::vector<double> u = gemv_ref(up, x, n);
-  for (size_t i = 0; i < g.size(); ++i) g[i] = gelu_tanh_ref(g[i]) * u[i];
+  for (size_t i = 0; i < g.size(); ++i) g[i] = lab::gelu_tanh_ref(g[i]) * u[i];
   return g;
 }
 

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <thread>
 #include <vector>
@@ -18,6 +19,11 @@ inline void parallel_for(int count, const std::function<void(int)>& body) {
       for (int i = t; i < count; i += nt) body(i);
     });
   for (std::thread& th : pool) th.join();
+}
+
+// Gemma's GELU (tanh form) in double: the host references' gelu_tanh (kernels/common.cuh).
+inline double gelu_tanh_ref(double v) {
+  return 0.5 * v * (1 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
 }
 
 }  // namespace lab
