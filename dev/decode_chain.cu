@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,2,3,4,5):
+// VERSIONS (default 1,3,5,6,7):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -42,6 +42,22 @@
 //   4  version 3 with each consumer warp's ring loads issued before its math, an accumulator per item.
 //   5  version 3 with fewer live registers in the producers (only a unit's index, stage and place kept across their
 //      loop) and each unit's 16 sums reduced by warp 7, so that warp 0 waits for the next unit meanwhile.
+//   6  one cooperative persistent kernel without producers or a ring (direct_kernel): every warp multiplies, from
+//      registers. A block's items of a stage (one matrix's 16-row tile x one 128-column k-tile of its units, as in
+//      2-5) are dealt over its warps; each warp holds B of them in registers, loads item k + B as item k is done,
+//      and loads its first items of the next weighted stage before the block arrives, so they are in flight over
+//      the hand-off. The 16 row sums of each item go to shared memory and the epilogue adds a unit's k-tiles in
+//      order. The residual stream h lives in shared memory; the folds are two block reductions. 32 warps, B = 2.
+//   7  version 6 with 16 warps, B = 4.
+//   8  version 6 with the norm weights and the next stage's descriptor read before the stage's wait.
+//   9  version 8 with every warp's next-stage loads issued after the block's arrival.
+//  10  version 8 with 24 warps, B = 3 (no register spills).
+//  11  version 8 with one next-stage item a warp loaded before the arrival, the second once x is built.
+//  12  version 11, and after the arrival each warp pulls the rest of its next-stage items into L2.
+//  13  version 8 with no next-stage item loaded before the arrival; all of them pulled into L2 after it.
+//  14  version 8, and the rest of the next stage pulled into L2 after the arrival.
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-14 run the validation with one block (the emulator runs blocks
+//  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
 // sums of the same fp16 weights, fp16 roundings of x where the kernels round), every selected version, output
@@ -292,8 +308,13 @@ __device__ __forceinline__ void block_units(const StageMat& m, int* u0, int* u1)
 // halves). ktn = k-tiles (128 columns) of the unit's part, even.
 __device__ __forceinline__ unsigned unit_bytes(int M, int ktn) { return 1152u * unsigned(M) * unsigned(ktn); }
 
+#ifdef GEMMA4_T4_EMU  // the CPU emulator has no named barriers: versions 2-5 do not run there (main refuses them)
+__device__ __forceinline__ void bar_cons() { std::abort(); }
+__device__ __forceinline__ void bar_prod() { std::abort(); }
+#else
 __device__ __forceinline__ void bar_cons() { asm volatile("bar.sync 1, 256;\n" ::: "memory"); }
 __device__ __forceinline__ void bar_prod() { asm volatile("bar.sync 2, 256;\n" ::: "memory"); }
+#endif
 
 constexpr unsigned long long kSpinNs = 500000000ull;               // a wait this long is a fault
 constexpr unsigned kProducerSleepNs = 128, kConsumerSleepNs = 32;  // back-off of the in-block waits
@@ -683,18 +704,23 @@ __device__ __forceinline__ RingItem ring_item(const unsigned char* ring, unsigne
   return r;
 }
 
-// acc += the item's 16 rows x its 32 columns of x (word w of the unit: xv[w], column 0 of B only), on the tensor cores
+// acc += the item's 16 rows x its 32 columns of x (word w of the unit: xw(w), column 0 of B only), on the tensor cores
 // with the decode GEMV's dequant (kernels/gemv.cuh gemv_block's w4a16 step).
-__device__ __forceinline__ void item_mma(float (&acc)[4], const RingItem& it, const uint4 (&xv)[4]) {
+template <typename XW>
+__device__ __forceinline__ void item_mma_xw(float (&acc)[4], const RingItem& it, XW xw) {
 #pragma unroll
   for (int w = 0; w < 4; ++w) {
+    const uint4 xv = xw(w);
     uint32_t pa[4], pb[4];
     kn::w4_pairs4(kn::u4_word(it.qa, w), it.sa, pa);
     kn::w4_pairs4(kn::u4_word(it.qb, w), it.sb, pb);
     const uint32_t a0[4] = {pa[0], pb[0], pa[1], pb[1]}, a1[4] = {pa[2], pb[2], pa[3], pb[3]};
-    kn::mma_16x8x16(acc, a0, xv[w].x, xv[w].y);
-    kn::mma_16x8x16(acc, a1, xv[w].z, xv[w].w);
+    kn::mma_16x8x16(acc, a0, xv.x, xv.y);
+    kn::mma_16x8x16(acc, a1, xv.z, xv.w);
   }
+}
+__device__ __forceinline__ void item_mma(float (&acc)[4], const RingItem& it, const uint4 (&xv)[4]) {
+  item_mma_xw(acc, it, [&](int w) { return xv[w]; });
 }
 
 // This lane's x for unit column group g = kt0 * 4 + c: 4 x 16 bytes (lanes gid 0; zeros elsewhere, B's other columns).
@@ -940,6 +966,347 @@ __global__ void __launch_bounds__(kThreads, 1) chain_kernel(const ChainArgs a) {
   if (threadIdx.x == 0 && rs.fault) atomicCAS(a.fault, 0u, 0x10000u);
 }
 
+// ---- versions 6 and 7: the persistent chain with each warp's weights in its registers ----
+//
+// No producers and no ring: every warp of the block multiplies, and holds the next B items of its own stream of
+// weights in registers. An item is one matrix's 16-row tile x one k-tile (128 columns) of a unit, 1 KiB of words and
+// 64 bytes of scales; a block's items of a stage are dealt over its W warps (item i to warp i % W). A warp loads its
+// item k + B into the slot that item k leaves, and in a stage's last group it loads its first B items of the next
+// weighted stage, so those are in flight while the block finishes the stage (epilogue, arrival), waits for the next
+// stage's dependency and builds its x. Each warp's item count is padded to a multiple of B, so a stage starts with
+// its item b in slot b (static register indexing). The items' 16 row sums go to shared memory, and the epilogue
+// adds a unit's k-tiles in order (the same sums whichever warp took an item). Warp 0 loads its next-stage items
+// only after the block has arrived: the release of the arrival would otherwise wait for them.
+// A block's items of one stage, at most (their partial sums in shared memory). The CPU emulator runs one block.
+#ifdef GEMMA4_T4_EMU
+constexpr int kItems6 = 1 << 15;
+#else
+constexpr int kItems6 = 256;
+#endif
+
+struct Stage6 {  // one weighted stage as a block sees it
+  StageMat m;
+  int u0, n, ktn;  // the block's first unit, its items, k-tiles a unit (no initialisers: it lives in shared memory)
+};
+
+__device__ __forceinline__ Stage6 stage6(const ChainArgs& a, int l, int kind) {
+  Stage6 s{};
+  s.m = stage_mat(a, a.layers[l], kind);
+  int u1;
+  block_units(s.m, &s.u0, &u1);
+  s.ktn = s.m.in / 128 / s.m.P;
+  s.n = (u1 - s.u0) * s.m.M * s.ktn;
+  return s;
+}
+
+// Item i of the block's stage: unit u0 + i / (M ktn), matrix (i / ktn) % M, k-tile i % ktn. Its x column group
+// (32 columns: this lane's 16-byte chunk) in *g. The scales as loaded (one half in the low bits).
+__device__ __forceinline__ RingItem load_item6(const Stage6& s, int i, int gid, int tig, int* g) {
+  const int per = s.m.M * s.ktn, uu = i / per, r = i - uu * per, mi = r >= s.ktn ? 1 : 0, kt = r - mi * s.ktn;
+  const int u = s.u0 + uu, tile = u / s.m.P, part = u - tile * s.m.P;
+  const int c = (part * s.ktn + kt) * 4 + tig;  // the row's 16-byte chunk
+  const uint32_t* q = mi ? s.m.q1 : s.m.q0;
+  const half* sc = mi ? s.m.s1 : s.m.s0;
+  const size_t ra = size_t(tile) * 16 + size_t(gid), rb = ra + 8;
+  RingItem it;
+  it.qa = kn::ld_weights_all(reinterpret_cast<const uint4*>(q + ra * size_t(s.m.in / 8)) + c);
+  it.qb = kn::ld_weights_all(reinterpret_cast<const uint4*>(q + rb * size_t(s.m.in / 8)) + c);
+  it.sa = kn::ld_u16(reinterpret_cast<const unsigned short*>(sc + ra * size_t(s.m.in / 32) + c), true);
+  it.sb = kn::ld_u16(reinterpret_cast<const unsigned short*>(sc + rb * size_t(s.m.in / 32) + c), true);
+  *g = c;
+  return it;
+}
+
+// A counter polled with acquire semantics (each poll), sm_70+.
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+#ifdef GEMMA4_T4_EMU
+  return *reinterpret_cast<const volatile unsigned*>(p);
+#else
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
+// Item i's rows into L2, lane by lane: lanes 0-15 the words of row lane (64 bytes: two 32-byte halves, so one line
+// or two sectors either way), lanes 16-31 the scales of row lane - 16 (8 bytes).
+__device__ __forceinline__ void prefetch_l2_any(const void* p) {
+#ifndef GEMMA4_T4_EMU
+  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#else
+  (void)p;
+#endif
+}
+__device__ __forceinline__ void prefetch_item6(const Stage6& s, int i, int lane) {
+  const int per = s.m.M * s.ktn, uu = i / per, r = i - uu * per, mi = r >= s.ktn ? 1 : 0, kt = r - mi * s.ktn;
+  const int u = s.u0 + uu, tile = u / s.m.P, part = u - tile * s.m.P, c = (part * s.ktn + kt) * 4;
+  const size_t row = size_t(tile) * 16 + size_t(lane & 15);
+  if (lane < 16) {
+    const uint4* q = reinterpret_cast<const uint4*>((mi ? s.m.q1 : s.m.q0) + row * size_t(s.m.in / 8)) + c;
+    prefetch_l2_any(q);
+    prefetch_l2_any(q + 2);
+  } else {
+    prefetch_l2_any((mi ? s.m.s1 : s.m.s0) + row * size_t(s.m.in / 32) + c);
+  }
+}
+
+__device__ __forceinline__ int warp_items6(int n, int warp, int W) { return warp < n ? (n - warp + W - 1) / W : 0; }
+
+// Thread 0 waits until done[s] counts every block (an acquire load per poll: no fence that would wait for the
+// block's weight loads in flight), then the block's barrier.
+__device__ __forceinline__ void wait6(const ChainArgs& a, int s) {
+  if (threadIdx.x == 0 && s >= 0) {
+    const unsigned need = a.epoch * gridDim.x;
+    if (ld_acquire(a.done + s) < need) {
+      const unsigned long long t0 = kn::global_ns();
+      for (unsigned i = 1; ld_acquire(a.done + s) < need; ++i) {
+        if ((i & 255u) != 0) continue;
+        if (kn::ld_relaxed(a.fault) != 0) break;
+        if (kn::global_ns() - t0 > kSpinNs) {
+          atomicCAS(a.fault, 0u, unsigned(s) + 1u);
+          break;
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// Sum over the block (every thread gets it); red: [W] shared scratch, not read since the barrier before.
+template <int W>
+__device__ __forceinline__ float block_sum6(float v, float* red) {
+  v = kn::warp_sum(v);
+  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.f;
+#pragma unroll
+  for (int w = 0; w < W; ++w) s += red[w];
+  return s;
+}
+
+// A thread's elements t, t + T, ... of a norm weight (kH of them in all).
+template <int E>
+struct Norm6 {
+  float v[E];
+};
+template <int W>
+__device__ __forceinline__ Norm6<(kH + W * 32 - 1) / (W * 32)> norm6(const float* w) {
+  constexpr int T = W * 32, E = (kH + T - 1) / T;
+  Norm6<E> r;
+#pragma unroll
+  for (int e = 0; e < E; ++e) r.v[e] = w && threadIdx.x + e * T < kH ? w[threadIdx.x + e * T] : 0.f;
+  return r;
+}
+
+// h (shared) += norm(y) w_post when y (the sum of its parts), then xs = half(norm(h) w) when w. Each thread owns the
+// elements t, t + T of h. red: [2][W]. kPre: the norm weights come in registers (wp, wn: loaded before the stage's
+// wait), not read here after each reduction.
+template <int W, bool kPre>
+__device__ __forceinline__ void fold6(float* hs, const float* y, int parts, const float* w_post, const float* w,
+                                      half* xs, float (*red)[W], const Norm6<(kH + W * 32 - 1) / (W * 32)>& wp,
+                                      const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn) {
+  constexpr int T = W * 32, E = (kH + T - 1) / T;
+  const int t = threadIdx.x;
+  if (y) {
+    float v[E], ss = 0.f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = t + e * T;
+      v[e] = 0.f;
+      if (i >= kH) continue;
+      v[e] = __ldcg(y + i);
+      for (int p = 1; p < parts; ++p) v[e] += __ldcg(y + size_t(p) * kH + i);
+      ss += v[e] * v[e];
+    }
+    const float r = rsqrtf(block_sum6<W>(ss, red[0]) / kH + kEps);
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (t + e * T < kH) hs[t + e * T] += v[e] * r * (kPre ? wp.v[e] : w_post[t + e * T]);
+  }
+  if (!w) return;
+  float ss = 0.f;
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (t + e * T < kH) ss += hs[t + e * T] * hs[t + e * T];
+  const float r = rsqrtf(block_sum6<W>(ss, red[1]) / kH + kEps);
+#pragma unroll
+  for (int e = 0; e < E; ++e)
+    if (t + e * T < kH) xs[t + e * T] = kn::to_half_sat(hs[t + e * T] * r * (kPre ? wn.v[e] : w[t + e * T]));
+}
+
+// W warps, B items a warp in registers. kPre (versions 8-10): the stage's norm weights and the next weighted stage's
+// descriptor are read before the stage's wait, not after it. kDeferAll (version 9): every warp loads its next-stage
+// items only after the block has arrived (versions 6-8, 10: only warp 0, whose thread 0 arrives).
+// NP: items of the next stage a warp loads into registers before the block arrives (the rest, B - NP, are loaded
+// once the next stage's x is built). kL2 (versions 12-14): after the block arrives, each warp pulls the rest of its
+// next-stage items into L2 (prefetch.global.L2: no register, nothing waits for it).
+template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false>
+__global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
+  static_assert(NP >= 0 && NP <= B, "next-stage items in registers");
+  constexpr int T = W * 32;
+  using N6 = Norm6<(kH + T - 1) / T>;
+  __shared__ __align__(16) half xs[kMaxIn];
+  __shared__ float hs[kH];
+  __shared__ float psum[kItems6][16];
+  __shared__ float red[2][W];
+  __shared__ Stage6 sd[2];  // the current weighted stage and the next (by the parity of its index)
+  const int t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+  for (int i = t; i < kH; i += T) hs[i] = a.h_in[i];
+  if (t == 0) sd[0] = stage6(a, 0, kQkv);
+  __syncthreads();
+  RingItem buf[B];
+  int gbuf[B];
+#pragma unroll
+  for (int b = 0; b < NP; ++b)
+    if (warp + b * W < sd[0].n) buf[b] = load_item6(sd[0], warp + b * W, gid, tig, &gbuf[b]);
+  int ws = 0;  // weighted stages begun
+  for (int l = 0; l < a.L; ++l) {
+    const ChainLayer& y = a.layers[l];
+    for (int kind = 0; kind < 5; ++kind) {
+      const int s = 5 * l + kind;
+      // the next weighted stage (its items are loaded in this stage's last group)
+      const int nl = kind == kDn ? l + 1 : l, nk = kind == kQkv ? kO : kind == kO ? kGu : kind == kGu ? kDn : kQkv;
+      const bool has_next = nl < a.L;
+      N6 wp{}, wn{};
+      if (kPre && kind != kAtt) {
+        if (t == 0) {
+          if (has_next)
+            sd[(ws + 1) & 1] = stage6(a, nl, nk);
+          else
+            sd[(ws + 1) & 1].n = 0;
+        }
+        if (kind == kQkv) wp = norm6<W>(l > 0 ? a.layers[l - 1].w_post2 : nullptr), wn = norm6<W>(y.w_in);
+        if (kind == kGu) wp = norm6<W>(y.w_post1), wn = norm6<W>(y.w_pre2);
+      }
+      wait6(a, s - 1);
+      stamp(a, s, 0);
+      if (kind == kAtt) {  // the attention stand-in: a = half(q), this block's share
+        stamp(a, s, 1);
+        const int i0 = int((long long)kQ * blockIdx.x / gridDim.x),
+                  i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
+        for (int i = i0 + t; i < i1; i += T) {
+          float v = __ldcg(a.yqkv + i);
+          for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
+          a.a[i] = kn::to_half_sat(v);
+        }
+        __syncthreads();
+        stamp(a, s, 2);
+        if (t == 0) kn::red_release_add(a.done + s, 1u);
+        continue;
+      }
+      // x of this stage
+      if (kind == kQkv) {
+        if (l == 0)
+          fold6<W, kPre>(hs, nullptr, 0, nullptr, y.w_in, xs, red, wp, wn);
+        else
+          fold6<W, kPre>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn);
+      } else if (kind == kGu) {
+        fold6<W, kPre>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn);
+      } else {
+        const half* src = kind == kO ? a.a : a.act;
+        const int n = kind == kO ? kQ : y.I;
+        for (int i = t; i < n / 8; i += T)
+          reinterpret_cast<uint4*>(xs)[i] = kn::ld_cg(reinterpret_cast<const uint4*>(src) + i, true);
+      }
+      if (!kPre && t == 0) {
+        if (has_next)
+          sd[(ws + 1) & 1] = stage6(a, nl, nk);
+        else
+          sd[(ws + 1) & 1].n = 0;
+      }
+      __syncthreads();
+      stamp(a, s, 1);
+      const Stage6& cs = sd[ws & 1];
+      const Stage6& ns = sd[(ws + 1) & 1];
+      const int n = warp_items6(cs.n, warp, W), p = (n + B - 1) / B * B;
+      const bool defer = kDeferAll || warp == 0;
+#pragma unroll
+      for (int b = NP; b < B; ++b)  // the items not loaded before the arrival
+        if (b < n) buf[b] = load_item6(cs, warp + b * W, gid, tig, &gbuf[b]);
+      for (int j = 0; j < p; j += B) {
+#pragma unroll
+        for (int b = 0; b < B; ++b) {
+          const int k = j + b, item = warp + k * W;
+          if (k < n) {
+            const uint4* xp = reinterpret_cast<const uint4*>(xs) + size_t(gbuf[b]) * 4;
+            RingItem it = buf[b];  // the scales to both halves here, not at the load (that would wait for it)
+            it.sa |= it.sa << 16;
+            it.sb |= it.sb << 16;
+            float acc[4] = {0.f, 0.f, 0.f, 0.f};
+            item_mma_xw(acc, it, [&](int w) { return gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u); });
+            if (tig == 0) psum[item][gid] = acc[0], psum[item][gid + 8] = acc[2];
+          }
+          if (k + B < n) {
+            buf[b] = load_item6(cs, item + B * W, gid, tig, &gbuf[b]);
+          } else if (j + B >= p && b < NP && !defer && warp + b * W < ns.n) {
+            buf[b] = load_item6(ns, warp + b * W, gid, tig, &gbuf[b]);
+          }
+        }
+      }
+      if (p == 0 && !defer) {
+#pragma unroll
+        for (int b = 0; b < NP; ++b)
+          if (warp + b * W < ns.n) buf[b] = load_item6(ns, warp + b * W, gid, tig, &gbuf[b]);
+      }
+      __syncthreads();
+      // epilogue: a unit's 16 rows, k-tiles added in order
+      {
+        const int per = cs.m.M * cs.ktn, units = cs.n / per;
+        for (int e = t; e < units * 16; e += T) {
+          const int uu = e >> 4, row = e & 15, u = cs.u0 + uu, tile = u / cs.m.P, part = u - tile * cs.m.P;
+          float v0 = 0.f, v1 = 0.f;
+          for (int kt = 0; kt < cs.ktn; ++kt) v0 += psum[uu * per + kt][row];
+          if (cs.m.M == 2)
+            for (int kt = 0; kt < cs.ktn; ++kt) v1 += psum[uu * per + cs.ktn + kt][row];
+          const int o = tile * 16 + row;
+          if (kind == kQkv) a.yqkv[size_t(part) * kQKV + o] = v0;
+          if (kind == kO) a.yo[size_t(part) * kH + o] = v0;
+          if (kind == kGu) a.act[o] = kn::to_half_sat(kn::gelu_tanh(v0) * v1);
+          if (kind == kDn) a.yd[size_t(part) * kH + o] = v0;
+        }
+      }
+      __syncthreads();
+      stamp(a, s, 2);
+      if (t == 0) kn::red_release_add(a.done + s, 1u);
+      if (defer) {
+#pragma unroll
+        for (int b = 0; b < NP; ++b)
+          if (warp + b * W < ns.n) buf[b] = load_item6(ns, warp + b * W, gid, tig, &gbuf[b]);
+      }
+      if (kL2)
+        for (int i = warp + NP * W; i < ns.n; i += W) prefetch_item6(ns, i, lane);
+      ++ws;
+    }
+  }
+  // h after the last layer: block 0 stores it
+  if (blockIdx.x == 0) {
+    const ChainLayer& last = a.layers[a.L - 1];
+    wait6(a, 5 * a.L - 1);
+    const N6 none{};
+    fold6<W, false>(hs, a.yd, last.pd, last.w_post2, nullptr, xs, red, none, none);
+    __syncthreads();
+    for (int i = t; i < kH; i += T) a.h_out[i] = hs[i];
+  }
+}
+
+// k-split parts for versions 6-7: the fewest (a divisor of the k-tiles, at most 16) whose largest per-block share of
+// bytes is within 5% of an even split, with a block's items within kItems6.
+int choose_parts6(int out, int in, int sms) {
+  const int kt = in / 128, tiles = out / 16;
+  const double even = double(tiles) * kt / sms;
+  int best = -1;
+  double best_share = 1e30;
+  for (int p = 1; p <= 16; ++p) {
+    if (kt % p != 0) continue;
+    const long long per_block = ((long long)tiles * p + sms - 1) / sms;
+    if (per_block * (kt / p) > kItems6) continue;
+    const double share = double(per_block) * (kt / p);
+    if (share < best_share * 0.999) best = p, best_share = share;
+    if (share <= even * 1.05) break;
+  }
+  return best;
+}
+
 // k-split parts of a Store matrix: the fewest (1..4, an even number of k-tiles each, a unit <= kUnitMax) whose
 // largest per-block share is within 10% of an even split.
 int choose_parts(int out, int in, int sms) {
@@ -960,7 +1327,7 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   std::vector<ChainLayer> host;
   lab::DevBuf<ChainLayer> dev;
   ChainArgs args;
-  int grid = 0;
+  int grid = 0, threads = kThreads;
   size_t smem = 0;
 };
 
@@ -970,19 +1337,39 @@ struct Config {
 
 V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   V2 v;
-  v.kernel = cfg.version == 5   ? chain_kernel<5>
-             : cfg.version == 4 ? chain_kernel<4>
-             : cfg.version == 3 ? chain_kernel<3>
-                                : chain_kernel<2>;
+  v.kernel = cfg.version == 14   ? direct_kernel<32, 2, true, false, 2, true>
+             : cfg.version == 13 ? direct_kernel<32, 2, true, false, 0, true>
+             : cfg.version == 12 ? direct_kernel<32, 2, true, false, 1, true>
+             : cfg.version == 11 ? direct_kernel<32, 2, true, false, 1, false>
+             : cfg.version == 10 ? direct_kernel<24, 3, true, false>
+             : cfg.version == 9  ? direct_kernel<32, 2, true, true>
+             : cfg.version == 8  ? direct_kernel<32, 2, true, false>
+             : cfg.version == 7  ? direct_kernel<16, 4, false, false>
+             : cfg.version == 6  ? direct_kernel<32, 2, false, false>
+             : cfg.version == 5  ? chain_kernel<5>
+             : cfg.version == 4  ? chain_kernel<4>
+             : cfg.version == 3  ? chain_kernel<3>
+                                 : chain_kernel<2>;
   const int ring_kb = cfg.ring_kb, lockstep = cfg.lockstep;
   v.args.lockstep = lockstep;
+  const bool direct = cfg.version >= 6;
+  v.threads = cfg.version == 10 ? 768 : cfg.version == 7 ? 512 : direct ? 1024 : kThreads;
   const int sms = kn::device_sms();
+#ifdef GEMMA4_T4_EMU
+  // the emulator runs blocks one after another, so one block runs every unit; the k-splits are an H100's
+  const int grid = 1, split_sms = 132;
+#else
+  const int grid = sms, split_sms = sms;
+#endif
+  const auto parts = [&](int out, int in) {
+    return direct ? choose_parts6(out, in, split_sms) : choose_parts(out, in, split_sms);
+  };
   for (const Layer& y : m) {
     ChainLayer c{};
     const Mat4* mats[5] = {&y.qkv, &y.o, &y.g, &y.u, &y.d};
     for (int i = 0; i < 5; ++i) c.q[i] = mats[i]->q.get(), c.s[i] = mats[i]->s.get();
     c.I = y.I;
-    c.pd = choose_parts(kH, y.I, sms);
+    c.pd = parts(kH, y.I);
     c.w_in = y.w_in.get(), c.w_post1 = y.w_post1.get(), c.w_pre2 = y.w_pre2.get(), c.w_post2 = y.w_post2.get();
     if (c.pd < 1) std::exit((std::fprintf(stderr, "no k-split for down_proj of %d\n", y.I), 2));
     v.host.push_back(c);
@@ -996,24 +1383,40 @@ V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   a.h_out = s.h.get();
   a.yqkv = s.yqkv.get(), a.a = s.a.get(), a.yo = s.yo.get(), a.act = s.act.get(), a.yd = s.yd.get();
   a.done = s.done.get(), a.fault = s.fault.get();
-  a.pq = choose_parts(kQKV, kH, sms);
-  a.po = choose_parts(kH, kQ, sms);
+  a.pq = parts(kQKV, kH);
+  a.po = parts(kH, kQ);
+  if (a.pq < 1 || a.po < 1) std::exit((std::fprintf(stderr, "no k-split for q/k/v or o_proj\n"), 2));
   a.ring = unsigned(ring_kb) * 1024u;
-  v.smem = size_t(kMaxIn) * sizeof(half) + a.ring;
+  v.smem = direct ? 0 : size_t(kMaxIn) * sizeof(half) + a.ring;
   LAB_CHECK(cudaMemset(s.done.get(), 0, s.done.size() * sizeof(unsigned)));  // a fresh epoch count
   LAB_CHECK(cudaMemset(s.fault.get(), 0, sizeof(unsigned)));
-  LAB_CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
+  if (!direct) LAB_CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(v.smem)));
   int per_sm = 0;
-  LAB_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, v.kernel, kThreads, v.smem));
+  LAB_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, reinterpret_cast<const void*>(v.kernel), v.threads,
+                                                          v.smem));
   if (per_sm < 1) std::exit((std::fprintf(stderr, "chain_kernel does not fit an SM at %zu B\n", v.smem), 2));
-  v.grid = sms;
+  v.grid = grid;
+  if (direct) {  // every stage's items of a block fit the partial sums
+    const auto items = [&](int out, int in, int M, int P) {
+      return (out / 16 * P + grid - 1) / grid * M * (in / 128 / P);
+    };
+    for (const ChainLayer& c : v.host)
+      if (std::max({items(kQKV, kH, 1, a.pq), items(kH, kQ, 1, a.po), items(c.I, kH, 2, 1), items(kH, c.I, 1, c.pd)}) >
+          kItems6)
+        std::exit((std::fprintf(stderr, "a block's items of a stage exceed %d\n", kItems6), 2));
+  }
   return v;
 }
 
 void v2_step(V2& v, cudaStream_t st) {
+#ifdef GEMMA4_T4_EMU  // one block (v2_setup), so no co-residency to ask for
+  lab::launch(v.kernel, dim3(unsigned(v.grid)), dim3(unsigned(v.threads)), st, v.args);
+  ++v.args.epoch;
+  return;
+#endif
   void* params[] = {&v.args};
-  LAB_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(v.kernel), dim3(unsigned(v.grid)), dim3(kThreads),
-                                        params, v.smem, st));
+  LAB_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<void*>(v.kernel), dim3(unsigned(v.grid)),
+                                        dim3(unsigned(v.threads)), params, v.smem, st));
   ++v.args.epoch;
 }
 
@@ -1081,14 +1484,14 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 2, 3, 4, 5};
+  common.versions = {1, 3, 5, 6, 7};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     std::vector<int> v;
-    if (common.take(argc, argv, &i, 5)) continue;
+    if (common.take(argc, argv, &i, 14)) continue;
     if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
         v.size() == 1) {
       (arg == "--layers" ? layers : wide_from) = v[0];
@@ -1104,6 +1507,10 @@ int main(int argc, char** argv) {
   }
   for (int r : rings)
     if (r < 32 || (r & (r - 1)) != 0) return (std::fprintf(stderr, "--ring-kb: powers of two >= 32\n"), 2);
+#ifdef GEMMA4_T4_EMU
+  for (int v : common.versions)
+    if (v >= 2 && v <= 5) return (std::fprintf(stderr, "versions 2-5 do not run on the CPU emulator\n"), 2);
+#endif
   cudaDeviceProp prop{};
   LAB_CHECK(cudaGetDeviceProperties(&prop, 0));
   const bool pdl = kn::pdl_supported(0);
@@ -1131,7 +1538,19 @@ int main(int argc, char** argv) {
   for (int ver = 4; ver <= 5; ++ver)
     if (has(ver))
       for (int r : ring_ok) configs.push_back({ver, r, 0});
+  for (int ver = 6; ver <= 14; ++ver)
+    if (has(ver)) configs.push_back({ver, 0, 0});
   const auto config_name = [](const Config& c) {
+    static const char* direct[9] = {"32 warps, 2 items a warp in registers",
+                                    "16 warps, 4 items a warp in registers",
+                                    "version 6, norm weights before the wait",
+                                    "version 8, next-stage loads after the arrival",
+                                    "24 warps, 3 items a warp, norm weights before the wait",
+                                    "version 8, one next-stage item a warp before the arrival",
+                                    "version 11, the rest of the next stage into L2 after the arrival",
+                                    "version 8, no next-stage item before the arrival, all into L2 after it",
+                                    "version 8, the rest of the next stage into L2 after the arrival"};
+    if (c.version >= 6) return "version " + std::to_string(c.version) + " (" + direct[c.version - 6] + ")";
     return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
            (c.lockstep ? ", lockstep" : "");
   };
@@ -1140,7 +1559,7 @@ int main(int argc, char** argv) {
   int failures = 0;
   {
     const std::vector<Layer> m = make_model(3, 1, 11);
-    Scratch s(3, 4);
+    Scratch s(3, 16);
     lab::fill_uniform(s.h_in.get(), kH, -1.f, 1.f, 5);
     const std::vector<float> h_in = s.h_in.download();
     const std::vector<double> ref = ref_chain(m, h_in);
@@ -1176,7 +1595,7 @@ int main(int argc, char** argv) {
       "chain: %d layers (double-wide from %d), %.1f MB of weights + scales a step; stream read %.0f GB/s -> "
       "bound %.1f us\n",
       layers, wide_from, bytes / 1e6, bound, bytes / bound / 1e3);
-  Scratch s(layers, 4);
+  Scratch s(layers, 16);
   lab::fill_uniform(s.h_in.get(), kH, -1.f, 1.f, 5);
   std::vector<float> h1;
   if (has(1)) {
@@ -1211,11 +1630,11 @@ int main(int argc, char** argv) {
     }
     const double us = lab::median_us([&](int) { v2_step(v, st); }, common.reps, common.samples, st);
     check_fault(s, "persistent (timing)");
-    const bool traced = (c.version >= 3 && c.ring_kb == ring_ok[0]) || c.lockstep;
+    const bool traced = (c.version >= 3 && (c.version >= 6 || c.ring_kb == ring_ok[0])) || c.lockstep;
     std::printf(
         "%s (%d blocks x %d threads, %zu B shared): %8.1f us a step, %6.0f GB/s "
         "(%4.1f%% of stream read)\n",
-        config_name(c).c_str(), v.grid, kThreads, v.smem, us, bytes / us / 1e3, 100.0 * bytes / us / 1e3 / bound);
+        config_name(c).c_str(), v.grid, v.threads, v.smem, us, bytes / us / 1e3, 100.0 * bytes / us / 1e3 / bound);
     if (traced) v2_trace(v, s, st);
   }
   LAB_CHECK(cudaStreamDestroy(st));
