@@ -1104,7 +1104,8 @@ __device__ __forceinline__ Norm6<(kH + W * 32 - 1) / (W * 32)> norm6(const float
 template <int W, bool kPre>
 __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, const float* w_post, const float* w,
                                       half* xs, float (*red)[W], const Norm6<(kH + W * 32 - 1) / (W * 32)>& wp,
-                                      const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn) {
+                                      const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn,
+                                      unsigned long long* mark = nullptr) {
   constexpr int T = W * 32, E = (kH + T - 1) / T;
   const int t = threadIdx.x;
   if (y) {
@@ -1119,6 +1120,7 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
       ss += v[e] * v[e];
     }
     const float r = rsqrtf(block_sum6<W>(ss, red[0]) / kH + kEps);
+    if (mark && t == 0) *mark = kn::global_ns();  // the trace: y read and its norm's sum
 #pragma unroll
     for (int e = 0; e < E; ++e)
       if (t + e * T < kH) hs[t + e * T] += v[e] * r * (kPre ? wp.v[e] : w_post[t + e * T]);
@@ -1195,13 +1197,14 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
         continue;
       }
       // x of this stage
+      unsigned long long* mark = a.trace ? a.trace + (size_t(s) * gridDim.x + blockIdx.x) * kSlots + 3 : nullptr;
       if (kind == kQkv) {
         if (l == 0)
           fold6<W, kPre>(hs, nullptr, 0, nullptr, y.w_in, xs, red, wp, wn);
         else
-          fold6<W, kPre>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn);
+          fold6<W, kPre>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn, mark);
       } else if (kind == kGu) {
-        fold6<W, kPre>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn);
+        fold6<W, kPre>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark);
       } else {
         const half* src = kind == kO ? a.a : a.act;
         const int n = kind == kO ? kQ : y.I;
@@ -1328,6 +1331,7 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   lab::DevBuf<ChainLayer> dev;
   ChainArgs args;
   int grid = 0, threads = kThreads;
+  bool direct = false;  // versions 6+: the trace's slot 3 is when a fold's y is read and summed (0: no fold)
   size_t smem = 0;
 };
 
@@ -1337,7 +1341,9 @@ struct Config {
 
 V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   V2 v;
-  v.kernel = cfg.version == 14   ? direct_kernel<32, 2, true, false, 2, true>
+  v.kernel = cfg.version == 16   ? direct_kernel<24, 2, true, true, 2, false>
+             : cfg.version == 15 ? direct_kernel<32, 1, true, true, 1, false>
+             : cfg.version == 14 ? direct_kernel<32, 2, true, false, 2, true>
              : cfg.version == 13 ? direct_kernel<32, 2, true, false, 0, true>
              : cfg.version == 12 ? direct_kernel<32, 2, true, false, 1, true>
              : cfg.version == 11 ? direct_kernel<32, 2, true, false, 1, false>
@@ -1353,7 +1359,8 @@ V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   const int ring_kb = cfg.ring_kb, lockstep = cfg.lockstep;
   v.args.lockstep = lockstep;
   const bool direct = cfg.version >= 6;
-  v.threads = cfg.version == 10 ? 768 : cfg.version == 7 ? 512 : direct ? 1024 : kThreads;
+  v.direct = direct;
+  v.threads = cfg.version == 10 || cfg.version == 16 ? 768 : cfg.version == 7 ? 512 : direct ? 1024 : kThreads;
   const int sms = kn::device_sms();
 #ifdef GEMMA4_T4_EMU
   // the emulator runs blocks one after another, so one block runs every unit; the k-splits are an H100's
@@ -1424,7 +1431,8 @@ void check_fault(Scratch& s, const char* what);
 
 // One traced step of version 2: per stage kind, the mean over layers of the stage's period (its last arrival minus the
 // previous stage's), split into the hand-off (previous last arrival -> median block's dependency met), building x
-// (median), and the units (median x built -> last block done); and the consumers' waits for the ring.
+// (median), and the units (median x built -> last block done); and the consumers' waits for the ring (versions 2-5),
+// or (versions 6+) the time from the dependency met to a fold's y read and its first sum (median and largest block).
 void v2_trace(V2& v, Scratch& s, cudaStream_t st) {
   const int L = v.args.L, G = v.grid;
   lab::DevBuf<unsigned long long> tr(size_t(5 * L) * G * kSlots);
@@ -1446,19 +1454,22 @@ void v2_trace(V2& v, Scratch& s, cudaStream_t st) {
   double sum[5][6] = {}, n[5] = {};
   for (int st2 = 1; st2 < 5 * L; ++st2) {
     double prev_end = 0, end = 0, ring_max = 0, ring_sum = 0;
-    std::vector<double> dep, xb, built;
+    std::vector<double> dep, xb, built, fold;
     for (int b = 0; b < G; ++b) {
       prev_end = std::max(prev_end, at(st2 - 1, b, 2));
       end = std::max(end, at(st2, b, 2));
       dep.push_back(at(st2, b, 0));
       xb.push_back(at(st2, b, 1) - at(st2, b, 0));
       built.push_back(at(st2, b, 1));
-      ring_sum += at(st2, b, 3);
-      ring_max = std::max(ring_max, at(st2, b, 3));
+      const double s3 = v.direct ? (at(st2, b, 3) > 0 ? at(st2, b, 3) - at(st2, b, 0) : 0.0) : at(st2, b, 3);
+      fold.push_back(s3);
+      ring_sum += s3;
+      ring_max = std::max(ring_max, s3);
     }
     const int k = st2 % 5;
     const double d = median(dep), bm = median(built);
-    const double row[6] = {end - prev_end, d - prev_end, median(xb), end - bm, ring_sum / G, ring_max};
+    const double row[6] = {end - prev_end, d - prev_end, median(xb), end - bm, v.direct ? median(fold) : ring_sum / G,
+                           ring_max};
     for (int i = 0; i < 6; ++i) sum[k][i] += row[i] * 1e-3;
     n[k] += 1;
   }
@@ -1467,8 +1478,8 @@ void v2_trace(V2& v, Scratch& s, cudaStream_t st) {
   std::printf(
       "  traced step: %.1f us from the first stage's start to the last arrival; per stage, us (mean over layers):\n",
       (last - first) * 1e-3);
-  std::printf("  %-20s %8s %8s %8s %8s %12s %12s\n", "stage", "period", "hand-off", "build x", "units", "ring wait",
-              "ring wait max");
+  std::printf("  %-20s %8s %8s %8s %8s %12s %12s\n", "stage", "period", "hand-off", "build x", "units",
+              v.direct ? "fold's y" : "ring wait", v.direct ? "fold's y max" : "ring wait max");
   for (int k = 0; k < 5; ++k)
     if (n[k] > 0)
       std::printf("  %-20s %8.2f %8.2f %8.2f %8.2f %12.2f %12.2f\n", names[k], sum[k][0] / n[k], sum[k][1] / n[k],
@@ -1491,7 +1502,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     std::vector<int> v;
-    if (common.take(argc, argv, &i, 14)) continue;
+    if (common.take(argc, argv, &i, 16)) continue;
     if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
         v.size() == 1) {
       (arg == "--layers" ? layers : wide_from) = v[0];
@@ -1538,18 +1549,20 @@ int main(int argc, char** argv) {
   for (int ver = 4; ver <= 5; ++ver)
     if (has(ver))
       for (int r : ring_ok) configs.push_back({ver, r, 0});
-  for (int ver = 6; ver <= 14; ++ver)
+  for (int ver = 6; ver <= 16; ++ver)
     if (has(ver)) configs.push_back({ver, 0, 0});
   const auto config_name = [](const Config& c) {
-    static const char* direct[9] = {"32 warps, 2 items a warp in registers",
-                                    "16 warps, 4 items a warp in registers",
-                                    "version 6, norm weights before the wait",
-                                    "version 8, next-stage loads after the arrival",
-                                    "24 warps, 3 items a warp, norm weights before the wait",
-                                    "version 8, one next-stage item a warp before the arrival",
-                                    "version 11, the rest of the next stage into L2 after the arrival",
-                                    "version 8, no next-stage item before the arrival, all into L2 after it",
-                                    "version 8, the rest of the next stage into L2 after the arrival"};
+    static const char* direct[11] = {"32 warps, 2 items a warp in registers",
+                                     "16 warps, 4 items a warp in registers",
+                                     "version 6, norm weights before the wait",
+                                     "version 8, next-stage loads after the arrival",
+                                     "24 warps, 3 items a warp, norm weights before the wait",
+                                     "version 8, one next-stage item a warp before the arrival",
+                                     "version 11, the rest of the next stage into L2 after the arrival",
+                                     "version 8, no next-stage item before the arrival, all into L2 after it",
+                                     "version 8, the rest of the next stage into L2 after the arrival",
+                                     "version 9 with one item a warp",
+                                     "version 9 with 24 warps"};
     if (c.version >= 6) return "version " + std::to_string(c.version) + " (" + direct[c.version - 6] + ")";
     return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
            (c.lockstep ? ", lockstep" : "");
