@@ -56,7 +56,9 @@
 //  12  version 11, and after the arrival each warp pulls the rest of its next-stage items into L2.
 //  13  version 8 with no next-stage item loaded before the arrival; all of them pulled into L2 after it.
 //  14  version 8, and the rest of the next stage pulled into L2 after the arrival.
-//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-14 run the validation with one block (the emulator runs blocks
+//  15  version 9 with B = 1.  16  version 9 with 24 warps, B = 2.  17  version 10 with the next-stage loads after the
+//      arrival (as version 9). Versions 10 and 15-17 have no register spills on sm_90.
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-17 run the validation with one block (the emulator runs blocks
 //  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
@@ -1341,7 +1343,8 @@ struct Config {
 
 V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   V2 v;
-  v.kernel = cfg.version == 16   ? direct_kernel<24, 2, true, true, 2, false>
+  v.kernel = cfg.version == 17   ? direct_kernel<24, 3, true, true, 3, false>
+             : cfg.version == 16 ? direct_kernel<24, 2, true, true, 2, false>
              : cfg.version == 15 ? direct_kernel<32, 1, true, true, 1, false>
              : cfg.version == 14 ? direct_kernel<32, 2, true, false, 2, true>
              : cfg.version == 13 ? direct_kernel<32, 2, true, false, 0, true>
@@ -1360,7 +1363,10 @@ V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   v.args.lockstep = lockstep;
   const bool direct = cfg.version >= 6;
   v.direct = direct;
-  v.threads = cfg.version == 10 || cfg.version == 16 ? 768 : cfg.version == 7 ? 512 : direct ? 1024 : kThreads;
+  v.threads = cfg.version == 10 || cfg.version == 16 || cfg.version == 17 ? 768
+              : cfg.version == 7                                          ? 512
+              : direct                                                    ? 1024
+                                                                          : kThreads;
   const int sms = kn::device_sms();
 #ifdef GEMMA4_T4_EMU
   // the emulator runs blocks one after another, so one block runs every unit; the k-splits are an H100's
@@ -1502,7 +1508,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     std::vector<int> v;
-    if (common.take(argc, argv, &i, 16)) continue;
+    if (common.take(argc, argv, &i, 17)) continue;
     if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
         v.size() == 1) {
       (arg == "--layers" ? layers : wide_from) = v[0];
@@ -1549,10 +1555,10 @@ int main(int argc, char** argv) {
   for (int ver = 4; ver <= 5; ++ver)
     if (has(ver))
       for (int r : ring_ok) configs.push_back({ver, r, 0});
-  for (int ver = 6; ver <= 16; ++ver)
+  for (int ver = 6; ver <= 17; ++ver)
     if (has(ver)) configs.push_back({ver, 0, 0});
   const auto config_name = [](const Config& c) {
-    static const char* direct[11] = {"32 warps, 2 items a warp in registers",
+    static const char* direct[12] = {"32 warps, 2 items a warp in registers",
                                      "16 warps, 4 items a warp in registers",
                                      "version 6, norm weights before the wait",
                                      "version 8, next-stage loads after the arrival",
@@ -1562,7 +1568,8 @@ int main(int argc, char** argv) {
                                      "version 8, no next-stage item before the arrival, all into L2 after it",
                                      "version 8, the rest of the next stage into L2 after the arrival",
                                      "version 9 with one item a warp",
-                                     "version 9 with 24 warps"};
+                                     "version 9 with 24 warps",
+                                     "version 10 with the next-stage loads after the arrival"};
     if (c.version >= 6) return "version " + std::to_string(c.version) + " (" + direct[c.version - 6] + ")";
     return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
            (c.lockstep ? ", lockstep" : "");
