@@ -321,21 +321,40 @@ __device__ __forceinline__ void bar_prod() { asm volatile("bar.sync 2, 256;\n" :
 constexpr unsigned long long kSpinNs = 500000000ull;               // a wait this long is a fault
 constexpr unsigned kProducerSleepNs = 128, kConsumerSleepNs = 32;  // back-off of the in-block waits
 
+// A counter polled with acquire semantics (each poll), sm_70+.
+__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
+#ifdef GEMMA4_T4_EMU
+  return *reinterpret_cast<const volatile unsigned*>(p);
+#else
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+#endif
+}
+
+// Polls done[s] until it counts every block of this launch (the calling thread only). kAcquire: each poll is an
+// acquire load (versions 6+: no fence after it, which would wait for the block's weight loads in flight); otherwise
+// relaxed, and the caller fences.
+template <bool kAcquire>
+__device__ __forceinline__ void poll_done(const ChainArgs& a, int s) {
+  const unsigned need = a.epoch * gridDim.x;
+  const auto count = [&] { return kAcquire ? ld_acquire(a.done + s) : kn::ld_relaxed(a.done + s); };
+  if (count() >= need) return;
+  const unsigned long long t0 = kn::global_ns();
+  for (unsigned i = 1; count() < need; ++i) {
+    if ((i & 255u) != 0) continue;            // the timer and the fault flag only every 256th poll
+    if (kn::ld_relaxed(a.fault) != 0) break;  // an earlier wait gave up: the launch's results are void
+    if (kn::global_ns() - t0 > kSpinNs) {
+      atomicCAS(a.fault, 0u, unsigned(s) + 1u);
+      break;
+    }
+  }
+}
+
 // Thread 0 of the consumers: wait until done[s] counts every block of this launch.
 __device__ __forceinline__ void wait_stage(const ChainArgs& a, int s) {
   if (threadIdx.x == 0 && s >= 0) {
-    const unsigned need = a.epoch * gridDim.x;
-    if (kn::ld_relaxed(a.done + s) < need) {
-      const unsigned long long t0 = kn::global_ns();
-      for (unsigned i = 1; kn::ld_relaxed(a.done + s) < need; ++i) {
-        if ((i & 255u) != 0) continue;            // the timer and the fault flag only every 256th poll
-        if (kn::ld_relaxed(a.fault) != 0) break;  // an earlier wait gave up: the launch's results are void
-        if (kn::global_ns() - t0 > kSpinNs) {
-          atomicCAS(a.fault, 0u, unsigned(s) + 1u);
-          break;
-        }
-      }
-    }
+    poll_done<false>(a, s);
     kn::fence_acq_rel_gpu();
   }
   bar_cons();
@@ -386,15 +405,21 @@ __device__ __forceinline__ void begin_stage(const ChainArgs& a, RingState* rs, i
   if (threadIdx.x == 0) *reinterpret_cast<volatile unsigned*>(&rs->stage) = unsigned(s) + 1u;
 }
 
-// Sum over the 256 consumer threads (every one gets it). part: [8] shared scratch, free on entry.
-__device__ __forceinline__ float cons_sum(float v, float* part) {
+// Sum over the first NW warps' threads (every one gets it), joined by bar(). part: [NW] shared scratch, free on entry.
+template <int NW, typename Bar>
+__device__ __forceinline__ float warps_sum(float v, float* part, Bar bar) {
   v = kn::warp_sum(v);
   if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
-  bar_cons();
+  bar();
   float s = 0.f;
 #pragma unroll
-  for (int w = 0; w < 8; ++w) s += part[w];
+  for (int w = 0; w < NW; ++w) s += part[w];
   return s;
+}
+
+// Sum over the 256 consumer threads (every one gets it). part: [8] shared scratch, free on entry.
+__device__ __forceinline__ float cons_sum(float v, float* part) {
+  return warps_sum<8>(v, part, [] { bar_cons(); });
 }
 
 // The producers' walk over the block's units, in chain order (stage by stage, unit by unit).
@@ -1019,17 +1044,6 @@ __device__ __forceinline__ RingItem load_item6(const Stage6& s, int i, int gid, 
   return it;
 }
 
-// A counter polled with acquire semantics (each poll), sm_70+.
-__device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
-#ifdef GEMMA4_T4_EMU
-  return *reinterpret_cast<const volatile unsigned*>(p);
-#else
-  unsigned v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-#endif
-}
-
 // Item i's rows into L2, lane by lane: lanes 0-15 the words of row lane (64 bytes: two 32-byte halves, so one line
 // or two sectors either way), lanes 16-31 the scales of row lane - 16 (8 bytes).
 __device__ __forceinline__ void prefetch_l2_any(const void* p) {
@@ -1057,33 +1071,14 @@ __device__ __forceinline__ int warp_items6(int n, int warp, int W) { return warp
 // Thread 0 waits until done[s] counts every block (an acquire load per poll: no fence that would wait for the
 // block's weight loads in flight), then the block's barrier.
 __device__ __forceinline__ void wait6(const ChainArgs& a, int s) {
-  if (threadIdx.x == 0 && s >= 0) {
-    const unsigned need = a.epoch * gridDim.x;
-    if (ld_acquire(a.done + s) < need) {
-      const unsigned long long t0 = kn::global_ns();
-      for (unsigned i = 1; ld_acquire(a.done + s) < need; ++i) {
-        if ((i & 255u) != 0) continue;
-        if (kn::ld_relaxed(a.fault) != 0) break;
-        if (kn::global_ns() - t0 > kSpinNs) {
-          atomicCAS(a.fault, 0u, unsigned(s) + 1u);
-          break;
-        }
-      }
-    }
-  }
+  if (threadIdx.x == 0 && s >= 0) poll_done<true>(a, s);
   __syncthreads();
 }
 
 // Sum over the block (every thread gets it); red: [W] shared scratch, not read since the barrier before.
 template <int W>
 __device__ __forceinline__ float block_sum6(float v, float* red) {
-  v = kn::warp_sum(v);
-  if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0.f;
-#pragma unroll
-  for (int w = 0; w < W; ++w) s += red[w];
-  return s;
+  return warps_sum<W>(v, red, [] { __syncthreads(); });
 }
 
 // A thread's elements t, t + T, ... of a norm weight (kH of them in all).
