@@ -846,6 +846,16 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
   }
 }
 
+// The attention stand-in: a = half(q), q the sum of its k-split parts; this block's share, by `threads` threads.
+__device__ __forceinline__ void attention_stand_in(const ChainArgs& a, int threads) {
+  const int i0 = int((long long)kQ * blockIdx.x / gridDim.x), i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
+  for (int i = i0 + int(threadIdx.x); i < i1; i += threads) {
+    float v = __ldcg(a.yqkv + i);
+    for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
+    a.a[i] = kn::to_half_sat(v);
+  }
+}
+
 // The consumer thread's kHPer elements of a norm weight (a constant: loaded before the stage's wait).
 struct NormW {
   float v[kHPer];
@@ -927,15 +937,7 @@ __device__ void consumer(const ChainArgs& a, unsigned char* ring, RingState* rs,
     wait_stage(a, s);
     stamp(a, s + 1, 0);
     stamp(a, s + 1, 1);
-    {
-      const int i0 = int((long long)kQ * blockIdx.x / gridDim.x),
-                i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
-      for (int i = i0 + t; i < i1; i += kCons) {
-        float v = __ldcg(a.yqkv + i);
-        for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
-        a.a[i] = kn::to_half_sat(v);
-      }
-    }
+    attention_stand_in(a, kCons);
     arrive_stage(a, s + 1);
     // o_proj
     begin_stage(a, rs, s + 2);
@@ -1181,13 +1183,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       stamp(a, s, 0);
       if (kind == kAtt) {  // the attention stand-in: a = half(q), this block's share
         stamp(a, s, 1);
-        const int i0 = int((long long)kQ * blockIdx.x / gridDim.x),
-                  i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
-        for (int i = i0 + t; i < i1; i += T) {
-          float v = __ldcg(a.yqkv + i);
-          for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
-          a.a[i] = kn::to_half_sat(v);
-        }
+        attention_stand_in(a, T);
         __syncthreads();
         stamp(a, s, 2);
         if (t == 0) kn::red_release_add(a.done + s, 1u);
