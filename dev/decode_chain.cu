@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,9,10,15,16,17: the best measured and the ones not yet timed):
+// VERSIONS (default 1,9,10,15-19: the best measured and the ones not yet timed):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -58,7 +58,9 @@
 //  14  version 8, and the rest of the next stage pulled into L2 after the arrival.
 //  15  version 9 with B = 1.  16  version 9 with 24 warps, B = 2.  17  version 10 with the next-stage loads after the
 //      arrival (as version 9). Versions 10 and 15-17 have no register spills on sm_90.
-//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-17 run the validation with one block (the emulator runs blocks
+//  18  version 9 with warp 0 taking no items: the thread that polls and arrives has no weight loads in flight, so
+//      whether the hand-off waits behind the SM's loads or only behind its own warp's shows.  19  version 17 with it.
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-19 run the validation with one block (the emulator runs blocks
 //  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
@@ -1138,10 +1140,11 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
 // W warps, B items a warp in registers. kPre (versions 8-10): the stage's norm weights and the next weighted stage's
 // descriptor are read before the stage's wait, not after it. kDeferAll (version 9): every warp loads its next-stage
 // items only after the block has arrived (versions 6-8, 10: only warp 0, whose thread 0 arrives).
+// kCtl (versions 18-19): warp 0 takes no items, so the thread that polls and arrives has no weight loads in flight.
 // NP: items of the next stage a warp loads into registers before the block arrives (the rest, B - NP, are loaded
 // once the next stage's x is built). kL2 (versions 12-14): after the block arrives, each warp pulls the rest of its
 // next-stage items into L2 (prefetch.global.L2: no register, nothing waits for it).
-template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false>
+template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false>
 __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   static_assert(NP >= 0 && NP <= B, "next-stage items in registers");
   constexpr int T = W * 32;
@@ -1152,6 +1155,10 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   __shared__ float red[2][W];
   __shared__ Stage6 sd[2];  // the current weighted stage and the next (by the parity of its index)
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
+  // kCtl: warp 0 takes no items (it polls and arrives with no weight loads of its own in flight); items are dealt
+  // over the other IW warps, iw being this warp's place among them (-1: none)
+  constexpr int IW = kCtl ? W - 1 : W;
+  const int iw = kCtl ? warp - 1 : warp;
   for (int i = t; i < kH; i += T) hs[i] = a.h_in[i];
   if (t == 0) sd[0] = stage6(a, 0, kQkv);
   __syncthreads();
@@ -1159,7 +1166,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   int gbuf[B];
 #pragma unroll
   for (int b = 0; b < NP; ++b)
-    if (warp + b * W < sd[0].n) buf[b] = load_item6(sd[0], warp + b * W, gid, tig, &gbuf[b]);
+    if (iw >= 0 && iw + b * IW < sd[0].n) buf[b] = load_item6(sd[0], iw + b * IW, gid, tig, &gbuf[b]);
   int ws = 0;  // weighted stages begun
   for (int l = 0; l < a.L; ++l) {
     const ChainLayer& y = a.layers[l];
@@ -1214,15 +1221,15 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       stamp(a, s, 1);
       const Stage6& cs = sd[ws & 1];
       const Stage6& ns = sd[(ws + 1) & 1];
-      const int n = warp_items6(cs.n, warp, W), p = (n + B - 1) / B * B;
+      const int n = (iw >= 0 ? warp_items6(cs.n, iw, IW) : 0), p = (n + B - 1) / B * B;
       const bool defer = kDeferAll || warp == 0;
 #pragma unroll
       for (int b = NP; b < B; ++b)  // the items not loaded before the arrival
-        if (b < n) buf[b] = load_item6(cs, warp + b * W, gid, tig, &gbuf[b]);
+        if (b < n) buf[b] = load_item6(cs, iw + b * IW, gid, tig, &gbuf[b]);
       for (int j = 0; j < p; j += B) {
 #pragma unroll
         for (int b = 0; b < B; ++b) {
-          const int k = j + b, item = warp + k * W;
+          const int k = j + b, item = iw + k * IW;
           if (k < n) {
             const uint4* xp = reinterpret_cast<const uint4*>(xs) + size_t(gbuf[b]) * 4;
             RingItem it = buf[b];  // the scales to both halves here, not at the load (that would wait for it)
@@ -1233,16 +1240,16 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
             if (tig == 0) psum[item][gid] = acc[0], psum[item][gid + 8] = acc[2];
           }
           if (k + B < n) {
-            buf[b] = load_item6(cs, item + B * W, gid, tig, &gbuf[b]);
-          } else if (j + B >= p && b < NP && !defer && warp + b * W < ns.n) {
-            buf[b] = load_item6(ns, warp + b * W, gid, tig, &gbuf[b]);
+            buf[b] = load_item6(cs, item + B * IW, gid, tig, &gbuf[b]);
+          } else if (j + B >= p && b < NP && !defer && iw >= 0 && iw + b * IW < ns.n) {
+            buf[b] = load_item6(ns, iw + b * IW, gid, tig, &gbuf[b]);
           }
         }
       }
       if (p == 0 && !defer) {
 #pragma unroll
         for (int b = 0; b < NP; ++b)
-          if (warp + b * W < ns.n) buf[b] = load_item6(ns, warp + b * W, gid, tig, &gbuf[b]);
+          if (iw >= 0 && iw + b * IW < ns.n) buf[b] = load_item6(ns, iw + b * IW, gid, tig, &gbuf[b]);
       }
       __syncthreads();
       // epilogue: a unit's 16 rows, k-tiles added in order
@@ -1267,10 +1274,10 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       if (defer) {
 #pragma unroll
         for (int b = 0; b < NP; ++b)
-          if (warp + b * W < ns.n) buf[b] = load_item6(ns, warp + b * W, gid, tig, &gbuf[b]);
+          if (iw >= 0 && iw + b * IW < ns.n) buf[b] = load_item6(ns, iw + b * IW, gid, tig, &gbuf[b]);
       }
       if (kL2)
-        for (int i = warp + NP * W; i < ns.n; i += W) prefetch_item6(ns, i, lane);
+        for (int i = iw + NP * IW; iw >= 0 && i < ns.n; i += IW) prefetch_item6(ns, i, lane);
       ++ws;
     }
   }
@@ -1334,7 +1341,9 @@ struct Config {
 
 V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   V2 v;
-  v.kernel = cfg.version == 17   ? direct_kernel<24, 3, true, true, 3, false>
+  v.kernel = cfg.version == 19   ? direct_kernel<24, 3, true, true, 3, false, true>
+             : cfg.version == 18 ? direct_kernel<32, 2, true, true, 2, false, true>
+             : cfg.version == 17 ? direct_kernel<24, 3, true, true, 3, false>
              : cfg.version == 16 ? direct_kernel<24, 2, true, true, 2, false>
              : cfg.version == 15 ? direct_kernel<32, 1, true, true, 1, false>
              : cfg.version == 14 ? direct_kernel<32, 2, true, false, 2, true>
@@ -1354,10 +1363,10 @@ V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   v.args.lockstep = lockstep;
   const bool direct = cfg.version >= 6;
   v.direct = direct;
-  v.threads = cfg.version == 10 || cfg.version == 16 || cfg.version == 17 ? 768
-              : cfg.version == 7                                          ? 512
-              : direct                                                    ? 1024
-                                                                          : kThreads;
+  v.threads = cfg.version == 10 || cfg.version == 16 || cfg.version == 17 || cfg.version == 19 ? 768
+              : cfg.version == 7                                                               ? 512
+              : direct                                                                         ? 1024
+                                                                                               : kThreads;
   const int sms = kn::device_sms();
 #ifdef GEMMA4_T4_EMU
   // the emulator runs blocks one after another, so one block runs every unit; the k-splits are an H100's
@@ -1492,14 +1501,14 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 9, 10, 15, 16, 17};
+  common.versions = {1, 9, 10, 15, 16, 17, 18, 19};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     std::vector<int> v;
-    if (common.take(argc, argv, &i, 17)) continue;
+    if (common.take(argc, argv, &i, 19)) continue;
     if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
         v.size() == 1) {
       (arg == "--layers" ? layers : wide_from) = v[0];
@@ -1546,10 +1555,10 @@ int main(int argc, char** argv) {
   for (int ver = 4; ver <= 5; ++ver)
     if (has(ver))
       for (int r : ring_ok) configs.push_back({ver, r, 0});
-  for (int ver = 6; ver <= 17; ++ver)
+  for (int ver = 6; ver <= 19; ++ver)
     if (has(ver)) configs.push_back({ver, 0, 0});
   const auto config_name = [](const Config& c) {
-    static const char* direct[12] = {"32 warps, 2 items a warp in registers",
+    static const char* direct[14] = {"32 warps, 2 items a warp in registers",
                                      "16 warps, 4 items a warp in registers",
                                      "version 6, norm weights before the wait",
                                      "version 8, next-stage loads after the arrival",
@@ -1560,7 +1569,9 @@ int main(int argc, char** argv) {
                                      "version 8, the rest of the next stage into L2 after the arrival",
                                      "version 9 with one item a warp",
                                      "version 9 with 24 warps",
-                                     "version 10 with the next-stage loads after the arrival"};
+                                     "version 10 with the next-stage loads after the arrival",
+                                     "version 9 with warp 0 taking no items",
+                                     "version 17 with warp 0 taking no items"};
     if (c.version >= 6) return "version " + std::to_string(c.version) + " (" + direct[c.version - 6] + ")";
     return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
            (c.lockstep ? ", lockstep" : "");
