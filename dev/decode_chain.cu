@@ -1030,20 +1030,30 @@ __device__ __forceinline__ Stage6 stage6(const ChainArgs& a, int l, int kind) {
   return s;
 }
 
-// Item i of the block's stage: unit u0 + i / (M ktn), matrix (i / ktn) % M, k-tile i % ktn. Its x column group
-// (32 columns: this lane's 16-byte chunk) in *g. The scales as loaded (one half in the low bits).
-__device__ __forceinline__ RingItem load_item6(const Stage6& s, int i, int gid, int tig, int* g) {
+// Where item i of the block's stage lies: unit u0 + i / (M ktn), matrix (i / ktn) % M, k-tile i % ktn; its
+// matrix's words and scales, its first row and its k-tile's first 16-byte chunk of a row.
+struct ItemAt6 {
+  const uint32_t* q;
+  const half* sc;
+  int row0, c0;
+};
+__device__ __forceinline__ ItemAt6 item_at6(const Stage6& s, int i) {
   const int per = s.m.M * s.ktn, uu = i / per, r = i - uu * per, mi = r >= s.ktn ? 1 : 0, kt = r - mi * s.ktn;
   const int u = s.u0 + uu, tile = u / s.m.P, part = u - tile * s.m.P;
-  const int c = (part * s.ktn + kt) * 4 + tig;  // the row's 16-byte chunk
-  const uint32_t* q = mi ? s.m.q1 : s.m.q0;
-  const half* sc = mi ? s.m.s1 : s.m.s0;
-  const size_t ra = size_t(tile) * 16 + size_t(gid), rb = ra + 8;
+  return {mi ? s.m.q1 : s.m.q0, mi ? s.m.s1 : s.m.s0, tile * 16, (part * s.ktn + kt) * 4};
+}
+
+// Item i's rows gid and gid + 8, this lane's 16-byte chunk (tig) of them. Its x column group (32 columns: the
+// chunk) in *g. The scales as loaded (one half in the low bits).
+__device__ __forceinline__ RingItem load_item6(const Stage6& s, int i, int gid, int tig, int* g) {
+  const ItemAt6 at = item_at6(s, i);
+  const int c = at.c0 + tig;
+  const size_t ra = size_t(at.row0) + size_t(gid), rb = ra + 8;
   RingItem it;
-  it.qa = kn::ld_weights_all(reinterpret_cast<const uint4*>(q + ra * size_t(s.m.in / 8)) + c);
-  it.qb = kn::ld_weights_all(reinterpret_cast<const uint4*>(q + rb * size_t(s.m.in / 8)) + c);
-  it.sa = kn::ld_u16(reinterpret_cast<const unsigned short*>(sc + ra * size_t(s.m.in / 32) + c), true);
-  it.sb = kn::ld_u16(reinterpret_cast<const unsigned short*>(sc + rb * size_t(s.m.in / 32) + c), true);
+  it.qa = kn::ld_weights_all(reinterpret_cast<const uint4*>(at.q + ra * size_t(s.m.in / 8)) + c);
+  it.qb = kn::ld_weights_all(reinterpret_cast<const uint4*>(at.q + rb * size_t(s.m.in / 8)) + c);
+  it.sa = kn::ld_u16(reinterpret_cast<const unsigned short*>(at.sc + ra * size_t(s.m.in / 32) + c), true);
+  it.sb = kn::ld_u16(reinterpret_cast<const unsigned short*>(at.sc + rb * size_t(s.m.in / 32) + c), true);
   *g = c;
   return it;
 }
@@ -1058,15 +1068,14 @@ __device__ __forceinline__ void prefetch_l2_any(const void* p) {
 #endif
 }
 __device__ __forceinline__ void prefetch_item6(const Stage6& s, int i, int lane) {
-  const int per = s.m.M * s.ktn, uu = i / per, r = i - uu * per, mi = r >= s.ktn ? 1 : 0, kt = r - mi * s.ktn;
-  const int u = s.u0 + uu, tile = u / s.m.P, part = u - tile * s.m.P, c = (part * s.ktn + kt) * 4;
-  const size_t row = size_t(tile) * 16 + size_t(lane & 15);
+  const ItemAt6 at = item_at6(s, i);
+  const size_t row = size_t(at.row0) + size_t(lane & 15);
   if (lane < 16) {
-    const uint4* q = reinterpret_cast<const uint4*>((mi ? s.m.q1 : s.m.q0) + row * size_t(s.m.in / 8)) + c;
+    const uint4* q = reinterpret_cast<const uint4*>(at.q + row * size_t(s.m.in / 8)) + at.c0;
     prefetch_l2_any(q);
     prefetch_l2_any(q + 2);
   } else {
-    prefetch_l2_any((mi ? s.m.s1 : s.m.s0) + row * size_t(s.m.in / 32) + c);
+    prefetch_l2_any(at.sc + row * size_t(s.m.in / 32) + at.c0);
   }
 }
 
@@ -1164,9 +1173,19 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   __syncthreads();
   RingItem buf[B];
   int gbuf[B];
+  // slot b <- this warp's item b of stage st, if it has one
+  const auto take = [&](const Stage6& st, int b) {
+    if (iw >= 0 && iw + b * IW < st.n) buf[b] = load_item6(st, iw + b * IW, gid, tig, &gbuf[b]);
+  };
+  // thread 0: the next weighted stage's descriptor (none past the last layer)
+  const auto describe_next = [&](int cur, int nl, int nk) {
+    if (nl < a.L)
+      sd[(cur + 1) & 1] = stage6(a, nl, nk);
+    else
+      sd[(cur + 1) & 1].n = 0;
+  };
 #pragma unroll
-  for (int b = 0; b < NP; ++b)
-    if (iw >= 0 && iw + b * IW < sd[0].n) buf[b] = load_item6(sd[0], iw + b * IW, gid, tig, &gbuf[b]);
+  for (int b = 0; b < NP; ++b) take(sd[0], b);
   int ws = 0;  // weighted stages begun
   for (int l = 0; l < a.L; ++l) {
     const ChainLayer& y = a.layers[l];
@@ -1174,15 +1193,9 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       const int s = 5 * l + kind;
       // the next weighted stage (its items are loaded in this stage's last group)
       const int nl = kind == kDn ? l + 1 : l, nk = kind == kQkv ? kO : kind == kO ? kGu : kind == kGu ? kDn : kQkv;
-      const bool has_next = nl < a.L;
       N6 wp{}, wn{};
       if (kPre && kind != kAtt) {
-        if (t == 0) {
-          if (has_next)
-            sd[(ws + 1) & 1] = stage6(a, nl, nk);
-          else
-            sd[(ws + 1) & 1].n = 0;
-        }
+        if (t == 0) describe_next(ws, nl, nk);
         if (kind == kQkv) wp = norm6<W>(l > 0 ? a.layers[l - 1].w_post2 : nullptr), wn = norm6<W>(y.w_in);
         if (kind == kGu) wp = norm6<W>(y.w_post1), wn = norm6<W>(y.w_pre2);
       }
@@ -1211,12 +1224,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
         for (int i = t; i < n / 8; i += T)
           reinterpret_cast<uint4*>(xs)[i] = kn::ld_cg(reinterpret_cast<const uint4*>(src) + i, true);
       }
-      if (!kPre && t == 0) {
-        if (has_next)
-          sd[(ws + 1) & 1] = stage6(a, nl, nk);
-        else
-          sd[(ws + 1) & 1].n = 0;
-      }
+      if (!kPre && t == 0) describe_next(ws, nl, nk);
       __syncthreads();
       stamp(a, s, 1);
       const Stage6& cs = sd[ws & 1];
@@ -1224,8 +1232,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       const int n = (iw >= 0 ? warp_items6(cs.n, iw, IW) : 0), p = (n + B - 1) / B * B;
       const bool defer = kDeferAll || warp == 0;
 #pragma unroll
-      for (int b = NP; b < B; ++b)  // the items not loaded before the arrival
-        if (b < n) buf[b] = load_item6(cs, iw + b * IW, gid, tig, &gbuf[b]);
+      for (int b = NP; b < B; ++b) take(cs, b);  // the items not loaded before the arrival
       for (int j = 0; j < p; j += B) {
 #pragma unroll
         for (int b = 0; b < B; ++b) {
@@ -1241,15 +1248,14 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
           }
           if (k + B < n) {
             buf[b] = load_item6(cs, item + B * IW, gid, tig, &gbuf[b]);
-          } else if (j + B >= p && b < NP && !defer && iw >= 0 && iw + b * IW < ns.n) {
-            buf[b] = load_item6(ns, iw + b * IW, gid, tig, &gbuf[b]);
+          } else if (j + B >= p && b < NP && !defer) {
+            take(ns, b);
           }
         }
       }
       if (p == 0 && !defer) {
 #pragma unroll
-        for (int b = 0; b < NP; ++b)
-          if (iw >= 0 && iw + b * IW < ns.n) buf[b] = load_item6(ns, iw + b * IW, gid, tig, &gbuf[b]);
+        for (int b = 0; b < NP; ++b) take(ns, b);
       }
       __syncthreads();
       // epilogue: a unit's 16 rows, k-tiles added in order
@@ -1273,8 +1279,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       if (t == 0) kn::red_release_add(a.done + s, 1u);
       if (defer) {
 #pragma unroll
-        for (int b = 0; b < NP; ++b)
-          if (iw >= 0 && iw + b * IW < ns.n) buf[b] = load_item6(ns, iw + b * IW, gid, tig, &gbuf[b]);
+        for (int b = 0; b < NP; ++b) take(ns, b);
       }
       if (kL2)
         for (int i = iw + NP * IW; iw >= 0 && i < ns.n; i += IW) prefetch_item6(ns, i, lane);
@@ -1335,44 +1340,61 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   size_t smem = 0;
 };
 
+// Versions 6-19: each one's kernel, block size (W warps) and what it tries.
+struct DirectVersion {
+  void (*kernel)(ChainArgs);
+  int threads;
+  const char* what;
+};
+template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false>
+DirectVersion direct_version(const char* what) {
+  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl>, W * 32, what};
+}
+const DirectVersion& direct_version_of(int version) {
+  static const DirectVersion t[] = {
+      direct_version<32, 2, false, false>("32 warps, 2 items a warp in registers"),
+      direct_version<16, 4, false, false>("16 warps, 4 items a warp in registers"),
+      direct_version<32, 2, true, false>("version 6, norm weights before the wait"),
+      direct_version<32, 2, true, true>("version 8, next-stage loads after the arrival"),
+      direct_version<24, 3, true, false>("24 warps, 3 items a warp, norm weights before the wait"),
+      direct_version<32, 2, true, false, 1, false>("version 8, one next-stage item a warp before the arrival"),
+      direct_version<32, 2, true, false, 1, true>("version 11, the rest of the next stage into L2 after the arrival"),
+      direct_version<32, 2, true, false, 0, true>(
+          "version 8, no next-stage item before the arrival, all into L2 after it"),
+      direct_version<32, 2, true, false, 2, true>("version 8, the rest of the next stage into L2 after the arrival"),
+      direct_version<32, 1, true, true, 1, false>("version 9 with one item a warp"),
+      direct_version<24, 2, true, true, 2, false>("version 9 with 24 warps"),
+      direct_version<24, 3, true, true, 3, false>("version 10 with the next-stage loads after the arrival"),
+      direct_version<32, 2, true, true, 2, false, true>("version 9 with warp 0 taking no items"),
+      direct_version<24, 3, true, true, 3, false, true>("version 17 with warp 0 taking no items"),
+  };
+  if (version < 6 || version - 6 >= int(sizeof t / sizeof t[0]))
+    std::exit((std::fprintf(stderr, "no direct version %d\n", version), 2));
+  return t[version - 6];
+}
+constexpr int kLastVersion = 19;  // 6 + the table's entries - 1
+
 struct Config {
   int version, ring_kb, lockstep;
 };
 
 V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   V2 v;
-  v.kernel = cfg.version == 19   ? direct_kernel<24, 3, true, true, 3, false, true>
-             : cfg.version == 18 ? direct_kernel<32, 2, true, true, 2, false, true>
-             : cfg.version == 17 ? direct_kernel<24, 3, true, true, 3, false>
-             : cfg.version == 16 ? direct_kernel<24, 2, true, true, 2, false>
-             : cfg.version == 15 ? direct_kernel<32, 1, true, true, 1, false>
-             : cfg.version == 14 ? direct_kernel<32, 2, true, false, 2, true>
-             : cfg.version == 13 ? direct_kernel<32, 2, true, false, 0, true>
-             : cfg.version == 12 ? direct_kernel<32, 2, true, false, 1, true>
-             : cfg.version == 11 ? direct_kernel<32, 2, true, false, 1, false>
-             : cfg.version == 10 ? direct_kernel<24, 3, true, false>
-             : cfg.version == 9  ? direct_kernel<32, 2, true, true>
-             : cfg.version == 8  ? direct_kernel<32, 2, true, false>
-             : cfg.version == 7  ? direct_kernel<16, 4, false, false>
-             : cfg.version == 6  ? direct_kernel<32, 2, false, false>
-             : cfg.version == 5  ? chain_kernel<5>
-             : cfg.version == 4  ? chain_kernel<4>
-             : cfg.version == 3  ? chain_kernel<3>
-                                 : chain_kernel<2>;
+  const bool direct = cfg.version >= 6;
+  v.kernel = direct             ? direct_version_of(cfg.version).kernel
+             : cfg.version == 5 ? chain_kernel<5>
+             : cfg.version == 4 ? chain_kernel<4>
+             : cfg.version == 3 ? chain_kernel<3>
+                                : chain_kernel<2>;
+  v.direct = direct;
+  v.threads = direct ? direct_version_of(cfg.version).threads : kThreads;
   const int ring_kb = cfg.ring_kb, lockstep = cfg.lockstep;
   v.args.lockstep = lockstep;
-  const bool direct = cfg.version >= 6;
-  v.direct = direct;
-  v.threads = cfg.version == 10 || cfg.version == 16 || cfg.version == 17 || cfg.version == 19 ? 768
-              : cfg.version == 7                                                               ? 512
-              : direct                                                                         ? 1024
-                                                                                               : kThreads;
-  const int sms = kn::device_sms();
 #ifdef GEMMA4_T4_EMU
   // the emulator runs blocks one after another, so one block runs every unit; the k-splits are an H100's
   const int grid = 1, split_sms = 132;
 #else
-  const int grid = sms, split_sms = sms;
+  const int grid = kn::device_sms(), split_sms = grid;
 #endif
   const auto parts = [&](int out, int in) {
     return direct ? choose_parts6(out, in, split_sms) : choose_parts(out, in, split_sms);
@@ -1508,7 +1530,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     std::vector<int> v;
-    if (common.take(argc, argv, &i, 19)) continue;
+    if (common.take(argc, argv, &i, kLastVersion)) continue;
     if ((arg == "--layers" || arg == "--wide-from") && i + 1 < argc && lab::parse_ints(argv[i + 1], &v) &&
         v.size() == 1) {
       (arg == "--layers" ? layers : wide_from) = v[0];
@@ -1517,7 +1539,7 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       std::fprintf(stderr,
-                   "usage: lab_decode_chain [1,2] [--layers N] [--wide-from L] [--ring-kb 128,64,32] [--reps N] "
+                   "usage: lab_decode_chain [VERSIONS] [--layers N] [--wide-from L] [--ring-kb 128,64,32] [--reps N] "
                    "[--samples N] [--validate-only]\n");
       return 2;
     }
@@ -1555,24 +1577,10 @@ int main(int argc, char** argv) {
   for (int ver = 4; ver <= 5; ++ver)
     if (has(ver))
       for (int r : ring_ok) configs.push_back({ver, r, 0});
-  for (int ver = 6; ver <= 19; ++ver)
+  for (int ver = 6; ver <= kLastVersion; ++ver)
     if (has(ver)) configs.push_back({ver, 0, 0});
   const auto config_name = [](const Config& c) {
-    static const char* direct[14] = {"32 warps, 2 items a warp in registers",
-                                     "16 warps, 4 items a warp in registers",
-                                     "version 6, norm weights before the wait",
-                                     "version 8, next-stage loads after the arrival",
-                                     "24 warps, 3 items a warp, norm weights before the wait",
-                                     "version 8, one next-stage item a warp before the arrival",
-                                     "version 11, the rest of the next stage into L2 after the arrival",
-                                     "version 8, no next-stage item before the arrival, all into L2 after it",
-                                     "version 8, the rest of the next stage into L2 after the arrival",
-                                     "version 9 with one item a warp",
-                                     "version 9 with 24 warps",
-                                     "version 10 with the next-stage loads after the arrival",
-                                     "version 9 with warp 0 taking no items",
-                                     "version 17 with warp 0 taking no items"};
-    if (c.version >= 6) return "version " + std::to_string(c.version) + " (" + direct[c.version - 6] + ")";
+    if (c.version >= 6) return "version " + std::to_string(c.version) + " (" + direct_version_of(c.version).what + ")";
     return "version " + std::to_string(c.version) + ", ring " + std::to_string(c.ring_kb) + " KiB" +
            (c.lockstep ? ", lockstep" : "");
   };
