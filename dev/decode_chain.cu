@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,9,10,15-19: the best measured and the ones not yet timed):
+// VERSIONS (default 1,16,19,20,21: the best measured and the ones not yet timed):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -60,7 +60,12 @@
 //      arrival (as version 9). Versions 10 and 15-17 have no register spills on sm_90.
 //  18  version 9 with warp 0 taking no items: the thread that polls and arrives has no weight loads in flight, so
 //      whether the hand-off waits behind the SM's loads or only behind its own warp's shows.  19  version 17 with it.
-//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-19 run the validation with one block (the emulator runs blocks
+//  20  version 19 with down_proj waiting per k-tile, not per stage: gate/up's blocks count their row tiles into a
+//      counter per 128-column k-tile of act, and each warp polls the counter of its item's k-tile and reads those
+//      128 columns from L2: no stage counter, no block barrier and no x in shared memory before down_proj.
+//  21  version 20 with o_proj the same way on a's k-tiles: warp 0 (which takes no items) does the block's share of
+//      the attention stand-in as soon as q/k/v's k-tile counters cover it, and counts it into a's.
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-21 run the validation with one block (the emulator runs blocks
 //  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
@@ -85,6 +90,7 @@ namespace {
 
 constexpr int kH = 1536, kQ = 2048, kKV = 256, kQKV = kQ + 2 * kKV;
 constexpr float kEps = 1e-6f;
+constexpr int kTileCounters = 96;  // versions 20-21: 128-column k-tiles of the widest x (act, 12288 wide)
 
 // ---- the model (device) ----
 
@@ -203,9 +209,12 @@ std::vector<double> ref_chain(const std::vector<Layer>& m, const std::vector<flo
 struct Scratch {  // activations of both versions
   lab::DevBuf<float> h{kH}, h_in{kH}, y_q{kQ}, y_k{kKV}, y_v{kKV}, yqkv, yo, yd;
   lab::DevBuf<half> x1{kH}, x2{kH}, a{kQ}, act{12288};
-  lab::DevBuf<unsigned> done, fault{1};
+  lab::DevBuf<unsigned> done, fault{1};  // done: the stage counters, then the k-tile counters (versions 20-21)
   Scratch(int layers, int parts)
-      : yqkv(size_t(parts) * kQKV), yo(size_t(parts) * kH), yd(size_t(parts) * kH), done(size_t(5 * layers)) {
+      : yqkv(size_t(parts) * kQKV),
+        yo(size_t(parts) * kH),
+        yd(size_t(parts) * kH),
+        done(size_t(5 * layers) + size_t(layers) * 3 * kTileCounters) {
     LAB_CHECK(cudaMemset(done.get(), 0, done.size() * sizeof(unsigned)));
     LAB_CHECK(cudaMemset(fault.get(), 0, sizeof(unsigned)));
   }
@@ -267,6 +276,9 @@ struct ChainArgs {
   half* act = nullptr;       // [I]
   float* yd = nullptr;       // [pd][kH]
   unsigned* done = nullptr;  // [5 L] monotonic: launch e waits for e * gridDim.x
+  // versions 20-21: [L][3][kTileCounters] per 128-column k-tile of the next matrix's x, monotonic like done: q/k/v's
+  // units of q (8 tiles x pq parts a k-tile), the stand-in's elements of a (128), gate/up's tiles of act (8)
+  unsigned* tiles = nullptr;
   unsigned* fault = nullptr;
   unsigned epoch = 1;
   int pq = 1, po = 1;
@@ -1079,6 +1091,51 @@ __device__ __forceinline__ void prefetch_item6(const Stage6& s, int i, int lane)
   }
 }
 
+// Versions 20-21: polls *p until it reaches need (an acquire load a poll, by each lane that then reads what the
+// counter guards), backing off 32 ns a miss (on the CPU emulator the back-off is what lets the producing fiber run);
+// gives up like poll_done.
+__device__ __forceinline__ void poll_ge(const ChainArgs& a, const unsigned* p, unsigned need, unsigned code) {
+  if (ld_acquire(p) >= need) return;
+  const unsigned long long t0 = kn::global_ns();
+  for (unsigned i = 1; ld_acquire(p) < need; ++i) {
+    __nanosleep(kConsumerSleepNs);
+    if ((i & 255u) != 0) continue;
+    if (kn::ld_relaxed(a.fault) != 0) break;
+    if (kn::global_ns() - t0 > kSpinNs) {
+      atomicCAS(a.fault, 0u, code);
+      break;
+    }
+  }
+}
+
+// Versions 20-21, one thread, after the block's epilogue: counts the block's units [u0, u1) below `limit` into the
+// counters c of their k-tiles of the next matrix's x (per_kt units to a k-tile: 8 row tiles x the k-split parts).
+__device__ __forceinline__ void arrive_units(unsigned* c, int u0, int u1, int per_kt, int limit) {
+  for (int u = u0; u < min(u1, limit);) {
+    const int kt = u / per_kt, e = min(min(u1, limit), (kt + 1) * per_kt);
+    kn::red_release_add(c + kt, unsigned(e - u));
+    u = e;
+  }
+}
+
+// Version 21's attention stand-in, by one warp a block, without a block barrier: the block's share of a = half(q)
+// once q/k/v's counters say its k-tiles of q are stored, then a's k-tile counters (128 elements a k-tile).
+__device__ __forceinline__ void stand_in_tiles(const ChainArgs& a, int l) {
+  const int lane = threadIdx.x & 31;
+  const int i0 = int((long long)kQ * blockIdx.x / gridDim.x), i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
+  if (i1 <= i0) return;
+  const unsigned* qc = a.tiles + size_t(3 * l) * kTileCounters;
+  unsigned* ac = a.tiles + size_t(3 * l + 1) * kTileCounters;
+  for (int kt = i0 / 128; kt <= (i1 - 1) / 128; ++kt) poll_ge(a, qc + kt, a.epoch * 8u * unsigned(a.pq), 5u * l + 2u);
+  for (int i = i0 + lane; i < i1; i += 32) {
+    float v = __ldcg(a.yqkv + i);
+    for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
+    a.a[i] = kn::to_half_sat(v);
+  }
+  __syncwarp();
+  if (lane == 0) arrive_units(ac, i0, i1, 128, kQ);
+}
+
 __device__ __forceinline__ int warp_items6(int n, int warp, int W) { return warp < n ? (n - warp + W - 1) / W : 0; }
 
 // Thread 0 waits until done[s] counts every block (an acquire load per poll: no fence that would wait for the
@@ -1153,9 +1210,15 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
 // NP: items of the next stage a warp loads into registers before the block arrives (the rest, B - NP, are loaded
 // once the next stage's x is built). kL2 (versions 12-14): after the block arrives, each warp pulls the rest of its
 // next-stage items into L2 (prefetch.global.L2: no register, nothing waits for it).
-template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false>
+// kTiles (versions 20-21): stages whose x is another stage's output (not a fold) wait per k-tile, not per stage: a
+// warp polls the counter of its item's k-tile and reads that k-tile of x from memory (L2), with no block barrier
+// before the stage. 1: down_proj on gate/up's tiles of act. 2: also o_proj on a's k-tiles, which warp 0 (kCtl: it
+// takes no items) writes as the attention stand-in once q/k/v's counters cover its share of q.
+template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0>
 __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   static_assert(NP >= 0 && NP <= B, "next-stage items in registers");
+  static_assert(kTiles == 0 || (kPre && kCtl),
+                "k-tile waits: descriptors before the wait, warp 0 free for the stand-in");
   constexpr int T = W * 32;
   using N6 = Norm6<(kH + T - 1) / T>;
   __shared__ __align__(16) half xs[kMaxIn];
@@ -1199,7 +1262,16 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
         if (kind == kQkv) wp = norm6<W>(l > 0 ? a.layers[l - 1].w_post2 : nullptr), wn = norm6<W>(y.w_in);
         if (kind == kGu) wp = norm6<W>(y.w_post1), wn = norm6<W>(y.w_pre2);
       }
-      wait6(a, s - 1);
+      // an x of k-tiles waited for by each warp (no stage wait, no barrier; the descriptors were read before it)
+      const bool tiled = (kTiles >= 1 && kind == kDn) || (kTiles >= 2 && kind == kO);
+      if (kTiles >= 2 && kind == kAtt) {  // warp 0 only, on q/k/v's k-tile counters; no arrival on done
+        stamp(a, s, 0);
+        stamp(a, s, 1);
+        if (warp == 0) stand_in_tiles(a, l);
+        stamp(a, s, 2);
+        continue;
+      }
+      if (!tiled) wait6(a, s - 1);
       stamp(a, s, 0);
       if (kind == kAtt) {  // the attention stand-in: a = half(q), this block's share
         stamp(a, s, 1);
@@ -1218,19 +1290,24 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
           fold6<W, kPre>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn, mark);
       } else if (kind == kGu) {
         fold6<W, kPre>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark);
-      } else {
+      } else if (!tiled) {
         const half* src = kind == kO ? a.a : a.act;
         const int n = kind == kO ? kQ : y.I;
         for (int i = t; i < n / 8; i += T)
           reinterpret_cast<uint4*>(xs)[i] = kn::ld_cg(reinterpret_cast<const uint4*>(src) + i, true);
       }
       if (!kPre && t == 0) describe_next(ws, nl, nk);
-      __syncthreads();
+      if (!tiled) __syncthreads();
       stamp(a, s, 1);
       const Stage6& cs = sd[ws & 1];
       const Stage6& ns = sd[(ws + 1) & 1];
       const int n = (iw >= 0 ? warp_items6(cs.n, iw, IW) : 0), p = (n + B - 1) / B * B;
       const bool defer = kDeferAll || warp == 0;
+      // tiled: x's source, its k-tile counters and their count when complete; the k-tile this lane last waited for
+      const uint4* xg = reinterpret_cast<const uint4*>(kind == kO ? a.a : a.act);
+      const unsigned* tc = a.tiles + size_t(3 * l + (kind == kO ? 1 : 2)) * kTileCounters;
+      const unsigned tneed = a.epoch * (kind == kO ? 128u : 8u);
+      int ready = -1;
 #pragma unroll
       for (int b = NP; b < B; ++b) take(cs, b);  // the items not loaded before the arrival
       for (int j = 0; j < p; j += B) {
@@ -1243,7 +1320,19 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
             it.sa |= it.sa << 16;
             it.sb |= it.sb << 16;
             float acc[4] = {0.f, 0.f, 0.f, 0.f};
-            item_mma_xw(acc, it, [&](int w) { return gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u); });
+            if (tiled) {  // lanes gid 0 (B's column 0): wait for the item's k-tile, then its 32 columns from L2
+              uint4 xv[4] = {};
+              if (gid == 0) {
+                const int kt = gbuf[b] >> 2;
+                if (kt != ready) poll_ge(a, tc + kt, tneed, unsigned(s) + 1u), ready = kt;
+#pragma unroll
+                for (int w = 0; w < 4; ++w) xv[w] = kn::ld_cg(xg + size_t(gbuf[b]) * 4 + w, true);
+              }
+              __syncwarp();
+              item_mma_xw(acc, it, [&](int w) { return xv[w]; });
+            } else {
+              item_mma_xw(acc, it, [&](int w) { return gid == 0 ? xp[w] : make_uint4(0u, 0u, 0u, 0u); });
+            }
             if (tig == 0) psum[item][gid] = acc[0], psum[item][gid + 8] = acc[2];
           }
           if (k + B < n) {
@@ -1276,6 +1365,12 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       }
       __syncthreads();
       stamp(a, s, 2);
+      if (kTiles >= 1 && t == 0) {  // the k-tile counters of the stages that wait per k-tile on this one
+        const int units = cs.n / (cs.m.M * cs.ktn);
+        if (kTiles >= 2 && kind == kQkv)
+          arrive_units(a.tiles + size_t(3 * l) * kTileCounters, cs.u0, cs.u0 + units, 8 * cs.m.P, kQ / 16 * cs.m.P);
+        if (kind == kGu) arrive_units(a.tiles + size_t(3 * l + 2) * kTileCounters, cs.u0, cs.u0 + units, 8, y.I / 16);
+      }
       if (t == 0) kn::red_release_add(a.done + s, 1u);
       if (defer) {
 #pragma unroll
@@ -1340,15 +1435,15 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   size_t smem = 0;
 };
 
-// Versions 6-19: each one's kernel, block size (W warps) and what it tries.
+// Versions 6-21: each one's kernel, block size (W warps) and what it tries.
 struct DirectVersion {
   void (*kernel)(ChainArgs);
   int threads;
   const char* what;
 };
-template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false>
+template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0>
 DirectVersion direct_version(const char* what) {
-  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl>, W * 32, what};
+  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl, kTiles>, W * 32, what};
 }
 const DirectVersion& direct_version_of(int version) {
   static const DirectVersion t[] = {
@@ -1367,12 +1462,15 @@ const DirectVersion& direct_version_of(int version) {
       direct_version<24, 3, true, true, 3, false>("version 10 with the next-stage loads after the arrival"),
       direct_version<32, 2, true, true, 2, false, true>("version 9 with warp 0 taking no items"),
       direct_version<24, 3, true, true, 3, false, true>("version 17 with warp 0 taking no items"),
+      direct_version<24, 3, true, true, 3, false, true, 1>("version 19, down_proj waiting per k-tile of act"),
+      direct_version<24, 3, true, true, 3, false, true, 2>(
+          "version 20, o_proj waiting per k-tile of a (the stand-in by warp 0, per k-tile of q)"),
   };
   if (version < 6 || version - 6 >= int(sizeof t / sizeof t[0]))
     std::exit((std::fprintf(stderr, "no direct version %d\n", version), 2));
   return t[version - 6];
 }
-constexpr int kLastVersion = 19;  // 6 + the table's entries - 1
+constexpr int kLastVersion = 21;  // 6 + the table's entries - 1
 
 struct Config {
   int version, ring_kb, lockstep;
@@ -1418,6 +1516,7 @@ V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   a.h_out = s.h.get();
   a.yqkv = s.yqkv.get(), a.a = s.a.get(), a.yo = s.yo.get(), a.act = s.act.get(), a.yd = s.yd.get();
   a.done = s.done.get(), a.fault = s.fault.get();
+  a.tiles = s.done.get() + 5 * a.L;
   a.pq = parts(kQKV, kH);
   a.po = parts(kH, kQ);
   if (a.pq < 1 || a.po < 1) std::exit((std::fprintf(stderr, "no k-split for q/k/v or o_proj\n"), 2));
@@ -1523,7 +1622,7 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 9, 10, 15, 16, 17, 18, 19};
+  common.versions = {1, 16, 19, 20, 21};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
