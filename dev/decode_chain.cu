@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,16,19,20,21: the best measured and the ones not yet timed):
+// VERSIONS (default 1,16,19-23: the best measured and the ones not yet timed):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -65,7 +65,9 @@
 //      128 columns from L2: no stage counter, no block barrier and no x in shared memory before down_proj.
 //  21  version 20 with o_proj the same way on a's k-tiles: warp 0 (which takes no items) does the block's share of
 //      the attention stand-in as soon as q/k/v's k-tile counters cover it, and counts it into a's.
-//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-21 run the validation with one block (the emulator runs blocks
+//  22  version 19 with each residual fold in one block reduction, not two: the sums of y^2, h^2, h y w_post and
+//      (y w_post)^2 together give both norms (|h + r y w_post|^2 expanded).  23  version 21 with it.
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-23 run the validation with one block (the emulator runs blocks
 //  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
@@ -1165,16 +1167,62 @@ __device__ __forceinline__ Norm6<(kH + W * 32 - 1) / (W * 32)> norm6(const float
   return r;
 }
 
+// Four sums over the block at once (every thread gets them); red: [4][W] shared scratch (16-byte aligned), not read
+// since the barrier before, used as W float4s (one LDS.128 a warp's partial sums).
+template <int W>
+__device__ __forceinline__ void block_sum4(float (&v)[4], float (*red)[W]) {
+  float4* r4 = reinterpret_cast<float4*>(&red[0][0]);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = kn::warp_sum(v[k]);
+  if ((threadIdx.x & 31) == 0) r4[threadIdx.x >> 5] = make_float4(v[0], v[1], v[2], v[3]);
+  __syncthreads();
+  float4 s = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+  for (int w = 0; w < W; ++w) {
+    const float4 p = r4[w];
+    s.x += p.x, s.y += p.y, s.z += p.z, s.w += p.w;
+  }
+  v[0] = s.x, v[1] = s.y, v[2] = s.z, v[3] = s.w;
+}
+
 // h (shared) += norm(y) w_post when y (the sum of its parts), then xs = half(norm(h) w) when w. Each thread owns the
-// elements t, t + T of h. red: [2][W]. kPre: the norm weights come in registers (wp, wn: loaded before the stage's
-// wait), not read here after each reduction.
-template <int W, bool kPre>
+// elements t, t + T of h. red: [4][W]. kPre: the norm weights come in registers (wp, wn: loaded before the stage's
+// wait), not read here after each reduction. kOne (versions 22-23), with y and w: one block reduction, not two. With
+// d = norm(y) w_post = r y w_post, |h + d|^2 = |h|^2 + 2 r (h . y w_post) + r^2 |y w_post|^2, so the sums of y^2,
+// h^2, h y w_post and (y w_post)^2 in one reduction give both norms.
+template <int W, bool kPre, bool kOne = false>
 __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, const float* w_post, const float* w,
                                       half* xs, float (*red)[W], const Norm6<(kH + W * 32 - 1) / (W * 32)>& wp,
                                       const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn,
                                       unsigned long long* mark = nullptr) {
   constexpr int T = W * 32, E = (kH + T - 1) / T;
   const int t = threadIdx.x;
+  if (kOne && y && w) {
+    float v[E], sums[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = t + e * T;
+      v[e] = 0.f;
+      if (i >= kH) continue;
+      v[e] = __ldcg(y + i);
+      for (int p = 1; p < parts; ++p) v[e] += __ldcg(y + size_t(p) * kH + i);
+      const float h = hs[i], vw = v[e] * (kPre ? wp.v[e] : w_post[i]);
+      sums[0] += v[e] * v[e], sums[1] += h * h, sums[2] += h * vw, sums[3] += vw * vw;
+    }
+    block_sum4<W>(sums, red);
+    if (mark && t == 0) *mark = kn::global_ns();  // the trace: y read and its norm's sum
+    const float r = rsqrtf(sums[0] / kH + kEps);
+    const float r2 = rsqrtf(fmaxf(sums[1] + 2.f * r * sums[2] + r * r * sums[3], 0.f) / kH + kEps);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int i = t + e * T;
+      if (i >= kH) continue;
+      const float hn = hs[i] + v[e] * r * (kPre ? wp.v[e] : w_post[i]);
+      hs[i] = hn;
+      xs[i] = kn::to_half_sat(hn * r2 * (kPre ? wn.v[e] : w[i]));
+    }
+    return;
+  }
   if (y) {
     float v[E], ss = 0.f;
 #pragma unroll
@@ -1214,7 +1262,9 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
 // warp polls the counter of its item's k-tile and reads that k-tile of x from memory (L2), with no block barrier
 // before the stage. 1: down_proj on gate/up's tiles of act. 2: also o_proj on a's k-tiles, which warp 0 (kCtl: it
 // takes no items) writes as the attention stand-in once q/k/v's counters cover its share of q.
-template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0>
+// kFold1 (versions 22-23): each fold in one block reduction (fold6's kOne).
+template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0,
+          bool kFold1 = false>
 __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   static_assert(NP >= 0 && NP <= B, "next-stage items in registers");
   static_assert(kTiles == 0 || (kPre && kCtl),
@@ -1224,7 +1274,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   __shared__ __align__(16) half xs[kMaxIn];
   __shared__ float hs[kH];
   __shared__ float psum[kItems6][16];
-  __shared__ float red[2][W];
+  __shared__ __align__(16) float red[4][W];
   __shared__ Stage6 sd[2];  // the current weighted stage and the next (by the parity of its index)
   const int t = threadIdx.x, lane = t & 31, warp = t >> 5, gid = lane >> 2, tig = lane & 3;
   // kCtl: warp 0 takes no items (it polls and arrives with no weight loads of its own in flight); items are dealt
@@ -1287,9 +1337,9 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
         if (l == 0)
           fold6<W, kPre>(hs, nullptr, 0, nullptr, y.w_in, xs, red, wp, wn);
         else
-          fold6<W, kPre>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn, mark);
+          fold6<W, kPre, kFold1>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn, mark);
       } else if (kind == kGu) {
-        fold6<W, kPre>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark);
+        fold6<W, kPre, kFold1>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark);
       } else if (!tiled) {
         const half* src = kind == kO ? a.a : a.act;
         const int n = kind == kO ? kQ : y.I;
@@ -1435,15 +1485,16 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   size_t smem = 0;
 };
 
-// Versions 6-21: each one's kernel, block size (W warps) and what it tries.
+// Versions 6-23: each one's kernel, block size (W warps) and what it tries.
 struct DirectVersion {
   void (*kernel)(ChainArgs);
   int threads;
   const char* what;
 };
-template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0>
+template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0,
+          bool kFold1 = false>
 DirectVersion direct_version(const char* what) {
-  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl, kTiles>, W * 32, what};
+  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl, kTiles, kFold1>, W * 32, what};
 }
 const DirectVersion& direct_version_of(int version) {
   static const DirectVersion t[] = {
@@ -1465,12 +1516,14 @@ const DirectVersion& direct_version_of(int version) {
       direct_version<24, 3, true, true, 3, false, true, 1>("version 19, down_proj waiting per k-tile of act"),
       direct_version<24, 3, true, true, 3, false, true, 2>(
           "version 20, o_proj waiting per k-tile of a (the stand-in by warp 0, per k-tile of q)"),
+      direct_version<24, 3, true, true, 3, false, true, 0, true>("version 19 with each fold in one block reduction"),
+      direct_version<24, 3, true, true, 3, false, true, 2, true>("version 21 with each fold in one block reduction"),
   };
   if (version < 6 || version - 6 >= int(sizeof t / sizeof t[0]))
     std::exit((std::fprintf(stderr, "no direct version %d\n", version), 2));
   return t[version - 6];
 }
-constexpr int kLastVersion = 21;  // 6 + the table's entries - 1
+constexpr int kLastVersion = 23;  // 6 + the table's entries - 1
 
 struct Config {
   int version, ring_kb, lockstep;
@@ -1622,7 +1675,7 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 16, 19, 20, 21};
+  common.versions = {1, 16, 19, 20, 21, 22, 23};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
