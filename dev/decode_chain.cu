@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,16,19-23: the best measured and the ones not yet timed):
+// VERSIONS (default 1,16,19-24: the best measured and the ones not yet timed):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -67,7 +67,8 @@
 //      the attention stand-in as soon as q/k/v's k-tile counters cover it, and counts it into a's.
 //  22  version 19 with each residual fold in one block reduction, not two: the sums of y^2, h^2, h y w_post and
 //      (y w_post)^2 together give both norms (|h + r y w_post|^2 expanded).  23  version 21 with it.
-//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-23 run the validation with one block (the emulator runs blocks
+//  24  version 23 with B = 2 (fewer live registers over the folds).
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-24 run the validation with one block (the emulator runs blocks
 //  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
@@ -1485,7 +1486,7 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   size_t smem = 0;
 };
 
-// Versions 6-23: each one's kernel, block size (W warps) and what it tries.
+// Versions 6-24: each one's kernel, block size (W warps) and what it tries.
 struct DirectVersion {
   void (*kernel)(ChainArgs);
   int threads;
@@ -1518,12 +1519,13 @@ const DirectVersion& direct_version_of(int version) {
           "version 20, o_proj waiting per k-tile of a (the stand-in by warp 0, per k-tile of q)"),
       direct_version<24, 3, true, true, 3, false, true, 0, true>("version 19 with each fold in one block reduction"),
       direct_version<24, 3, true, true, 3, false, true, 2, true>("version 21 with each fold in one block reduction"),
+      direct_version<24, 2, true, true, 2, false, true, 2, true>("version 23 with 2 items a warp"),
   };
   if (version < 6 || version - 6 >= int(sizeof t / sizeof t[0]))
     std::exit((std::fprintf(stderr, "no direct version %d\n", version), 2));
   return t[version - 6];
 }
-constexpr int kLastVersion = 23;  // 6 + the table's entries - 1
+constexpr int kLastVersion = 24;  // 6 + the table's entries - 1
 
 struct Config {
   int version, ring_kb, lockstep;
@@ -1675,7 +1677,7 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 16, 19, 20, 21, 22, 23};
+  common.versions = {1, 16, 19, 20, 21, 22, 23, 24};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
