@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,16,19-24: the best measured and the ones not yet timed):
+// VERSIONS (default 1,19,22,25,26: the best measured and the ones not yet timed):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -68,7 +68,10 @@
 //  22  version 19 with each residual fold in one block reduction, not two: the sums of y^2, h^2, h y w_post and
 //      (y w_post)^2 together give both norms (|h + r y w_post|^2 expanded).  23  version 21 with it.
 //  24  version 23 with B = 2 (fewer live registers over the folds).
-//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-24 run the validation with one block (the emulator runs blocks
+//  25  version 19 with the folds and the stand-in loading a k-split's parts of y together (4 at a time), not one
+//      after another (each load waited for the add before it: one L2 round trip a part).  26  version 25 with
+//      version 22's folds.
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-26 run the validation with one block (the emulator runs blocks
 //  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
@@ -863,14 +866,33 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
   }
 }
 
+// Element i of y summed over its k-split parts, in part order. kAhead (versions 25-26): the parts' loads are issued
+// 4 at a time, so a thread waits one L2 round trip per 4 parts; otherwise one a part (each load follows the add of
+// the one before: the loop's count is not known at compile time).
+template <bool kAhead>
+__device__ __forceinline__ float sum_parts6(const float* y, size_t ld, int parts, int i) {
+  float v = __ldcg(y + i);
+  if (!kAhead) {
+    for (int p = 1; p < parts; ++p) v += __ldcg(y + size_t(p) * ld + i);
+    return v;
+  }
+  for (int p0 = 1; p0 < parts; p0 += 4) {
+    float t[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) t[q] = p0 + q < parts ? __ldcg(y + size_t(p0 + q) * ld + i) : 0.f;
+#pragma unroll
+    for (int q = 0; q < 4; ++q)
+      if (p0 + q < parts) v += t[q];
+  }
+  return v;
+}
+
 // The attention stand-in: a = half(q), q the sum of its k-split parts; this block's share, by `threads` threads.
+template <bool kAhead = false>
 __device__ __forceinline__ void attention_stand_in(const ChainArgs& a, int threads) {
   const int i0 = int((long long)kQ * blockIdx.x / gridDim.x), i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
-  for (int i = i0 + int(threadIdx.x); i < i1; i += threads) {
-    float v = __ldcg(a.yqkv + i);
-    for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
-    a.a[i] = kn::to_half_sat(v);
-  }
+  for (int i = i0 + int(threadIdx.x); i < i1; i += threads)
+    a.a[i] = kn::to_half_sat(sum_parts6<kAhead>(a.yqkv, kQKV, a.pq, i));
 }
 
 // The consumer thread's kHPer elements of a norm weight (a constant: loaded before the stage's wait).
@@ -1191,7 +1213,7 @@ __device__ __forceinline__ void block_sum4(float (&v)[4], float (*red)[W]) {
 // wait), not read here after each reduction. kOne (versions 22-23), with y and w: one block reduction, not two. With
 // d = norm(y) w_post = r y w_post, |h + d|^2 = |h|^2 + 2 r (h . y w_post) + r^2 |y w_post|^2, so the sums of y^2,
 // h^2, h y w_post and (y w_post)^2 in one reduction give both norms.
-template <int W, bool kPre, bool kOne = false>
+template <int W, bool kPre, bool kOne = false, bool kAhead = false>
 __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, const float* w_post, const float* w,
                                       half* xs, float (*red)[W], const Norm6<(kH + W * 32 - 1) / (W * 32)>& wp,
                                       const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn,
@@ -1205,8 +1227,7 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
       const int i = t + e * T;
       v[e] = 0.f;
       if (i >= kH) continue;
-      v[e] = __ldcg(y + i);
-      for (int p = 1; p < parts; ++p) v[e] += __ldcg(y + size_t(p) * kH + i);
+      v[e] = sum_parts6<kAhead>(y, kH, parts, i);
       const float h = hs[i], vw = v[e] * (kPre ? wp.v[e] : w_post[i]);
       sums[0] += v[e] * v[e], sums[1] += h * h, sums[2] += h * vw, sums[3] += vw * vw;
     }
@@ -1231,8 +1252,7 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
       const int i = t + e * T;
       v[e] = 0.f;
       if (i >= kH) continue;
-      v[e] = __ldcg(y + i);
-      for (int p = 1; p < parts; ++p) v[e] += __ldcg(y + size_t(p) * kH + i);
+      v[e] = sum_parts6<kAhead>(y, kH, parts, i);
       ss += v[e] * v[e];
     }
     const float r = rsqrtf(block_sum6<W>(ss, red[0]) / kH + kEps);
@@ -1263,9 +1283,10 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
 // warp polls the counter of its item's k-tile and reads that k-tile of x from memory (L2), with no block barrier
 // before the stage. 1: down_proj on gate/up's tiles of act. 2: also o_proj on a's k-tiles, which warp 0 (kCtl: it
 // takes no items) writes as the attention stand-in once q/k/v's counters cover its share of q.
-// kFold1 (versions 22-23): each fold in one block reduction (fold6's kOne).
+// kFold1 (versions 22-23): each fold in one block reduction (fold6's kOne). kAhead (versions 25-26): the folds and
+// the stand-in load a k-split's parts together (sum_parts6).
 template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0,
-          bool kFold1 = false>
+          bool kFold1 = false, bool kAhead = false>
 __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   static_assert(NP >= 0 && NP <= B, "next-stage items in registers");
   static_assert(kTiles == 0 || (kPre && kCtl),
@@ -1326,7 +1347,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       stamp(a, s, 0);
       if (kind == kAtt) {  // the attention stand-in: a = half(q), this block's share
         stamp(a, s, 1);
-        attention_stand_in(a, T);
+        attention_stand_in<kAhead>(a, T);
         __syncthreads();
         stamp(a, s, 2);
         if (t == 0) kn::red_release_add(a.done + s, 1u);
@@ -1338,9 +1359,10 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
         if (l == 0)
           fold6<W, kPre>(hs, nullptr, 0, nullptr, y.w_in, xs, red, wp, wn);
         else
-          fold6<W, kPre, kFold1>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn, mark);
+          fold6<W, kPre, kFold1, kAhead>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn,
+                                         mark);
       } else if (kind == kGu) {
-        fold6<W, kPre, kFold1>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark);
+        fold6<W, kPre, kFold1, kAhead>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark);
       } else if (!tiled) {
         const half* src = kind == kO ? a.a : a.act;
         const int n = kind == kO ? kQ : y.I;
@@ -1486,16 +1508,16 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   size_t smem = 0;
 };
 
-// Versions 6-24: each one's kernel, block size (W warps) and what it tries.
+// Versions 6-26: each one's kernel, block size (W warps) and what it tries.
 struct DirectVersion {
   void (*kernel)(ChainArgs);
   int threads;
   const char* what;
 };
 template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0,
-          bool kFold1 = false>
+          bool kFold1 = false, bool kAhead = false>
 DirectVersion direct_version(const char* what) {
-  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl, kTiles, kFold1>, W * 32, what};
+  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl, kTiles, kFold1, kAhead>, W * 32, what};
 }
 const DirectVersion& direct_version_of(int version) {
   static const DirectVersion t[] = {
@@ -1520,12 +1542,15 @@ const DirectVersion& direct_version_of(int version) {
       direct_version<24, 3, true, true, 3, false, true, 0, true>("version 19 with each fold in one block reduction"),
       direct_version<24, 3, true, true, 3, false, true, 2, true>("version 21 with each fold in one block reduction"),
       direct_version<24, 2, true, true, 2, false, true, 2, true>("version 23 with 2 items a warp"),
+      direct_version<24, 3, true, true, 3, false, true, 0, false, true>(
+          "version 19 with a k-split's parts loaded together in the folds and the stand-in"),
+      direct_version<24, 3, true, true, 3, false, true, 0, true, true>("version 25 with version 22's folds"),
   };
   if (version < 6 || version - 6 >= int(sizeof t / sizeof t[0]))
     std::exit((std::fprintf(stderr, "no direct version %d\n", version), 2));
   return t[version - 6];
 }
-constexpr int kLastVersion = 24;  // 6 + the table's entries - 1
+constexpr int kLastVersion = 26;  // 6 + the table's entries - 1
 
 struct Config {
   int version, ring_kb, lockstep;
@@ -1677,7 +1702,7 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 16, 19, 20, 21, 22, 23, 24};
+  common.versions = {1, 19, 22, 25, 26};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
