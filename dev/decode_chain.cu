@@ -1220,14 +1220,17 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
                                       unsigned long long* mark = nullptr) {
   constexpr int T = W * 32, E = (kH + T - 1) / T;
   const int t = threadIdx.x;
+  const auto read_y = [&](float(&v)[E]) {  // this thread's elements of y, summed over the parts (0 past kH)
+#pragma unroll
+    for (int e = 0; e < E; ++e) v[e] = t + e * T < kH ? sum_parts6<kAhead>(y, kH, parts, t + e * T) : 0.f;
+  };
   if (kOne && y && w) {
     float v[E], sums[4] = {0.f, 0.f, 0.f, 0.f};
+    read_y(v);
 #pragma unroll
     for (int e = 0; e < E; ++e) {
       const int i = t + e * T;
-      v[e] = 0.f;
       if (i >= kH) continue;
-      v[e] = sum_parts6<kAhead>(y, kH, parts, i);
       const float h = hs[i], vw = v[e] * (kPre ? wp.v[e] : w_post[i]);
       sums[0] += v[e] * v[e], sums[1] += h * h, sums[2] += h * vw, sums[3] += vw * vw;
     }
@@ -1247,14 +1250,9 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
   }
   if (y) {
     float v[E], ss = 0.f;
+    read_y(v);
 #pragma unroll
-    for (int e = 0; e < E; ++e) {
-      const int i = t + e * T;
-      v[e] = 0.f;
-      if (i >= kH) continue;
-      v[e] = sum_parts6<kAhead>(y, kH, parts, i);
-      ss += v[e] * v[e];
-    }
+    for (int e = 0; e < E; ++e) ss += v[e] * v[e];
     const float r = rsqrtf(block_sum6<W>(ss, red[0]) / kH + kEps);
     if (mark && t == 0) *mark = kn::global_ns();  // the trace: y read and its norm's sum
 #pragma unroll
