@@ -1152,11 +1152,7 @@ __device__ __forceinline__ void stand_in_tiles(const ChainArgs& a, int l) {
   const unsigned* qc = a.tiles + size_t(3 * l) * kTileCounters;
   unsigned* ac = a.tiles + size_t(3 * l + 1) * kTileCounters;
   for (int kt = i0 / 128; kt <= (i1 - 1) / 128; ++kt) poll_ge(a, qc + kt, a.epoch * 8u * unsigned(a.pq), 5u * l + 2u);
-  for (int i = i0 + lane; i < i1; i += 32) {
-    float v = __ldcg(a.yqkv + i);
-    for (int p = 1; p < a.pq; ++p) v += __ldcg(a.yqkv + size_t(p) * kQKV + i);
-    a.a[i] = kn::to_half_sat(v);
-  }
+  for (int i = i0 + lane; i < i1; i += 32) a.a[i] = kn::to_half_sat(sum_parts6<false>(a.yqkv, kQKV, a.pq, i));
   __syncwarp();
   if (lane == 0) arrive_units(ac, i0, i1, 128, kQ);
 }
@@ -1210,8 +1206,8 @@ __device__ __forceinline__ void block_sum4(float (&v)[4], float (*red)[W]) {
 
 // h (shared) += norm(y) w_post when y (the sum of its parts), then xs = half(norm(h) w) when w. Each thread owns the
 // elements t, t + T of h. red: [4][W]. kPre: the norm weights come in registers (wp, wn: loaded before the stage's
-// wait), not read here after each reduction. kOne (versions 22-23), with y and w: one block reduction, not two. With
-// d = norm(y) w_post = r y w_post, |h + d|^2 = |h|^2 + 2 r (h . y w_post) + r^2 |y w_post|^2, so the sums of y^2,
+// wait), not read here after each reduction. kOne (versions 22-24, 26), with y and w: one block reduction, not two.
+// With d = norm(y) w_post = r y w_post, |h + d|^2 = |h|^2 + 2 r (h . y w_post) + r^2 |y w_post|^2, so the sums of y^2,
 // h^2, h y w_post and (y w_post)^2 in one reduction give both norms.
 template <int W, bool kPre, bool kOne = false, bool kAhead = false>
 __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, const float* w_post, const float* w,
@@ -1281,7 +1277,7 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
 // warp polls the counter of its item's k-tile and reads that k-tile of x from memory (L2), with no block barrier
 // before the stage. 1: down_proj on gate/up's tiles of act. 2: also o_proj on a's k-tiles, which warp 0 (kCtl: it
 // takes no items) writes as the attention stand-in once q/k/v's counters cover its share of q.
-// kFold1 (versions 22-23): each fold in one block reduction (fold6's kOne). kAhead (versions 25-26): the folds and
+// kFold1 (versions 22-24, 26): each fold in one block reduction (fold6's kOne). kAhead (versions 25-26): the folds and
 // the stand-in load a k-split's parts together (sum_parts6).
 template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0,
           bool kFold1 = false, bool kAhead = false>
