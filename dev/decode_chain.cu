@@ -318,11 +318,15 @@ __device__ __forceinline__ StageMat stage_mat(const ChainArgs& a, const ChainLay
   return m;
 }
 
+// This block's [i0, i1) of n, split evenly over the grid.
+__device__ __forceinline__ void block_share(long long n, int* i0, int* i1) {
+  *i0 = int(n * blockIdx.x / gridDim.x);
+  *i1 = int(n * (blockIdx.x + 1) / gridDim.x);
+}
+
 // The block's units of a stage: [u0, u1) of out / 16 * P, split evenly over the grid.
 __device__ __forceinline__ void block_units(const StageMat& m, int* u0, int* u1) {
-  const long long U = (long long)(m.out / 16) * m.P;
-  *u0 = int(U * blockIdx.x / gridDim.x);
-  *u1 = int(U * (blockIdx.x + 1) / gridDim.x);
+  block_share((long long)(m.out / 16) * m.P, u0, u1);
 }
 
 // A unit in the ring: per matrix, the scales [16 rows][ktn * 4] fp16 (8 ktn bytes a row), then the words [16 rows]
@@ -352,23 +356,30 @@ __device__ __forceinline__ unsigned ld_acquire(const unsigned* p) {
 #endif
 }
 
-// Polls done[s] until it counts every block of this launch (the calling thread only). kAcquire: each poll is an
-// acquire load (versions 6+: no fence after it, which would wait for the block's weight loads in flight); otherwise
-// relaxed, and the caller fences.
-template <bool kAcquire>
-__device__ __forceinline__ void poll_done(const ChainArgs& a, int s) {
-  const unsigned need = a.epoch * gridDim.x;
-  const auto count = [&] { return kAcquire ? ld_acquire(a.done + s) : kn::ld_relaxed(a.done + s); };
+// Polls *p until it reaches need (the calling thread only), each poll an acquire load (kAcquire: versions 6+, no
+// fence after it, which would wait for the block's weight loads in flight) or relaxed (the caller fences), backing off
+// kSleepNs a miss (0: none; on the CPU emulator the back-off is what lets a producing fiber run). The timer and the
+// fault flag are read every 256th poll; past kSpinNs the wait sets the fault to `code` and gives up.
+template <bool kAcquire, unsigned kSleepNs = 0>
+__device__ __forceinline__ void poll_counter(const ChainArgs& a, const unsigned* p, unsigned need, unsigned code) {
+  const auto count = [&] { return kAcquire ? ld_acquire(p) : kn::ld_relaxed(p); };
   if (count() >= need) return;
   const unsigned long long t0 = kn::global_ns();
   for (unsigned i = 1; count() < need; ++i) {
-    if ((i & 255u) != 0) continue;            // the timer and the fault flag only every 256th poll
+    if (kSleepNs) __nanosleep(kSleepNs);
+    if ((i & 255u) != 0) continue;
     if (kn::ld_relaxed(a.fault) != 0) break;  // an earlier wait gave up: the launch's results are void
     if (kn::global_ns() - t0 > kSpinNs) {
-      atomicCAS(a.fault, 0u, unsigned(s) + 1u);
+      atomicCAS(a.fault, 0u, code);
       break;
     }
   }
+}
+
+// Polls done[s] until it counts every block of this launch.
+template <bool kAcquire>
+__device__ __forceinline__ void poll_done(const ChainArgs& a, int s) {
+  poll_counter<kAcquire>(a, a.done + s, a.epoch * gridDim.x, unsigned(s) + 1u);
 }
 
 // Thread 0 of the consumers: wait until done[s] counts every block of this launch.
@@ -890,7 +901,8 @@ __device__ __forceinline__ float sum_parts6(const float* y, size_t ld, int parts
 // The attention stand-in: a = half(q), q the sum of its k-split parts; this block's share, by `threads` threads.
 template <bool kAhead = false>
 __device__ __forceinline__ void attention_stand_in(const ChainArgs& a, int threads) {
-  const int i0 = int((long long)kQ * blockIdx.x / gridDim.x), i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
+  int i0, i1;
+  block_share(kQ, &i0, &i1);
   for (int i = i0 + int(threadIdx.x); i < i1; i += threads)
     a.a[i] = kn::to_half_sat(sum_parts6<kAhead>(a.yqkv, kQKV, a.pq, i));
 }
@@ -1116,23 +1128,6 @@ __device__ __forceinline__ void prefetch_item6(const Stage6& s, int i, int lane)
   }
 }
 
-// Versions 20-21: polls *p until it reaches need (an acquire load a poll, by each lane that then reads what the
-// counter guards), backing off 32 ns a miss (on the CPU emulator the back-off is what lets the producing fiber run);
-// gives up like poll_done.
-__device__ __forceinline__ void poll_ge(const ChainArgs& a, const unsigned* p, unsigned need, unsigned code) {
-  if (ld_acquire(p) >= need) return;
-  const unsigned long long t0 = kn::global_ns();
-  for (unsigned i = 1; ld_acquire(p) < need; ++i) {
-    __nanosleep(kConsumerSleepNs);
-    if ((i & 255u) != 0) continue;
-    if (kn::ld_relaxed(a.fault) != 0) break;
-    if (kn::global_ns() - t0 > kSpinNs) {
-      atomicCAS(a.fault, 0u, code);
-      break;
-    }
-  }
-}
-
 // Versions 20-21, one thread, after the block's epilogue: counts the block's units [u0, u1) below `limit` into the
 // counters c of their k-tiles of the next matrix's x (per_kt units to a k-tile: 8 row tiles x the k-split parts).
 __device__ __forceinline__ void arrive_units(unsigned* c, int u0, int u1, int per_kt, int limit) {
@@ -1147,11 +1142,13 @@ __device__ __forceinline__ void arrive_units(unsigned* c, int u0, int u1, int pe
 // once q/k/v's counters say its k-tiles of q are stored, then a's k-tile counters (128 elements a k-tile).
 __device__ __forceinline__ void stand_in_tiles(const ChainArgs& a, int l) {
   const int lane = threadIdx.x & 31;
-  const int i0 = int((long long)kQ * blockIdx.x / gridDim.x), i1 = int((long long)kQ * (blockIdx.x + 1) / gridDim.x);
+  int i0, i1;
+  block_share(kQ, &i0, &i1);
   if (i1 <= i0) return;
   const unsigned* qc = a.tiles + size_t(3 * l) * kTileCounters;
   unsigned* ac = a.tiles + size_t(3 * l + 1) * kTileCounters;
-  for (int kt = i0 / 128; kt <= (i1 - 1) / 128; ++kt) poll_ge(a, qc + kt, a.epoch * 8u * unsigned(a.pq), 5u * l + 2u);
+  for (int kt = i0 / 128; kt <= (i1 - 1) / 128; ++kt)
+    poll_counter<true, kConsumerSleepNs>(a, qc + kt, a.epoch * 8u * unsigned(a.pq), 5u * l + 2u);
   for (int i = i0 + lane; i < i1; i += 32) a.a[i] = kn::to_half_sat(sum_parts6<false>(a.yqkv, kQKV, a.pq, i));
   __syncwarp();
   if (lane == 0) arrive_units(ac, i0, i1, 128, kQ);
@@ -1391,7 +1388,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
               uint4 xv[4] = {};
               if (gid == 0) {
                 const int kt = gbuf[b] >> 2;
-                if (kt != ready) poll_ge(a, tc + kt, tneed, unsigned(s) + 1u), ready = kt;
+                if (kt != ready) poll_counter<true, kConsumerSleepNs>(a, tc + kt, tneed, unsigned(s) + 1u), ready = kt;
 #pragma unroll
                 for (int w = 0; w < 4; ++w) xv[w] = kn::ld_cg(xg + size_t(gbuf[b]) * 4 + w, true);
               }
