@@ -883,17 +883,17 @@ __device__ __forceinline__ void run_units(const ChainArgs& a, int stage, const S
 template <bool kAhead>
 __device__ __forceinline__ float sum_parts6(const float* y, size_t ld, int parts, int i) {
   float v = __ldcg(y + i);
-  if (!kAhead) {
+  if constexpr (!kAhead) {
     for (int p = 1; p < parts; ++p) v += __ldcg(y + size_t(p) * ld + i);
-    return v;
-  }
-  for (int p0 = 1; p0 < parts; p0 += 4) {
-    float t[4];
+  } else {
+    for (int p0 = 1; p0 < parts; p0 += 4) {
+      float t[4];
 #pragma unroll
-    for (int q = 0; q < 4; ++q) t[q] = p0 + q < parts ? __ldcg(y + size_t(p0 + q) * ld + i) : 0.f;
+      for (int q = 0; q < 4; ++q) t[q] = p0 + q < parts ? __ldcg(y + size_t(p0 + q) * ld + i) : 0.f;
 #pragma unroll
-    for (int q = 0; q < 4; ++q)
-      if (p0 + q < parts) v += t[q];
+      for (int q = 0; q < 4; ++q)
+        if (p0 + q < parts) v += t[q];
+    }
   }
   return v;
 }
