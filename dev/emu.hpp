@@ -12,7 +12,8 @@
 // this header defines); launch_kernel() runs the kernel here, and emu::launch() does for a lab's own kernels.
 //
 // What it is: every CUDA thread of a block is a fiber on one host thread (x86-64: a 20-instruction stack switch;
-// elsewhere ucontext, whose every switch is a system call); blocks run one after another.
+// elsewhere ucontext, whose every switch is a system call); blocks run one after another (a cooperative launch
+// runs as one block: cudaLaunchCooperativeKernel below).
 // A fiber runs until it reaches a block barrier or a warp collective (shuffle, vote, __syncwarp, mma.sync,
 // ldmatrix), then the next fiber runs. A collective completes when every lane of its mask has arrived, a block
 // barrier when every live thread of the block has (exited threads count as arrived, as on sm_70+). If no fiber can
@@ -473,6 +474,24 @@ inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, T* f) {
 template <typename T>
 inline cudaError_t cudaFuncSetAttribute(T* f, cudaFuncAttribute attr, int value) {
   return ::cudaFuncSetAttribute(reinterpret_cast<const void*>(f), attr, value);
+}
+
+// A cooperative launch of a typed kernel (the overload cuda_runtime.h declares for nvcc). Blocks run one after
+// another here, so blocks that wait for each other cannot run as the grid asks. The kernel runs as ONE block
+// instead, a GPU of one SM as a persistent kernel that deals its work over gridDim.x sees it: that block takes every
+// item, in order, and never waits for another (kernels/decode_step.cuh). The grid asked for must be 1-D; its size
+// is not used. The void* overload (the runtime's C API) still refuses: it has no parameter types to call with.
+namespace emu {
+template <typename... P, size_t... I>
+inline cudaError_t launch_params(void (*k)(P...), dim3 block, void** args, std::index_sequence<I...>) {
+  return launch(k, dim3(1), block, *static_cast<std::decay_t<P>*>(args[I])...);
+}
+}  // namespace emu
+template <typename... P>
+inline cudaError_t cudaLaunchCooperativeKernel(void (*k)(P...), dim3 grid, dim3 block, void** args, size_t,
+                                               cudaStream_t) {
+  if (grid.x < 1 || grid.y != 1 || grid.z != 1) return cudaErrorInvalidValue;
+  return emu::launch_params(k, block, args, std::index_sequence_for<P...>{});
 }
 
 // ---- intrinsics ----

@@ -67,7 +67,7 @@ class PersistentDecoder {
     int l2 = 0;
     GEMMA4_T4_CUDA_TRY(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, device), "device attributes");
     for (int nt = 0; nt < (mb_ == 2 ? 1 : 2); ++nt) {  // two blocks per SM: the 8-row instantiation alone
-      const void* fn = kernel(nt + 1);
+      const void* fn = reinterpret_cast<const void*>(kernel(nt + 1));
       const size_t smem = smem_bytes(nt + 1);
       if (smem > size_t(smem_optin)) {
         if (nt == 0) return err(Code::Unsupported, "persistent decode: ", smem, " B of shared memory per block");
@@ -266,11 +266,11 @@ class PersistentDecoder {
  private:
   // The instantiations: 8-row tiles (rows <= 8 / <= 16) of w4a16 bodies with GQA groups padded to 8 (E2B's;
   // unsupported() refuses the rest until an instantiation for them is worth its compile time).
-  const void* kernel(int nt) const {
+  using StepKernel = void (*)(kernels::StepParams);
+  StepKernel kernel(int nt) const {
     using kernels::decode_step_kernel;
-    if (mb_ == 2) return reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8, 2>);
-    return nt == 1 ? reinterpret_cast<const void*>(&decode_step_kernel<1, kernels::kGemvW4, 8>)
-                   : reinterpret_cast<const void*>(&decode_step_kernel<2, kernels::kGemvW4, 8>);
+    if (mb_ == 2) return &decode_step_kernel<1, kernels::kGemvW4, 8, 2>;
+    return nt == 1 ? &decode_step_kernel<1, kernels::kGemvW4, 8> : &decode_step_kernel<2, kernels::kGemvW4, 8>;
   }
   size_t smem_bytes(int nt) const {
     const int H = c_->hidden_size;
