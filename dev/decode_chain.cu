@@ -18,7 +18,7 @@
 // q/k norms and RoPE, the PLE branch, the LM head and the sampling. So its time is a floor on what the matmul part
 // of a step costs under each version, not a step.
 //
-// VERSIONS (default 1,19,22,25,26: the best measured and the ones not yet timed):
+// VERSIONS (default 1,19,25,26,27,28,29,30: the best measured and the ones not yet timed):
 //   1  the shipped kernels, as the CUDA backend launches them at one row: gemv (the q/k/v launch of three
 //      matrices), to_half, gemv o_proj (k-split by gemv_store_splits), residual_norm (+ the next norm), gemv
 //      gate/up + GELU, gemv down_proj (k-split), residual_norm: 7 launches a layer, captured in one CUDA graph, with
@@ -71,7 +71,12 @@
 //  25  version 19 with the folds and the stand-in loading a k-split's parts of y together (4 at a time), not one
 //      after another (each load waited for the add before it: one L2 round trip a part).  26  version 25 with
 //      version 22's folds.
-//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-26 run the validation with one block (the emulator runs blocks
+//  27  version 19 with every hand-off in the data: each value a stage hands on (q's, o_proj's and down_proj's parts,
+//      a and act) is stored with its (launch, layer) flag in one 8-byte word, and its readers load until the flag is
+//      theirs (NCCL's LL protocol). No stage counter, arrival or stage wait: the hand-off is the one L2 round trip
+//      that brings the data. A thread loads the words of 4 parts (8 words of a copied x) at once.  28  version 27
+//      with B = 2.  29  version 27 loading 2 parts' words (4 of a copied x) at once.  30  version 29 with B = 2.
+//  On the CPU emulator (dev/emu.hpp) versions 1 and 6-30 run the validation with one block (the emulator runs blocks
 //  one after another, so a persistent kernel of more would wait forever), with an H100's k-splits.
 //
 // Validation first: a 3-layer chain (layer 0 narrow, layers 1-2 double-wide) against the host reference (double
@@ -96,7 +101,8 @@ namespace {
 
 constexpr int kH = 1536, kQ = 2048, kKV = 256, kQKV = kQ + 2 * kKV;
 constexpr float kEps = 1e-6f;
-constexpr int kTileCounters = 96;  // versions 20-21: 128-column k-tiles of the widest x (act, 12288 wide)
+constexpr int kTileCounters = 96;               // versions 20-21: 128-column k-tiles of the widest x (act, 12288 wide)
+constexpr int kMaxAct = 12288, kMaxParts = 16;  // versions 27-30's LL buffers: act's width, k-split parts
 
 // ---- the model (device) ----
 
@@ -216,13 +222,18 @@ struct Scratch {  // activations of both versions
   lab::DevBuf<float> h{kH}, h_in{kH}, y_q{kQ}, y_k{kKV}, y_v{kKV}, yqkv, yo, yd;
   lab::DevBuf<half> x1{kH}, x2{kH}, a{kQ}, act{12288};
   lab::DevBuf<unsigned> done, fault{1};  // done: the stage counters, then the k-tile counters (versions 20-21)
+  lab::DevBuf<unsigned long long> ll;    // versions 27-30: ChainArgs' LL buffers, zeroed (no flag matches)
+  static constexpr size_t kLLWords =
+      2 * (size_t(kMaxParts) * kQ + kQ / 2 + size_t(kMaxParts) * kH + kMaxAct / 2 + size_t(kMaxParts) * kH);
   Scratch(int layers, int parts)
       : yqkv(size_t(parts) * kQKV),
         yo(size_t(parts) * kH),
         yd(size_t(parts) * kH),
-        done(size_t(5 * layers) + size_t(layers) * 3 * kTileCounters) {
+        done(size_t(5 * layers) + size_t(layers) * 3 * kTileCounters),
+        ll(kLLWords) {
     LAB_CHECK(cudaMemset(done.get(), 0, done.size() * sizeof(unsigned)));
     LAB_CHECK(cudaMemset(fault.get(), 0, sizeof(unsigned)));
+    LAB_CHECK(cudaMemset(ll.get(), 0, ll.size() * sizeof(unsigned long long)));
   }
 };
 
@@ -286,6 +297,10 @@ struct ChainArgs {
   // units of q (8 tiles x pq parts a k-tile), the stand-in's elements of a (128), gate/up's tiles of act (8)
   unsigned* tiles = nullptr;
   unsigned* fault = nullptr;
+  // versions 27-30: the hand-offs' LL words (ll_word), each buffer twice (by the layer's parity): q's k-split parts
+  // [2][pq][kQ], a's pairs [2][kQ / 2], o_proj's parts [2][po][kH], act's pairs [2][kMaxAct / 2], down_proj's parts
+  // [2][kMaxParts][kH]
+  unsigned long long *llq = nullptr, *lla = nullptr, *llo = nullptr, *llact = nullptr, *lld = nullptr;
   unsigned epoch = 1;
   int pq = 1, po = 1;
   unsigned ring = 0;  // bytes, a power of two
@@ -1201,23 +1216,160 @@ __device__ __forceinline__ void block_sum4(float (&v)[4], float (*red)[W]) {
   v[0] = s.x, v[1] = s.y, v[2] = s.z, v[3] = s.w;
 }
 
+// ---- versions 27-30: hand-offs in the data (LL words) ----
+//
+// Version 19's hand-off between stages is two dependent L2 round trips on the critical path: thread 0 polls the
+// previous stage's counter until every block has arrived, then (after a block barrier) the block reads x or y. Both
+// queue behind the weight loads the SM has in flight (2026-12-07 (f)). Here every value a stage hands to the next
+// travels with its flag in one 8-byte word (the LL protocol of NCCL's low-latency all-reduce): the low 32 bits are the
+// value (a float, or a pair of halves), the high 32 the flag of the (launch, layer) that wrote it. A reader loads its
+// words and re-loads those whose flag is not yet the one it expects; the load that sees the flag also brings the
+// value, so the hand-off is one round trip, and no counter, no arrival, no release and no stage barrier are left.
+// An aligned 8-byte store and load are single-copy atomic (st / ld .relaxed.gpu .u64), so a word is never half
+// written. Buffers are reused every other layer (their parity): any word of layer l + 2 is written after its writer
+// has read (through the chain of stages) every block's share of a for layer l + 1, and a block writes that share
+// after all of its reads of layer l (each block has a share: v2_setup checks). The flag tells a word of layer l from
+// one of l + 2. The flag is epoch * 64 + layer + 1: zeroed buffers match
+// no flag, and no launch's words match another's.
+__device__ __forceinline__ unsigned ll_flag(const ChainArgs& a, int l) { return a.epoch * 64u + unsigned(l) + 1u; }
+
+__device__ __forceinline__ void ll_store(unsigned long long* p, unsigned v, unsigned flag) {
+  const unsigned long long w = (static_cast<unsigned long long>(flag) << 32) | v;
+#ifdef GEMMA4_T4_EMU
+  *reinterpret_cast<volatile unsigned long long*>(p) = w;
+#else
+  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(p), "l"(w) : "memory");
+#endif
+}
+
+__device__ __forceinline__ unsigned long long ll_load(const unsigned long long* p) {
+#ifdef GEMMA4_T4_EMU
+  return *reinterpret_cast<const volatile unsigned long long*>(p);
+#else
+  unsigned long long w;
+  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\n" : "=l"(w) : "l"(p) : "memory");
+  return w;
+#endif
+}
+
+// The values of N words (addr(k): word k, or null for none), each loaded until its flag is `flag`; all N loads are
+// issued together, and only the stale ones again. Past kSpinNs (or once an earlier wait gave up) the fault is set and
+// the values are void.
+template <int N, typename Addr>
+__device__ __forceinline__ void ll_read(const ChainArgs& a, unsigned flag, Addr addr, unsigned (&v)[N]) {
+  static_assert(N <= 32, "a stale bit a word");
+  unsigned stale = 0;  // bit k: word k not yet of this flag
+  const auto take = [&](int k) {
+    const unsigned long long w = ll_load(addr(k));
+    v[k] = unsigned(w);
+    if (unsigned(w >> 32) != flag)
+      stale |= 1u << k;
+    else
+      stale &= ~(1u << k);
+  };
+#pragma unroll
+  for (int k = 0; k < N; ++k) {
+    v[k] = 0u;
+    if (addr(k)) take(k);
+  }
+  unsigned long long t0 = 0;
+  for (unsigned i = 0;; ++i) {
+    if (!stale) break;
+#ifdef GEMMA4_T4_EMU  // one block runs every stage in order, so a word not written yet never will be: a wrong word
+    atomicCAS(a.fault, 0u, 0x20000u + (flag & 63u));
+    break;
+#endif
+    if ((i & 255u) == 0) {
+      if (i == 0) {
+        t0 = kn::global_ns();
+      } else if (kn::ld_relaxed(a.fault) != 0 || kn::global_ns() - t0 > kSpinNs) {
+        atomicCAS(a.fault, 0u, 0x20000u + (flag & 63u));
+        break;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < N; ++k)
+      if (stale >> k & 1u) take(k);
+  }
+}
+
+// This thread's E elements i0 + e * step (those below n; 0 past) of an LL-handed y of `parts` k-split parts ld words
+// apart, summed in part order; the words of G parts of all E elements are loaded together.
+template <int E, int G>
+__device__ __forceinline__ void ll_sum_parts(const ChainArgs& a, const unsigned long long* y, size_t ld, int parts,
+                                             int i0, int step, int n, unsigned flag, float (&v)[E]) {
+#pragma unroll
+  for (int e = 0; e < E; ++e) v[e] = 0.f;
+  for (int p0 = 0; p0 < parts; p0 += G) {
+    unsigned w[G * E];
+    ll_read<G * E>(
+        a, flag,
+        [&](int k) -> const unsigned long long* {
+          const int e = k / G, p = p0 + k % G, i = i0 + e * step;
+          return p < parts && i < n ? y + size_t(p) * ld + i : nullptr;
+        },
+        w);
+#pragma unroll
+    for (int k = 0; k < G * E; ++k)
+      if (p0 + k % G < parts) v[k / G] += __uint_as_float(w[k]);
+  }
+}
+
+// xs = n halves handed as LL pairs (n / 2 words at src), by T threads: R words a thread loaded together, a round.
+template <int T, int R>
+__device__ __forceinline__ void ll_copy_x(const ChainArgs& a, half* xs, const unsigned long long* src, int n,
+                                          unsigned flag) {
+  const int words = n / 2;
+  for (int i0 = int(threadIdx.x); i0 < words; i0 += R * T) {
+    unsigned w[R];
+    ll_read<R>(
+        a, flag, [&](int k) { return i0 + k * T < words ? src + i0 + k * T : nullptr; }, w);
+#pragma unroll
+    for (int k = 0; k < R; ++k)
+      if (i0 + k * T < words) reinterpret_cast<unsigned*>(xs)[i0 + k * T] = w[k];
+  }
+}
+
+// The attention stand-in of an LL hand-off: a = half(q), q from LL words, a's pairs (this block's share) as LL words.
+template <int T, int G>
+__device__ __forceinline__ void ll_stand_in(const ChainArgs& a, int l) {
+  int j0, j1;
+  block_share(kQ / 2, &j0, &j1);
+  const unsigned flag = ll_flag(a, l);
+  const unsigned long long* q = a.llq + size_t(l & 1) * a.pq * kQ;
+  for (int j = j0 + int(threadIdx.x); j < j1; j += T) {
+    float v[2];
+    ll_sum_parts<2, G>(a, q, kQ, a.pq, 2 * j, 1, kQ, flag, v);
+    const half2 h = __halves2half2(kn::to_half_sat(v[0]), kn::to_half_sat(v[1]));
+    ll_store(a.lla + size_t(l & 1) * (kQ / 2) + j, kn::h2_as_u32(h), flag);
+  }
+}
+
 // h (shared) += norm(y) w_post when y (the sum of its parts), then xs = half(norm(h) w) when w. Each thread owns the
 // elements t, t + T of h. red: [4][W]. kPre: the norm weights come in registers (wp, wn: loaded before the stage's
 // wait), not read here after each reduction. kOne (versions 22-24, 26), with y and w: one block reduction, not two.
 // With d = norm(y) w_post = r y w_post, |h + d|^2 = |h|^2 + 2 r (h . y w_post) + r^2 |y w_post|^2, so the sums of y^2,
 // h^2, h y w_post and (y w_post)^2 in one reduction give both norms.
-template <int W, bool kPre, bool kOne = false, bool kAhead = false>
+// kLL (versions 27-30): y comes as the LL words at ll, kLL parts' words loaded together (ll_sum_parts: flag, the
+// launch's args ca), not from y.
+template <int W, bool kPre, bool kOne = false, bool kAhead = false, int kLL = 0>
 __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, const float* w_post, const float* w,
                                       half* xs, float (*red)[W], const Norm6<(kH + W * 32 - 1) / (W * 32)>& wp,
-                                      const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn,
-                                      unsigned long long* mark = nullptr) {
+                                      const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn, unsigned long long* mark = nullptr,
+                                      const unsigned long long* ll = nullptr, unsigned flag = 0,
+                                      const ChainArgs* ca = nullptr) {
   constexpr int T = W * 32, E = (kH + T - 1) / T;
   const int t = threadIdx.x;
   const auto read_y = [&](float(&v)[E]) {  // this thread's elements of y, summed over the parts (0 past kH)
+    if constexpr (kLL > 0) {
+      ll_sum_parts<E, kLL>(*ca, ll, kH, parts, t, T, kH, flag, v);
+    } else {
 #pragma unroll
-    for (int e = 0; e < E; ++e) v[e] = t + e * T < kH ? sum_parts6<kAhead>(y, kH, parts, t + e * T) : 0.f;
+      for (int e = 0; e < E; ++e) v[e] = t + e * T < kH ? sum_parts6<kAhead>(y, kH, parts, t + e * T) : 0.f;
+    }
   };
-  if (kOne && y && w) {
+  const bool has_y = kLL > 0 ? ll != nullptr : y != nullptr;
+  if (kOne && has_y && w) {
     float v[E], sums[4] = {0.f, 0.f, 0.f, 0.f};
     read_y(v);
 #pragma unroll
@@ -1241,7 +1393,7 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
     }
     return;
   }
-  if (y) {
+  if (has_y) {
     float v[E], ss = 0.f;
     read_y(v);
 #pragma unroll
@@ -1275,13 +1427,17 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
 // before the stage. 1: down_proj on gate/up's tiles of act. 2: also o_proj on a's k-tiles, which warp 0 (kCtl: it
 // takes no items) writes as the attention stand-in once q/k/v's counters cover its share of q.
 // kFold1 (versions 22-24, 26): each fold in one block reduction (fold6's kOne). kAhead (versions 25-26): the folds and
-// the stand-in load a k-split's parts together (sum_parts6).
+// the stand-in load a k-split's parts together (sum_parts6). kLLG (versions 27-30): every hand-off is LL words (above),
+// the words of kLLG parts (2 kLLG words of a copied x) loaded together: no stage waits on a counter, no block arrives
+// on one.
 template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0,
-          bool kFold1 = false, bool kAhead = false>
+          bool kFold1 = false, bool kAhead = false, int kLLG = 0>
 __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   static_assert(NP >= 0 && NP <= B, "next-stage items in registers");
   static_assert(kTiles == 0 || (kPre && kCtl),
                 "k-tile waits: descriptors before the wait, warp 0 free for the stand-in");
+  constexpr bool kLL = kLLG > 0;
+  static_assert(!kLL || (kTiles == 0 && !kL2), "LL hand-offs: no k-tile counters, no L2 pulls");
   constexpr int T = W * 32;
   using N6 = Norm6<(kH + T - 1) / T>;
   __shared__ __align__(16) half xs[kMaxIn];
@@ -1334,26 +1490,38 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
         stamp(a, s, 2);
         continue;
       }
-      if (!tiled) wait6(a, s - 1);
+      if (!tiled && !kLL) wait6(a, s - 1);
       stamp(a, s, 0);
       if (kind == kAtt) {  // the attention stand-in: a = half(q), this block's share
         stamp(a, s, 1);
-        attention_stand_in<kAhead>(a, T);
+        if constexpr (kLL)
+          ll_stand_in<T, kLLG>(a, l);
+        else
+          attention_stand_in<kAhead>(a, T);
         __syncthreads();
         stamp(a, s, 2);
-        if (t == 0) kn::red_release_add(a.done + s, 1u);
+        if (t == 0 && !kLL) kn::red_release_add(a.done + s, 1u);
         continue;
       }
       // x of this stage
       unsigned long long* mark = a.trace ? a.trace + (size_t(s) * gridDim.x + blockIdx.x) * kSlots + 3 : nullptr;
+      // kLL: the LL words of layer ll_l (by its parity)
+      const auto ll_at = [&](unsigned long long* base, size_t per, int ll_l) { return base + size_t(ll_l & 1) * per; };
       if (kind == kQkv) {
         if (l == 0)
           fold6<W, kPre>(hs, nullptr, 0, nullptr, y.w_in, xs, red, wp, wn);
         else
-          fold6<W, kPre, kFold1, kAhead>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red, wp, wn,
-                                         mark);
+          fold6<W, kPre, kFold1, kAhead, kLLG>(hs, a.yd, a.layers[l - 1].pd, a.layers[l - 1].w_post2, y.w_in, xs, red,
+                                               wp, wn, mark, ll_at(a.lld, size_t(kMaxParts) * kH, l - 1),
+                                               ll_flag(a, l - 1), &a);
       } else if (kind == kGu) {
-        fold6<W, kPre, kFold1, kAhead>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark);
+        fold6<W, kPre, kFold1, kAhead, kLLG>(hs, a.yo, a.po, y.w_post1, y.w_pre2, xs, red, wp, wn, mark,
+                                             ll_at(a.llo, size_t(a.po) * kH, l), ll_flag(a, l), &a);
+      } else if (kLL) {
+        if (kind == kO)
+          ll_copy_x<T, 2 * (kLL ? kLLG : 1)>(a, xs, ll_at(a.lla, kQ / 2, l), kQ, ll_flag(a, l));
+        else
+          ll_copy_x<T, 2 * (kLL ? kLLG : 1)>(a, xs, ll_at(a.llact, kMaxAct / 2, l), y.I, ll_flag(a, l));
       } else if (!tiled) {
         const half* src = kind == kO ? a.a : a.act;
         const int n = kind == kO ? kQ : y.I;
@@ -1414,13 +1582,36 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
       // epilogue: a unit's 16 rows, k-tiles added in order
       {
         const int per = cs.m.M * cs.ktn, units = cs.n / per;
-        for (int e = t; e < units * 16; e += T) {
+        if (kLL && kind == kGu) {  // act's pairs of rows (2 r2, 2 r2 + 1) of each unit (one part: no k-split)
+          for (int e = t; e < units * 8; e += T) {
+            const int uu = e >> 3, r2 = e & 7, o = (cs.u0 + uu) * 16 + 2 * r2;
+            float g[2] = {0.f, 0.f}, u[2] = {0.f, 0.f};
+#pragma unroll
+            for (int j = 0; j < 2; ++j)
+              for (int kt = 0; kt < cs.ktn; ++kt) {
+                g[j] += psum[uu * per + kt][2 * r2 + j];
+                u[j] += psum[uu * per + cs.ktn + kt][2 * r2 + j];
+              }
+            const half2 h = __halves2half2(kn::to_half_sat(kn::gelu_tanh(g[0]) * u[0]),
+                                           kn::to_half_sat(kn::gelu_tanh(g[1]) * u[1]));
+            ll_store(a.llact + size_t(l & 1) * (kMaxAct / 2) + o / 2, kn::h2_as_u32(h), ll_flag(a, l));
+          }
+        }
+        for (int e = t; e < (kLL && kind == kGu ? 0 : units * 16); e += T) {
           const int uu = e >> 4, row = e & 15, u = cs.u0 + uu, tile = u / cs.m.P, part = u - tile * cs.m.P;
           float v0 = 0.f, v1 = 0.f;
           for (int kt = 0; kt < cs.ktn; ++kt) v0 += psum[uu * per + kt][row];
           if (cs.m.M == 2)
             for (int kt = 0; kt < cs.ktn; ++kt) v1 += psum[uu * per + cs.ktn + kt][row];
           const int o = tile * 16 + row;
+          if constexpr (kLL) {
+            const unsigned flag = ll_flag(a, l);
+            if (kind == kQkv && o < kQ)
+              ll_store(a.llq + (size_t(l & 1) * a.pq + part) * kQ + o, __float_as_uint(v0), flag);
+            if (kind == kO) ll_store(a.llo + (size_t(l & 1) * a.po + part) * kH + o, __float_as_uint(v0), flag);
+            if (kind == kDn) ll_store(a.lld + (size_t(l & 1) * kMaxParts + part) * kH + o, __float_as_uint(v0), flag);
+            continue;  // gate/up: the loop below
+          }
           if (kind == kQkv) a.yqkv[size_t(part) * kQKV + o] = v0;
           if (kind == kO) a.yo[size_t(part) * kH + o] = v0;
           if (kind == kGu) a.act[o] = kn::to_half_sat(kn::gelu_tanh(v0) * v1);
@@ -1435,7 +1626,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
           arrive_units(a.tiles + size_t(3 * l) * kTileCounters, cs.u0, cs.u0 + units, 8 * cs.m.P, kQ / 16 * cs.m.P);
         if (kind == kGu) arrive_units(a.tiles + size_t(3 * l + 2) * kTileCounters, cs.u0, cs.u0 + units, 8, y.I / 16);
       }
-      if (t == 0) kn::red_release_add(a.done + s, 1u);
+      if (t == 0 && !kLL) kn::red_release_add(a.done + s, 1u);
       if (defer) {
 #pragma unroll
         for (int b = 0; b < NP; ++b) take(ns, b);
@@ -1448,9 +1639,10 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   // h after the last layer: block 0 stores it
   if (blockIdx.x == 0) {
     const ChainLayer& last = a.layers[a.L - 1];
-    wait6(a, 5 * a.L - 1);
+    if (!kLL) wait6(a, 5 * a.L - 1);
     const N6 none{};
-    fold6<W, false>(hs, a.yd, last.pd, last.w_post2, nullptr, xs, red, none, none);
+    fold6<W, false, false, false, kLLG>(hs, a.yd, last.pd, last.w_post2, nullptr, xs, red, none, none, nullptr,
+                                        a.lld + size_t((a.L - 1) & 1) * kMaxParts * kH, ll_flag(a, a.L - 1), &a);
     __syncthreads();
     for (int i = t; i < kH; i += T) a.h_out[i] = hs[i];
   }
@@ -1499,16 +1691,17 @@ struct V2 {  // a configured persistent kernel (versions 2-5)
   size_t smem = 0;
 };
 
-// Versions 6-26: each one's kernel, block size (W warps) and what it tries.
+// Versions 6-30: each one's kernel, block size (W warps), what it tries, and whether its hand-offs are LL words.
 struct DirectVersion {
   void (*kernel)(ChainArgs);
   int threads;
   const char* what;
+  bool ll;
 };
 template <int W, int B, bool kPre, bool kDeferAll, int NP = B, bool kL2 = false, bool kCtl = false, int kTiles = 0,
-          bool kFold1 = false, bool kAhead = false>
+          bool kFold1 = false, bool kAhead = false, int kLLG = 0>
 DirectVersion direct_version(const char* what) {
-  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl, kTiles, kFold1, kAhead>, W * 32, what};
+  return {direct_kernel<W, B, kPre, kDeferAll, NP, kL2, kCtl, kTiles, kFold1, kAhead, kLLG>, W * 32, what, kLLG > 0};
 }
 const DirectVersion& direct_version_of(int version) {
   static const DirectVersion t[] = {
@@ -1536,12 +1729,17 @@ const DirectVersion& direct_version_of(int version) {
       direct_version<24, 3, true, true, 3, false, true, 0, false, true>(
           "version 19 with a k-split's parts loaded together in the folds and the stand-in"),
       direct_version<24, 3, true, true, 3, false, true, 0, true, true>("version 25 with version 22's folds"),
+      direct_version<24, 3, true, true, 3, false, true, 0, false, false, 4>(
+          "version 19 with every hand-off in the data (LL words: no counters), 4 parts' words at once"),
+      direct_version<24, 2, true, true, 2, false, true, 0, false, false, 4>("version 27 with 2 items a warp"),
+      direct_version<24, 3, true, true, 3, false, true, 0, false, false, 2>("version 27 with 2 parts' words at once"),
+      direct_version<24, 2, true, true, 2, false, true, 0, false, false, 2>("version 29 with 2 items a warp"),
   };
   if (version < 6 || version - 6 >= int(sizeof t / sizeof t[0]))
     std::exit((std::fprintf(stderr, "no direct version %d\n", version), 2));
   return t[version - 6];
 }
-constexpr int kLastVersion = 26;  // 6 + the table's entries - 1
+constexpr int kLastVersion = 30;  // 6 + the table's entries - 1
 
 struct Config {
   int version, ring_kb, lockstep;
@@ -1591,6 +1789,15 @@ V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
   a.pq = parts(kQKV, kH);
   a.po = parts(kH, kQ);
   if (a.pq < 1 || a.po < 1) std::exit((std::fprintf(stderr, "no k-split for q/k/v or o_proj\n"), 2));
+  if (direct && direct_version_of(cfg.version).ll) {  // the LL buffers (versions 27-30), in Scratch's one allocation
+    unsigned long long* p = s.ll.get();
+    const auto take = [&](size_t words) { return std::exchange(p, p + 2 * words); };
+    a.llq = take(size_t(kMaxParts) * kQ), a.lla = take(kQ / 2), a.llo = take(size_t(kMaxParts) * kH);
+    a.llact = take(kMaxAct / 2), a.lld = take(size_t(kMaxParts) * kH);
+    if (a.pq > kMaxParts || a.po > kMaxParts) std::exit((std::fprintf(stderr, "LL: more than 16 parts\n"), 2));
+    // the buffers' reuse every other layer is safe when every block writes a share of a (above ll_flag)
+    if (kQ / 2 < grid) std::exit((std::fprintf(stderr, "LL: a block without a share of a\n"), 2));
+  }
   a.ring = unsigned(ring_kb) * 1024u;
   v.smem = direct ? 0 : size_t(kMaxIn) * sizeof(half) + a.ring;
   LAB_CHECK(cudaMemset(s.done.get(), 0, s.done.size() * sizeof(unsigned)));  // a fresh epoch count
@@ -1693,7 +1900,7 @@ void check_fault(Scratch& s, const char* what) {
 
 int main(int argc, char** argv) {
   lab::CommonArgs common;
-  common.versions = {1, 19, 22, 25, 26};
+  common.versions = {1, 19, 25, 26, 27, 28, 29, 30};
   common.reps = 20;
   int layers = 35, wide_from = 15;
   std::vector<int> rings = {128, 64, 32};
