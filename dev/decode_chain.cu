@@ -1253,8 +1253,8 @@ __device__ __forceinline__ unsigned long long ll_load(const unsigned long long* 
 }
 
 // The values of N words (addr(k): word k, or null for none), each loaded until its flag is `flag`; all N loads are
-// issued together, and only the stale ones again. Past kSpinNs (or once an earlier wait gave up) the fault is set and
-// the values are void.
+// issued together, and only the stale ones again, 32 ns after the round before. Past kSpinNs (or once an earlier wait
+// gave up) the fault is set and the values are void.
 template <int N, typename Addr>
 __device__ __forceinline__ void ll_read(const ChainArgs& a, unsigned flag, Addr addr, unsigned (&v)[N]) {
   static_assert(N <= 32, "a stale bit a word");
@@ -1287,6 +1287,7 @@ __device__ __forceinline__ void ll_read(const ChainArgs& a, unsigned flag, Addr 
         break;
       }
     }
+    __nanosleep(kConsumerSleepNs);  // ~100k threads poll at once: leave L2 to the weights between rounds
 #pragma unroll
     for (int k = 0; k < N; ++k)
       if (stale >> k & 1u) take(k);
