@@ -297,7 +297,7 @@ struct ChainArgs {
   // units of q (8 tiles x pq parts a k-tile), the stand-in's elements of a (128), gate/up's tiles of act (8)
   unsigned* tiles = nullptr;
   unsigned* fault = nullptr;
-  // versions 27-30: the hand-offs' LL words (ll_word), each buffer twice (by the layer's parity): q's k-split parts
+  // versions 27-30: the hand-offs' LL words (ll_store), each buffer twice (by the layer's parity): q's k-split parts
   // [2][pq][kQ], a's pairs [2][kQ / 2], o_proj's parts [2][po][kH], act's pairs [2][kMaxAct / 2], down_proj's parts
   // [2][kMaxParts][kH]
   unsigned long long *llq = nullptr, *lla = nullptr, *llo = nullptr, *llact = nullptr, *lld = nullptr;
@@ -1229,8 +1229,8 @@ __device__ __forceinline__ void block_sum4(float (&v)[4], float (*red)[W]) {
 // written. Buffers are reused every other layer (their parity): any word of layer l + 2 is written after its writer
 // has read (through the chain of stages) every block's share of a for layer l + 1, and a block writes that share
 // after all of its reads of layer l (each block has a share: v2_setup checks). The flag tells a word of layer l from
-// one of l + 2. The flag is epoch * 64 + layer + 1: zeroed buffers match
-// no flag, and no launch's words match another's.
+// one of l + 2. The flag is epoch * 64 + layer + 1 (layers < 64: v2_setup checks): zeroed buffers match no flag,
+// and no launch's words match another's.
 __device__ __forceinline__ unsigned ll_flag(const ChainArgs& a, int l) { return a.epoch * 64u + unsigned(l) + 1u; }
 
 __device__ __forceinline__ void ll_store(unsigned long long* p, unsigned v, unsigned flag) {
@@ -1798,6 +1798,7 @@ V2 v2_setup(const std::vector<Layer>& m, Scratch& s, const Config& cfg) {
     if (a.pq > kMaxParts || a.po > kMaxParts) std::exit((std::fprintf(stderr, "LL: more than 16 parts\n"), 2));
     // the buffers' reuse every other layer is safe when every block writes a share of a (above ll_flag)
     if (kQ / 2 < grid) std::exit((std::fprintf(stderr, "LL: a block without a share of a\n"), 2));
+    if (a.L >= 64) std::exit((std::fprintf(stderr, "LL: the flags take at most 63 layers\n"), 2));
   }
   a.ring = unsigned(ring_kb) * 1024u;
   v.smem = direct ? 0 : size_t(kMaxIn) * sizeof(half) + a.ring;
