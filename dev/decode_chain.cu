@@ -1272,18 +1272,19 @@ __device__ __forceinline__ void ll_read(const ChainArgs& a, unsigned flag, Addr 
     v[k] = 0u;
     if (addr(k)) take(k);
   }
+  const unsigned code = 0x20000u + (flag & 63u);  // the fault: LL, and the layer + 1 of the flag
   unsigned long long t0 = 0;
   for (unsigned i = 0;; ++i) {
     if (!stale) break;
 #ifdef GEMMA4_T4_EMU  // one block runs every stage in order, so a word not written yet never will be: a wrong word
-    atomicCAS(a.fault, 0u, 0x20000u + (flag & 63u));
+    atomicCAS(a.fault, 0u, code);
     break;
 #endif
     if ((i & 255u) == 0) {
       if (i == 0) {
         t0 = kn::global_ns();
       } else if (kn::ld_relaxed(a.fault) != 0 || kn::global_ns() - t0 > kSpinNs) {
-        atomicCAS(a.fault, 0u, 0x20000u + (flag & 63u));
+        atomicCAS(a.fault, 0u, code);
         break;
       }
     }
@@ -1351,9 +1352,9 @@ __device__ __forceinline__ void ll_stand_in(const ChainArgs& a, int l) {
 // wait), not read here after each reduction. kOne (versions 22-24, 26), with y and w: one block reduction, not two.
 // With d = norm(y) w_post = r y w_post, |h + d|^2 = |h|^2 + 2 r (h . y w_post) + r^2 |y w_post|^2, so the sums of y^2,
 // h^2, h y w_post and (y w_post)^2 in one reduction give both norms.
-// kLL (versions 27-30): y comes as the LL words at ll, kLL parts' words loaded together (ll_sum_parts: flag, the
+// kLLG (versions 27-30): y comes as the LL words at ll, kLLG parts' words loaded together (ll_sum_parts: flag, the
 // launch's args ca), not from y.
-template <int W, bool kPre, bool kOne = false, bool kAhead = false, int kLL = 0>
+template <int W, bool kPre, bool kOne = false, bool kAhead = false, int kLLG = 0>
 __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, const float* w_post, const float* w,
                                       half* xs, float (*red)[W], const Norm6<(kH + W * 32 - 1) / (W * 32)>& wp,
                                       const Norm6<(kH + W * 32 - 1) / (W * 32)>& wn, unsigned long long* mark = nullptr,
@@ -1362,14 +1363,14 @@ __device__ __forceinline__ void fold6(float* hs, const float* y, int parts, cons
   constexpr int T = W * 32, E = (kH + T - 1) / T;
   const int t = threadIdx.x;
   const auto read_y = [&](float(&v)[E]) {  // this thread's elements of y, summed over the parts (0 past kH)
-    if constexpr (kLL > 0) {
-      ll_sum_parts<E, kLL>(*ca, ll, kH, parts, t, T, kH, flag, v);
+    if constexpr (kLLG > 0) {
+      ll_sum_parts<E, kLLG>(*ca, ll, kH, parts, t, T, kH, flag, v);
     } else {
 #pragma unroll
       for (int e = 0; e < E; ++e) v[e] = t + e * T < kH ? sum_parts6<kAhead>(y, kH, parts, t + e * T) : 0.f;
     }
   };
-  const bool has_y = kLL > 0 ? ll != nullptr : y != nullptr;
+  const bool has_y = kLLG > 0 ? ll != nullptr : y != nullptr;
   if (kOne && has_y && w) {
     float v[E], sums[4] = {0.f, 0.f, 0.f, 0.f};
     read_y(v);
@@ -1438,6 +1439,7 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
   static_assert(kTiles == 0 || (kPre && kCtl),
                 "k-tile waits: descriptors before the wait, warp 0 free for the stand-in");
   constexpr bool kLL = kLLG > 0;
+  constexpr int kCopyWords = 2 * (kLL ? kLLG : 1);  // LL words of a copied x a thread loads together (ll_copy_x)
   static_assert(!kLL || (kTiles == 0 && !kL2), "LL hand-offs: no k-tile counters, no L2 pulls");
   constexpr int T = W * 32;
   using N6 = Norm6<(kH + T - 1) / T>;
@@ -1520,9 +1522,9 @@ __global__ void __launch_bounds__(W * 32, 1) direct_kernel(const ChainArgs a) {
                                              ll_at(a.llo, size_t(a.po) * kH, l), ll_flag(a, l), &a);
       } else if (kLL) {
         if (kind == kO)
-          ll_copy_x<T, 2 * (kLL ? kLLG : 1)>(a, xs, ll_at(a.lla, kQ / 2, l), kQ, ll_flag(a, l));
+          ll_copy_x<T, kCopyWords>(a, xs, ll_at(a.lla, kQ / 2, l), kQ, ll_flag(a, l));
         else
-          ll_copy_x<T, 2 * (kLL ? kLLG : 1)>(a, xs, ll_at(a.llact, kMaxAct / 2, l), y.I, ll_flag(a, l));
+          ll_copy_x<T, kCopyWords>(a, xs, ll_at(a.llact, kMaxAct / 2, l), y.I, ll_flag(a, l));
       } else if (!tiled) {
         const half* src = kind == kO ? a.a : a.act;
         const int n = kind == kO ? kQ : y.I;
